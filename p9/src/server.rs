@@ -1,0 +1,1170 @@
+//! The async 9P2000 server core.
+//!
+//! A [`Filesystem`] implements the file operations on its own per-fid state (`F::Fid`); the core
+//! owns the wire, the fid table, tags, flushes and ordering:
+//!
+//! - Requests on different fids run concurrently: a parked read never delays another fid.
+//! - Requests on the same fid run in arrival order (each fid has a fair FIFO lock, taken by the
+//!   first poll of the request, which happens inline in arrival order), so a client may pipeline
+//!   walk/open/read/clunk.
+//! - A request that does not finish on its first poll runs in its own task; `Tflush` aborts that
+//!   task (dropping its future) and is answered at once. A request that already finished is
+//!   answered before the `Rflush`, a flushed one never.
+//! - Frames are assembled in a buffer that is only ever filled, never dropped, so a reply sent
+//!   while a large `Twrite` is half received cannot lose bytes.
+//! - Malformed messages get `Rerror` with their tag; unframeable input (size below a header or
+//!   above msize) closes that connection only.
+
+use std::collections::HashMap;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Mutex, OwnedMutexGuard, mpsc};
+use tokio::task::AbortHandle;
+
+use crate::error::{Error, Result};
+use crate::wire::{self, DecodeError, HEADER_LEN, IOHDRSZ, NOFID, Qid, Rmsg, Stat, Tmsg, om, qt};
+
+/// Largest msize we accept by default (1 MiB).
+pub const DEFAULT_MAX_MSIZE: u32 = 1 << 20;
+/// Smallest msize we accept: enough for any stat a server here produces.
+pub const MIN_MSIZE: u32 = 512;
+/// Requests a connection may have running at once; more get `Rerror` until some finish.
+pub const MAX_INFLIGHT: usize = 4096;
+/// Unsent reply bytes after which the connection stops reading requests until the peer reads.
+const OUT_HIGH_WATER: usize = 4 << 20;
+
+/// The credentials of the process at the other end of a unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: Option<i32>,
+}
+
+/// What the server knows about one connection.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// Unique per server process.
+    pub id: u64,
+    /// SO_PEERCRED of a unix-socket peer; `None` for TCP and other streams.
+    pub peer: Option<PeerCred>,
+    /// How the peer reached us: `unix`, `tcp` or `stream`.
+    pub transport: &'static str,
+    /// The peer's address, for logs.
+    pub remote: String,
+}
+
+/// What a walk found: the qids of the names walked, and the new fid's state when every name
+/// was walked.
+#[derive(Debug)]
+pub struct Walked<T> {
+    pub qids: Vec<Qid>,
+    pub fid: Option<T>,
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A 9P file tree. Every method gets the fid's state exclusively: requests on one fid never
+/// overlap. Futures may be dropped at any await point (Tflush, disconnect), so keep them
+/// cancel-safe.
+pub trait Filesystem: Send + Sync + 'static {
+    /// Per-fid state.
+    type Fid: Send + 'static;
+
+    /// Tauth: start an authentication exchange on a new fid. The default refuses, which tells
+    /// plan9port-style clients to attach with NOFID.
+    fn auth(
+        &self,
+        _conn: &ConnInfo,
+        _uname: &str,
+        _aname: &str,
+    ) -> impl Future<Output = Result<(Self::Fid, Qid)>> + Send {
+        async { Err(Error::new("authentication not required")) }
+    }
+
+    /// Tattach: the root of the tree for this user. `auth` is the afid's state, if one was given.
+    fn attach(
+        &self,
+        conn: &ConnInfo,
+        auth: Option<&mut Self::Fid>,
+        uname: &str,
+        aname: &str,
+    ) -> impl Future<Output = Result<(Self::Fid, Qid)>> + Send;
+
+    /// Twalk from `fid` (never open) through `names` (0 to 16; `..` arrives verbatim). With no
+    /// names, return a clone. A walk that fails at the first name returns `Err`; one that fails
+    /// later returns the qids walked and no fid.
+    fn walk(
+        &self,
+        fid: &Self::Fid,
+        names: &[String],
+    ) -> impl Future<Output = Result<Walked<Self::Fid>>> + Send;
+
+    /// Topen. Returns the qid and an iounit (0 means msize − 24).
+    fn open(
+        &self,
+        fid: &mut Self::Fid,
+        mode: u8,
+    ) -> impl Future<Output = Result<(Qid, u32)>> + Send;
+
+    /// Tcreate in the directory `fid`; on success `fid` is the new file, opened with `mode`.
+    fn create(
+        &self,
+        _fid: &mut Self::Fid,
+        _name: &str,
+        _perm: u32,
+        _mode: u8,
+    ) -> impl Future<Output = Result<(Qid, u32)>> + Send {
+        async { Err(Error::new("permission denied: cannot create files here")) }
+    }
+
+    /// Tread on an open fid. At most `count` bytes are sent back.
+    fn read(
+        &self,
+        fid: &mut Self::Fid,
+        offset: u64,
+        count: u32,
+    ) -> impl Future<Output = Result<Bytes>> + Send;
+
+    /// Twrite on an open fid. Returns how many bytes were taken (0 for a non-empty write is
+    /// turned into an error, since plan9port clients would retry forever).
+    fn write(
+        &self,
+        fid: &mut Self::Fid,
+        offset: u64,
+        data: Bytes,
+    ) -> impl Future<Output = Result<u32>> + Send;
+
+    /// Tclunk (and connection teardown): the fid is gone.
+    fn clunk(&self, _fid: Self::Fid) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Tremove: remove the file; the fid is gone whether or not this succeeds.
+    fn remove(&self, _fid: Self::Fid) -> impl Future<Output = Result<()>> + Send {
+        async { Err(Error::new("permission denied: cannot remove this file")) }
+    }
+
+    /// Tstat.
+    fn stat(&self, fid: &mut Self::Fid) -> impl Future<Output = Result<Stat>> + Send;
+
+    /// Twstat with at least one field to change (the all-"don't touch" stat is answered by the
+    /// core). `length = 0` with everything else untouched is what `echo x > file` sends first.
+    fn wstat(&self, _fid: &mut Self::Fid, _stat: &Stat) -> impl Future<Output = Result<()>> + Send {
+        async {
+            Err(Error::new(
+                "permission denied: cannot change file attributes",
+            ))
+        }
+    }
+}
+
+/// One fid's state as the core tracks it.
+struct Entry<T> {
+    fs: T,
+    qid: Qid,
+    /// The mode it was opened with, if it is open.
+    open: Option<u8>,
+}
+
+/// A fid table slot. Its lock orders the requests on that fid. `None` means the fid is being
+/// created or has died.
+type Slot<T> = Arc<Mutex<Option<Entry<T>>>>;
+/// A slot's lock, held.
+type SlotGuard<T> = OwnedMutexGuard<Option<Entry<T>>>;
+
+/// A request ready to run, with the slots it needs already resolved at arrival.
+enum Op<T> {
+    Auth {
+        guard: SlotGuard<T>,
+        uname: String,
+        aname: String,
+    },
+    Attach {
+        guard: SlotGuard<T>,
+        afid: Option<Slot<T>>,
+        uname: String,
+        aname: String,
+    },
+    Walk {
+        src: Slot<T>,
+        /// The new fid's slot, locked; `None` when newfid == fid.
+        new: Option<SlotGuard<T>>,
+        wnames: Vec<String>,
+    },
+    Open {
+        slot: Slot<T>,
+        mode: u8,
+    },
+    Create {
+        slot: Slot<T>,
+        name: String,
+        perm: u32,
+        mode: u8,
+    },
+    Read {
+        slot: Slot<T>,
+        offset: u64,
+        count: u32,
+    },
+    Write {
+        slot: Slot<T>,
+        offset: u64,
+        data: Bytes,
+    },
+    Clunk {
+        slot: Slot<T>,
+    },
+    Remove {
+        slot: Slot<T>,
+    },
+    Stat {
+        slot: Slot<T>,
+    },
+    Wstat {
+        slot: Slot<T>,
+        stat: Stat,
+    },
+}
+
+/// The outcome of a request: the reply, and whether a fid it created came to life.
+struct Outcome {
+    reply: Rmsg,
+    created: bool,
+}
+
+impl Outcome {
+    fn ok(reply: Rmsg) -> Outcome {
+        Outcome {
+            reply,
+            created: true,
+        }
+    }
+    fn err(e: Error) -> Outcome {
+        Outcome {
+            reply: Rmsg::Error { ename: e.message() },
+            created: false,
+        }
+    }
+}
+
+fn unknown_fid() -> Error {
+    Error::new("unknown fid")
+}
+
+fn can_read(mode: u8) -> bool {
+    matches!(mode & 3, om::OREAD | om::ORDWR | om::OEXEC)
+}
+
+fn can_write(mode: u8) -> bool {
+    matches!(mode & 3, om::OWRITE | om::ORDWR)
+}
+
+async fn run_op<F: Filesystem>(
+    fs: Arc<F>,
+    conn: Arc<ConnInfo>,
+    msize: u32,
+    op: Op<F::Fid>,
+) -> Outcome {
+    match exec(&*fs, &conn, msize, op).await {
+        Ok(o) => o,
+        Err(e) => Outcome::err(e),
+    }
+}
+
+async fn exec<F: Filesystem>(
+    fs: &F,
+    conn: &ConnInfo,
+    msize: u32,
+    op: Op<F::Fid>,
+) -> Result<Outcome> {
+    let iounit = msize - IOHDRSZ;
+    match op {
+        Op::Auth {
+            mut guard,
+            uname,
+            aname,
+        } => {
+            let (st, mut aqid) = fs.auth(conn, &uname, &aname).await?;
+            aqid.ty |= qt::AUTH;
+            *guard = Some(Entry {
+                fs: st,
+                qid: aqid,
+                open: Some(om::ORDWR),
+            });
+            Ok(Outcome::ok(Rmsg::Auth { aqid }))
+        }
+        Op::Attach {
+            mut guard,
+            afid,
+            uname,
+            aname,
+        } => {
+            let (st, qid) = match afid {
+                None => fs.attach(conn, None, &uname, &aname).await?,
+                Some(slot) => {
+                    let mut a = slot.lock().await;
+                    let a = a.as_mut().ok_or_else(|| Error::new("unknown afid"))?;
+                    if a.qid.ty & qt::AUTH == 0 {
+                        return Err(Error::new("afid is not an authentication fid"));
+                    }
+                    fs.attach(conn, Some(&mut a.fs), &uname, &aname).await?
+                }
+            };
+            *guard = Some(Entry {
+                fs: st,
+                qid,
+                open: None,
+            });
+            Ok(Outcome::ok(Rmsg::Attach { qid }))
+        }
+        Op::Walk { src, new, wnames } => {
+            let mut g = src.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            if e.open.is_some() {
+                return Err(Error::new("cannot walk an open fid (in use)"));
+            }
+            if e.qid.ty & qt::AUTH != 0 {
+                return Err(Error::new("cannot walk an authentication fid"));
+            }
+            if !wnames.is_empty() && !e.qid.is_dir() {
+                return Err(Error::not_dir());
+            }
+            let walked = fs.walk(&e.fs, &wnames).await?;
+            let mut qids = walked.qids;
+            qids.truncate(wnames.len());
+            if qids.is_empty() && !wnames.is_empty() {
+                return Err(Error::not_found());
+            }
+            match walked.fid {
+                Some(st) if qids.len() == wnames.len() => {
+                    let qid = qids.last().copied().unwrap_or(e.qid);
+                    let entry = Entry {
+                        fs: st,
+                        qid,
+                        open: None,
+                    };
+                    match new {
+                        Some(mut ng) => *ng = Some(entry),
+                        None => {
+                            let old = std::mem::replace(e, entry);
+                            fs.clunk(old.fs).await;
+                        }
+                    }
+                    Ok(Outcome::ok(Rmsg::Walk { wqids: qids }))
+                }
+                _ => {
+                    if qids.len() == wnames.len() {
+                        // A full walk must yield a fid; a filesystem that forgot one failed.
+                        return Err(Error::not_found());
+                    }
+                    // Partial walk: a successful Rwalk, but newfid is not created.
+                    Ok(Outcome {
+                        reply: Rmsg::Walk { wqids: qids },
+                        created: false,
+                    })
+                }
+            }
+        }
+        Op::Open { slot, mode } => {
+            let mut g = slot.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            if e.open.is_some() {
+                return Err(Error::new("fid is already open (in use)"));
+            }
+            if e.qid.is_dir() && (can_write(mode) || mode & om::OTRUNC != 0) {
+                return Err(Error::is_dir());
+            }
+            let (qid, unit) = fs.open(&mut e.fs, mode).await?;
+            e.qid = qid;
+            e.open = Some(mode);
+            Ok(Outcome::ok(Rmsg::Open {
+                qid,
+                iounit: if unit == 0 { iounit } else { unit.min(iounit) },
+            }))
+        }
+        Op::Create {
+            slot,
+            name,
+            perm,
+            mode,
+        } => {
+            let mut g = slot.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            if e.open.is_some() {
+                return Err(Error::new("fid is already open (in use)"));
+            }
+            if !e.qid.is_dir() {
+                return Err(Error::not_dir());
+            }
+            if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+                return Err(Error::invalid(format!("bad file name {name:?}")));
+            }
+            let (qid, unit) = fs.create(&mut e.fs, &name, perm, mode).await?;
+            e.qid = qid;
+            e.open = Some(mode);
+            Ok(Outcome::ok(Rmsg::Create {
+                qid,
+                iounit: if unit == 0 { iounit } else { unit.min(iounit) },
+            }))
+        }
+        Op::Read {
+            slot,
+            offset,
+            count,
+        } => {
+            let mut g = slot.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            match e.open {
+                Some(m) if can_read(m) => {}
+                Some(_) => return Err(Error::new("permission denied: fid not open for reading")),
+                None => return Err(Error::new("fid not open (invalid argument)")),
+            }
+            let count = count.min(iounit);
+            let mut data = fs.read(&mut e.fs, offset, count).await?;
+            data.truncate(count as usize);
+            Ok(Outcome::ok(Rmsg::Read { data }))
+        }
+        Op::Write { slot, offset, data } => {
+            let mut g = slot.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            match e.open {
+                Some(m) if can_write(m) => {}
+                Some(_) => return Err(Error::new("permission denied: fid not open for writing")),
+                None => return Err(Error::new("fid not open (invalid argument)")),
+            }
+            if e.qid.is_dir() {
+                return Err(Error::is_dir());
+            }
+            let len = data.len();
+            let n = fs.write(&mut e.fs, offset, data).await?;
+            if n == 0 && len > 0 {
+                return Err(Error::new("write accepted no bytes (invalid argument)"));
+            }
+            Ok(Outcome::ok(Rmsg::Write {
+                count: n.min(len as u32),
+            }))
+        }
+        Op::Clunk { slot } => {
+            let e = slot.lock().await.take();
+            if let Some(e) = e {
+                if e.open.is_some_and(|m| m & om::ORCLOSE != 0) {
+                    // Remove-on-close: the fid is gone either way; a failed remove is not
+                    // reported by clunk.
+                    let _ = fs.remove(e.fs).await;
+                } else {
+                    fs.clunk(e.fs).await;
+                }
+            }
+            Ok(Outcome::ok(Rmsg::Clunk))
+        }
+        Op::Remove { slot } => {
+            let e = slot.lock().await.take().ok_or_else(unknown_fid)?;
+            fs.remove(e.fs).await?;
+            Ok(Outcome::ok(Rmsg::Remove))
+        }
+        Op::Stat { slot } => {
+            let mut g = slot.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            let stat = fs.stat(&mut e.fs).await?;
+            if stat.encoded_len() + HEADER_LEN + 2 > msize as usize {
+                return Err(Error::new("stat does not fit msize"));
+            }
+            Ok(Outcome::ok(Rmsg::Stat { stat }))
+        }
+        Op::Wstat { slot, stat } => {
+            let mut g = slot.lock().await;
+            let e = g.as_mut().ok_or_else(unknown_fid)?;
+            if !stat.is_dont_touch() {
+                fs.wstat(&mut e.fs, &stat).await?;
+            }
+            Ok(Outcome::ok(Rmsg::Wstat))
+        }
+    }
+}
+
+/// A request running in its own task.
+struct Inflight<T> {
+    /// Distinguishes this request from a later one that reuses the tag.
+    seq: u64,
+    abort: Option<AbortHandle>,
+    /// A fid this request creates: removed from the table if the request fails or is flushed.
+    creates: Option<(u32, Slot<T>)>,
+}
+
+/// A finished task's reply, sent back to the connection loop.
+struct Done {
+    tag: u16,
+    seq: u64,
+    outcome: Outcome,
+}
+
+/// Serves 9P2000 to any number of connections from one [`Filesystem`].
+pub struct Server<F: Filesystem> {
+    fs: Arc<F>,
+    max_msize: u32,
+    next_conn: AtomicU64,
+}
+
+impl<F: Filesystem> std::fmt::Debug for Server<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("max_msize", &self.max_msize)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Filesystem> Server<F> {
+    /// A server for `fs` with the default maximum msize (1 MiB).
+    pub fn new(fs: Arc<F>) -> Arc<Server<F>> {
+        Arc::new(Server {
+            fs,
+            max_msize: DEFAULT_MAX_MSIZE,
+            next_conn: AtomicU64::new(1),
+        })
+    }
+
+    /// A server with another maximum msize (clamped to at least [`MIN_MSIZE`]).
+    pub fn with_max_msize(fs: Arc<F>, max_msize: u32) -> Arc<Server<F>> {
+        Arc::new(Server {
+            fs,
+            max_msize: max_msize.max(MIN_MSIZE),
+            next_conn: AtomicU64::new(1),
+        })
+    }
+
+    /// The filesystem being served.
+    pub fn fs(&self) -> &Arc<F> {
+        &self.fs
+    }
+
+    /// A fresh connection id.
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Accepts unix-socket connections until `shutdown` completes, then drops every connection.
+    pub async fn serve_unix(
+        self: &Arc<Self>,
+        listener: tokio::net::UnixListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let mut conns = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                r = listener.accept() => {
+                    let (stream, _) = match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            continue;
+                        }
+                    };
+                    let peer = stream.peer_cred().ok().map(|c| PeerCred {
+                        uid: c.uid(),
+                        gid: c.gid(),
+                        pid: c.pid(),
+                    });
+                    let info = ConnInfo {
+                        id: self.next_conn_id(),
+                        peer,
+                        transport: "unix",
+                        remote: peer.map_or_else(|| "unix".into(), |p| format!("unix:pid={}", p.pid.unwrap_or(-1))),
+                    };
+                    let (r, w) = stream.into_split();
+                    let srv = Arc::clone(self);
+                    conns.spawn(async move { srv.serve_conn(r, w, info).await });
+                }
+            }
+        }
+        conns.shutdown().await;
+        Ok(())
+    }
+
+    /// Accepts TCP connections until `shutdown` completes. Authentication is the filesystem's
+    /// business (its `auth`/`attach`); `ConnInfo::peer` is `None` here.
+    pub async fn serve_tcp(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let mut conns = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                r = listener.accept() => {
+                    let (stream, addr) = match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let info = ConnInfo {
+                        id: self.next_conn_id(),
+                        peer: None,
+                        transport: "tcp",
+                        remote: addr.to_string(),
+                    };
+                    let (r, w) = stream.into_split();
+                    let srv = Arc::clone(self);
+                    conns.spawn(async move { srv.serve_conn(r, w, info).await });
+                }
+            }
+        }
+        conns.shutdown().await;
+        Ok(())
+    }
+
+    /// Serves one connection until the peer closes it, it breaks the framing, or the returned
+    /// future is dropped. In every case all its requests are cancelled and its fids clunked.
+    pub async fn serve_conn<R, W>(self: &Arc<Self>, reader: R, writer: W, info: ConnInfo)
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let span = tracing::debug_span!("9p-conn", id = info.id, remote = %info.remote);
+        let _g = span.enter();
+        let (tx, rx) = mpsc::channel(256);
+        let mut conn = Conn {
+            srv: Arc::clone(self),
+            info: Arc::new(info),
+            msize: 0,
+            fids: HashMap::new(),
+            inflight: HashMap::new(),
+            seq: 0,
+            tx,
+            out: Out::default(),
+            closing: false,
+        };
+        if let Err(e) = conn.run(reader, writer, rx).await {
+            tracing::debug!(error = %e, "connection ended");
+        }
+    }
+}
+
+/// Queued reply bytes, sent with `writev`.
+#[derive(Default)]
+struct Out {
+    chunks: VecDeque<Bytes>,
+    len: usize,
+    scratch: BytesMut,
+}
+
+impl Out {
+    fn push_reply(&mut self, tag: u16, m: &Rmsg) {
+        let r = wire::encode_r_parts(&mut self.scratch, tag, m);
+        let payload = match r {
+            Ok(p) => p,
+            Err(e) => {
+                // Only oversized strings can fail here; answer with a short error instead.
+                tracing::warn!(error = %e, "reply could not be encoded");
+                self.scratch.clear();
+                let fallback = Rmsg::error(format!("reply could not be encoded: {e}"));
+                match wire::encode_r_parts(&mut self.scratch, tag, &fallback) {
+                    Ok(p) => p,
+                    Err(_) => return,
+                }
+            }
+        };
+        match payload {
+            // Small payloads are copied next to their header; large ones go out as their own
+            // iovec, straight from the filesystem's buffer.
+            Some(p) if p.len() >= 4096 => {
+                let h = self.scratch.split().freeze();
+                self.len += h.len() + p.len();
+                self.chunks.push_back(h);
+                self.chunks.push_back(p);
+            }
+            Some(p) => {
+                self.scratch.extend_from_slice(&p);
+                let h = self.scratch.split().freeze();
+                self.len += h.len();
+                self.chunks.push_back(h);
+            }
+            None => {
+                let h = self.scratch.split().freeze();
+                self.len += h.len();
+                self.chunks.push_back(h);
+            }
+        }
+        if self.scratch.capacity() < 256 {
+            self.scratch.reserve(64 * 1024);
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        self.len -= n;
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else {
+                return;
+            };
+            if n >= front.len() {
+                n -= front.len();
+                self.chunks.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+}
+
+async fn write_some<W: AsyncWrite + Unpin>(w: &mut W, out: &Out) -> std::io::Result<usize> {
+    let mut slices = [IoSlice::new(&[]); 64];
+    let mut k = 0;
+    for c in out.chunks.iter().take(64) {
+        slices[k] = IoSlice::new(c);
+        k += 1;
+    }
+    w.write_vectored(&slices[..k]).await
+}
+
+struct Conn<F: Filesystem> {
+    srv: Arc<Server<F>>,
+    info: Arc<ConnInfo>,
+    /// 0 until Tversion succeeds.
+    msize: u32,
+    fids: HashMap<u32, Slot<F::Fid>>,
+    inflight: HashMap<u16, Inflight<F::Fid>>,
+    seq: u64,
+    tx: mpsc::Sender<Done>,
+    out: Out,
+    /// Set after a framing error: send what is queued, then close.
+    closing: bool,
+}
+
+impl<F: Filesystem> Drop for Conn<F> {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+impl<F: Filesystem> Conn<F> {
+    async fn run<R, W>(
+        &mut self,
+        mut reader: R,
+        mut writer: W,
+        mut rx: mpsc::Receiver<Done>,
+    ) -> std::io::Result<()>
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let mut rbuf = BytesMut::with_capacity(64 * 1024);
+        loop {
+            // Take every complete frame out of the buffer.
+            while !self.closing {
+                match self.next_frame(&mut rbuf) {
+                    Ok(Some(frame)) => self.dispatch(frame),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "framing error; closing connection");
+                        self.closing = true;
+                    }
+                }
+            }
+            if self.closing && self.out.len == 0 {
+                let _ = writer.shutdown().await;
+                return Ok(());
+            }
+            let want_read = !self.closing && self.out.len < OUT_HIGH_WATER;
+            if want_read && rbuf.capacity() - rbuf.len() < 4096 {
+                rbuf.reserve(64 * 1024);
+            }
+            tokio::select! {
+                biased;
+                Some(done) = rx.recv() => self.finish(done),
+                r = write_some(&mut writer, &self.out), if self.out.len > 0 => {
+                    let n = r?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::WriteZero.into());
+                    }
+                    self.out.advance(n);
+                }
+                r = reader.read_buf(&mut rbuf), if want_read => {
+                    if r? == 0 {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Splits one whole frame off the front of `rbuf`, or says more bytes are needed.
+    fn next_frame(
+        &mut self,
+        rbuf: &mut BytesMut,
+    ) -> std::result::Result<Option<Bytes>, DecodeError> {
+        if rbuf.len() < 4 {
+            return Ok(None);
+        }
+        let size = u32::from_le_bytes([rbuf[0], rbuf[1], rbuf[2], rbuf[3]]) as usize;
+        let max = if self.msize == 0 {
+            self.srv.max_msize
+        } else {
+            self.msize
+        } as usize;
+        if size < HEADER_LEN {
+            return Err(DecodeError::Short {
+                need: HEADER_LEN - size,
+            });
+        }
+        if size > max {
+            // Tell the client why, if we can see its tag, before closing.
+            if rbuf.len() >= HEADER_LEN {
+                let tag = u16::from_le_bytes([rbuf[5], rbuf[6]]);
+                self.out.push_reply(
+                    tag,
+                    &Rmsg::error(format!("message of {size} bytes exceeds msize {max}")),
+                );
+            }
+            return Err(DecodeError::TooLarge { size, max });
+        }
+        if rbuf.len() < size {
+            rbuf.reserve(size - rbuf.len());
+            return Ok(None);
+        }
+        Ok(Some(rbuf.split_to(size).freeze()))
+    }
+
+    fn reply(&mut self, tag: u16, m: &Rmsg) {
+        self.out.push_reply(tag, m);
+    }
+
+    fn dispatch(&mut self, frame: Bytes) {
+        let Ok(h) = wire::decode_header(&frame) else {
+            return;
+        };
+        let (tag, msg) = match wire::decode_t(frame) {
+            Ok(x) => x,
+            Err(e) => {
+                self.reply(h.tag, &Rmsg::error(format!("malformed message: {e}")));
+                return;
+            }
+        };
+        tracing::trace!(tag, msg = msg.name(), "request");
+        if let Tmsg::Version { msize, version } = msg {
+            self.version(tag, msize, &version);
+            return;
+        }
+        if self.msize == 0 {
+            self.reply(
+                tag,
+                &Rmsg::error("version not negotiated: send Tversion first"),
+            );
+            return;
+        }
+        if let Tmsg::Flush { oldtag } = msg {
+            if let Some(f) = self.inflight.remove(&oldtag) {
+                if let Some(a) = f.abort {
+                    a.abort();
+                }
+                if let Some((fid, slot)) = f.creates {
+                    self.forget_created(fid, &slot);
+                }
+            }
+            self.reply(tag, &Rmsg::Flush);
+            return;
+        }
+        if self.inflight.contains_key(&tag) {
+            self.reply(tag, &Rmsg::error("tag in use by an outstanding request"));
+            return;
+        }
+        if self.inflight.len() >= MAX_INFLIGHT {
+            self.reply(tag, &Rmsg::error("too many outstanding requests (in use)"));
+            return;
+        }
+        let (op, creates) = match self.resolve(msg) {
+            Ok(x) => x,
+            Err(e) => {
+                self.reply(tag, &Rmsg::Error { ename: e.message() });
+                return;
+            }
+        };
+        let mut fut: BoxFuture<'static, Outcome> = Box::pin(run_op(
+            Arc::clone(&self.srv.fs),
+            Arc::clone(&self.info),
+            self.msize,
+            op,
+        ));
+        // First poll inline, in arrival order: this takes the fid lock's place in line, and most
+        // requests finish right here without a task or a channel hop.
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(outcome) = fut.as_mut().poll(&mut cx) {
+            self.complete(tag, outcome, creates);
+            return;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        let tx = self.tx.clone();
+        let handle = tokio::spawn(async move {
+            let outcome = fut.await;
+            let _ = tx.send(Done { tag, seq, outcome }).await;
+        });
+        self.inflight.insert(
+            tag,
+            Inflight {
+                seq,
+                abort: Some(handle.abort_handle()),
+                creates,
+            },
+        );
+    }
+
+    fn finish(&mut self, done: Done) {
+        match self.inflight.get(&done.tag) {
+            Some(f) if f.seq == done.seq => {}
+            // Flushed (or the tag now belongs to a newer request): the reply is dropped.
+            _ => return,
+        }
+        if let Some(f) = self.inflight.remove(&done.tag) {
+            self.complete(done.tag, done.outcome, f.creates);
+        }
+    }
+
+    fn complete(&mut self, tag: u16, outcome: Outcome, creates: Option<(u32, Slot<F::Fid>)>) {
+        let Outcome { reply, created } = outcome;
+        if !created && let Some((fid, slot)) = creates {
+            self.forget_created(fid, &slot);
+        }
+        self.reply(tag, &reply);
+    }
+
+    /// Drops a fid that a failed or flushed request was creating, if the table still holds it.
+    fn forget_created(&mut self, fid: u32, slot: &Slot<F::Fid>) {
+        if self.fids.get(&fid).is_some_and(|s| Arc::ptr_eq(s, slot))
+            && let Some(s) = self.fids.remove(&fid)
+        {
+            self.retire(s);
+        }
+    }
+
+    /// Clunks a slot's state once every request queued on it is done.
+    fn retire(&self, slot: Slot<F::Fid>) {
+        let fs = Arc::clone(&self.srv.fs);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let e = slot.lock().await.take();
+                if let Some(e) = e {
+                    fs.clunk(e.fs).await;
+                }
+            });
+        }
+    }
+
+    /// Cancels every request and clunks every fid (Tversion, and connection teardown).
+    fn reset(&mut self) {
+        for (_, f) in self.inflight.drain() {
+            if let Some(a) = f.abort {
+                a.abort();
+            }
+        }
+        let fids: Vec<_> = self.fids.drain().map(|(_, s)| s).collect();
+        for s in fids {
+            self.retire(s);
+        }
+    }
+
+    fn version(&mut self, tag: u16, msize: u32, version: &str) {
+        self.reset();
+        self.msize = 0;
+        if msize < MIN_MSIZE {
+            self.reply(
+                tag,
+                &Rmsg::error(format!("msize {msize} is too small (at least {MIN_MSIZE})")),
+            );
+            return;
+        }
+        let base = version.split('.').next().unwrap_or("");
+        if base != wire::VERSION {
+            self.reply(
+                tag,
+                &Rmsg::Version {
+                    msize: msize.min(self.srv.max_msize),
+                    version: "unknown".into(),
+                },
+            );
+            return;
+        }
+        self.msize = msize.min(self.srv.max_msize);
+        self.reply(
+            tag,
+            &Rmsg::Version {
+                msize: self.msize,
+                version: wire::VERSION.into(),
+            },
+        );
+    }
+
+    fn slot(&self, fid: u32) -> Result<Slot<F::Fid>> {
+        self.fids.get(&fid).cloned().ok_or_else(unknown_fid)
+    }
+
+    /// Creates a locked, empty slot for a new fid.
+    fn new_slot(
+        &mut self,
+        fid: u32,
+    ) -> Result<(SlotGuard<F::Fid>, Slot<F::Fid>)> {
+        if fid == NOFID {
+            return Err(Error::invalid("fid NOFID cannot be used"));
+        }
+        if self.fids.contains_key(&fid) {
+            return Err(Error::new("fid already in use"));
+        }
+        let slot: Slot<F::Fid> = Arc::new(Mutex::new(None));
+        let guard = Arc::clone(&slot)
+            .try_lock_owned()
+            .map_err(|_| Error::new("fid already in use"))?;
+        self.fids.insert(fid, Arc::clone(&slot));
+        Ok((guard, slot))
+    }
+
+    /// Turns a request into an [`Op`], resolving and (for clunk/remove) freeing fids now, in
+    /// arrival order.
+    #[allow(clippy::type_complexity)]
+    fn resolve(&mut self, msg: Tmsg) -> Result<(Op<F::Fid>, Option<(u32, Slot<F::Fid>)>)> {
+        Ok(match msg {
+            Tmsg::Version { .. } | Tmsg::Flush { .. } => {
+                return Err(Error::new("internal: unexpected message"));
+            }
+            Tmsg::Auth { afid, uname, aname } => {
+                let (guard, slot) = self.new_slot(afid)?;
+                (
+                    Op::Auth {
+                        guard,
+                        uname,
+                        aname,
+                    },
+                    Some((afid, slot)),
+                )
+            }
+            Tmsg::Attach {
+                fid,
+                afid,
+                uname,
+                aname,
+            } => {
+                let afid = if afid == NOFID {
+                    None
+                } else {
+                    Some(
+                        self.fids
+                            .get(&afid)
+                            .cloned()
+                            .ok_or_else(|| Error::new("unknown afid"))?,
+                    )
+                };
+                let (guard, slot) = self.new_slot(fid)?;
+                (
+                    Op::Attach {
+                        guard,
+                        afid,
+                        uname,
+                        aname,
+                    },
+                    Some((fid, slot)),
+                )
+            }
+            Tmsg::Walk {
+                fid,
+                newfid,
+                wnames,
+            } => {
+                let src = self.slot(fid)?;
+                if newfid == fid {
+                    (
+                        Op::Walk {
+                            src,
+                            new: None,
+                            wnames,
+                        },
+                        None,
+                    )
+                } else {
+                    let (guard, slot) = self.new_slot(newfid)?;
+                    (
+                        Op::Walk {
+                            src,
+                            new: Some(guard),
+                            wnames,
+                        },
+                        Some((newfid, slot)),
+                    )
+                }
+            }
+            Tmsg::Open { fid, mode } => (
+                Op::Open {
+                    slot: self.slot(fid)?,
+                    mode,
+                },
+                None,
+            ),
+            Tmsg::Create {
+                fid,
+                name,
+                perm,
+                mode,
+            } => (
+                Op::Create {
+                    slot: self.slot(fid)?,
+                    name,
+                    perm,
+                    mode,
+                },
+                None,
+            ),
+            Tmsg::Read { fid, offset, count } => (
+                Op::Read {
+                    slot: self.slot(fid)?,
+                    offset,
+                    count,
+                },
+                None,
+            ),
+            Tmsg::Write { fid, offset, data } => (
+                Op::Write {
+                    slot: self.slot(fid)?,
+                    offset,
+                    data,
+                },
+                None,
+            ),
+            Tmsg::Clunk { fid } => {
+                let slot = self.fids.remove(&fid).ok_or_else(unknown_fid)?;
+                (Op::Clunk { slot }, None)
+            }
+            Tmsg::Remove { fid } => {
+                let slot = self.fids.remove(&fid).ok_or_else(unknown_fid)?;
+                (Op::Remove { slot }, None)
+            }
+            Tmsg::Stat { fid } => (
+                Op::Stat {
+                    slot: self.slot(fid)?,
+                },
+                None,
+            ),
+            Tmsg::Wstat { fid, stat } => (
+                Op::Wstat {
+                    slot: self.slot(fid)?,
+                    stat,
+                },
+                None,
+            ),
+        })
+    }
+}

@@ -1,0 +1,125 @@
+//! Helpers for [`Filesystem`](crate::Filesystem) implementations: directory reads that return
+//! whole entries only, and byte-range reads of in-memory contents.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::error::{Error, Result};
+use crate::wire::{self, Stat};
+
+/// A directory listing frozen when a fid reads it from offset 0, so that later reads at the
+/// offsets the client got back see consistent, whole entries.
+#[derive(Debug, Clone, Default)]
+pub struct DirSnapshot {
+    buf: Bytes,
+    /// Start offset of every entry, ascending.
+    starts: Vec<usize>,
+}
+
+impl DirSnapshot {
+    /// Encodes `entries`. Entries too large for a stat are skipped.
+    pub fn new(entries: &[Stat]) -> DirSnapshot {
+        let mut buf = BytesMut::new();
+        let mut starts = Vec::with_capacity(entries.len());
+        for st in entries {
+            let at = buf.len();
+            if wire::encode_stat(&mut buf, st).is_ok() {
+                starts.push(at);
+            } else {
+                buf.truncate(at);
+            }
+        }
+        DirSnapshot {
+            buf: buf.freeze(),
+            starts,
+        }
+    }
+
+    /// The whole entries that start at or after `offset` and fit in `count` bytes. An offset in
+    /// the middle of an entry moves to the next entry; at or past the end the result is empty.
+    pub fn read(&self, offset: u64, count: u32) -> Result<Bytes> {
+        let Ok(off) = usize::try_from(offset) else {
+            return Ok(Bytes::new());
+        };
+        let i = self.starts.partition_point(|&s| s < off);
+        let Some(&first) = self.starts.get(i) else {
+            return Ok(Bytes::new());
+        };
+        let limit = first.saturating_add(count as usize);
+        let mut end = first;
+        for k in i..self.starts.len() {
+            let next = self.starts.get(k + 1).copied().unwrap_or(self.buf.len());
+            if next > limit {
+                break;
+            }
+            end = next;
+        }
+        if end == first {
+            return Err(Error::invalid(format!(
+                "read count {count} is too small for a directory entry"
+            )));
+        }
+        Ok(self.buf.slice(first..end))
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+}
+
+/// `count` bytes of `data` from `offset` (empty at or past the end). Zero-copy.
+pub fn read_at(data: &Bytes, offset: u64, count: u32) -> Bytes {
+    let Ok(off) = usize::try_from(offset) else {
+        return Bytes::new();
+    };
+    if off >= data.len() {
+        return Bytes::new();
+    }
+    let end = off.saturating_add(count as usize).min(data.len());
+    data.slice(off..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(name: &str) -> Stat {
+        Stat {
+            name: name.into(),
+            ..Stat::default()
+        }
+    }
+
+    #[test]
+    fn dir_reads_whole_entries_and_rereads_from_zero() {
+        let d = DirSnapshot::new(&[st("a"), st("bb"), st("ccc")]);
+        let one = st("a").encoded_len();
+        let two = st("bb").encoded_len();
+        let r = d.read(0, (one + two - 1) as u32).unwrap();
+        assert_eq!(r.len(), one);
+        let r2 = d.read(one as u64, 10_000).unwrap();
+        let names: Vec<_> = wire::decode_dir(&r2)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["bb", "ccc"]);
+        assert!(d.read(10_000, 100).unwrap().is_empty());
+        assert_eq!(d.read(0, 10_000).unwrap().len(), d.buf.len());
+        assert!(d.read(0, 3).is_err());
+    }
+
+    #[test]
+    fn read_at_bounds() {
+        let b = Bytes::from_static(b"hello");
+        assert_eq!(&read_at(&b, 1, 3)[..], b"ell");
+        assert_eq!(&read_at(&b, 3, 100)[..], b"lo");
+        assert!(read_at(&b, 5, 1).is_empty());
+        assert!(read_at(&b, u64::MAX, 1).is_empty());
+    }
+}

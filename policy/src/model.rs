@@ -1,0 +1,710 @@
+//! Validated policy types and the conversion from the raw TOML shape.
+
+use crate::raw::RawPolicy;
+use crate::secrets;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+
+/// The Landlock ABI required unless a policy says otherwise (Linux 6.15+: all filesystem
+/// rights, TCP rights, both scopes).
+pub const DEFAULT_LANDLOCK_MIN_ABI: u32 = 7;
+
+/// Errors from parsing, validating or resolving a policy. Each names the key path.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The text is not TOML of the policy's shape (unknown key, wrong type…).
+    #[error("policy is not valid")]
+    Parse {
+        /// The TOML decoder's error, which names the key and line.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value is out of range or malformed.
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// Key path, e.g. `fs.write[2]`.
+        key: String,
+        /// What was wrong and what is valid.
+        reason: String,
+    },
+    /// A shipped profile name that does not exist.
+    #[error("unknown profile {name:?} (valid: {valid})")]
+    UnknownProfile {
+        /// The requested name.
+        name: String,
+        /// The shipped names.
+        valid: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> PolicyError {
+    PolicyError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Where a policy path is anchored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathAnchor {
+    /// An absolute path.
+    Root,
+    /// `{workdir}`: the tool's working directory (the workspace).
+    Workdir,
+    /// `{home}`: the invoking user's home directory.
+    Home,
+}
+
+/// A validated path: an anchor plus normal relative components.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PathTemplate {
+    /// What the path is relative to.
+    pub anchor: PathAnchor,
+    /// Normal components only (no `.`, `..`, or root).
+    pub rest: PathBuf,
+}
+
+impl PathTemplate {
+    /// Parses `/abs/path`, `{workdir}/sub` or `{home}/sub`.
+    pub fn parse(key: &str, s: &str) -> Result<Self, PolicyError> {
+        let (anchor, rest) = if let Some(r) = s.strip_prefix("{workdir}") {
+            (PathAnchor::Workdir, r)
+        } else if let Some(r) = s.strip_prefix("{home}") {
+            (PathAnchor::Home, r)
+        } else if s.starts_with('/') {
+            (PathAnchor::Root, s)
+        } else {
+            return Err(invalid(
+                key,
+                format!("{s:?} must be an absolute path or start with {{workdir}} or {{home}}"),
+            ));
+        };
+        if !rest.is_empty() && !rest.starts_with('/') {
+            return Err(invalid(key, format!("{s:?}: expected '/' after the anchor")));
+        }
+        if s.contains('\0') {
+            return Err(invalid(key, "path contains a NUL byte"));
+        }
+        let mut clean = PathBuf::new();
+        for c in Path::new(rest).components() {
+            match c {
+                Component::RootDir => {}
+                Component::Normal(n) => clean.push(n),
+                Component::CurDir | Component::ParentDir | Component::Prefix(_) => {
+                    return Err(invalid(
+                        key,
+                        format!("{s:?} must not contain '.' or '..' components"),
+                    ));
+                }
+            }
+        }
+        Ok(PathTemplate {
+            anchor,
+            rest: clean,
+        })
+    }
+
+    /// The absolute path for a context.
+    pub fn resolve(&self, ctx: &ResolveContext) -> PathBuf {
+        let base: &Path = match self.anchor {
+            PathAnchor::Root => Path::new("/"),
+            PathAnchor::Workdir => &ctx.workdir,
+            PathAnchor::Home => &ctx.home,
+        };
+        base.join(&self.rest)
+    }
+}
+
+impl fmt::Display for PathTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rest = self.rest.display();
+        match self.anchor {
+            PathAnchor::Root => write!(f, "/{rest}"),
+            PathAnchor::Workdir if self.rest.as_os_str().is_empty() => write!(f, "{{workdir}}"),
+            PathAnchor::Workdir => write!(f, "{{workdir}}/{rest}"),
+            PathAnchor::Home if self.rest.as_os_str().is_empty() => write!(f, "{{home}}"),
+            PathAnchor::Home => write!(f, "{{home}}/{rest}"),
+        }
+    }
+}
+
+/// Filesystem access levels, ordered from weakest to strongest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// Read files and list directories.
+    Read,
+    /// Read and execute.
+    ReadExec,
+    /// Read, write, create, remove, rename (not execute).
+    ReadWrite,
+}
+
+/// Filesystem rules as written (anchored, not yet resolved).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FsRules {
+    /// Read-only paths.
+    pub read: Vec<PathTemplate>,
+    /// Read + execute paths.
+    pub exec: Vec<PathTemplate>,
+    /// Read-write paths.
+    pub write: Vec<PathTemplate>,
+    /// Paths inside writable paths that must stay read-only (git and editor metadata).
+    pub protected: Vec<PathTemplate>,
+    /// Read-only access to the whole filesystem except secret locations.
+    pub read_all: bool,
+}
+
+/// Network policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Network {
+    /// No sockets except AF_UNIX socketpairs; no connect/bind/listen.
+    Off,
+    /// TCP only, to/from the listed ports (Landlock), no UDP, no raw sockets.
+    Tcp {
+        /// Ports that may be connected to.
+        connect: BTreeSet<u16>,
+        /// Ports that may be bound.
+        bind: BTreeSet<u16>,
+    },
+}
+
+/// The seccomp profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyscallProfile {
+    /// The default allowlist (named syscall groups).
+    Default,
+}
+
+/// Resource limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// RLIMIT_CPU in seconds.
+    pub cpu_seconds: u64,
+    /// RLIMIT_AS in bytes.
+    pub address_space_bytes: u64,
+    /// Maximum processes (RLIMIT_NPROC, and the pids cgroup where available).
+    pub processes: u64,
+    /// RLIMIT_FSIZE in bytes.
+    pub file_size_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// Captured bytes per output stream; the rest is counted and dropped.
+    pub output_bytes: u64,
+    /// Wall-clock timeout in seconds.
+    pub timeout_seconds: u64,
+    /// Time between SIGTERM and SIGKILL when a run is stopped.
+    pub kill_grace_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cpu_seconds: 60,
+            address_space_bytes: 4 << 30,
+            processes: 256,
+            file_size_bytes: 1 << 30,
+            open_files: 256,
+            output_bytes: 1 << 20,
+            timeout_seconds: 120,
+            kill_grace_ms: 2000,
+        }
+    }
+}
+
+/// Environment policy: the tool's environment is cleared, then only these are passed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvPolicy {
+    /// Variables copied from the runner's environment when present.
+    pub allow: BTreeSet<String>,
+    /// Variables set to fixed values (`{workdir}` and `{home}` are substituted).
+    pub set: BTreeMap<String, String>,
+}
+
+/// Kinds of escalation an agent may ask a human for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EscalationKind {
+    /// Network access.
+    Net,
+    /// Extra read access.
+    Read,
+    /// Extra write access.
+    Write,
+    /// Running without the sandbox.
+    Unsandboxed,
+}
+
+impl EscalationKind {
+    fn parse(key: &str, s: &str) -> Result<Self, PolicyError> {
+        Ok(match s {
+            "net" => Self::Net,
+            "read" => Self::Read,
+            "write" => Self::Write,
+            "unsandboxed" => Self::Unsandboxed,
+            _ => {
+                return Err(invalid(
+                    key,
+                    format!("unknown escalation {s:?} (valid: net, read, write, unsandboxed)"),
+                ));
+            }
+        })
+    }
+}
+
+/// A validated policy (paths still anchored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Minimum Landlock ABI.
+    pub landlock_min_abi: u32,
+    /// Whether weaker enforcement is acceptable (and recorded).
+    pub best_effort: bool,
+    /// Filesystem rules.
+    pub fs: FsRules,
+    /// Network rules.
+    pub network: Network,
+    /// Syscall profile.
+    pub syscalls: SyscallProfile,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Environment allowlist.
+    pub env: EnvPolicy,
+    /// Escalations that may be requested.
+    pub escalations: BTreeSet<EscalationKind>,
+}
+
+/// Variable-name fragments that mark a secret; such names can never be allowlisted.
+const SECRET_ENV_FRAGMENTS: &[&str] = &[
+    "KEY",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "CREDENTIAL",
+    "AUTH",
+    "COOKIE",
+    "SESSION",
+];
+
+/// Variables that point at daemons or the runner and can never be allowlisted.
+const FORBIDDEN_ENV: &[&str] = &[
+    "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID",
+    "GPG_AGENT_INFO",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "DBUS_SYSTEM_BUS_ADDRESS",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "KUBECONFIG",
+    "NAMESPACE",
+    "TMUX",
+    "STY",
+    "DISPLAY",
+    "WAYLAND_DISPLAY",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "BASH_ENV",
+    "ENV",
+    "PROMPT_COMMAND",
+];
+
+/// Whether an environment variable name may never reach a tool.
+pub fn env_name_is_forbidden(name: &str) -> bool {
+    let up = name.to_ascii_uppercase();
+    FORBIDDEN_ENV.contains(&up.as_str())
+        || up.starts_with("OLLIE_")
+        || SECRET_ENV_FRAGMENTS.iter().any(|f| up.contains(f))
+}
+
+fn positive(key: &str, v: Option<i64>, default: u64, max: u64) -> Result<u64, PolicyError> {
+    match v {
+        None => Ok(default),
+        Some(v) if v >= 1 && (v as u64) <= max => Ok(v as u64),
+        Some(v) => Err(invalid(key, format!("{v} is out of range (valid: 1..={max})"))),
+    }
+}
+
+fn port(key: &str, v: i64) -> Result<u16, PolicyError> {
+    u16::try_from(v)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| invalid(key, format!("{v} is not a port (valid: 1..=65535)")))
+}
+
+fn paths(section: &str, v: &[String]) -> Result<Vec<PathTemplate>, PolicyError> {
+    v.iter()
+        .enumerate()
+        .map(|(i, s)| PathTemplate::parse(&format!("{section}[{i}]"), s))
+        .collect()
+}
+
+fn env_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl TryFrom<RawPolicy> for Policy {
+    type Error = PolicyError;
+
+    fn try_from(raw: RawPolicy) -> Result<Self, PolicyError> {
+        let landlock_min_abi = match raw.landlock_min_abi {
+            None => DEFAULT_LANDLOCK_MIN_ABI,
+            Some(v @ 1..=64) => v,
+            Some(v) => {
+                return Err(invalid(
+                    "landlock_min_abi",
+                    format!("{v} is out of range (valid: 1..=64)"),
+                ));
+            }
+        };
+        let fs = FsRules {
+            read: paths("fs.read", &raw.fs.read)?,
+            exec: paths("fs.exec", &raw.fs.exec)?,
+            write: paths("fs.write", &raw.fs.write)?,
+            protected: paths("fs.protected", &raw.fs.protected)?,
+            read_all: raw.fs.read_all,
+        };
+        for (i, p) in fs.protected.iter().enumerate() {
+            let inside = fs
+                .write
+                .iter()
+                .any(|w| w.anchor == p.anchor && p.rest.starts_with(&w.rest) && p.rest != w.rest);
+            if !inside {
+                return Err(invalid(
+                    format!("fs.protected[{i}]"),
+                    format!("{p} must lie strictly inside one of fs.write (same anchor)"),
+                ));
+            }
+        }
+        let network = match raw.network.mode.as_deref() {
+            None | Some("off") => {
+                if !raw.network.connect.is_empty() || !raw.network.bind.is_empty() {
+                    return Err(invalid(
+                        "network.connect",
+                        "ports need network.mode = \"tcp\"",
+                    ));
+                }
+                Network::Off
+            }
+            Some("tcp") => {
+                let mut connect = BTreeSet::new();
+                for (i, p) in raw.network.connect.iter().enumerate() {
+                    connect.insert(port(&format!("network.connect[{i}]"), *p)?);
+                }
+                let mut bind = BTreeSet::new();
+                for (i, p) in raw.network.bind.iter().enumerate() {
+                    bind.insert(port(&format!("network.bind[{i}]"), *p)?);
+                }
+                Network::Tcp { connect, bind }
+            }
+            Some(m) => {
+                return Err(invalid(
+                    "network.mode",
+                    format!("unknown mode {m:?} (valid: off, tcp)"),
+                ));
+            }
+        };
+        let syscalls = match raw.syscalls.profile.as_deref() {
+            None | Some("default") => SyscallProfile::Default,
+            Some(p) => {
+                return Err(invalid(
+                    "syscalls.profile",
+                    format!("unknown profile {p:?} (valid: default)"),
+                ));
+            }
+        };
+        let d = Limits::default();
+        let l = &raw.limits;
+        let limits = Limits {
+            cpu_seconds: positive("limits.cpu_seconds", l.cpu_seconds, d.cpu_seconds, 86_400)?,
+            address_space_bytes: positive(
+                "limits.address_space_bytes",
+                l.address_space_bytes,
+                d.address_space_bytes,
+                1 << 46,
+            )?,
+            processes: positive("limits.processes", l.processes, d.processes, 65_536)?,
+            file_size_bytes: positive(
+                "limits.file_size_bytes",
+                l.file_size_bytes,
+                d.file_size_bytes,
+                1 << 46,
+            )?,
+            open_files: positive("limits.open_files", l.open_files, d.open_files, 65_536)?,
+            output_bytes: positive("limits.output_bytes", l.output_bytes, d.output_bytes, 1 << 32)?,
+            timeout_seconds: positive(
+                "limits.timeout_seconds",
+                l.timeout_seconds,
+                d.timeout_seconds,
+                86_400,
+            )?,
+            kill_grace_ms: positive("limits.kill_grace_ms", l.kill_grace_ms, d.kill_grace_ms, 60_000)?,
+        };
+        let mut env = EnvPolicy::default();
+        for (i, name) in raw.env.allow.iter().enumerate() {
+            let key = format!("env.allow[{i}]");
+            if !env_name_ok(name) {
+                return Err(invalid(key, format!("{name:?} is not a variable name")));
+            }
+            if env_name_is_forbidden(name) {
+                return Err(invalid(
+                    key,
+                    format!("{name} may carry a secret or a daemon address and cannot be passed"),
+                ));
+            }
+            env.allow.insert(name.clone());
+        }
+        for (name, value) in &raw.env.set {
+            let key = format!("env.set.{name}");
+            if !env_name_ok(name) {
+                return Err(invalid(key, format!("{name:?} is not a variable name")));
+            }
+            if env_name_is_forbidden(name) {
+                return Err(invalid(
+                    key,
+                    format!("{name} may carry a secret or a daemon address and cannot be set"),
+                ));
+            }
+            if value.contains('\0') {
+                return Err(invalid(key, "value contains a NUL byte"));
+            }
+            env.set.insert(name.clone(), value.clone());
+        }
+        let mut escalations = BTreeSet::new();
+        for (i, e) in raw.escalations.allow.iter().enumerate() {
+            escalations.insert(EscalationKind::parse(&format!("escalations.allow[{i}]"), e)?);
+        }
+        Ok(Policy {
+            landlock_min_abi,
+            best_effort: raw.best_effort.unwrap_or(false),
+            fs,
+            network,
+            syscalls,
+            limits,
+            env,
+            escalations,
+        })
+    }
+}
+
+/// What anchored paths resolve against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolveContext {
+    /// The workspace (absolute, normal).
+    pub workdir: PathBuf,
+    /// The user's home (absolute, normal).
+    pub home: PathBuf,
+}
+
+/// Filesystem rules with absolute paths.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ResolvedFs {
+    /// Read-only paths.
+    pub read: Vec<PathBuf>,
+    /// Read + execute paths.
+    pub exec: Vec<PathBuf>,
+    /// Read-write paths.
+    pub write: Vec<PathBuf>,
+    /// Read-only islands inside writable paths.
+    pub protected: Vec<PathBuf>,
+    /// Read-only access to everything except secrets.
+    pub read_all: bool,
+}
+
+/// A policy with every path made absolute for one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedPolicy {
+    /// The validated policy it came from.
+    pub policy: Policy,
+    /// The context used.
+    pub ctx: ResolveContext,
+    /// Absolute filesystem rules.
+    pub fs: ResolvedFs,
+    /// Network rules.
+    pub network: Network,
+    /// Environment values to set, with anchors substituted.
+    pub env_set: BTreeMap<String, String>,
+}
+
+fn normal_abs(key: &str, p: &Path) -> Result<(), PolicyError> {
+    let ok = p.is_absolute()
+        && p
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("{} must be an absolute normal path", p.display())))
+    }
+}
+
+impl Policy {
+    /// Parses and validates TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
+        let raw: RawPolicy = toml::from_str(text).map_err(|source| PolicyError::Parse { source })?;
+        Policy::try_from(raw)
+    }
+
+    /// Resolves anchored paths; rejects rules that name a secret location.
+    pub fn resolve(&self, ctx: &ResolveContext) -> Result<ResolvedPolicy, PolicyError> {
+        normal_abs("workdir", &ctx.workdir)?;
+        normal_abs("home", &ctx.home)?;
+        let mut fs = ResolvedFs {
+            read_all: self.fs.read_all,
+            ..ResolvedFs::default()
+        };
+        let sections: [(&str, &Vec<PathTemplate>, &mut Vec<PathBuf>); 4] = [
+            ("fs.read", &self.fs.read, &mut fs.read),
+            ("fs.exec", &self.fs.exec, &mut fs.exec),
+            ("fs.write", &self.fs.write, &mut fs.write),
+            ("fs.protected", &self.fs.protected, &mut fs.protected),
+        ];
+        for (section, list, out) in sections {
+            for (i, t) in list.iter().enumerate() {
+                let p = t.resolve(ctx);
+                if section != "fs.protected" {
+                    if let Some(s) = secrets::secret_containing(&p, &ctx.home) {
+                        return Err(invalid(
+                            format!("{section}[{i}]"),
+                            format!(
+                                "{} is inside the secret location {} and can never be granted",
+                                p.display(),
+                                s.display()
+                            ),
+                        ));
+                    }
+                }
+                out.push(p);
+            }
+        }
+        let subst = |v: &str| {
+            v.replace("{workdir}", &ctx.workdir.to_string_lossy())
+                .replace("{home}", &ctx.home.to_string_lossy())
+        };
+        let env_set = self
+            .env
+            .set
+            .iter()
+            .map(|(k, v)| (k.clone(), subst(v)))
+            .collect();
+        Ok(ResolvedPolicy {
+            policy: self.clone(),
+            ctx: ctx.clone(),
+            fs,
+            network: self.network.clone(),
+            env_set,
+        })
+    }
+}
+
+impl ResolvedPolicy {
+    /// The strongest access any rule grants on `path` (lexically), ignoring secrets.
+    pub fn access_of(&self, path: &Path) -> Option<Access> {
+        if secrets::secret_containing(path, &self.ctx.home).is_some() {
+            return None;
+        }
+        let covers = |list: &[PathBuf]| list.iter().any(|r| path.starts_with(r));
+        let in_protected = covers(&self.fs.protected);
+        if covers(&self.fs.write) && !in_protected {
+            Some(Access::ReadWrite)
+        } else if covers(&self.fs.exec) {
+            Some(Access::ReadExec)
+        } else if covers(&self.fs.read) || self.fs.read_all || in_protected {
+            Some(Access::Read)
+        } else {
+            None
+        }
+    }
+
+    /// Secret locations strictly inside `path`, which a grant on `path` must exclude.
+    pub fn secrets_within(&self, path: &Path) -> Vec<PathBuf> {
+        secrets::secrets_within(path, &self.ctx.home)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Policy::from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn errors_name_the_key_path() {
+        assert_eq!(
+            err("[fs]\nwrite = [\"/a\", \"/b\", \"rel\"]"),
+            "fs.write[2]: \"rel\" must be an absolute path or start with {workdir} or {home}"
+        );
+        assert!(err("[fs]\nread = [\"/a/../b\"]").starts_with("fs.read[0]:"));
+        assert!(err("[network]\nmode = \"udp\"").starts_with("network.mode:"));
+        assert!(err("[network]\nmode = \"tcp\"\nconnect = [70000]").starts_with("network.connect[0]:"));
+        assert!(err("[limits]\ncpu_seconds = 0").starts_with("limits.cpu_seconds:"));
+        assert!(err("[env]\nallow = [\"OPENAI_API_KEY\"]").starts_with("env.allow[0]:"));
+        assert!(err("[env]\nallow = [\"SSH_AUTH_SOCK\"]").starts_with("env.allow[0]:"));
+        assert!(err("[escalations]\nallow = [\"root\"]").starts_with("escalations.allow[0]:"));
+        assert!(err("landlock_min_abi = 0").starts_with("landlock_min_abi:"));
+        assert!(err("[fs]\nprotected = [\"{workdir}/.git\"]").starts_with("fs.protected[0]:"));
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let e = Policy::from_toml("[fs]\nwritable = []").unwrap_err();
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(chain.contains("unknown field `writable`"), "{chain}");
+        assert!(Policy::from_toml("colour = 1").is_err());
+        assert!(Policy::from_toml("[limits]\nmemory = 1").is_err());
+    }
+
+    #[test]
+    fn defaults_are_fail_closed() {
+        let p = Policy::from_toml("").unwrap();
+        assert_eq!(p.landlock_min_abi, 7);
+        assert!(!p.best_effort);
+        assert_eq!(p.network, Network::Off);
+        assert!(p.fs.write.is_empty() && p.fs.read.is_empty() && !p.fs.read_all);
+        assert!(p.escalations.is_empty());
+    }
+
+    #[test]
+    fn secrets_cannot_be_granted_directly() {
+        let ctx = ResolveContext {
+            workdir: "/w".into(),
+            home: "/home/u".into(),
+        };
+        for (text, key) in [
+            ("[fs]\nread = [\"/usr\", \"{home}/.ssh\"]", "fs.read[1]"),
+            ("[fs]\nwrite = [\"/etc/shadow\"]", "fs.write[0]"),
+            ("[fs]\nexec = [\"{home}/.aws/bin\"]", "fs.exec[0]"),
+            ("[fs]\nread = [\"/root/.ssh\"]", "fs.read[0]"),
+        ] {
+            let e = Policy::from_toml(text).unwrap().resolve(&ctx).unwrap_err();
+            assert!(e.to_string().starts_with(key), "{e}");
+        }
+        let broad = Policy::from_toml("[fs]\nread = [\"/\"]").unwrap().resolve(&ctx).unwrap();
+        assert_eq!(broad.access_of(Path::new("/home/u/.ssh/id_ed25519")), None);
+        assert_eq!(broad.access_of(Path::new("/etc/shadow")), None);
+        assert_eq!(broad.access_of(Path::new("/etc/passwd")), Some(Access::Read));
+        assert!(broad.secrets_within(Path::new("/")).len() > 10);
+    }
+
+    #[test]
+    fn anchors_resolve() {
+        let ctx = ResolveContext {
+            workdir: "/w".into(),
+            home: "/home/u".into(),
+        };
+        let p = Policy::from_toml(
+            "[fs]\nwrite=[\"{workdir}\"]\nprotected=[\"{workdir}/.git\"]\n[env]\nset={TMPDIR=\"{workdir}/.tmp\"}",
+        )
+        .unwrap()
+        .resolve(&ctx)
+        .unwrap();
+        assert_eq!(p.fs.write, vec![PathBuf::from("/w")]);
+        assert_eq!(p.env_set["TMPDIR"], "/w/.tmp");
+        assert_eq!(p.access_of(Path::new("/w/a")), Some(Access::ReadWrite));
+        assert_eq!(p.access_of(Path::new("/w/.git/config")), Some(Access::Read));
+        assert_eq!(p.access_of(Path::new("/x")), None);
+    }
+}

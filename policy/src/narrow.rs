@@ -1,0 +1,250 @@
+//! Layering (global → profile → per call): a layer can only narrow.
+
+use crate::model::{EscalationKind, Limits, Network, PathTemplate, Policy};
+use std::collections::BTreeSet;
+
+/// A narrowing layer; `None` keeps the base value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Layer {
+    /// Replacement read list; every entry must be covered by a base read/exec/write rule.
+    pub read: Option<Vec<PathTemplate>>,
+    /// Replacement exec list; every entry must be covered by a base exec rule.
+    pub exec: Option<Vec<PathTemplate>>,
+    /// Replacement write list; every entry must be covered by a base write rule.
+    pub write: Option<Vec<PathTemplate>>,
+    /// Extra protected paths (adding protection narrows).
+    pub protect: Vec<PathTemplate>,
+    /// Replacement network; must be a subset of the base.
+    pub network: Option<Network>,
+    /// Replacement limits; each must be ≤ the base.
+    pub limits: Option<Limits>,
+    /// Replacement environment allowlist; must be a subset.
+    pub env_allow: Option<BTreeSet<String>>,
+    /// Raise the Landlock floor.
+    pub landlock_min_abi: Option<u32>,
+    /// Forbid best effort (a layer can never turn it on).
+    pub forbid_best_effort: bool,
+    /// Replacement escalation kinds; must be a subset.
+    pub escalations: Option<BTreeSet<EscalationKind>>,
+}
+
+/// A layer tried to widen the policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NarrowError {
+    /// A key would grant more than the base.
+    #[error("{key}: a layer may only narrow the policy ({reason})")]
+    Widens {
+        /// Key path of the widening value.
+        key: String,
+        /// What exceeded the base.
+        reason: String,
+    },
+}
+
+fn widens(key: impl Into<String>, reason: impl Into<String>) -> NarrowError {
+    NarrowError::Widens {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+fn covered(p: &PathTemplate, by: &[&PathTemplate]) -> bool {
+    by.iter()
+        .any(|b| b.anchor == p.anchor && p.rest.starts_with(&b.rest))
+}
+
+impl Policy {
+    /// Applies a layer. The result grants nothing the base does not.
+    pub fn narrow(&self, layer: &Layer) -> Result<Policy, NarrowError> {
+        let mut out = self.clone();
+        let all: Vec<&PathTemplate> = self
+            .fs
+            .read
+            .iter()
+            .chain(&self.fs.exec)
+            .chain(&self.fs.write)
+            .collect();
+        if let Some(read) = &layer.read {
+            for (i, p) in read.iter().enumerate() {
+                if !self.fs.read_all && !covered(p, &all) {
+                    return Err(widens(format!("fs.read[{i}]"), format!("{p} is not readable in the base")));
+                }
+            }
+            out.fs.read = read.clone();
+            out.fs.read_all = false;
+        }
+        if let Some(exec) = &layer.exec {
+            let base: Vec<&PathTemplate> = self.fs.exec.iter().collect();
+            for (i, p) in exec.iter().enumerate() {
+                if !covered(p, &base) {
+                    return Err(widens(format!("fs.exec[{i}]"), format!("{p} is not executable in the base")));
+                }
+            }
+            out.fs.exec = exec.clone();
+        }
+        if let Some(write) = &layer.write {
+            let base: Vec<&PathTemplate> = self.fs.write.iter().collect();
+            let prot: Vec<&PathTemplate> = self.fs.protected.iter().collect();
+            for (i, p) in write.iter().enumerate() {
+                if !covered(p, &base) || covered(p, &prot) {
+                    return Err(widens(format!("fs.write[{i}]"), format!("{p} is not writable in the base")));
+                }
+            }
+            out.fs.write = write.clone();
+        }
+        for p in &layer.protect {
+            if !out.fs.protected.contains(p) {
+                out.fs.protected.push(p.clone());
+            }
+        }
+        if let Some(net) = &layer.network {
+            let ok = match (&self.network, net) {
+                (_, Network::Off) => true,
+                (Network::Off, Network::Tcp { .. }) => false,
+                (
+                    Network::Tcp { connect: bc, bind: bb },
+                    Network::Tcp { connect: lc, bind: lb },
+                ) => lc.is_subset(bc) && lb.is_subset(bb),
+            };
+            if !ok {
+                return Err(widens("network", "ports or mode exceed the base"));
+            }
+            out.network = net.clone();
+        }
+        if let Some(l) = &layer.limits {
+            let b = &self.limits;
+            let pairs = [
+                ("limits.cpu_seconds", l.cpu_seconds, b.cpu_seconds),
+                ("limits.address_space_bytes", l.address_space_bytes, b.address_space_bytes),
+                ("limits.processes", l.processes, b.processes),
+                ("limits.file_size_bytes", l.file_size_bytes, b.file_size_bytes),
+                ("limits.open_files", l.open_files, b.open_files),
+                ("limits.output_bytes", l.output_bytes, b.output_bytes),
+                ("limits.timeout_seconds", l.timeout_seconds, b.timeout_seconds),
+                ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
+            ];
+            for (key, new, base) in pairs {
+                if new > base {
+                    return Err(widens(key, format!("{new} > base {base}")));
+                }
+            }
+            out.limits = *l;
+        }
+        if let Some(env) = &layer.env_allow {
+            if !env.is_subset(&self.env.allow) {
+                return Err(widens("env.allow", "names a variable the base does not pass"));
+            }
+            out.env.allow = env.clone();
+        }
+        if let Some(abi) = layer.landlock_min_abi {
+            if abi < self.landlock_min_abi {
+                return Err(widens("landlock_min_abi", format!("{abi} < base {}", self.landlock_min_abi)));
+            }
+            out.landlock_min_abi = abi;
+        }
+        if layer.forbid_best_effort {
+            out.best_effort = false;
+        }
+        if let Some(esc) = &layer.escalations {
+            if !esc.is_subset(&self.escalations) {
+                return Err(widens("escalations.allow", "names a kind the base does not allow"));
+            }
+            out.escalations = esc.clone();
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ResolveContext, ResolvedPolicy};
+    use proptest::prelude::*;
+    use std::path::PathBuf;
+
+    const BASE: &str = "[fs]\nread=[\"/etc/hostname\"]\nexec=[\"/usr\"]\nwrite=[\"{workdir}\"]\n[network]\nmode=\"tcp\"\nconnect=[80,443]\n[env]\nallow=[\"PATH\",\"LANG\"]\n[escalations]\nallow=[\"net\",\"read\"]";
+
+    fn t(s: &str) -> PathTemplate {
+        PathTemplate::parse("x", s).unwrap()
+    }
+
+    fn resolve(p: &Policy) -> ResolvedPolicy {
+        p.resolve(&ResolveContext {
+            workdir: "/w".into(),
+            home: "/home/u".into(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn widening_is_refused_with_key() {
+        let base = Policy::from_toml(BASE).unwrap();
+        let e = base
+            .narrow(&Layer {
+                write: Some(vec![t("/etc")]),
+                ..Layer::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().starts_with("fs.write[0]:"), "{e}");
+        let mut big = base.limits;
+        big.timeout_seconds += 1;
+        assert!(base
+            .narrow(&Layer {
+                limits: Some(big),
+                ..Layer::default()
+            })
+            .is_err());
+        assert!(base
+            .narrow(&Layer {
+                landlock_min_abi: Some(3),
+                ..Layer::default()
+            })
+            .is_err());
+    }
+
+    fn arb_tpl() -> impl Strategy<Value = PathTemplate> {
+        prop_oneof![
+            Just("/usr"), Just("/usr/bin"), Just("/etc"), Just("/etc/hostname"),
+            Just("{workdir}"), Just("{workdir}/a"), Just("/w"), Just("/"), Just("{home}/x"),
+        ]
+        .prop_map(t)
+    }
+
+    fn arb_layer() -> impl Strategy<Value = Layer> {
+        (
+            proptest::option::of(proptest::collection::vec(arb_tpl(), 0..3)),
+            proptest::option::of(proptest::collection::vec(arb_tpl(), 0..3)),
+            proptest::option::of(proptest::collection::vec(arb_tpl(), 0..3)),
+            proptest::option::of(proptest::collection::btree_set(prop_oneof![Just(80u16), Just(443), Just(22)], 0..3)),
+            proptest::option::of(0u64..200),
+        )
+            .prop_map(|(read, exec, write, ports, timeout)| Layer {
+                read,
+                exec,
+                write,
+                network: ports.map(|connect| Network::Tcp { connect, bind: BTreeSet::new() }),
+                limits: timeout.map(|s| Limits { timeout_seconds: s, ..Limits::default() }),
+                ..Layer::default()
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn narrowing_never_grants_more(layer in arb_layer(), probe in arb_tpl()) {
+            let base = Policy::from_toml(BASE).unwrap();
+            if let Ok(n) = base.narrow(&layer) {
+                let (rb, rn) = (resolve(&base), resolve(&n));
+                let path: PathBuf = probe.resolve(&rb.ctx);
+                prop_assert!(rn.access_of(&path) <= rb.access_of(&path));
+                prop_assert!(n.limits.timeout_seconds <= base.limits.timeout_seconds);
+                if let (Network::Tcp { connect: nc, .. }, Network::Tcp { connect: bc, .. }) = (&n.network, &base.network) {
+                    prop_assert!(nc.is_subset(bc));
+                }
+                // Layers compose: narrowing again with the same layer is still a narrowing.
+                if let Ok(n2) = n.narrow(&layer) {
+                    prop_assert!(resolve(&n2).access_of(&path) <= rn.access_of(&path));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The TOML shape of a policy, exactly as written. Converted to [`crate::Policy`] by
+//! validation; nothing outside this crate sees these types.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    /// Minimum Landlock ABI the kernel must offer (default 7).
+    pub landlock_min_abi: Option<u32>,
+    /// Allow running with weaker enforcement than requested (recorded). Default false.
+    pub best_effort: Option<bool>,
+    #[serde(default)]
+    pub fs: RawFs,
+    #[serde(default)]
+    pub network: RawNetwork,
+    #[serde(default)]
+    pub syscalls: RawSyscalls,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub env: RawEnv,
+    #[serde(default)]
+    pub escalations: RawEscalations,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFs {
+    #[serde(default)]
+    pub read: Vec<String>,
+    #[serde(default)]
+    pub exec: Vec<String>,
+    #[serde(default)]
+    pub write: Vec<String>,
+    #[serde(default)]
+    pub protected: Vec<String>,
+    /// Grant read-only access to the whole filesystem except secret locations.
+    #[serde(default)]
+    pub read_all: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNetwork {
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub connect: Vec<i64>,
+    #[serde(default)]
+    pub bind: Vec<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSyscalls {
+    pub profile: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub cpu_seconds: Option<i64>,
+    pub address_space_bytes: Option<i64>,
+    pub processes: Option<i64>,
+    pub file_size_bytes: Option<i64>,
+    pub open_files: Option<i64>,
+    pub output_bytes: Option<i64>,
+    pub timeout_seconds: Option<i64>,
+    pub kill_grace_ms: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEnv {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEscalations {
+    #[serde(default)]
+    pub allow: Vec<String>,
+}

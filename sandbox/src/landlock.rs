@@ -1,0 +1,320 @@
+//! Landlock: one ruleset handling every filesystem right of the ABI, TCP bind/connect and both
+//! scopes, built in the parent and applied by the child with `landlock_restrict_self`.
+
+use crate::sys;
+use ollie_policy::{Network, ResolvedPolicy};
+use serde::Serialize;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Filesystem access rights (bit positions from `<linux/landlock.h>`).
+pub mod fs {
+    /// Execute a file.
+    pub const EXECUTE: u64 = 1 << 0;
+    /// Open a file for writing.
+    pub const WRITE_FILE: u64 = 1 << 1;
+    /// Open a file for reading.
+    pub const READ_FILE: u64 = 1 << 2;
+    /// List a directory.
+    pub const READ_DIR: u64 = 1 << 3;
+    /// Remove a directory.
+    pub const REMOVE_DIR: u64 = 1 << 4;
+    /// Remove a file.
+    pub const REMOVE_FILE: u64 = 1 << 5;
+    /// Create a character device.
+    pub const MAKE_CHAR: u64 = 1 << 6;
+    /// Create a directory.
+    pub const MAKE_DIR: u64 = 1 << 7;
+    /// Create a regular file.
+    pub const MAKE_REG: u64 = 1 << 8;
+    /// Create a unix socket file.
+    pub const MAKE_SOCK: u64 = 1 << 9;
+    /// Create a FIFO.
+    pub const MAKE_FIFO: u64 = 1 << 10;
+    /// Create a block device.
+    pub const MAKE_BLOCK: u64 = 1 << 11;
+    /// Create a symlink.
+    pub const MAKE_SYM: u64 = 1 << 12;
+    /// Link or rename a file into a directory (ABI 2).
+    pub const REFER: u64 = 1 << 13;
+    /// Truncate a file (ABI 3).
+    pub const TRUNCATE: u64 = 1 << 14;
+    /// ioctl on device files (ABI 5).
+    pub const IOCTL_DEV: u64 = 1 << 15;
+    /// Rights that apply to files (not only directories).
+    pub const FILE_RIGHTS: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV;
+}
+
+const NET_BIND_TCP: u64 = 1 << 0;
+const NET_CONNECT_TCP: u64 = 1 << 1;
+const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+const SCOPE_SIGNAL: u64 = 1 << 1;
+
+const FS_NAMES: [&str; 16] = [
+    "execute",
+    "write_file",
+    "read_file",
+    "read_dir",
+    "remove_dir",
+    "remove_file",
+    "make_char",
+    "make_dir",
+    "make_reg",
+    "make_sock",
+    "make_fifo",
+    "make_block",
+    "make_sym",
+    "refer",
+    "truncate",
+    "ioctl_dev",
+];
+
+/// Every filesystem right a kernel of `abi` knows.
+pub fn fs_rights_for_abi(abi: u32) -> u64 {
+    match abi {
+        0 => 0,
+        1 => (1 << 13) - 1,
+        2 => (1 << 14) - 1,
+        3 | 4 => (1 << 15) - 1,
+        _ => (1 << 16) - 1,
+    }
+}
+
+const READ: u64 = fs::READ_FILE | fs::READ_DIR;
+const READ_EXEC: u64 = READ | fs::EXECUTE;
+/// Read-write: everything except execute, device creation and device ioctls.
+const READ_WRITE: u64 = READ
+    | fs::WRITE_FILE
+    | fs::REMOVE_DIR
+    | fs::REMOVE_FILE
+    | fs::MAKE_DIR
+    | fs::MAKE_REG
+    | fs::MAKE_SOCK
+    | fs::MAKE_FIFO
+    | fs::MAKE_SYM
+    | fs::REFER
+    | fs::TRUNCATE;
+
+/// The kernel's Landlock ABI, probed once.
+pub fn kernel_abi() -> u32 {
+    static ABI: OnceLock<u32> = OnceLock::new();
+    *ABI.get_or_init(sys::landlock_abi)
+}
+
+/// How completely the ruleset is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnforcementStatus {
+    /// Every right of ABI 7 (or the policy's floor) is handled.
+    FullyEnforced,
+    /// The kernel is older than the floor and `best_effort` allowed running anyway.
+    PartiallyEnforced,
+}
+
+/// What the ruleset actually does, for the run record.
+#[derive(Debug, Clone, Serialize)]
+pub struct LandlockRecord {
+    /// The ABI used (the kernel's, or the simulated one in tests).
+    pub abi: u32,
+    /// The policy's floor.
+    pub required_abi: u32,
+    /// Enforcement status.
+    pub status: EnforcementStatus,
+    /// Handled filesystem rights.
+    pub handled_fs: Vec<&'static str>,
+    /// Handled network rights.
+    pub handled_net: Vec<&'static str>,
+    /// Scopes.
+    pub scopes: Vec<&'static str>,
+    /// Number of path rules added.
+    pub path_rules: usize,
+    /// Number of port rules added.
+    pub port_rules: usize,
+    /// Secret locations carved out of broader grants.
+    pub carved_out: Vec<PathBuf>,
+}
+
+/// Errors building the ruleset.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    /// The kernel's ABI is below the policy's floor.
+    #[error(
+        "landlock ABI {found} < required {required}: the kernel cannot enforce the policy (needs Linux 6.15+ for ABI 7; set best_effort = true to run with weaker, recorded enforcement)"
+    )]
+    AbiTooOld {
+        /// Found ABI.
+        found: u32,
+        /// Required ABI.
+        required: u32,
+    },
+    /// `landlock_create_ruleset` failed.
+    #[error("landlock ruleset could not be created")]
+    Create {
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A rule could not be added.
+    #[error("landlock rule for {path} could not be added")]
+    Rule {
+        /// Path of the rule.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A built ruleset ready for `restrict_self` in the child.
+#[derive(Debug)]
+pub struct Ruleset {
+    /// The ruleset fd.
+    pub fd: OwnedFd,
+    /// What it enforces.
+    pub record: LandlockRecord,
+}
+
+fn names(bits: u64, table: &[&'static str]) -> Vec<&'static str> {
+    table
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| bits & (1 << i) != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+/// Expands a grant on `path` into grants that exclude every secret inside it: the grant is
+/// replaced by its children, recursing only into directories on the way to a secret. A
+/// directory that cannot be listed is not granted at all (fail closed).
+fn carve(path: &Path, secrets: &[PathBuf], out: &mut Vec<PathBuf>, carved: &mut Vec<PathBuf>) {
+    if secrets.iter().any(|s| s == path) {
+        carved.push(path.to_path_buf());
+        return;
+    }
+    if !secrets.iter().any(|s| s.starts_with(path)) {
+        out.push(path.to_path_buf());
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(path) else {
+        carved.push(path.to_path_buf());
+        return;
+    };
+    for entry in rd.flatten() {
+        let child = path.join(entry.file_name());
+        // Do not follow symlinks while carving: a symlink child is granted as its own path
+        // only if it does not lead into a secret (resolved below by checking the target).
+        if let Ok(target) = std::fs::canonicalize(&child) {
+            if secrets.iter().any(|s| target.starts_with(s) || s.starts_with(&target)) && target != child {
+                carved.push(child);
+                continue;
+            }
+        }
+        carve(&child, secrets, out, carved);
+    }
+}
+
+/// Builds the ruleset for a resolved policy.
+///
+/// `simulated_abi` (tests only) pretends the kernel offers a lower ABI.
+pub fn build(policy: &ResolvedPolicy, simulated_abi: Option<u32>) -> Result<Ruleset, LandlockError> {
+    let kernel = kernel_abi();
+    let abi = simulated_abi.map_or(kernel, |s| s.min(kernel));
+    let required = policy.policy.landlock_min_abi;
+    let status = if abi >= required && abi >= 7 {
+        EnforcementStatus::FullyEnforced
+    } else if policy.policy.best_effort && abi >= 1 {
+        EnforcementStatus::PartiallyEnforced
+    } else {
+        return Err(LandlockError::AbiTooOld {
+            found: abi,
+            required: required.max(7),
+        });
+    };
+    let all_fs = fs_rights_for_abi(abi);
+    let handled_net = if abi >= 4 { NET_BIND_TCP | NET_CONNECT_TCP } else { 0 };
+    let scoped = if abi >= 6 { SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL } else { 0 };
+    let fd = sys::landlock_create_ruleset(all_fs, handled_net, scoped)
+        .map_err(|source| LandlockError::Create { source })?;
+
+    let secrets = ollie_policy::secrets::secret_locations(&policy.ctx.home);
+    let mut carved = Vec::new();
+    let mut rules: Vec<(PathBuf, u64)> = Vec::new();
+    let mut push = |list: &[PathBuf], access: u64, rules: &mut Vec<(PathBuf, u64)>| {
+        for p in list {
+            // Judge the resolved object, not the spelling: a rule path that is a symlink into
+            // a secret location grants nothing.
+            let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            if secrets.iter().any(|s| real.starts_with(s)) {
+                carved.push(p.clone());
+                continue;
+            }
+            let mut expanded = Vec::new();
+            carve(&real, &secrets, &mut expanded, &mut carved);
+            rules.extend(expanded.into_iter().map(|e| (e, access)));
+        }
+    };
+    if policy.fs.read_all {
+        push(&[PathBuf::from("/")], READ, &mut rules);
+    }
+    push(&policy.fs.read, READ, &mut rules);
+    push(&policy.fs.exec, READ_EXEC, &mut rules);
+    push(&policy.fs.write, READ_WRITE, &mut rules);
+
+    let mut path_rules = 0;
+    for (path, access) in &rules {
+        let (pfd, is_dir) = match sys::open_path(path) {
+            Ok(v) => v,
+            // A missing path grants nothing.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
+            Err(source) => {
+                return Err(LandlockError::Rule {
+                    path: path.clone(),
+                    source,
+                });
+            }
+        };
+        let mut a = access & all_fs;
+        if !is_dir {
+            a &= fs::FILE_RIGHTS;
+        }
+        if a == 0 {
+            continue;
+        }
+        sys::landlock_add_path_rule(&fd, &pfd, a).map_err(|source| LandlockError::Rule {
+            path: path.clone(),
+            source,
+        })?;
+        path_rules += 1;
+    }
+    let mut port_rules = 0;
+    if let (Network::Tcp { connect, bind }, true) = (&policy.network, handled_net != 0) {
+        for (ports, right) in [(connect, NET_CONNECT_TCP), (bind, NET_BIND_TCP)] {
+            for port in ports {
+                sys::landlock_add_port_rule(&fd, *port, right).map_err(|source| {
+                    LandlockError::Rule {
+                        path: PathBuf::from(format!("tcp:{port}")),
+                        source,
+                    }
+                })?;
+                port_rules += 1;
+            }
+        }
+    }
+    Ok(Ruleset {
+        fd,
+        record: LandlockRecord {
+            abi,
+            required_abi: required,
+            status,
+            handled_fs: names(all_fs, &FS_NAMES),
+            handled_net: names(handled_net, &["bind_tcp", "connect_tcp"]),
+            scopes: names(scoped, &["abstract_unix_socket", "signal"]),
+            path_rules,
+            port_rules,
+            carved_out: carved,
+        },
+    })
+}

@@ -1,0 +1,1 @@
+//! Sandbox (see issue 3).

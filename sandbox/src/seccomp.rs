@@ -1,0 +1,338 @@
+//! The seccomp profile: an allowlist built from named, commented syscall groups (x86_64),
+//! compiled with seccompiler (which also kills foreign-architecture calls), plus a small
+//! filter that makes `clone3` fail with ENOSYS so libc falls back to the flag-filtered
+//! `clone`.
+//!
+//! Everything not listed fails with EPERM. That includes io_uring, ptrace,
+//! process_vm_readv/writev, pidfd_getfd, kcmp, bpf, perf_event_open, userfaultfd, the keyring
+//! calls, the whole mount family, chroot, pivot_root, setns, SysV IPC and POSIX message queues,
+//! kexec, modules, swap, reboot, syslog, acct, quotactl, ioperm/iopl, open_by_handle_at and
+//! name_to_handle_at, fanotify, process_madvise. x32 numbers (bit 30 set) match no rule and
+//! fail with EPERM too. Integer arguments are compared as 32-bit values (`Dword`), so high
+//! garbage bits in a 64-bit register cannot dodge a rule (TIOCSTI with bits 32..63 set).
+
+use ollie_policy::Network;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+/// Errors compiling the filters.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// seccompiler rejected the rules.
+    #[error("seccomp filter could not be compiled")]
+    Compile {
+        /// The cause.
+        #[source]
+        source: seccompiler::BackendError,
+    },
+}
+
+/// Compiled filters and their description.
+#[derive(Debug, Clone)]
+pub struct Filters {
+    /// BPF programs, in installation order.
+    pub programs: Vec<BpfProgram>,
+    /// For the run record.
+    pub record: SeccompRecord,
+}
+
+/// What the seccomp layer does, for the run record.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeccompRecord {
+    /// Profile name.
+    pub profile: &'static str,
+    /// SHA-256 over the BPF instructions of every filter.
+    pub hash: String,
+    /// Number of filters.
+    pub filters: usize,
+    /// Total BPF instructions.
+    pub instructions: usize,
+    /// Number of allowed syscalls.
+    pub allowed_syscalls: usize,
+    /// The default action for anything not allowed.
+    pub default_action: &'static str,
+}
+
+type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+
+/// `TIOCSTI`: push a byte into the terminal's input queue.
+pub const TIOCSTI: u64 = 0x5412;
+/// `TIOCLINUX`: console multiplexing, includes selection paste.
+pub const TIOCLINUX: u64 = 0x541C;
+const CLONE_NS_FLAGS: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u64;
+const CLONE_NEWTIME: u64 = 0x80;
+
+fn allow(rules: &mut Rules, nrs: &[i64]) {
+    for nr in nrs {
+        rules.insert(*nr, vec![]);
+    }
+}
+
+fn cond(arg: u8, op: Op, v: u64) -> Result<Cond, SeccompError> {
+    Cond::new(arg, Len::Dword, op, v).map_err(|source| SeccompError::Compile {
+        source,
+    })
+}
+
+fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
+    SeccompRule::new(conds).map_err(|source| SeccompError::Compile { source })
+}
+
+use libc::*;
+
+/// Reading, writing and waiting on fds that are already open.
+const GROUP_FD_IO: &[i64] = &[
+    SYS_read, SYS_write, SYS_readv, SYS_writev, SYS_pread64, SYS_pwrite64, SYS_preadv,
+    SYS_pwritev, SYS_preadv2, SYS_pwritev2, SYS_lseek, SYS_close, SYS_close_range, SYS_dup,
+    SYS_dup2, SYS_dup3, SYS_fcntl, SYS_flock, SYS_fsync, SYS_fdatasync, SYS_sync_file_range,
+    SYS_ftruncate, SYS_fallocate, SYS_sendfile, SYS_splice, SYS_tee, SYS_vmsplice,
+    SYS_copy_file_range, SYS_pipe, SYS_pipe2, SYS_select, SYS_pselect6, SYS_poll, SYS_ppoll,
+    SYS_epoll_create, SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_wait, SYS_epoll_pwait,
+    SYS_epoll_pwait2, SYS_eventfd, SYS_eventfd2, SYS_timerfd_create, SYS_timerfd_settime,
+    SYS_timerfd_gettime, SYS_signalfd, SYS_signalfd4, SYS_inotify_init, SYS_inotify_init1,
+    SYS_inotify_add_watch, SYS_inotify_rm_watch, SYS_fadvise64, SYS_readahead, SYS_memfd_create,
+    SYS_sync, SYS_syncfs,
+];
+
+/// Path-based filesystem calls. Landlock decides which paths; the read-only mounts of the
+/// mount namespace stop metadata changes (chmod/chown/xattr/utime) outside writable trees.
+const GROUP_FS: &[i64] = &[
+    SYS_open, SYS_openat, SYS_openat2, SYS_creat, SYS_stat, SYS_fstat, SYS_lstat,
+    SYS_newfstatat, SYS_statx, SYS_statfs, SYS_fstatfs, SYS_access, SYS_faccessat,
+    SYS_faccessat2, SYS_getdents, SYS_getdents64, SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_mkdir,
+    SYS_mkdirat, SYS_rmdir, SYS_unlink, SYS_unlinkat, SYS_rename, SYS_renameat, SYS_renameat2,
+    SYS_link, SYS_linkat, SYS_symlink, SYS_symlinkat, SYS_readlink, SYS_readlinkat, SYS_truncate,
+    SYS_chmod, SYS_fchmod, SYS_fchmodat, SYS_fchmodat2, SYS_chown, SYS_fchown, SYS_lchown,
+    SYS_fchownat, SYS_utime, SYS_utimes, SYS_utimensat, SYS_futimesat, SYS_umask, SYS_mknod,
+    SYS_mknodat, SYS_getxattr, SYS_lgetxattr, SYS_fgetxattr, SYS_listxattr, SYS_llistxattr,
+    SYS_flistxattr, SYS_setxattr, SYS_lsetxattr, SYS_fsetxattr, SYS_removexattr,
+    SYS_lremovexattr, SYS_fremovexattr,
+];
+
+/// Memory management of the process itself.
+const GROUP_MEMORY: &[i64] = &[
+    SYS_mmap, SYS_munmap, SYS_mprotect, SYS_mremap, SYS_madvise, SYS_brk, SYS_msync,
+    SYS_mincore, SYS_mlock, SYS_mlock2, SYS_munlock, SYS_mlockall, SYS_munlockall,
+    SYS_membarrier, SYS_pkey_alloc, SYS_pkey_free, SYS_pkey_mprotect, SYS_mseal,
+    SYS_get_mempolicy,
+];
+
+/// Process life cycle, identity queries and scheduling of the caller's own processes.
+/// (`clone` and `unshare` are flag-filtered below; `clone3` is answered ENOSYS.)
+const GROUP_PROCESS: &[i64] = &[
+    SYS_fork, SYS_vfork, SYS_execve, SYS_execveat, SYS_exit, SYS_exit_group, SYS_wait4,
+    SYS_waitid, SYS_getpid, SYS_getppid, SYS_gettid, SYS_getpgid, SYS_setpgid, SYS_getpgrp,
+    SYS_getsid, SYS_setsid, SYS_getuid, SYS_geteuid, SYS_getgid, SYS_getegid, SYS_getgroups,
+    SYS_getresuid, SYS_getresgid, SYS_setuid, SYS_setgid, SYS_setreuid, SYS_setregid,
+    SYS_setresuid, SYS_setresgid, SYS_setgroups, SYS_setfsuid, SYS_setfsgid, SYS_capget,
+    SYS_capset, SYS_prctl, SYS_arch_prctl, SYS_set_tid_address, SYS_set_robust_list,
+    SYS_get_robust_list, SYS_rseq, SYS_futex, SYS_futex_waitv, SYS_sched_yield,
+    SYS_sched_getaffinity, SYS_sched_setaffinity, SYS_sched_getparam, SYS_sched_getscheduler,
+    SYS_sched_get_priority_max, SYS_sched_get_priority_min, SYS_sched_rr_get_interval,
+    SYS_sched_getattr, SYS_getpriority, SYS_setpriority, SYS_getrusage, SYS_getrlimit,
+    SYS_setrlimit, SYS_prlimit64, SYS_times, SYS_getcpu, SYS_pidfd_open, SYS_clone3,
+    // Further restriction of oneself is always allowed.
+    SYS_seccomp, SYS_landlock_create_ruleset, SYS_landlock_add_rule,
+    SYS_landlock_restrict_self,
+];
+
+/// Signals (Landlock's signal scope confines them to the sandbox).
+const GROUP_SIGNALS: &[i64] = &[
+    SYS_kill, SYS_tkill, SYS_tgkill, SYS_rt_sigaction, SYS_rt_sigprocmask, SYS_rt_sigreturn,
+    SYS_rt_sigsuspend, SYS_rt_sigpending, SYS_rt_sigtimedwait, SYS_rt_sigqueueinfo,
+    SYS_rt_tgsigqueueinfo, SYS_sigaltstack, SYS_pidfd_send_signal, SYS_pause, SYS_alarm,
+    SYS_restart_syscall,
+];
+
+/// Clocks, timers and system information.
+const GROUP_TIME_INFO: &[i64] = &[
+    SYS_nanosleep, SYS_clock_nanosleep, SYS_clock_gettime, SYS_clock_getres,
+    SYS_gettimeofday, SYS_time, SYS_setitimer, SYS_getitimer, SYS_timer_create,
+    SYS_timer_settime, SYS_timer_gettime, SYS_timer_getoverrun, SYS_timer_delete, SYS_uname,
+    SYS_sysinfo, SYS_getrandom,
+];
+
+/// Socket calls that only make sense on an existing (socketpair) socket.
+const GROUP_SOCKET_IO: &[i64] = &[
+    SYS_sendmsg, SYS_recvmsg, SYS_sendto, SYS_recvfrom, SYS_sendmmsg, SYS_recvmmsg,
+    SYS_shutdown, SYS_getsockopt, SYS_setsockopt, SYS_getsockname, SYS_getpeername,
+];
+
+/// TCP client/server calls, only when the policy grants TCP (Landlock filters the ports).
+const GROUP_TCP: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
+
+fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
+    let mut rules = Rules::new();
+    for g in [
+        GROUP_FD_IO,
+        GROUP_FS,
+        GROUP_MEMORY,
+        GROUP_PROCESS,
+        GROUP_SIGNALS,
+        GROUP_TIME_INFO,
+        GROUP_SOCKET_IO,
+    ] {
+        allow(&mut rules, g);
+    }
+    // ioctl: anything but terminal input injection.
+    rules.insert(
+        SYS_ioctl,
+        vec![rule(vec![
+            cond(1, Op::Ne, TIOCSTI)?,
+            cond(1, Op::Ne, TIOCLINUX)?,
+        ])?],
+    );
+    // clone/unshare: no new namespaces (CLONE_NEWTIME is only meaningful for unshare; in
+    // clone the low byte is the exit signal).
+    rules.insert(
+        SYS_clone,
+        vec![rule(vec![cond(0, Op::MaskedEq(CLONE_NS_FLAGS), 0)?])?],
+    );
+    rules.insert(
+        SYS_unshare,
+        vec![rule(vec![cond(
+            0,
+            Op::MaskedEq(CLONE_NS_FLAGS | CLONE_NEWTIME),
+            0,
+        )?])?],
+    );
+    // personality: query and PER_LINUX only (no READ_IMPLIES_EXEC, no ADDR_NO_RANDOMIZE).
+    rules.insert(
+        SYS_personality,
+        vec![
+            rule(vec![cond(0, Op::Eq, 0)?])?,
+            rule(vec![cond(0, Op::Eq, 0xffff_ffff)?])?,
+        ],
+    );
+    // socketpair: AF_UNIX only.
+    rules.insert(
+        SYS_socketpair,
+        vec![rule(vec![cond(0, Op::Eq, AF_UNIX as u64)?])?],
+    );
+    if let Network::Tcp { .. } = network {
+        allow(&mut rules, GROUP_TCP);
+        // socket: TCP over IPv4/IPv6 only (no UDP, raw, MPTCP, SCTP, or AF_UNIX sockets
+        // that could reach pathname sockets).
+        let mut socket_rules = Vec::new();
+        for family in [AF_INET, AF_INET6] {
+            for proto in [0, IPPROTO_TCP] {
+                socket_rules.push(rule(vec![
+                    cond(0, Op::Eq, family as u64)?,
+                    cond(1, Op::MaskedEq(0xf), SOCK_STREAM as u64)?,
+                    cond(2, Op::Eq, proto as u64)?,
+                ])?);
+            }
+        }
+        rules.insert(SYS_socket, socket_rules);
+    }
+    Ok(rules)
+}
+
+fn compile(
+    rules: Rules,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram, SeccompError> {
+    let f = SeccompFilter::new(rules, mismatch, matched, TargetArch::x86_64)
+        .map_err(|source| SeccompError::Compile { source })?;
+    f.try_into().map_err(|source| SeccompError::Compile { source })
+}
+
+fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
+    let allowlist = build_allowlist(network)?;
+    let allowed = allowlist.len();
+    let main = compile(
+        allowlist,
+        SeccompAction::Errno(EPERM as u32),
+        SeccompAction::Allow,
+    )?;
+    // Installed last so that, for clone3, its ERRNO(ENOSYS) is the one returned (the most
+    // recently installed filter wins among equal actions).
+    let mut c3 = Rules::new();
+    c3.insert(SYS_clone3, vec![]);
+    let clone3 = compile(c3, SeccompAction::Allow, SeccompAction::Errno(ENOSYS as u32))?;
+    let programs = vec![main, clone3];
+    let mut h = Sha256::new();
+    let mut instructions = 0;
+    for p in &programs {
+        for ins in p {
+            h.update(ins.code.to_le_bytes());
+            h.update([ins.jt, ins.jf]);
+            h.update(ins.k.to_le_bytes());
+        }
+        instructions += p.len();
+        h.update(b"\n");
+    }
+    let hash = h
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    Ok(Filters {
+        record: SeccompRecord {
+            profile: "default",
+            hash,
+            filters: programs.len(),
+            instructions,
+            allowed_syscalls: allowed,
+            default_action: "errno(EPERM); foreign arch: kill process; clone3: errno(ENOSYS)",
+        },
+        programs,
+    })
+}
+
+/// The compiled filters for a network mode (compiled once per mode).
+pub fn filters(network: &Network) -> Result<Filters, SeccompError> {
+    static OFF: OnceLock<Filters> = OnceLock::new();
+    static TCP: OnceLock<Filters> = OnceLock::new();
+    let cell = match network {
+        Network::Off => &OFF,
+        Network::Tcp { .. } => &TCP,
+    };
+    if let Some(f) = cell.get() {
+        return Ok(f.clone());
+    }
+    let f = build_uncached(network)?;
+    Ok(cell.get_or_init(|| f).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiles_for_both_modes_and_denies_by_default() {
+        let off = filters(&Network::Off).unwrap();
+        let tcp = filters(&Network::Tcp {
+            connect: [80].into(),
+            bind: Default::default(),
+        })
+        .unwrap();
+        assert_ne!(off.record.hash, tcp.record.hash);
+        assert_eq!(off.programs.len(), 2);
+        let rules = build_allowlist(&Network::Off).unwrap();
+        for denied in [
+            SYS_io_uring_setup, SYS_io_uring_enter, SYS_ptrace, SYS_process_vm_readv,
+            SYS_process_vm_writev, SYS_pidfd_getfd, SYS_kcmp, SYS_bpf, SYS_perf_event_open,
+            SYS_userfaultfd, SYS_add_key, SYS_request_key, SYS_keyctl, SYS_mount, SYS_umount2,
+            SYS_pivot_root, SYS_move_mount, SYS_fsopen, SYS_fsmount, SYS_open_tree,
+            SYS_mount_setattr, SYS_chroot, SYS_setns, SYS_shmget, SYS_msgget, SYS_semget,
+            SYS_mq_open, SYS_socket, SYS_connect, SYS_bind, SYS_listen, SYS_kexec_load,
+            SYS_init_module, SYS_open_by_handle_at, SYS_name_to_handle_at,
+        ] {
+            assert!(!rules.contains_key(&denied), "{denied} must not be allowed");
+        }
+    }
+}

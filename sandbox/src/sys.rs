@@ -1,0 +1,930 @@
+//! Every raw system call of the crate, and the code that runs between `clone` and `execve`.
+//!
+//! The child side ([`spawn_init`]) runs in a copy of a possibly multithreaded process, so it
+//! only uses data prepared by the parent (C strings, pointer arrays, BPF programs, fds) and
+//! async-signal-safe system calls: it never allocates, locks, or unwinds.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+// x86_64 system call numbers that older libc releases may lack.
+const SYS_PIDFD_SEND_SIGNAL: libc::c_long = 424;
+const SYS_OPEN_TREE: libc::c_long = 428;
+const SYS_MOVE_MOUNT: libc::c_long = 429;
+const SYS_CLOSE_RANGE: libc::c_long = 436;
+const SYS_OPENAT2: libc::c_long = 437;
+const SYS_MOUNT_SETATTR: libc::c_long = 442;
+const SYS_LANDLOCK_CREATE_RULESET: libc::c_long = 444;
+const SYS_LANDLOCK_ADD_RULE: libc::c_long = 445;
+const SYS_LANDLOCK_RESTRICT_SELF: libc::c_long = 446;
+
+const OPEN_TREE_CLONE: libc::c_ulong = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+/// `MOUNT_ATTR_RDONLY`.
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// `MOUNT_ATTR_NOSUID`.
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const CLONE_PIDFD: libc::c_ulong = 0x1000;
+
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+const PR_SET_PDEATHSIG: libc::c_int = 1;
+const PR_CAPBSET_DROP: libc::c_int = 24;
+const PR_SET_SECUREBITS: libc::c_int = 28;
+const PR_SET_NO_NEW_PRIVS: libc::c_int = 38;
+const PR_CAP_AMBIENT: libc::c_int = 47;
+const PR_CAP_AMBIENT_CLEAR_ALL: libc::c_ulong = 4;
+/// NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each with its lock, plus KEEP_CAPS_LOCKED.
+const SECURE_BITS_LOCKED: libc::c_ulong = 0xEF;
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+const SECCOMP_SET_MODE_FILTER: libc::c_ulong = 1;
+const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+const LANDLOCK_RULE_NET_PORT: libc::c_int = 2;
+
+#[repr(C)]
+struct LandlockRulesetAttr {
+    handled_access_fs: u64,
+    handled_access_net: u64,
+    scoped: u64,
+}
+
+#[repr(C, packed)]
+struct LandlockPathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+#[repr(C)]
+struct LandlockNetPortAttr {
+    allowed_access: u64,
+    port: u64,
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+fn cvt(r: libc::c_long) -> io::Result<libc::c_long> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// The Landlock ABI version of the running kernel (0 when Landlock is unavailable).
+pub(crate) fn landlock_abi() -> u32 {
+    // SAFETY: the version query takes no pointer (NULL, size 0) and only returns an integer.
+    let r = unsafe {
+        libc::syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            std::ptr::null::<LandlockRulesetAttr>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if r < 0 { 0 } else { r as u32 }
+}
+
+/// Creates a Landlock ruleset; the caller adds rules and hands the fd to the child.
+pub(crate) fn landlock_create_ruleset(fs: u64, net: u64, scoped: u64) -> io::Result<OwnedFd> {
+    let attr = LandlockRulesetAttr {
+        handled_access_fs: fs,
+        handled_access_net: net,
+        scoped,
+    };
+    // Older kernels reject unknown trailing fields only when they are non-zero; pass the size
+    // that covers the fields in use so ABI < 4 kernels accept it.
+    let size = if scoped != 0 {
+        std::mem::size_of::<LandlockRulesetAttr>()
+    } else if net != 0 {
+        16
+    } else {
+        8
+    };
+    // SAFETY: `attr` is a live, correctly laid out struct of at least `size` bytes.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            &attr as *const LandlockRulesetAttr,
+            size,
+            0u32,
+        )
+    })?;
+    // SAFETY: the kernel returned a new fd that nothing else owns (created O_CLOEXEC).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Adds a path-beneath rule for an `O_PATH` fd.
+pub(crate) fn landlock_add_path_rule(ruleset: &OwnedFd, dir: &OwnedFd, access: u64) -> io::Result<()> {
+    let attr = LandlockPathBeneathAttr {
+        allowed_access: access,
+        parent_fd: dir.as_raw_fd(),
+    };
+    // SAFETY: both fds are open for the duration of the call; `attr` is a packed struct the
+    // kernel reads by pointer.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_LANDLOCK_ADD_RULE,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const LandlockPathBeneathAttr,
+            0u32,
+        )
+    })
+    .map(drop)
+}
+
+/// Adds a TCP port rule.
+pub(crate) fn landlock_add_port_rule(ruleset: &OwnedFd, port: u16, access: u64) -> io::Result<()> {
+    let attr = LandlockNetPortAttr {
+        allowed_access: access,
+        port: u64::from(port),
+    };
+    // SAFETY: the fd is open and `attr` is a live struct read by pointer.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_LANDLOCK_ADD_RULE,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_NET_PORT,
+            &attr as *const LandlockNetPortAttr,
+            0u32,
+        )
+    })
+    .map(drop)
+}
+
+/// Opens a path with `O_PATH | O_CLOEXEC` (following symlinks, like Landlock rule paths).
+pub(crate) fn open_path(path: &Path) -> io::Result<(OwnedFd, bool)> {
+    let c = cstring(path)?;
+    // SAFETY: `c` is a valid NUL-terminated string.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: new fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `st` is zero-initialised plain data and the fd is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fd, (st.st_mode & libc::S_IFMT) == libc::S_IFDIR))
+}
+
+/// Converts a path to a C string.
+pub(crate) fn cstring(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// Opens `rel` beneath the directory `dir` with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+/// RESOLVE_NO_MAGICLINKS)`: no component may be a symlink and the walk cannot leave `dir`.
+pub(crate) fn openat2_beneath(dir: RawFd, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    let c = cstring(rel)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: u64::from(mode),
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid C string, live `how` of the size passed.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            SYS_OPENAT2,
+            dir,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })?;
+    // SAFETY: new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `mkdirat(dir, name)` for a single component (no slashes; the caller checks).
+pub(crate) fn mkdirat(dir: RawFd, name: &Path, mode: u32) -> io::Result<()> {
+    let c = cstring(name)?;
+    // SAFETY: valid fd number (checked by the kernel) and C string.
+    if unsafe { libc::mkdirat(dir, c.as_ptr(), mode) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `unlinkat(dir, name, flags)` for a single component.
+pub(crate) fn unlinkat(dir: RawFd, name: &Path, flags: i32) -> io::Result<()> {
+    let c = cstring(name)?;
+    // SAFETY: valid C string.
+    if unsafe { libc::unlinkat(dir, c.as_ptr(), flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A pipe whose both ends are close-on-exec.
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for two fds.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// An eventfd (used as a cancellation flag).
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: new fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Writes all of `buf` (retrying on EINTR); used by the parent.
+pub(crate) fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is valid for reads of its length.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// `read` once, retrying EINTR. Returns 0 at EOF.
+pub(crate) fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Sets `O_NONBLOCK` on an fd.
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on an fd number; the kernel validates it.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `poll` with a millisecond timeout (-1 = forever); EINTR counts as "nothing ready".
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid array of the given length.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(r as usize)
+}
+
+/// Sends a signal through a pidfd (race-free: the pid cannot have been reused).
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
+    // SAFETY: valid pidfd, NULL siginfo, no flags.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_PIDFD_SEND_SIGNAL,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    })
+    .map(drop)
+}
+
+/// Resource usage of a reaped child.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Rusage {
+    pub user_us: u64,
+    pub sys_us: u64,
+    pub max_rss_kb: u64,
+}
+
+/// Reaps `pid` (blocking), returning its raw wait status and rusage.
+pub(crate) fn wait4(pid: libc::pid_t) -> io::Result<(i32, Rusage)> {
+    let mut status = 0;
+    // SAFETY: zeroed plain data.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: valid out pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::__WALL, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Err(e);
+    }
+    let us = |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
+    Ok((
+        status,
+        Rusage {
+            user_us: us(ru.ru_utime),
+            sys_us: us(ru.ru_stime),
+            max_rss_kb: ru.ru_maxrss as u64,
+        },
+    ))
+}
+
+/// The last capability number of the running kernel.
+pub(crate) fn cap_last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63)
+}
+
+/// Effective uid/gid of the caller.
+pub(crate) fn ids() -> (u32, u32) {
+    // SAFETY: trivially safe getters.
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// One step of the mount-namespace set-up, executed by the init stage.
+#[derive(Debug)]
+pub(crate) enum MountStep {
+    /// `mount --make-rprivate /`.
+    MakePrivate,
+    /// Clone the tree at `path` (recursively) into detached slot `slot`, before `/` goes
+    /// read-only, so it stays writable.
+    CloneTree { path: CString, slot: usize },
+    /// Make every mount read-only and nosuid (recursively, from `/`).
+    ReadOnlyAll,
+    /// Attach detached slot `slot` at `path`.
+    Attach { slot: usize, path: CString },
+    /// Bind `path` onto itself read-only (a protected island inside a writable tree).
+    ProtectReadOnly { path: CString },
+}
+
+/// A failure inside the child: the stage and errno, sent over the error pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Stage {
+    Sync = 1,
+    UserNamespaceMap,
+    Mount,
+    FdLayout,
+    Fork,
+    Setsid,
+    Rlimit,
+    Capabilities,
+    NoNewPrivs,
+    Landlock,
+    Seccomp,
+    Chdir,
+    Exec,
+    OomScore,
+    Signals,
+}
+
+impl Stage {
+    pub(crate) fn from_u32(v: u32) -> Option<Stage> {
+        use Stage::*;
+        [
+            Sync,
+            UserNamespaceMap,
+            Mount,
+            FdLayout,
+            Fork,
+            Setsid,
+            Rlimit,
+            Capabilities,
+            NoNewPrivs,
+            Landlock,
+            Seccomp,
+            Chdir,
+            Exec,
+            OomScore,
+            Signals,
+        ]
+        .into_iter()
+        .find(|s| *s as u32 == v)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Stage::Sync => "start-up handshake",
+            Stage::UserNamespaceMap => "user namespace id maps",
+            Stage::Mount => "mount namespace set-up",
+            Stage::FdLayout => "file descriptor layout",
+            Stage::Fork => "fork of the tool under the init stage",
+            Stage::Setsid => "setsid",
+            Stage::Rlimit => "resource limits",
+            Stage::Capabilities => "capability drop",
+            Stage::NoNewPrivs => "no_new_privs",
+            Stage::Landlock => "landlock restrict_self",
+            Stage::Seccomp => "seccomp filter installation",
+            Stage::Chdir => "chdir to the workspace",
+            Stage::Exec => "execve",
+            Stage::OomScore => "oom_score_adj",
+            Stage::Signals => "signal set-up",
+        }
+    }
+}
+
+/// Forced failures for tests of the fail-closed paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChildFault {
+    None,
+    SeccompInstall,
+    CapDrop,
+    LandlockRestrict,
+}
+
+/// Everything the child needs, prepared by the parent before `clone`.
+#[derive(Debug)]
+pub(crate) struct ChildPlan {
+    pub stdin: RawFd,
+    pub stdout: RawFd,
+    pub stderr: RawFd,
+    /// Close-on-exec pipe: the child writes `(stage, errno)` here when a step fails.
+    pub err_w: RawFd,
+    /// The init stage writes the tool's raw wait status here.
+    pub status_w: RawFd,
+    /// The parent writes one byte here once it has placed the child in its cgroup.
+    pub sync_r: RawFd,
+    pub ruleset: RawFd,
+    pub setgroups_path: CString,
+    pub uid_map_path: CString,
+    pub gid_map_path: CString,
+    pub oom_path: CString,
+    pub uid_map: CString,
+    pub gid_map: CString,
+    pub mounts: Vec<MountStep>,
+    pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    pub cap_last: u32,
+    /// BPF programs in installation order.
+    pub filters: Vec<Vec<libc::sock_filter>>,
+    pub exe: CString,
+    pub argv: Vec<*const libc::c_char>,
+    pub envp: Vec<*const libc::c_char>,
+    pub cwd: CString,
+    pub fault: ChildFault,
+}
+
+/// Namespaces the init stage is created in.
+pub(crate) const NAMESPACE_FLAGS: libc::c_ulong = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWIPC) as libc::c_ulong;
+
+/// Target fd numbers in the child.
+const FD_ERR: RawFd = 3;
+const FD_STATUS: RawFd = 4;
+const FD_SYNC: RawFd = 5;
+const FD_RULESET: RawFd = 6;
+const FD_FIRST_FREE: RawFd = 7;
+
+const MAX_SLOTS: usize = 64;
+
+/// Starts the init stage (pid 1 of new user, pid, mount and IPC namespaces), which sets up the
+/// mounts and forks the tool. Returns `(pid, pidfd)` in the parent.
+pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)> {
+    if plan.mounts.iter().any(|m| match m {
+        MountStep::CloneTree { slot, .. } | MountStep::Attach { slot, .. } => *slot >= MAX_SLOTS,
+        _ => false,
+    }) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many writable paths"));
+    }
+    let mut pidfd: RawFd = -1;
+    // SAFETY: a fork-style clone (no new stack, no CLONE_VM): the child gets a copy of the
+    // address space and only runs `init_main`, which uses async-signal-safe syscalls on data
+    // prepared before this call and never returns.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            NAMESPACE_FLAGS | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut RawFd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        init_main(plan);
+    }
+    // SAFETY: the kernel stored a new pidfd for the child (CLONE_PIDFD).
+    Ok((pid as libc::pid_t, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Reports a failed stage on the error pipe and exits. Child only.
+fn fail(stage: Stage, err: i32) -> ! {
+    let mut msg = [0u8; 8];
+    msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+    msg[4..].copy_from_slice(&err.to_ne_bytes());
+    // SAFETY: raw write of a stack buffer, then _exit; both async-signal-safe.
+    unsafe {
+        libc::write(FD_ERR, msg.as_ptr().cast(), msg.len());
+        libc::_exit(126)
+    }
+}
+
+fn check(stage: Stage, r: libc::c_long) {
+    if r < 0 {
+        fail(stage, errno());
+    }
+}
+
+fn write_file(stage: Stage, path: &CStr, data: &CStr) {
+    // SAFETY: C strings are valid; raw open/write/close.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            fail(stage, errno());
+        }
+        let bytes = data.to_bytes();
+        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        if n < 0 || n as usize != bytes.len() {
+            fail(stage, errno());
+        }
+        libc::close(fd);
+    }
+}
+
+/// Moves the fds the child needs to fixed numbers and closes everything else.
+fn arrange_fds(plan: &ChildPlan) {
+    let src = [
+        plan.stdin,
+        plan.stdout,
+        plan.stderr,
+        plan.err_w,
+        plan.status_w,
+        plan.sync_r,
+        plan.ruleset,
+    ];
+    let mut tmp = [-1 as RawFd; 7];
+    for (i, fd) in src.iter().enumerate() {
+        // SAFETY: F_DUPFD_CLOEXEC picks the lowest free fd >= 100, never clobbering one.
+        let n = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if n < 0 {
+            // The error pipe may not be at FD_ERR yet: write to the original.
+            let mut msg = [0u8; 8];
+            msg[..4].copy_from_slice(&(Stage::FdLayout as u32).to_ne_bytes());
+            msg[4..].copy_from_slice(&errno().to_ne_bytes());
+            // SAFETY: raw write/_exit.
+            unsafe {
+                libc::write(plan.err_w, msg.as_ptr().cast(), msg.len());
+                libc::_exit(126)
+            }
+        }
+        tmp[i] = n;
+    }
+    for (i, fd) in tmp.iter().enumerate() {
+        let target = i as RawFd;
+        // stdio without close-on-exec; the rest with it.
+        let flags = if target < 3 { 0 } else { libc::O_CLOEXEC };
+        // SAFETY: dup3 onto a fixed number; the old target (if any) is closed atomically.
+        if unsafe { libc::dup3(*fd, target, flags) } < 0 {
+            fail(Stage::FdLayout, errno());
+        }
+    }
+    // SAFETY: closes every fd from FD_FIRST_FREE upwards, including the temporaries.
+    check(Stage::FdLayout, unsafe {
+        libc::syscall(SYS_CLOSE_RANGE, FD_FIRST_FREE as libc::c_uint, libc::c_uint::MAX, 0u32)
+    });
+}
+
+fn run_mounts(plan: &ChildPlan) {
+    let mut slots = [-1 as RawFd; MAX_SLOTS];
+    let root = c"/";
+    let empty = c"";
+    for step in &plan.mounts {
+        // SAFETY: every pointer below is a valid C string or a live struct; these are raw
+        // mount-API syscalls in the child's own (new) mount namespace.
+        unsafe {
+            match step {
+                MountStep::MakePrivate => check(
+                    Stage::Mount,
+                    libc::mount(
+                        std::ptr::null(),
+                        root.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) as libc::c_long,
+                ),
+                MountStep::CloneTree { path, slot } => {
+                    let fd = libc::syscall(
+                        SYS_OPEN_TREE,
+                        libc::AT_FDCWD,
+                        path.as_ptr(),
+                        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_ulong | AT_RECURSIVE as libc::c_ulong,
+                    );
+                    check(Stage::Mount, fd);
+                    slots[*slot] = fd as RawFd;
+                }
+                MountStep::ReadOnlyAll => {
+                    let attr = MountAttr {
+                        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+                        attr_clr: 0,
+                        propagation: 0,
+                        userns_fd: 0,
+                    };
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOUNT_SETATTR,
+                            libc::AT_FDCWD,
+                            root.as_ptr(),
+                            AT_RECURSIVE,
+                            &attr as *const MountAttr,
+                            std::mem::size_of::<MountAttr>(),
+                        ),
+                    );
+                }
+                MountStep::Attach { slot, path } => {
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            slots[*slot],
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            path.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(slots[*slot]);
+                }
+                MountStep::ProtectReadOnly { path } => {
+                    let fd = libc::syscall(
+                        SYS_OPEN_TREE,
+                        libc::AT_FDCWD,
+                        path.as_ptr(),
+                        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_ulong,
+                    );
+                    check(Stage::Mount, fd);
+                    let attr = MountAttr {
+                        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+                        attr_clr: 0,
+                        propagation: 0,
+                        userns_fd: 0,
+                    };
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOUNT_SETATTR,
+                            fd,
+                            empty.as_ptr(),
+                            libc::AT_EMPTY_PATH as libc::c_uint,
+                            &attr as *const MountAttr,
+                            std::mem::size_of::<MountAttr>(),
+                        ),
+                    );
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            fd,
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            path.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(fd as RawFd);
+                }
+            }
+        }
+    }
+}
+
+/// Signals the init stage forwards to every process of the sandbox.
+const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+/// pid 1 of the sandbox. Never returns.
+fn init_main(plan: &ChildPlan) -> ! {
+    // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
+    unsafe {
+        // Die with the runner; the kernel then kills the whole pid namespace.
+        libc::prctl(PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        arrange_fds(plan);
+        let mut b = [0u8; 1];
+        // Wait until the parent has placed us in a cgroup (EOF = parent gone).
+        if libc::read(FD_SYNC, b.as_mut_ptr().cast(), 1) != 1 {
+            fail(Stage::Sync, libc::ECANCELED);
+        }
+        libc::close(FD_SYNC);
+        write_file(Stage::UserNamespaceMap, &plan.setgroups_path, c"deny");
+        write_file(Stage::UserNamespaceMap, &plan.uid_map_path, &plan.uid_map);
+        write_file(Stage::UserNamespaceMap, &plan.gid_map_path, &plan.gid_map);
+        write_file(Stage::OomScore, &plan.oom_path, c"1000");
+        run_mounts(plan);
+
+        // Block the signals init waits for before the tool exists, so none is lost.
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old) < 0 {
+            fail(Stage::Signals, errno());
+        }
+        let child = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
+        if child < 0 {
+            fail(Stage::Fork, errno());
+        }
+        if child == 0 {
+            tool_main(plan, &old);
+        }
+        let child = child as libc::pid_t;
+        // The tool holds the error pipe until execve; drop ours so the parent sees EOF then.
+        libc::close(FD_ERR);
+        libc::close(FD_RULESET);
+        libc::close(0);
+        libc::close(1);
+        libc::close(2);
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigwaitinfo(&set, &mut info);
+            if sig < 0 {
+                continue;
+            }
+            if sig == libc::SIGCHLD {
+                loop {
+                    let mut status = 0;
+                    let r = libc::wait4(-1, &mut status, libc::WNOHANG | libc::__WALL, std::ptr::null_mut());
+                    if r <= 0 {
+                        break;
+                    }
+                    if r == child {
+                        let bytes = status.to_ne_bytes();
+                        libc::write(FD_STATUS, bytes.as_ptr().cast(), bytes.len());
+                        // Exiting kills every remaining process of the namespace.
+                        libc::_exit(0);
+                    }
+                }
+            } else {
+                // Forward to every process in the namespace (init itself is exempt).
+                libc::kill(-1, sig);
+            }
+        }
+    }
+}
+
+/// The tool: finish hardening in the documented order, then execve. Never returns.
+fn tool_main(plan: &ChildPlan, old_mask: &libc::sigset_t) -> ! {
+    // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
+    unsafe {
+        libc::close(FD_STATUS);
+        // fds >= 3 other than the close-on-exec error pipe and ruleset are already closed.
+        if libc::setsid() < 0 {
+            fail(Stage::Setsid, errno());
+        }
+        for (res, v) in &plan.rlimits {
+            let rl = libc::rlimit64 {
+                rlim_cur: *v,
+                rlim_max: *v,
+            };
+            if libc::setrlimit64(*res, &rl) < 0 {
+                fail(Stage::Rlimit, errno());
+            }
+        }
+        if libc::chdir(plan.cwd.as_ptr()) < 0 {
+            fail(Stage::Chdir, errno());
+        }
+        // Capabilities: bounding set, ambient set, locked securebits, then the three sets.
+        if plan.fault == ChildFault::CapDrop {
+            fail(Stage::Capabilities, libc::EPERM);
+        }
+        for cap in 0..=plan.cap_last {
+            if libc::prctl(PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0 {
+                fail(Stage::Capabilities, errno());
+            }
+        }
+        if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+        if libc::prctl(PR_SET_SECUREBITS, SECURE_BITS_LOCKED, 0, 0, 0) < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+        let hdr = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        check(
+            Stage::Capabilities,
+            libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()),
+        );
+        if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+            fail(Stage::NoNewPrivs, errno());
+        }
+        if plan.fault == ChildFault::LandlockRestrict {
+            fail(Stage::Landlock, libc::EINVAL);
+        }
+        check(
+            Stage::Landlock,
+            libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
+        );
+        libc::close(FD_RULESET);
+        // Default dispositions and the runner's signal mask, before the filters go on.
+        for sig in 1..=64 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        if libc::sigprocmask(libc::SIG_SETMASK, old_mask, std::ptr::null_mut()) < 0 {
+            fail(Stage::Signals, errno());
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // seccomp last.
+        for f in &plan.filters {
+            let (ptr, len) = if plan.fault == ChildFault::SeccompInstall {
+                (std::ptr::null_mut(), 0u16)
+            } else {
+                (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
+            };
+            let prog = libc::sock_fprog { len, filter: ptr };
+            check(
+                Stage::Seccomp,
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    &prog as *const libc::sock_fprog,
+                ),
+            );
+        }
+        libc::execve(plan.exe.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+        fail(Stage::Exec, errno());
+    }
+}
