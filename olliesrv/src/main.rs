@@ -1,1 +1,113 @@
-fn main() {}
+//! `olliesrv [--config FILE] [-a ADDR]…`
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use ollie_olliesrv::{Options, RunError, run};
+use ollie_p9::dial::Addr;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "olliesrv",
+    about = "The ollie 9P server: sessions, agents and everything else as files",
+    after_help = "The default address is unix!$NAMESPACE/ollie (NAMESPACE defaults to /tmp/ns.$USER.$DISPLAY).\n\
+        Logging: OLLIE_LOG=debug (tracing filter syntax).\n\
+        EXIT STATUS: 0 stopped cleanly, 1 failed while serving, 2 bad configuration or usage, 3 cannot listen."
+)]
+struct Args {
+    /// The main configuration file (default: $XDG_CONFIG_HOME/ollie/config.toml if it exists).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Listen address: unix!/path (repeatable).
+    #[arg(short = 'a', long = "addr", value_name = "ADDR")]
+    addr: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OLLIE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut addrs = Vec::new();
+    for a in &args.addr {
+        match Addr::parse(a) {
+            Ok(a) => addrs.push(a),
+            Err(e) => {
+                eprintln!("olliesrv: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("olliesrv: cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let opts = Options {
+        config: args.config,
+        addrs,
+    };
+    let result = rt.block_on(async move {
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let sig_stop = stop.clone();
+        tokio::spawn(async move {
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            let _ = sig_stop.send(true);
+        });
+        run(opts, stop).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("olliesrv: {}", chain(&e));
+            ExitCode::from(match e {
+                RunError::Config(_) | RunError::TcpUnsupported { .. } => 2,
+                RunError::Listen(_) => 3,
+                RunError::Serve { .. } => 1,
+            })
+        }
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

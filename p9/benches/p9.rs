@@ -1,1 +1,971 @@
-fn main() {}
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Latency and throughput of the 9P core against the bare socket it runs on.
+//!
+//! `cargo bench -p ollie-p9 --bench p9` prints one table:
+//! 1. raw socketpair ping-pong (23-byte request, 11+N-byte reply, like Tread/Rread);
+//! 2. Tread on an open fid, from a blocking raw client (server cost only) and from our async
+//!    `Client` — pinned to one CPU and unpinned;
+//! 3. walk+open+read+clunk of a small file, sequential and pipelined;
+//! 4. bulk read of a 64 MiB file at msize 64 KiB and 1 MiB vs a raw socket stream.
+//!
+//! Targets are printed next to the figures; timing never fails the run. `P9_BENCH_SCALE=0.1`
+//! shortens every loop (for profilers).
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use nix::sched::{CpuSet, sched_setaffinity};
+use nix::unistd::Pid;
+use ollie_p9::client::OREAD;
+use ollie_p9::util::read_at;
+use ollie_p9::wire::{self, qt};
+use ollie_p9::{Client, ConnInfo, Filesystem, Qid, Rmsg, Server, Stat, Tmsg, Walked};
+
+/// Contents of `small`: N bytes, so an Rread of it is 11+N bytes.
+const SMALL: &[u8] = b"ollie-p9 benchmark small file: 64 bytes of fixed contents.....\n";
+const BIG_LEN: usize = 64 << 20;
+const RREAD: u8 = 117;
+const TREAD_LEN: usize = 23;
+const RREAD_HDR: usize = 11;
+/// The CPU both ends share in the pinned comparison.
+const PIN_CPU: usize = 0;
+/// A fid number the async client never allocates (it counts up from 0).
+const PIPE_FID: u32 = 0x4000_0000;
+
+// ---------------------------------------------------------------------------------------------
+// The file tree: / (dir), /small (SMALL), /big (64 MiB).
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Root,
+    Small,
+    Big,
+}
+
+#[derive(Debug)]
+struct BenchFs {
+    small: Bytes,
+    big: Bytes,
+}
+
+fn qid_of(n: Node) -> Qid {
+    match n {
+        Node::Root => Qid {
+            ty: qt::DIR,
+            version: 0,
+            path: 1,
+        },
+        Node::Small => Qid {
+            ty: qt::FILE,
+            version: 0,
+            path: 2,
+        },
+        Node::Big => Qid {
+            ty: qt::FILE,
+            version: 0,
+            path: 3,
+        },
+    }
+}
+
+impl Filesystem for BenchFs {
+    type Fid = Node;
+
+    async fn attach(
+        &self,
+        _conn: &ConnInfo,
+        _auth: Option<&mut Node>,
+        _uname: &str,
+        _aname: &str,
+    ) -> ollie_p9::Result<(Node, Qid)> {
+        Ok((Node::Root, qid_of(Node::Root)))
+    }
+
+    async fn walk(&self, fid: &Node, names: &[String]) -> ollie_p9::Result<Walked<Node>> {
+        let to = match (fid, names) {
+            (n, []) => *n,
+            (Node::Root, [one]) if one == "small" => Node::Small,
+            (Node::Root, [one]) if one == "big" => Node::Big,
+            _ => return Err(ollie_p9::Error::not_found()),
+        };
+        Ok(Walked {
+            qids: if names.is_empty() {
+                vec![]
+            } else {
+                vec![qid_of(to)]
+            },
+            fid: Some(to),
+        })
+    }
+
+    async fn open(&self, fid: &mut Node, _mode: u8) -> ollie_p9::Result<(Qid, u32)> {
+        Ok((qid_of(*fid), 0))
+    }
+
+    async fn read(&self, fid: &mut Node, offset: u64, count: u32) -> ollie_p9::Result<Bytes> {
+        Ok(match fid {
+            Node::Root => Bytes::new(),
+            Node::Small => read_at(&self.small, offset, count),
+            Node::Big => read_at(&self.big, offset, count),
+        })
+    }
+
+    async fn write(&self, _fid: &mut Node, _offset: u64, _data: Bytes) -> ollie_p9::Result<u32> {
+        Err(ollie_p9::Error::read_only())
+    }
+
+    async fn stat(&self, fid: &mut Node) -> ollie_p9::Result<Stat> {
+        let (name, length) = match fid {
+            Node::Root => ("/", 0),
+            Node::Small => ("small", self.small.len() as u64),
+            Node::Big => ("big", self.big.len() as u64),
+        };
+        Ok(Stat {
+            qid: qid_of(*fid),
+            mode: 0o444,
+            length,
+            name: name.into(),
+            uid: "bench".into(),
+            gid: "bench".into(),
+            muid: "bench".into(),
+            ..Stat::default()
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plumbing: pinning, runtimes, the served socket.
+
+fn pin_to(cpu: usize) {
+    let mut set = CpuSet::new();
+    set.set(cpu).unwrap();
+    sched_setaffinity(Pid::from_raw(0), &set).unwrap();
+}
+
+/// How a side's threads and runtime are set up.
+#[derive(Debug, Clone, Copy)]
+enum Rt {
+    /// `current_thread` runtime, the thread pinned to [`PIN_CPU`].
+    Pinned,
+    /// `current_thread` runtime, unpinned.
+    Single,
+    /// `multi_thread` runtime with 2 workers, unpinned (the block_on thread only drives I/O).
+    Multi,
+}
+
+impl Rt {
+    fn build(self) -> tokio::runtime::Runtime {
+        match self {
+            Rt::Pinned => {
+                pin_to(PIN_CPU);
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .on_thread_start(|| pin_to(PIN_CPU))
+                    .build()
+                    .unwrap()
+            }
+            Rt::Single => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            Rt::Multi => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+}
+
+fn tokio_stream(s: UnixStream) -> tokio::net::UnixStream {
+    s.set_nonblocking(true).unwrap();
+    tokio::net::UnixStream::from_std(s).unwrap()
+}
+
+/// Serves `fs` on one end of a fresh socketpair in its own thread; returns the other end.
+fn serve(fs: &Arc<BenchFs>, rt: Rt) -> (UnixStream, JoinHandle<()>) {
+    let (a, b) = UnixStream::pair().unwrap();
+    let fs = Arc::clone(fs);
+    let multi = matches!(rt, Rt::Multi);
+    let h = std::thread::spawn(move || {
+        let rt = rt.build();
+        rt.block_on(async move {
+            let srv = Server::new(fs);
+            let info = ConnInfo {
+                id: srv.next_conn_id(),
+                peer: None,
+                transport: "unix",
+                remote: "bench".into(),
+            };
+            let (r, w) = tokio_stream(b).into_split();
+            if multi {
+                // On a multi-thread runtime the connection runs as a task on a worker, as it
+                // would under `serve_unix`.
+                tokio::spawn(async move { srv.serve_conn(r, w, info).await })
+                    .await
+                    .unwrap();
+            } else {
+                srv.serve_conn(r, w, info).await;
+            }
+        });
+    });
+    (a, h)
+}
+
+fn scale() -> f64 {
+    std::env::var("P9_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0)
+}
+
+fn n(base: usize) -> usize {
+    ((base as f64 * scale()) as usize).max(1)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `$body` `$warm` times, then `$rounds` rounds of `$iters`; the median µs per iteration.
+/// A macro so that `$body` may `.await`.
+macro_rules! per_iter_us {
+    ($warm:expr, $rounds:expr, $iters:expr, $body:block) => {{
+        for _ in 0..$warm $body
+        let mut v = Vec::with_capacity($rounds);
+        for _ in 0..$rounds {
+            let t = Instant::now();
+            for _ in 0..$iters $body
+            v.push(t.elapsed().as_secs_f64() * 1e6 / $iters as f64);
+        }
+        median(v)
+    }};
+}
+
+const ROUNDS: usize = 7;
+
+// ---------------------------------------------------------------------------------------------
+// 1. Raw socketpair ping-pong.
+
+fn raw_pingpong(pinned: bool) -> f64 {
+    let (mut c, mut s) = UnixStream::pair().unwrap();
+    let srv = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        let mut req = [0u8; TREAD_LEN];
+        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
+        let len = reply.len() as u32;
+        reply[..4].copy_from_slice(&len.to_le_bytes());
+        reply[4] = RREAD;
+        while s.read_exact(&mut req).is_ok() {
+            if s.write_all(&reply).is_err() {
+                break;
+            }
+        }
+    });
+    let us = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        let mut req = [0u8; TREAD_LEN];
+        req[..4].copy_from_slice(&(TREAD_LEN as u32).to_le_bytes());
+        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
+        per_iter_us!(n(5_000), ROUNDS, n(20_000), {
+            c.write_all(&req).unwrap();
+            c.read_exact(&mut reply).unwrap();
+        })
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    us
+}
+
+// ---------------------------------------------------------------------------------------------
+// A minimal blocking 9P client over std I/O: buffered frame reads, no tasks, no channels.
+
+struct RawConn {
+    s: UnixStream,
+    rbuf: Vec<u8>,
+    lo: usize,
+    hi: usize,
+    wbuf: BytesMut,
+}
+
+impl RawConn {
+    fn new(s: UnixStream, msize: u32) -> RawConn {
+        let mut c = RawConn {
+            s,
+            rbuf: vec![0; 64 * 1024],
+            lo: 0,
+            hi: 0,
+            wbuf: BytesMut::new(),
+        };
+        let r = c.rpc(
+            0xFFFF,
+            &Tmsg::Version {
+                msize,
+                version: "9P2000".into(),
+            },
+        );
+        assert!(matches!(r, Rmsg::Version { .. }), "{r:?}");
+        let r = c.rpc(
+            1,
+            &Tmsg::Attach {
+                fid: 0,
+                afid: wire::NOFID,
+                uname: "bench".into(),
+                aname: String::new(),
+            },
+        );
+        assert!(matches!(r, Rmsg::Attach { .. }), "{r:?}");
+        c
+    }
+
+    fn queue(&mut self, tag: u16, m: &Tmsg) {
+        wire::encode_t(&mut self.wbuf, tag, m).unwrap();
+    }
+
+    fn flush(&mut self) {
+        self.s.write_all(&self.wbuf).unwrap();
+        self.wbuf.clear();
+    }
+
+    /// The next whole reply frame.
+    fn frame(&mut self) -> &[u8] {
+        loop {
+            let have = self.hi - self.lo;
+            if have >= 4 {
+                let b = &self.rbuf[self.lo..];
+                let size = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                if have >= size {
+                    let at = self.lo;
+                    self.lo += size;
+                    return &self.rbuf[at..at + size];
+                }
+                if self.rbuf.len() < size {
+                    self.rbuf.resize(size, 0);
+                }
+            }
+            if self.lo == self.hi {
+                self.lo = 0;
+                self.hi = 0;
+            } else if self.rbuf.len() - self.lo < 64 * 1024 || self.hi == self.rbuf.len() {
+                self.rbuf.copy_within(self.lo..self.hi, 0);
+                self.hi -= self.lo;
+                self.lo = 0;
+            }
+            let n = self.s.read(&mut self.rbuf[self.hi..]).unwrap();
+            assert!(n > 0, "server closed the connection");
+            self.hi += n;
+        }
+    }
+
+    fn reply(&mut self) -> Rmsg {
+        let f = Bytes::copy_from_slice(self.frame());
+        let m = wire::decode_r(f).unwrap().1;
+        assert!(!matches!(m, Rmsg::Error { .. }), "{m:?}");
+        m
+    }
+
+    fn rpc(&mut self, tag: u16, m: &Tmsg) -> Rmsg {
+        self.queue(tag, m);
+        self.flush();
+        self.reply()
+    }
+
+    /// Walks fid 0 to `name` as `fid` and opens it for reading.
+    fn open(&mut self, name: &str, fid: u32) {
+        self.rpc(
+            2,
+            &Tmsg::Walk {
+                fid: 0,
+                newfid: fid,
+                wnames: vec![name.into()],
+            },
+        );
+        self.rpc(3, &Tmsg::Open { fid, mode: OREAD });
+    }
+}
+
+/// Tread latency from the blocking raw client against a server on `rt`.
+fn raw_client_tread(fs: &Arc<BenchFs>, rt: Rt) -> f64 {
+    let (sock, srv) = serve(fs, rt);
+    let pinned = matches!(rt, Rt::Pinned);
+    let us = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        let mut c = RawConn::new(sock, 8192);
+        c.open("small", 1);
+        let mut req = BytesMut::new();
+        wire::encode_t(
+            &mut req,
+            7,
+            &Tmsg::Read {
+                fid: 1,
+                offset: 0,
+                count: 8192,
+            },
+        )
+        .unwrap();
+        assert_eq!(req.len(), TREAD_LEN);
+        let want = RREAD_HDR + SMALL.len();
+        per_iter_us!(n(5_000), ROUNDS, n(20_000), {
+            c.s.write_all(&req).unwrap();
+            let f = c.frame();
+            assert!(f.len() == want && f[4] == RREAD);
+        })
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    us
+}
+
+/// walk+open+read+clunk with the raw client: (sequential µs, pipelined µs).
+fn raw_client_wocr(fs: &Arc<BenchFs>, rt: Rt) -> (f64, f64) {
+    let (sock, srv) = serve(fs, rt);
+    let pinned = matches!(rt, Rt::Pinned);
+    let r = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        let mut c = RawConn::new(sock, 8192);
+        let msgs = wocr_msgs(0, 5);
+        let seq = per_iter_us!(n(2_000), ROUNDS, n(5_000), {
+            for (i, m) in msgs.iter().enumerate() {
+                c.queue(i as u16, m);
+                c.flush();
+                c.frame();
+            }
+        });
+        let pipe = per_iter_us!(n(2_000), ROUNDS, n(5_000), {
+            for (i, m) in msgs.iter().enumerate() {
+                c.queue(i as u16, m);
+            }
+            c.flush();
+            for _ in 0..4 {
+                let f = c.frame();
+                assert!(f[4] != 107, "Rerror in pipelined batch");
+            }
+        });
+        (seq, pipe)
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    r
+}
+
+fn wocr_msgs(from: u32, newfid: u32) -> [Tmsg; 4] {
+    [
+        Tmsg::Walk {
+            fid: from,
+            newfid,
+            wnames: vec!["small".into()],
+        },
+        Tmsg::Open {
+            fid: newfid,
+            mode: OREAD,
+        },
+        Tmsg::Read {
+            fid: newfid,
+            offset: 0,
+            count: 8192,
+        },
+        Tmsg::Clunk { fid: newfid },
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Our async client.
+
+#[derive(Debug, Default)]
+struct AsyncLat {
+    tread: f64,
+    seq: f64,
+    pipe: f64,
+}
+
+/// Tread and walk/open/read/clunk latencies of the async client, client runtime `crt`, server
+/// runtime `srt`.
+fn async_client_lat(fs: &Arc<BenchFs>, srt: Rt, crt: Rt) -> AsyncLat {
+    async_client_lat_opt(fs, srt, crt, false)
+}
+
+fn async_client_lat_opt(fs: &Arc<BenchFs>, srt: Rt, crt: Rt, tread_only: bool) -> AsyncLat {
+    // The multi-thread setup is an order of magnitude slower per round trip; fewer iterations.
+    let div = if matches!(crt, Rt::Multi) { 10 } else { 1 };
+    let (sock, srv) = serve(fs, srt);
+    let r = std::thread::spawn(move || {
+        let rt = crt.build();
+        rt.block_on(async move {
+            let (r, w) = tokio_stream(sock).into_split();
+            let client = Client::handshake(r, w, 8192).await.unwrap();
+            let root = client.attach(None, "bench", "").await.unwrap();
+            let mut f = root.walk(&["small"]).await.unwrap();
+            f.open(OREAD).await.unwrap();
+            let tread = per_iter_us!(n(5_000 / div), ROUNDS, n(20_000 / div), {
+                let d = f.read(0, 8192).await.unwrap();
+                assert_eq!(d.len(), SMALL.len());
+            });
+            f.clunk().await.unwrap();
+            if tread_only {
+                return AsyncLat {
+                    tread,
+                    ..AsyncLat::default()
+                };
+            }
+            let seq = per_iter_us!(n(1_000 / div), ROUNDS, n(4_000 / div), {
+                let mut f = root.walk(&["small"]).await.unwrap();
+                f.open(OREAD).await.unwrap();
+                let d = f.read(0, 8192).await.unwrap();
+                assert_eq!(d.len(), SMALL.len());
+                f.clunk().await.unwrap();
+            });
+            let msgs = wocr_msgs(root.num(), PIPE_FID);
+            let pipe = per_iter_us!(n(1_000 / div), ROUNDS, n(4_000 / div), {
+                let calls = [
+                    client.send(&msgs[0]).unwrap(),
+                    client.send(&msgs[1]).unwrap(),
+                    client.send(&msgs[2]).unwrap(),
+                    client.send(&msgs[3]).unwrap(),
+                ];
+                for c in calls {
+                    c.await.unwrap();
+                }
+            });
+            drop(root);
+            AsyncLat { tread, seq, pipe }
+        })
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Bulk throughput.
+
+fn mbps(bytes: usize, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e6
+}
+
+/// Raw socket stream: the reader asks with one byte, the writer answers with `BIG_LEN` bytes in
+/// `chunk`-sized writes, the reader reads them into a fresh buffer. MB/s.
+fn raw_bulk(chunk: usize) -> f64 {
+    let (mut c, mut s) = UnixStream::pair().unwrap();
+    let w = std::thread::spawn(move || {
+        let buf = vec![0x5au8; chunk];
+        let mut go = [0u8; 1];
+        while s.read_exact(&mut go).is_ok() {
+            let mut left = BIG_LEN;
+            while left > 0 {
+                let k = left.min(chunk);
+                s.write_all(&buf[..k]).unwrap();
+                left -= k;
+            }
+        }
+    });
+    let rounds = n(9).max(3);
+    let mut v = Vec::new();
+    for i in 0..rounds + 1 {
+        let t = Instant::now();
+        c.write_all(&[1]).unwrap();
+        let mut out = vec![0u8; BIG_LEN];
+        let mut at = 0;
+        while at < BIG_LEN {
+            let end = (at + chunk).min(BIG_LEN);
+            let k = c.read(&mut out[at..end]).unwrap();
+            assert!(k > 0);
+            at += k;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(&out);
+        if i > 0 {
+            v.push(mbps(BIG_LEN, secs));
+        }
+    }
+    drop(c);
+    w.join().unwrap();
+    median(v)
+}
+
+/// The raw 9P client reading the big file with `depth` Treads in flight, payloads read straight
+/// into the destination. MB/s.
+fn raw_client_bulk(fs: &Arc<BenchFs>, msize: u32, depth: usize) -> f64 {
+    let (sock, srv) = serve(fs, Rt::Single);
+    let r = std::thread::spawn(move || {
+        let mut c = RawConn::new(sock, msize);
+        c.open("big", 1);
+        let unit = (msize - wire::IOHDRSZ) as usize;
+        let rounds = n(9).max(3);
+        let mut v = Vec::new();
+        for i in 0..rounds + 1 {
+            let t = Instant::now();
+            let mut out = vec![0u8; BIG_LEN];
+            let (mut sent, mut got, mut inflight) = (0usize, 0usize, 0usize);
+            while got < BIG_LEN {
+                while inflight < depth && sent < BIG_LEN {
+                    let k = unit.min(BIG_LEN - sent);
+                    c.queue(
+                        (sent / unit) as u16,
+                        &Tmsg::Read {
+                            fid: 1,
+                            offset: sent as u64,
+                            count: k as u32,
+                        },
+                    );
+                    sent += k;
+                    inflight += 1;
+                }
+                c.flush();
+                // Header through the buffer (it holds nothing else: replies come in order and
+                // payloads are read past it), payload straight into `out`.
+                let mut hdr = [0u8; RREAD_HDR];
+                c.s.read_exact(&mut hdr).unwrap();
+                assert_eq!(hdr[4], RREAD);
+                let k = u32::from_le_bytes([hdr[7], hdr[8], hdr[9], hdr[10]]) as usize;
+                c.s.read_exact(&mut out[got..got + k]).unwrap();
+                got += k;
+                inflight -= 1;
+            }
+            let secs = t.elapsed().as_secs_f64();
+            std::hint::black_box(&out);
+            if i > 0 {
+                v.push(mbps(BIG_LEN, secs));
+            }
+        }
+        median(v)
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    r
+}
+
+/// Our async client's `read_bulk` of the big file. MB/s.
+fn async_bulk(fs: &Arc<BenchFs>, msize: u32, depth: usize, rt: Rt) -> f64 {
+    let (sock, srv) = serve(fs, rt);
+    let r = std::thread::spawn(move || {
+        let crt = rt.build();
+        crt.block_on(async move {
+            let (r, w) = tokio_stream(sock).into_split();
+            let client = Client::handshake(r, w, msize).await.unwrap();
+            assert_eq!(client.msize(), msize);
+            let root = client.attach(None, "bench", "").await.unwrap();
+            let mut f = root.walk(&["big"]).await.unwrap();
+            f.open(OREAD).await.unwrap();
+            let rounds = n(9).max(3);
+            let mut v = Vec::new();
+            for i in 0..rounds + 1 {
+                let t = Instant::now();
+                let out = f.read_bulk(0, BIG_LEN as u64, depth).await.unwrap();
+                let secs = t.elapsed().as_secs_f64();
+                assert_eq!(out.len(), BIG_LEN);
+                if i > 0 {
+                    v.push(mbps(BIG_LEN, secs));
+                }
+            }
+            f.clunk().await.unwrap();
+            median(v)
+        })
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+struct Table {
+    rows: Vec<[String; 5]>,
+}
+
+impl Table {
+    fn section(&mut self, title: &str) {
+        self.rows.push([
+            format!("-- {title}"),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+        ]);
+    }
+
+    fn row(
+        &mut self,
+        what: &str,
+        value: String,
+        ratio: Option<f64>,
+        target: &str,
+        ok: Option<bool>,
+    ) {
+        self.rows.push([
+            format!("  {what}"),
+            value,
+            ratio.map_or(String::new(), |r| format!("{r:.2}x")),
+            target.to_string(),
+            match ok {
+                Some(true) => "PASS".into(),
+                Some(false) => "MISS".into(),
+                None => String::new(),
+            },
+        ]);
+    }
+
+    fn print(&self) {
+        let head = ["case", "value", "vs raw", "target", ""];
+        let mut w = [0usize; 5];
+        for r in self
+            .rows
+            .iter()
+            .map(|r| r.each_ref().map(String::as_str))
+            .chain([head])
+        {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |r: [&str; 5]| {
+            println!(
+                "{:<w0$}  {:>w1$}  {:>w2$}  {:<w3$}  {}",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3]
+            );
+        };
+        line(head);
+        println!("{}", "-".repeat(w.iter().sum::<usize>() + 8));
+        for r in &self.rows {
+            line(r.each_ref().map(String::as_str));
+        }
+    }
+}
+
+fn us(v: f64) -> String {
+    format!("{v:.2} us")
+}
+
+/// `P9_BENCH_PROFILE=<case>` runs one case alone (for strace/perf/callgrind) and prints it.
+fn profile_one(fs: &Arc<BenchFs>, case: &str) {
+    let r = match case {
+        "pingpong" => format!("{:.2} us", raw_pingpong(true)),
+        "raw-tread" => format!("{:.2} us", raw_client_tread(fs, Rt::Pinned)),
+        "async-tread" => format!("{:?}", async_client_lat(fs, Rt::Pinned, Rt::Pinned)),
+        "async-tread-only" => format!(
+            "{:?}",
+            async_client_lat_opt(fs, Rt::Pinned, Rt::Pinned, true)
+        ),
+        "multi-tread" => format!("{:?}", async_client_lat(fs, Rt::Multi, Rt::Multi)),
+        "raw-bulk64" => format!("{:.0} MB/s", raw_bulk((64 << 10) - 24)),
+        "rawc-bulk64" => format!("{:.0} MB/s", raw_client_bulk(fs, 64 << 10, 16)),
+        "async-bulk64" => format!("{:.0} MB/s", async_bulk(fs, 64 << 10, 16, Rt::Single)),
+        "async-bulk1m" => format!("{:.0} MB/s", async_bulk(fs, 1 << 20, 16, Rt::Single)),
+        other => format!("unknown case {other:?}"),
+    };
+    println!("{case}: {r}");
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument is ignored too.
+    let t0 = Instant::now();
+    let big: Vec<u8> = (0..BIG_LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let fs = Arc::new(BenchFs {
+        small: Bytes::from_static(SMALL),
+        big: Bytes::from(big),
+    });
+    if let Ok(case) = std::env::var("P9_BENCH_PROFILE") {
+        profile_one(&fs, &case);
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "ollie-p9 bench: {cpus} CPUs, small file {} B (Rread {} B), big file {} MiB, {} rounds, median; scale {}",
+        SMALL.len(),
+        RREAD_HDR + SMALL.len(),
+        BIG_LEN >> 20,
+        ROUNDS,
+        scale()
+    );
+    let mut t = Table { rows: Vec::new() };
+
+    for (pinned, label) in [(true, "pinned: both ends on CPU 0"), (false, "unpinned")] {
+        let (srt, crt) = if pinned {
+            (Rt::Pinned, Rt::Pinned)
+        } else {
+            (Rt::Single, Rt::Single)
+        };
+        let raw = raw_pingpong(pinned);
+        let rawc = raw_client_tread(&fs, srt);
+        let a = async_client_lat(&fs, srt, crt);
+        let (rseq, rpipe) = raw_client_wocr(&fs, srt);
+        t.section(&format!(
+            "latency, {label} (current_thread runtimes, one per side)"
+        ));
+        t.row(
+            "1. raw socketpair ping-pong (23 B / 75 B)",
+            us(raw),
+            Some(1.0),
+            "",
+            None,
+        );
+        let target = if pinned { "<= 1.30x" } else { "(info)" };
+        let ok = |r: f64| pinned.then_some(r <= 1.3);
+        t.row(
+            "2a. Tread, blocking raw client -> Server",
+            us(rawc),
+            Some(rawc / raw),
+            target,
+            ok(rawc / raw),
+        );
+        t.row(
+            "2b. Tread, async Client::read -> Server",
+            us(a.tread),
+            Some(a.tread / raw),
+            target,
+            ok(a.tread / raw),
+        );
+        t.row(
+            "3. w+o+r+c sequential, raw client",
+            us(rseq),
+            Some(rseq / raw),
+            "(4 RTT = 4.00x)",
+            None,
+        );
+        t.row(
+            "3. w+o+r+c sequential, async Client",
+            us(a.seq),
+            Some(a.seq / raw),
+            "(4 RTT = 4.00x)",
+            None,
+        );
+        t.row(
+            "3. w+o+r+c pipelined, raw client",
+            us(rpipe),
+            Some(rpipe / raw),
+            "(< sequential)",
+            None,
+        );
+        t.row(
+            "3. w+o+r+c pipelined, async Client::send",
+            us(a.pipe),
+            Some(a.pipe / raw),
+            "(< sequential)",
+            Some(a.pipe < a.seq),
+        );
+        if !pinned {
+            let m = async_client_lat(&fs, Rt::Multi, Rt::Multi);
+            t.row(
+                "2b. Tread, async Client, multi_thread(2) both",
+                us(m.tread),
+                Some(m.tread / raw),
+                "(info)",
+                None,
+            );
+            t.row(
+                "3. w+o+r+c sequential, multi_thread(2) both",
+                us(m.seq),
+                Some(m.seq / raw),
+                "(info)",
+                None,
+            );
+            t.row(
+                "3. w+o+r+c pipelined, multi_thread(2) both",
+                us(m.pipe),
+                Some(m.pipe / raw),
+                "(info)",
+                None,
+            );
+        }
+    }
+
+    let mut raw64 = 0.0;
+    let mut async64 = 0.0;
+    for msize in [64u32 << 10, 1 << 20] {
+        let unit = (msize - wire::IOHDRSZ) as usize;
+        let raw = raw_bulk(unit);
+        if msize == 64 << 10 {
+            raw64 = raw;
+        }
+        t.section(&format!(
+            "bulk read 64 MiB, msize {} KiB (iounit {unit}), unpinned",
+            msize >> 10
+        ));
+        let mb = |v: f64| format!("{v:.0} MB/s");
+        t.row(
+            &format!("4. raw socket stream, {unit} B writes"),
+            mb(raw),
+            Some(1.0),
+            "",
+            None,
+        );
+        for depth in [4usize, 16] {
+            let r = raw_client_bulk(&fs, msize, depth);
+            t.row(
+                &format!("4. raw client -> Server, depth {depth}"),
+                mb(r),
+                Some(r / raw),
+                ">= 0.60x",
+                Some(r / raw >= 0.6),
+            );
+        }
+        let mut a16 = 0.0;
+        for depth in [4usize, 16] {
+            let r = async_bulk(&fs, msize, depth, Rt::Single);
+            t.row(
+                &format!("4. async read_bulk, depth {depth}"),
+                mb(r),
+                Some(r / raw),
+                ">= 0.60x",
+                Some(r / raw >= 0.6),
+            );
+            a16 = r;
+        }
+        if msize == 64 << 10 {
+            async64 = a16;
+        }
+        let r = async_bulk(&fs, msize, 16, Rt::Multi);
+        t.row(
+            "4. async read_bulk, depth 16, multi_thread(2)",
+            mb(r),
+            Some(r / raw),
+            ">= 0.60x",
+            Some(r / raw >= 0.6),
+        );
+        if msize == 1 << 20 {
+            t.row(
+                "   raw stream: 1 MiB vs 64 KiB",
+                mb(raw),
+                Some(raw / raw64),
+                "(info)",
+                None,
+            );
+            t.row(
+                "   read_bulk depth 16: 1 MiB vs 64 KiB (ratio to 64K)",
+                mb(a16),
+                Some(a16 / async64),
+                ">= 0.80x (no collapse)",
+                Some(a16 / async64 >= 0.8),
+            );
+        }
+    }
+    t.print();
+    println!("(total bench time {:.1} s)", t0.elapsed().as_secs_f64());
+}

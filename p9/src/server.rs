@@ -551,11 +551,13 @@ impl<F: Filesystem> Server<F> {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Accepts unix-socket connections until `shutdown` completes, then drops every connection.
+    /// Accepts unix-socket connections until `shutdown` completes; then gives open connections
+    /// up to `grace` to end by themselves and drops the rest.
     pub async fn serve_unix(
         self: &Arc<Self>,
         listener: tokio::net::UnixListener,
         shutdown: impl Future<Output = ()>,
+        grace: std::time::Duration,
     ) -> std::io::Result<()> {
         let mut conns = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
@@ -588,16 +590,18 @@ impl<F: Filesystem> Server<F> {
                 }
             }
         }
-        conns.shutdown().await;
+        drain(conns, grace).await;
         Ok(())
     }
 
-    /// Accepts TCP connections until `shutdown` completes. Authentication is the filesystem's
+    /// Accepts TCP connections until `shutdown` completes (then as [`Server::serve_unix`]).
+    /// Authentication is the filesystem's
     /// business (its `auth`/`attach`); `ConnInfo::peer` is `None` here.
     pub async fn serve_tcp(
         self: &Arc<Self>,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()>,
+        grace: std::time::Duration,
     ) -> std::io::Result<()> {
         let mut conns = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
@@ -626,7 +630,7 @@ impl<F: Filesystem> Server<F> {
                 }
             }
         }
-        conns.shutdown().await;
+        drain(conns, grace).await;
         Ok(())
     }
 
@@ -655,6 +659,14 @@ impl<F: Filesystem> Server<F> {
             tracing::debug!(error = %e, "connection ended");
         }
     }
+}
+
+/// After the listener stops: lets connections finish on their own for up to `grace` (so replies
+/// already due, such as a final event, reach their clients), then drops the rest.
+async fn drain(mut conns: tokio::task::JoinSet<()>, grace: std::time::Duration) {
+    let all_done = async { while conns.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(grace, all_done).await;
+    conns.shutdown().await;
 }
 
 /// Queued reply bytes, sent with `writev`.
@@ -1016,10 +1028,7 @@ impl<F: Filesystem> Conn<F> {
     }
 
     /// Creates a locked, empty slot for a new fid.
-    fn new_slot(
-        &mut self,
-        fid: u32,
-    ) -> Result<(SlotGuard<F::Fid>, Slot<F::Fid>)> {
+    fn new_slot(&mut self, fid: u32) -> Result<(SlotGuard<F::Fid>, Slot<F::Fid>)> {
         if fid == NOFID {
             return Err(Error::invalid("fid NOFID cannot be used"));
         }

@@ -84,6 +84,34 @@ pub fn read_at(data: &Bytes, offset: u64, count: u32) -> Bytes {
     data.slice(off..end)
 }
 
+/// A UTC calendar time: year, month (1-12), day, hour, minute, second.
+pub type Civil = (i64, u32, u32, u32, u32, u32);
+
+/// Converts seconds since the Unix epoch to a UTC calendar time (Howard Hinnant's days-to-civil
+/// algorithm), for stat times and event timestamps.
+pub fn civil(secs: u64) -> Civil {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = if m <= 2 { y + 1 } else { y };
+    (
+        y,
+        m,
+        d,
+        (rem / 3600) as u32,
+        ((rem / 60) % 60) as u32,
+        (rem % 60) as u32,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +140,13 @@ mod tests {
         assert!(d.read(10_000, 100).unwrap().is_empty());
         assert_eq!(d.read(0, 10_000).unwrap().len(), d.buf.len());
         assert!(d.read(0, 3).is_err());
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil(0), (1970, 1, 1, 0, 0, 0));
+        assert_eq!(civil(951_782_400), (2000, 2, 29, 0, 0, 0));
+        assert_eq!(civil(1_796_034_119), (2026, 11, 30, 10, 21, 59));
     }
 
     #[test]

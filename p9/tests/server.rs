@@ -172,7 +172,9 @@ impl Filesystem for TestFs {
                         NODES.iter().map(|(n, s)| self.stat_of(*n, s)).collect();
                     fid.dir = Some(DirSnapshot::new(&entries));
                 }
-                fid.dir.as_ref().map_or(Ok(Bytes::new()), |d| d.read(offset, count))
+                fid.dir
+                    .as_ref()
+                    .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
             }
             Node::Sub => Ok(Bytes::new()),
             Node::Static => Ok(read_at(&Bytes::from_static(b"hello\n"), offset, count)),
@@ -1019,10 +1021,7 @@ async fn unframeable_input_closes_only_that_connection() {
     assert_eq!(bad.s.read(&mut buf).await.unwrap(), 0);
     // Size above msize: an Rerror naming the limit, then close.
     let mut big = Raw::new(&fs).await;
-    big.s
-        .write_all(&[0, 0, 1, 0, 118, 9, 0])
-        .await
-        .unwrap();
+    big.s.write_all(&[0, 0, 1, 0, 118, 9, 0]).await.unwrap();
     let (tag, m) = big.recv().await;
     assert_eq!(tag, 9);
     assert!(err_of(&m).contains("exceeds msize"));
@@ -1076,7 +1075,12 @@ async fn client_walks_reads_writes_and_bulk_reads() {
     let names: Vec<String> = {
         let mut d = root.clone_fid().await.unwrap();
         d.open(om::OREAD).await.unwrap();
-        d.read_dir().await.unwrap().into_iter().map(|s| s.name).collect()
+        d.read_dir()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
     };
     assert_eq!(names.len(), NODES.len());
     let mut f = root.walk_path("static").await.unwrap();
@@ -1152,4 +1156,146 @@ async fn many_concurrent_blocked_readers_and_two_clients() {
     for h in readers {
         assert_eq!(&h.await.unwrap()[..], b"poke 1\n");
     }
+}
+
+/// A filesystem whose attach requires a completed Tauth exchange: the client writes the secret
+/// to the afid, reads back a token, then attaches with that afid.
+struct AuthFs;
+
+enum AuthFid {
+    Auth { ok: bool, used: bool },
+    Root,
+}
+
+impl Filesystem for AuthFs {
+    type Fid = AuthFid;
+
+    async fn auth(&self, _c: &ConnInfo, _u: &str, aname: &str) -> Result<(AuthFid, Qid)> {
+        if aname != "alice" {
+            return Err(Error::new("permission denied: unknown identity"));
+        }
+        Ok((
+            AuthFid::Auth {
+                ok: false,
+                used: false,
+            },
+            Qid {
+                ty: qt::AUTH,
+                version: 0,
+                path: 99,
+            },
+        ))
+    }
+
+    async fn attach(
+        &self,
+        _c: &ConnInfo,
+        auth: Option<&mut AuthFid>,
+        _u: &str,
+        _a: &str,
+    ) -> Result<(AuthFid, Qid)> {
+        match auth {
+            Some(AuthFid::Auth { ok: true, used }) if !*used => {
+                *used = true;
+                Ok((AuthFid::Root, qid(Node::Root)))
+            }
+            Some(AuthFid::Auth { used: true, .. }) => {
+                Err(Error::new("permission denied: afid already used"))
+            }
+            _ => Err(Error::new("permission denied: authenticate first")),
+        }
+    }
+
+    async fn walk(&self, _f: &AuthFid, names: &[String]) -> Result<Walked<AuthFid>> {
+        if names.is_empty() {
+            Ok(Walked {
+                qids: vec![],
+                fid: Some(AuthFid::Root),
+            })
+        } else {
+            Err(Error::not_found())
+        }
+    }
+
+    async fn open(&self, _f: &mut AuthFid, _m: u8) -> Result<(Qid, u32)> {
+        Ok((qid(Node::Root), 0))
+    }
+
+    async fn read(&self, f: &mut AuthFid, _o: u64, _c: u32) -> Result<Bytes> {
+        match f {
+            AuthFid::Auth { ok: true, .. } => Ok(Bytes::from_static(b"token")),
+            AuthFid::Auth { .. } => Err(Error::new("permission denied: write the secret first")),
+            AuthFid::Root => Ok(Bytes::new()),
+        }
+    }
+
+    async fn write(&self, f: &mut AuthFid, _o: u64, data: Bytes) -> Result<u32> {
+        match f {
+            AuthFid::Auth { ok, .. } if !*ok => {
+                if &data[..] == b"s3cret" {
+                    *ok = true;
+                    Ok(data.len() as u32)
+                } else {
+                    Err(Error::new("permission denied: wrong secret"))
+                }
+            }
+            _ => Err(Error::permission_denied()),
+        }
+    }
+
+    async fn stat(&self, _f: &mut AuthFid) -> Result<Stat> {
+        Ok(Stat::default())
+    }
+}
+
+async fn auth_client() -> Client {
+    let (a, b) = UnixStream::pair().unwrap();
+    let srv = Server::new(Arc::new(AuthFs));
+    tokio::spawn(async move {
+        let info = ConnInfo {
+            id: srv.next_conn_id(),
+            peer: None,
+            transport: "stream",
+            remote: "test".into(),
+        };
+        let (r, w) = b.into_split();
+        srv.serve_conn(r, w, info).await;
+    });
+    let (r, w) = a.into_split();
+    Client::handshake(r, w, 8192).await.unwrap()
+}
+
+#[tokio::test]
+async fn tauth_hook_gates_attach() {
+    let c = auth_client().await;
+    // No afid: refused.
+    let e = c.attach(None, "u", "alice").await.unwrap_err();
+    assert!(e.to_string().contains("authenticate first"));
+    // Unknown identity: Tauth itself refused.
+    assert!(c.auth("u", "mallory").await.is_err());
+    // Wrong secret: the write fails and the afid cannot attach.
+    let afid = c.auth("u", "alice").await.unwrap();
+    assert!(afid.qid().ty & qt::AUTH != 0);
+    let e = afid.write(0, Bytes::from("guess")).await.unwrap_err();
+    assert!(e.to_string().contains("wrong secret"));
+    assert!(c.attach(Some(&afid), "u", "alice").await.is_err());
+    // Right secret: token readable, attach works once.
+    let afid = c.auth("u", "alice").await.unwrap();
+    afid.write(0, Bytes::from("s3cret")).await.unwrap();
+    assert_eq!(&afid.read(0, 100).await.unwrap()[..], b"token");
+    let root = c.attach(Some(&afid), "u", "alice").await.unwrap();
+    assert!(root.qid().is_dir());
+    let e = c.attach(Some(&afid), "u", "alice").await.unwrap_err();
+    assert!(e.to_string().contains("already used"));
+    // A non-auth fid is not accepted as an afid.
+    let raw = c
+        .rpc(&Tmsg::Attach {
+            fid: 500,
+            afid: root.num(),
+            uname: "u".into(),
+            aname: "alice".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(raw.to_string().contains("not an authentication fid"));
 }

@@ -1,1 +1,374 @@
-fn main() {}
+//! `ollie-9p`: read and write files on a 9P server without mounting it, in the manner of
+//! plan9port's `9p`.
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use ollie_p9::client::{Client, ClientError, Fid, path_names};
+use ollie_p9::dial::{self, Addr};
+use ollie_p9::wire::{Stat, dm, om};
+
+/// Exit statuses.
+const EXIT_SERVER: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_CONNECT: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ollie-9p",
+    about = "Read and write files on a 9P server (like plan9port's 9p)",
+    after_help = "EXAMPLES:\n  \
+        echo name=myproj | ollie-9p write session/new\n  \
+        printf 'name=a\\n' | ollie-9p rdwr session/myproj/agent/new\n  \
+        ollie-9p read session/myproj/agent/coding/chat\n  \
+        ollie-9p -a tcp!127.0.0.1!5640 ls -l /\n\n\
+        EXIT STATUS: 0 ok, 1 the server refused (its error is printed), 2 usage, 3 cannot connect.\n\
+        The default address is unix!$NAMESPACE/ollie, NAMESPACE defaulting to /tmp/ns.$USER.$DISPLAY."
+)]
+struct Args {
+    /// Server address: unix!/path/to/socket or tcp!host!port.
+    #[arg(short = 'a', long = "addr", value_name = "ADDR")]
+    addr: Option<String>,
+    /// Attach name (aname).
+    #[arg(short = 'A', long = "aname", default_value = "")]
+    aname: String,
+    /// User name to attach as (default: the current user).
+    #[arg(short = 'u', long = "user")]
+    user: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// List a directory (or name a file).
+    Ls {
+        /// Long listing: mode, owner, group, length, time, name.
+        #[arg(short = 'l')]
+        long: bool,
+        /// List a directory itself, not its contents.
+        #[arg(short = 'd')]
+        dir: bool,
+        /// Paths (default: the root).
+        paths: Vec<String>,
+    },
+    /// Copy a file to standard output, as it arrives (streams until end of file).
+    Read { path: String },
+    /// Copy standard input to a file.
+    Write {
+        /// One write per input line.
+        #[arg(short = 'l')]
+        lines: bool,
+        path: String,
+    },
+    /// Write standard input as one request, then print the reply read on the same fid.
+    Rdwr { path: String },
+    /// Print a file's attributes.
+    Stat { path: String },
+}
+
+#[derive(Debug)]
+enum Failure {
+    Usage(String),
+    Connect(String),
+    Server(String),
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(EXIT_USAGE),
+            };
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ollie-9p: cannot start runtime: {e}");
+            return ExitCode::from(EXIT_CONNECT);
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(m)) => {
+            eprintln!("ollie-9p: {m}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(Failure::Connect(m)) => {
+            eprintln!("ollie-9p: {m}");
+            ExitCode::from(EXIT_CONNECT)
+        }
+        Err(Failure::Server(m)) => {
+            eprintln!("ollie-9p: {m}");
+            ExitCode::from(EXIT_SERVER)
+        }
+    }
+}
+
+fn server(path: &str) -> impl Fn(ClientError) -> Failure + '_ {
+    move |e| match e {
+        ClientError::Server(m) => Failure::Server(format!("{path}: {m}")),
+        other => Failure::Connect(format!("{path}: {}", chain(&other))),
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn stdout_failure(e: std::io::Error) -> Failure {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // The reader went away (`| head`): stop quietly, as a SIGPIPE would.
+        std::process::exit(141);
+    }
+    Failure::Server(format!("writing standard output: {e}"))
+}
+
+async fn run(args: Args) -> Result<(), Failure> {
+    let addr = match &args.addr {
+        Some(a) => Addr::parse(a).map_err(|e| Failure::Usage(e.to_string()))?,
+        None => Addr::Unix(dial::namespace_dir().join("ollie")),
+    };
+    let client = Client::dial(&addr)
+        .await
+        .map_err(|e| Failure::Connect(chain(&e)))?;
+    let user = args.user.clone().unwrap_or_else(dial::current_user);
+    let root = client
+        .attach(None, &user, &args.aname)
+        .await
+        .map_err(|e| match e {
+            ClientError::Server(m) => Failure::Server(format!("attach: {m}")),
+            other => Failure::Connect(format!("attach: {}", chain(&other))),
+        })?;
+    match args.cmd {
+        Cmd::Ls { long, dir, paths } => {
+            let paths = if paths.is_empty() {
+                vec!["/".to_owned()]
+            } else {
+                paths
+            };
+            let mut failed = None;
+            for p in &paths {
+                if let Err(e) = ls(&root, p, long, dir).await {
+                    eprintln!("ollie-9p: {}", describe(&e));
+                    failed = Some(e);
+                }
+            }
+            match failed {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+        Cmd::Read { path } => read(&root, &path).await,
+        Cmd::Write { lines, path } => write(&root, &path, lines).await,
+        Cmd::Rdwr { path } => rdwr(&root, &path).await,
+        Cmd::Stat { path } => {
+            let f = walk(&root, &path).await?;
+            let st = f.stat().await.map_err(server(&path))?;
+            println!("{}", plan9_stat(&st));
+            Ok(())
+        }
+    }
+}
+
+fn describe(f: &Failure) -> &str {
+    match f {
+        Failure::Usage(m) | Failure::Connect(m) | Failure::Server(m) => m,
+    }
+}
+
+async fn walk(root: &Fid, path: &str) -> Result<Fid, Failure> {
+    root.walk(&path_names(path)).await.map_err(server(path))
+}
+
+async fn open(root: &Fid, path: &str, mode: u8) -> Result<Fid, Failure> {
+    let mut f = walk(root, path).await?;
+    f.open(mode).await.map_err(server(path))?;
+    Ok(f)
+}
+
+async fn read(root: &Fid, path: &str) -> Result<(), Failure> {
+    let f = open(root, path, om::OREAD).await?;
+    let mut out = std::io::stdout().lock();
+    let mut off = 0u64;
+    loop {
+        let d = f.read(off, f.iounit()).await.map_err(server(path))?;
+        if d.is_empty() {
+            return Ok(());
+        }
+        off += d.len() as u64;
+        out.write_all(&d).map_err(stdout_failure)?;
+        out.flush().map_err(stdout_failure)?;
+    }
+}
+
+fn read_stdin() -> Result<Vec<u8>, Failure> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut buf)
+        .map_err(|e| Failure::Usage(format!("reading standard input: {e}")))?;
+    Ok(buf)
+}
+
+async fn write(root: &Fid, path: &str, lines: bool) -> Result<(), Failure> {
+    let f = open(root, path, om::OWRITE | om::OTRUNC).await?;
+    if lines {
+        // One Twrite per line, as each line is read.
+        let stdin = std::io::stdin();
+        let mut off = 0u64;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = stdin
+                .read_line(&mut line)
+                .map_err(|e| Failure::Usage(format!("reading standard input: {e}")))?;
+            if n == 0 {
+                return Ok(());
+            }
+            off += f
+                .write_all(off, line.as_bytes())
+                .await
+                .map_err(server(path))?;
+        }
+    }
+    let data = read_stdin()?;
+    f.write_all(0, &data).await.map_err(server(path))?;
+    Ok(())
+}
+
+async fn rdwr(root: &Fid, path: &str) -> Result<(), Failure> {
+    let f = open(root, path, om::ORDWR).await?;
+    let data = read_stdin()?;
+    if data.len() > f.iounit() as usize {
+        return Err(Failure::Usage(format!(
+            "{path}: request of {} bytes is larger than one message ({} bytes)",
+            data.len(),
+            f.iounit()
+        )));
+    }
+    f.write(0, Bytes::from(data)).await.map_err(server(path))?;
+    let mut out = std::io::stdout().lock();
+    let mut off = 0u64;
+    loop {
+        let d = f.read(off, f.iounit()).await.map_err(server(path))?;
+        if d.is_empty() {
+            return Ok(());
+        }
+        off += d.len() as u64;
+        out.write_all(&d).map_err(stdout_failure)?;
+        out.flush().map_err(stdout_failure)?;
+    }
+}
+
+async fn ls(root: &Fid, path: &str, long: bool, dir_itself: bool) -> Result<(), Failure> {
+    let mut f = walk(root, path).await?;
+    let st = f.stat().await.map_err(server(path))?;
+    let mut out = std::io::stdout().lock();
+    if st.mode & dm::DIR == 0 || dir_itself {
+        let shown = if path.is_empty() { "/" } else { path };
+        writeln!(out, "{}", entry_line(&st, shown, long)).map_err(stdout_failure)?;
+        return Ok(());
+    }
+    f.open(om::OREAD).await.map_err(server(path))?;
+    let mut entries = f.read_dir().await.map_err(server(path))?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for e in &entries {
+        writeln!(out, "{}", entry_line(e, &e.name, long)).map_err(stdout_failure)?;
+    }
+    Ok(())
+}
+
+fn entry_line(st: &Stat, name: &str, long: bool) -> String {
+    if !long {
+        return if st.mode & dm::DIR != 0 {
+            format!("{name}/")
+        } else {
+            name.to_owned()
+        };
+    }
+    format!(
+        "{} M {} {} {} {} {} {}",
+        mode_string(st.mode),
+        st.dev,
+        st.uid,
+        st.gid,
+        st.length,
+        ls_time(st.mtime),
+        name
+    )
+}
+
+/// `Nov 30 10:33`, as Plan 9's `ls -l` shows a time.
+fn ls_time(t: u32) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (_, m, d, hh, mm, _) = ollie_p9::util::civil(u64::from(t));
+    let month = MONTHS
+        .get(m.saturating_sub(1) as usize)
+        .copied()
+        .unwrap_or("???");
+    format!("{month} {d:>2} {hh:02}:{mm:02}")
+}
+
+/// Plan 9's `ls -l` mode column: `d`/`a`/`l`/`-`, then rwx for owner, group, other.
+fn mode_string(mode: u32) -> String {
+    let mut s = String::with_capacity(11);
+    s.push(if mode & dm::DIR != 0 {
+        'd'
+    } else if mode & dm::APPEND != 0 {
+        'a'
+    } else if mode & dm::EXCL != 0 {
+        'l'
+    } else {
+        '-'
+    });
+    s.push('-');
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+/// The stat format of plan9port's `9p stat`.
+fn plan9_stat(st: &Stat) -> String {
+    format!(
+        "'{}' '{}' '{}' '{}' q ({:016x} {} {:02x}) m 0{:o} at {} mt {} l {} t {} d {}",
+        st.name,
+        st.uid,
+        st.gid,
+        st.muid,
+        st.qid.path,
+        st.qid.version,
+        st.qid.ty,
+        st.mode,
+        st.atime,
+        st.mtime,
+        st.length,
+        st.ty,
+        st.dev
+    )
+}
