@@ -178,6 +178,12 @@ struct Entry<T> {
 /// A fid table slot. Its lock orders the requests on that fid. `None` means the fid is being
 /// created or has died.
 type Slot<T> = Arc<Mutex<Option<Entry<T>>>>;
+/// A new fid's slot, already locked by the request creating it.
+type NewSlot<T> = (SlotGuard<T>, Slot<T>);
+/// The fid a request creates, so it can be dropped if the request fails or is flushed.
+type Created<T> = Option<(u32, Slot<T>)>;
+/// A resolved request and the fid it creates.
+type Resolved<T> = (Op<T>, Created<T>);
 /// A slot's lock, held.
 type SlotGuard<T> = OwnedMutexGuard<Option<Entry<T>>>;
 
@@ -497,7 +503,7 @@ struct Inflight<T> {
     seq: u64,
     abort: Option<AbortHandle>,
     /// A fid this request creates: removed from the table if the request fails or is flushed.
-    creates: Option<(u32, Slot<T>)>,
+    creates: Created<T>,
 }
 
 /// A finished task's reply, sent back to the connection loop.
@@ -715,7 +721,7 @@ impl Out {
             }
         }
         if self.scratch.capacity() < 256 {
-            self.scratch.reserve(64 * 1024);
+            self.scratch.reserve(8 * 1024);
         }
     }
 
@@ -777,7 +783,7 @@ impl<F: Filesystem> Conn<F> {
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let mut rbuf = BytesMut::with_capacity(64 * 1024);
+        let mut rbuf = BytesMut::with_capacity(8 * 1024);
         loop {
             // Take every complete frame out of the buffer.
             while !self.closing {
@@ -796,7 +802,7 @@ impl<F: Filesystem> Conn<F> {
             }
             let want_read = !self.closing && self.out.len < OUT_HIGH_WATER;
             if want_read && rbuf.capacity() - rbuf.len() < 4096 {
-                rbuf.reserve(64 * 1024);
+                rbuf.reserve(32 * 1024);
             }
             tokio::select! {
                 biased;
@@ -949,7 +955,7 @@ impl<F: Filesystem> Conn<F> {
         }
     }
 
-    fn complete(&mut self, tag: u16, outcome: Outcome, creates: Option<(u32, Slot<F::Fid>)>) {
+    fn complete(&mut self, tag: u16, outcome: Outcome, creates: Created<F::Fid>) {
         let Outcome { reply, created } = outcome;
         if !created && let Some((fid, slot)) = creates {
             self.forget_created(fid, &slot);
@@ -1028,7 +1034,7 @@ impl<F: Filesystem> Conn<F> {
     }
 
     /// Creates a locked, empty slot for a new fid.
-    fn new_slot(&mut self, fid: u32) -> Result<(SlotGuard<F::Fid>, Slot<F::Fid>)> {
+    fn new_slot(&mut self, fid: u32) -> Result<NewSlot<F::Fid>> {
         if fid == NOFID {
             return Err(Error::invalid("fid NOFID cannot be used"));
         }
@@ -1045,8 +1051,7 @@ impl<F: Filesystem> Conn<F> {
 
     /// Turns a request into an [`Op`], resolving and (for clunk/remove) freeing fids now, in
     /// arrival order.
-    #[allow(clippy::type_complexity)]
-    fn resolve(&mut self, msg: Tmsg) -> Result<(Op<F::Fid>, Option<(u32, Slot<F::Fid>)>)> {
+    fn resolve(&mut self, msg: Tmsg) -> Result<Resolved<F::Fid>> {
         Ok(match msg {
             Tmsg::Version { .. } | Tmsg::Flush { .. } => {
                 return Err(Error::new("internal: unexpected message"));

@@ -327,6 +327,8 @@ pub enum EncodeError {
     PayloadTooLarge(usize),
     #[error("stat entry of {0} bytes does not fit a 9P stat")]
     StatTooLarge(usize),
+    #[error("string contains a nul byte")]
+    Nul,
 }
 
 /// A bounds-checked little-endian reader over one frame.
@@ -635,6 +637,10 @@ pub fn decode_stat(data: &Bytes) -> Result<Stat, DecodeError> {
 }
 
 fn put_str(out: &mut BytesMut, s: &str) -> Result<(), EncodeError> {
+    // NUL is illegal in 9P strings (intro(5)); the decoder refuses it, so never send one.
+    if s.as_bytes().contains(&0) {
+        return Err(EncodeError::Nul);
+    }
     let n = u16::try_from(s.len()).map_err(|_| EncodeError::StringTooLong(s.len()))?;
     out.put_u16_le(n);
     out.put_slice(s.as_bytes());
@@ -1159,6 +1165,9 @@ mod tests {
             },
         );
         assert_eq!(r, Err(EncodeError::TooManyNames(17)));
+        assert_eq!(&b[..], b"keep");
+        let r = encode_r(&mut b, 1, &Rmsg::error("a\0b"));
+        assert_eq!(r, Err(EncodeError::Nul));
         assert_eq!(&b[..], b"keep");
     }
 
