@@ -372,18 +372,44 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs `$body` `$warm` times, then `$rounds` rounds of `$iters`; the median µs per iteration.
-/// A macro so that `$body` may `.await`.
+/// Wall and CPU time per iteration, µs. CPU time is summed over every thread of this process
+/// (both ends of the connection), so it is what one operation costs regardless of what else
+/// the machine is doing; wall time is what a caller sees.
+#[derive(Debug, Default, Clone, Copy)]
+struct Lat {
+    wall: f64,
+    cpu: f64,
+}
+
+/// CPU time consumed so far by every thread of this process, ns (`/proc/self/task/*/schedstat`).
+fn proc_cpu_ns() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Runs `$body` `$warm` times, then `$rounds` rounds of `$iters`; the median wall and CPU µs per
+/// iteration. A macro so that `$body` may `.await`.
 macro_rules! per_iter_us {
     ($warm:expr, $rounds:expr, $iters:expr, $body:block) => {{
         for _ in 0..$warm $body
-        let mut v = Vec::with_capacity($rounds);
+        let mut wall = Vec::with_capacity($rounds);
+        let mut cpu = Vec::with_capacity($rounds);
         for _ in 0..$rounds {
+            let c0 = proc_cpu_ns();
             let t = Instant::now();
             for _ in 0..$iters $body
-            v.push(t.elapsed().as_secs_f64() * 1e6 / $iters as f64);
+            wall.push(t.elapsed().as_secs_f64() * 1e6 / $iters as f64);
+            cpu.push((proc_cpu_ns() - c0) as f64 / 1e3 / $iters as f64);
         }
-        median(v)
+        Lat {
+            wall: median(wall),
+            cpu: median(cpu),
+        }
     }};
 }
 
@@ -396,7 +422,7 @@ const PASSES: usize = 3;
 // ---------------------------------------------------------------------------------------------
 // 1. Raw socketpair ping-pong.
 
-fn raw_pingpong(pinned: bool) -> f64 {
+fn raw_pingpong(pinned: bool) -> Lat {
     let (mut c, mut s) = UnixStream::pair().unwrap();
     let srv = std::thread::spawn(move || {
         if pinned {
@@ -539,11 +565,11 @@ impl RawConn {
 }
 
 /// Tread latency from the blocking raw client against a server on `rt`.
-fn raw_client_tread(fs: &Arc<BenchFs>, rt: Rt) -> f64 {
+fn raw_client_tread(fs: &Arc<BenchFs>, rt: Rt) -> Lat {
     raw_client_tread_t(fs, rt, Transport::Tokio)
 }
 
-fn raw_client_tread_t(fs: &Arc<BenchFs>, rt: Rt, t: Transport) -> f64 {
+fn raw_client_tread_t(fs: &Arc<BenchFs>, rt: Rt, t: Transport) -> Lat {
     let (sock, srv) = serve_t(fs, rt, t);
     let pinned = matches!(rt, Rt::Pinned);
     let us = std::thread::spawn(move || {
@@ -578,7 +604,7 @@ fn raw_client_tread_t(fs: &Arc<BenchFs>, rt: Rt, t: Transport) -> f64 {
 }
 
 /// walk+open+read+clunk with the raw client: (sequential µs, pipelined µs).
-fn raw_client_wocr(fs: &Arc<BenchFs>, rt: Rt) -> (f64, f64) {
+fn raw_client_wocr(fs: &Arc<BenchFs>, rt: Rt) -> (Lat, Lat) {
     let (sock, srv) = serve(fs, rt);
     let pinned = matches!(rt, Rt::Pinned);
     let r = std::thread::spawn(move || {
@@ -637,9 +663,9 @@ fn wocr_msgs(from: u32, newfid: u32) -> [Tmsg; 4] {
 
 #[derive(Debug, Default)]
 struct AsyncLat {
-    tread: f64,
-    seq: f64,
-    pipe: f64,
+    tread: Lat,
+    seq: Lat,
+    pipe: Lat,
 }
 
 /// Tread and walk/open/read/clunk latencies of the async client, client runtime `crt`, server
@@ -842,48 +868,57 @@ fn async_bulk(fs: &Arc<BenchFs>, msize: u32, depth: usize, rt: Rt) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // The table.
 
+const COLS: usize = 7;
+
+/// Rows of the report; a section is a title line of its own.
 struct Table {
-    rows: Vec<[String; 5]>,
+    rows: Vec<Result<[String; COLS], String>>,
 }
 
 impl Table {
     fn section(&mut self, title: &str) {
-        self.rows.push([
-            format!("-- {title}"),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-        ]);
+        self.rows.push(Err(format!("-- {title}")));
     }
 
+    /// `cpu`: CPU µs per operation (all threads) and its ratio to raw.
     fn row(
         &mut self,
         what: &str,
         value: String,
         ratio: Option<f64>,
+        cpu: Option<(f64, f64)>,
         target: &str,
         ok: Option<bool>,
     ) {
-        self.rows.push([
+        let x = |r: f64| format!("{r:.2}x");
+        self.rows.push(Ok([
             format!("  {what}"),
             value,
-            ratio.map_or(String::new(), |r| format!("{r:.2}x")),
+            ratio.map_or(String::new(), x),
+            cpu.map_or(String::new(), |c| us(c.0)),
+            cpu.map_or(String::new(), |c| x(c.1)),
             target.to_string(),
             match ok {
                 Some(true) => "PASS".into(),
                 Some(false) => "MISS".into(),
                 None => String::new(),
             },
-        ]);
+        ]));
     }
 
     fn print(&self) {
-        let head = ["case", "value", "vs raw", "target", ""];
-        let mut w = [0usize; 5];
-        for r in self
-            .rows
-            .iter()
+        let head = [
+            "case",
+            "value",
+            "vs raw",
+            "cpu/op",
+            "cpu vs raw",
+            "target",
+            "",
+        ];
+        let mut w = [0usize; COLS];
+        let cells = self.rows.iter().filter_map(|r| r.as_ref().ok());
+        for r in cells
             .map(|r| r.each_ref().map(String::as_str))
             .chain([head])
         {
@@ -891,24 +926,21 @@ impl Table {
                 w[i] = w[i].max(c.chars().count());
             }
         }
-        let line = |r: [&str; 5]| {
-            println!(
-                "{:<w0$}  {:>w1$}  {:>w2$}  {:<w3$}  {}",
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3]
-            );
+        let line = |r: [&str; COLS]| {
+            let mut out = format!("{:<1$}", r[0], w[0]);
+            for i in 1..5 {
+                out += &format!("  {:>1$}", r[i], w[i]);
+            }
+            out += &format!("  {:<1$}  {2}", r[5], w[5], r[6]);
+            println!("{}", out.trim_end());
         };
         line(head);
-        println!("{}", "-".repeat(w.iter().sum::<usize>() + 8));
+        println!("{}", "-".repeat(w.iter().sum::<usize>() + 2 * (COLS - 1)));
         for r in &self.rows {
-            line(r.each_ref().map(String::as_str));
+            match r {
+                Ok(r) => line(r.each_ref().map(String::as_str)),
+                Err(title) => println!("{title}"),
+            }
         }
     }
 }
@@ -925,10 +957,10 @@ fn profile_one(fs: &Arc<BenchFs>, spec: &str) {
         None => (spec, 16),
     };
     let r = match case {
-        "pingpong" => format!("{:.2} us", raw_pingpong(true)),
-        "raw-tread" => format!("{:.2} us", raw_client_tread(fs, Rt::Pinned)),
+        "pingpong" => format!("{:?}", raw_pingpong(true)),
+        "raw-tread" => format!("{:?}", raw_client_tread(fs, Rt::Pinned)),
         "raw-tread-ro" => format!(
-            "{:.2} us",
+            "{:?}",
             raw_client_tread_t(fs, Rt::Pinned, Transport::ReadableOnly)
         ),
         "async-tread" => format!("{:?}", async_client_lat(fs, Rt::Pinned, Rt::Pinned)),
@@ -1019,9 +1051,10 @@ fn main() {
         ));
         let target = if pinned { "<= 1.30x" } else { "(info)" };
         let ok = |r: f64| pinned.then_some(r <= 1.3);
-        let row = |t: &mut Table, what: &str, f: &dyn Fn(&LatPass) -> f64, target: &str, ok| {
-            let (v, r) = (med(p, |x| f(x)), med(p, |x| f(x) / x.raw));
-            t.row(what, us(v), Some(r), target, ok);
+        let row = |t: &mut Table, what: &str, f: &dyn Fn(&LatPass) -> Lat, target: &str, ok| {
+            let (v, r) = (med(p, |x| f(x).wall), med(p, |x| f(x).wall / x.raw.wall));
+            let (c, cr) = (med(p, |x| f(x).cpu), med(p, |x| f(x).cpu / x.raw.cpu));
+            t.row(what, us(v), Some(r), Some((c, cr)), target, ok);
         };
         row(
             &mut t,
@@ -1030,7 +1063,7 @@ fn main() {
             "",
             None,
         );
-        let r2a = med(p, |x| x.rawc / x.raw);
+        let r2a = med(p, |x| x.rawc.wall / x.raw.wall);
         row(
             &mut t,
             "2a. Tread, blocking raw client -> Server",
@@ -1038,7 +1071,7 @@ fn main() {
             target,
             ok(r2a),
         );
-        let r2b = med(p, |x| x.a.tread / x.raw);
+        let r2b = med(p, |x| x.a.tread.wall / x.raw.wall);
         row(
             &mut t,
             "2b. Tread, async Client::read -> Server",
@@ -1067,7 +1100,7 @@ fn main() {
             "(< sequential)",
             None,
         );
-        let piped = med(p, |x| x.a.pipe) < med(p, |x| x.a.seq);
+        let piped = med(p, |x| x.a.pipe.wall) < med(p, |x| x.a.seq.wall);
         row(
             &mut t,
             "3. w+o+r+c pipelined, async Client::send",
@@ -1114,7 +1147,7 @@ fn main() {
             } else {
                 ("", None)
             };
-            t.row(what, mb(v), Some(r), target, ok);
+            t.row(what, mb(v), Some(r), None, target, ok);
         };
         row(
             &mut t,
@@ -1160,6 +1193,7 @@ fn main() {
         "   raw socket stream",
         String::new(),
         Some(raw_r),
+        None,
         "(info)",
         None,
     );
@@ -1169,6 +1203,7 @@ fn main() {
             &format!("   async read_bulk, depth {d}"),
             String::new(),
             Some(r),
+            None,
             ">= 0.80x (no collapse)",
             Some(r >= 0.8),
         );
@@ -1179,11 +1214,11 @@ fn main() {
 
 #[derive(Debug, Default)]
 struct LatPass {
-    raw: f64,
-    rawc: f64,
+    raw: Lat,
+    rawc: Lat,
     a: AsyncLat,
-    rseq: f64,
-    rpipe: f64,
+    rseq: Lat,
+    rpipe: Lat,
     m: AsyncLat,
 }
 
