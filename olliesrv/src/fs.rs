@@ -286,7 +286,7 @@ impl OllieFs {
             Ok(Some(u)) => u.name,
             _ => peer.uid.to_string(),
         };
-        if peer.uid != 0 && uname != peer_name {
+        if uname != peer_name {
             return Err(Error::new(format!(
                 "permission denied: attach as {uname:?} refused; you are {peer_name:?} (attach as yourself or as \"agent\")"
             )));
@@ -500,6 +500,9 @@ impl Filesystem for OllieFs {
     async fn write(&self, fid: &mut OllieFid, _offset: u64, data: Bytes) -> Result<u32> {
         match fid.node {
             Node::Ctl => {
+                // A failed command leaves no reply behind: a read after it returns nothing
+                // rather than the answer to an earlier command.
+                fid.reply = None;
                 let text = std::str::from_utf8(&data)
                     .map_err(|_| Error::invalid("command is not utf-8"))?;
                 let reply = self.ctl(text)?;

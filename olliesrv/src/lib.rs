@@ -3,7 +3,7 @@
 //! Guarantees (so far): it serves the root files `help`, `backends`, `ctl` and `eventwait`
 //! on a private unix socket (directory 0700, socket 0600, plan9port's namespace convention);
 //! it replaces a stale socket but never a live one; a client may attach only as its own user
-//! (checked with SO_PEERCRED) or as `agent`, and everyone but the owner gets the group bits;
+//! (checked with SO_PEERCRED; root too) or as `agent`, and everyone but the owner gets the group bits;
 //! SIGTERM, SIGINT or `kill` on `ctl` stop it cleanly, after a `server-stopping` event.
 //! It never runs a tool or a command.
 //!

@@ -226,9 +226,6 @@ enum Op<T> {
         offset: u64,
         data: Bytes,
     },
-    Clunk {
-        slot: Slot<T>,
-    },
     Remove {
         slot: Slot<T>,
     },
@@ -459,19 +456,6 @@ async fn exec<F: Filesystem>(
                 count: n.min(len as u32),
             }))
         }
-        Op::Clunk { slot } => {
-            let e = slot.lock().await.take();
-            if let Some(e) = e {
-                if e.open.is_some_and(|m| m & om::ORCLOSE != 0) {
-                    // Remove-on-close: the fid is gone either way; a failed remove is not
-                    // reported by clunk.
-                    let _ = fs.remove(e.fs).await;
-                } else {
-                    fs.clunk(e.fs).await;
-                }
-            }
-            Ok(Outcome::ok(Rmsg::Clunk))
-        }
         Op::Remove { slot } => {
             let e = slot.lock().await.take().ok_or_else(unknown_fid)?;
             fs.remove(e.fs).await?;
@@ -684,7 +668,23 @@ struct Out {
 }
 
 impl Out {
-    fn push_reply(&mut self, tag: u16, m: &Rmsg) {
+    /// Queues a reply. An Rerror longer than `msize` allows is cut to fit.
+    fn push_reply(&mut self, tag: u16, m: &Rmsg, msize: u32) {
+        let cut;
+        let m = match m {
+            // size[4] type[1] tag[2] len[2] = 9 bytes around the message.
+            Rmsg::Error { ename } if ename.len() + 9 > msize as usize => {
+                let mut end = (msize as usize).saturating_sub(9);
+                while !ename.is_char_boundary(end) {
+                    end -= 1;
+                }
+                cut = Rmsg::Error {
+                    ename: ename[..end].to_owned(),
+                };
+                &cut
+            }
+            other => other,
+        };
         let r = wire::encode_r_parts(&mut self.scratch, tag, m);
         let payload = match r {
             Ok(p) => p,
@@ -846,7 +846,7 @@ impl<F: Filesystem> Conn<F> {
             // Tell the client why, if we can see its tag, before closing.
             if rbuf.len() >= HEADER_LEN {
                 let tag = u16::from_le_bytes([rbuf[5], rbuf[6]]);
-                self.out.push_reply(
+                self.reply(
                     tag,
                     &Rmsg::error(format!("message of {size} bytes exceeds msize {max}")),
                 );
@@ -861,7 +861,12 @@ impl<F: Filesystem> Conn<F> {
     }
 
     fn reply(&mut self, tag: u16, m: &Rmsg) {
-        self.out.push_reply(tag, m);
+        let msize = if self.msize == 0 {
+            MIN_MSIZE
+        } else {
+            self.msize
+        };
+        self.out.push_reply(tag, m, msize);
     }
 
     fn dispatch(&mut self, frame: Bytes) {
@@ -905,6 +910,24 @@ impl<F: Filesystem> Conn<F> {
         }
         if self.inflight.len() >= MAX_INFLIGHT {
             self.reply(tag, &Rmsg::error("too many outstanding requests (in use)"));
+            return;
+        }
+        if let Tmsg::Clunk { fid } = msg {
+            // The fid is gone now: its number may be reused at once, and the reply does not
+            // wait for requests still queued on it (a parked read would otherwise hold it
+            // forever). The filesystem sees the clunk after those requests, in order.
+            match self.fids.remove(&fid) {
+                Some(slot) => {
+                    self.retire(slot);
+                    self.reply(tag, &Rmsg::Clunk);
+                }
+                None => self.reply(
+                    tag,
+                    &Rmsg::Error {
+                        ename: unknown_fid().message(),
+                    },
+                ),
+            }
             return;
         }
         let (op, creates) = match self.resolve(msg) {
@@ -972,14 +995,19 @@ impl<F: Filesystem> Conn<F> {
         }
     }
 
-    /// Clunks a slot's state once every request queued on it is done.
+    /// Clunks a slot's state once every request queued on it is done (removing the file if it
+    /// was opened with ORCLOSE; a failed remove is not reported, as with Tclunk).
     fn retire(&self, slot: Slot<F::Fid>) {
         let fs = Arc::clone(&self.srv.fs);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let e = slot.lock().await.take();
                 if let Some(e) = e {
-                    fs.clunk(e.fs).await;
+                    if e.open.is_some_and(|m| m & om::ORCLOSE != 0) {
+                        let _ = fs.remove(e.fs).await;
+                    } else {
+                        fs.clunk(e.fs).await;
+                    }
                 }
             });
         }
@@ -1158,9 +1186,8 @@ impl<F: Filesystem> Conn<F> {
                 },
                 None,
             ),
-            Tmsg::Clunk { fid } => {
-                let slot = self.fids.remove(&fid).ok_or_else(unknown_fid)?;
-                (Op::Clunk { slot }, None)
+            Tmsg::Clunk { .. } => {
+                return Err(Error::new("internal: unexpected message"));
             }
             Tmsg::Remove { fid } => {
                 let slot = self.fids.remove(&fid).ok_or_else(unknown_fid)?;

@@ -209,7 +209,10 @@ impl Filesystem for TestFs {
         match fid.node {
             Node::Ctl => {
                 if data.starts_with(b"bad") {
-                    return Err(Error::new("unknown command \"bad\" (valid: anything else)"));
+                    return Err(Error::new(format!(
+                        "unknown command {:?} (valid: anything else)",
+                        String::from_utf8_lossy(&data)
+                    )));
                 }
                 let mut r = BytesMut::from(&b"ok: "[..]);
                 r.extend_from_slice(&data);
