@@ -10,11 +10,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::dial::Addr;
 use crate::wire::{self, IOHDRSZ, MAXWELEM, NOFID, NOTAG, Qid, Rmsg, Stat, Tmsg, om};
@@ -113,10 +113,88 @@ impl State {
     }
 }
 
+/// The sending side. Frames are written inline by the sender when the socket takes them at
+/// once (no task hop); what it does not take is queued for the writer task, in order.
+struct Writer {
+    w: Pin<Box<dyn AsyncWrite + Send>>,
+    queue: std::collections::VecDeque<Bytes>,
+    /// Reused encoding buffer.
+    enc: BytesMut,
+    /// The writer task, waiting for work.
+    waker: Option<Waker>,
+    /// No more frames: set when the client goes away or a write fails.
+    closed: bool,
+}
+
+type SharedWriter = Arc<Mutex<Writer>>;
+
+fn lock_writer(w: &Mutex<Writer>) -> MutexGuard<'_, Writer> {
+    w.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes as much of `buf` as the socket takes right now. Returns false if the connection is
+/// broken.
+fn write_now(w: &mut Pin<Box<dyn AsyncWrite + Send>>, buf: &mut Bytes) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    while !buf.is_empty() {
+        match w.as_mut().poll_write(&mut cx, buf) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return false,
+            Poll::Ready(Ok(n)) => {
+                let _ = buf.split_to(n);
+            }
+            Poll::Pending => return true,
+        }
+    }
+    true
+}
+
+/// The writer task's body: drains the queue, then shuts the socket down once closed.
+async fn drain_writer(shared: SharedWriter) {
+    std::future::poll_fn(|cx| {
+        let mut guard = lock_writer(&shared);
+        let st = &mut *guard;
+        loop {
+            let Some(front) = st.queue.front_mut() else {
+                if st.closed {
+                    return Poll::Ready(());
+                }
+                st.waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            };
+            match st.w.as_mut().poll_write(cx, front) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    let _ = front.split_to(n);
+                    if front.is_empty() {
+                        st.queue.pop_front();
+                    }
+                }
+                Poll::Ready(_) => {
+                    st.closed = true;
+                    st.queue.clear();
+                    return Poll::Ready(());
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await;
+    let _ = std::future::poll_fn(|cx| lock_writer(&shared).w.as_mut().poll_shutdown(cx)).await;
+}
+
 struct Inner {
     msize: u32,
     state: Mutex<State>,
-    tx: mpsc::UnboundedSender<Bytes>,
+    writer: SharedWriter,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let mut w = lock_writer(&self.writer);
+        w.closed = true;
+        if let Some(k) = w.waker.take() {
+            k.wake();
+        }
+    }
 }
 
 impl Inner {
@@ -127,9 +205,30 @@ impl Inner {
     }
 
     fn send_frame(&self, tag: u16, m: &Tmsg) -> Result<()> {
-        let mut buf = BytesMut::new();
-        wire::encode_t(&mut buf, tag, m)?;
-        self.tx.send(buf.freeze()).map_err(|_| ClientError::Closed)
+        let mut guard = lock_writer(&self.writer);
+        let st = &mut *guard;
+        if st.closed {
+            return Err(ClientError::Closed);
+        }
+        wire::encode_t(&mut st.enc, tag, m)?;
+        let mut frame = st.enc.split().freeze();
+        if st.enc.capacity() < 512 {
+            st.enc.reserve(16 * 1024);
+        }
+        if st.queue.is_empty() {
+            if !write_now(&mut st.w, &mut frame) {
+                st.closed = true;
+                return Err(ClientError::Closed);
+            }
+            if frame.is_empty() {
+                return Ok(());
+            }
+        }
+        st.queue.push_back(frame);
+        if let Some(k) = st.waker.take() {
+            k.wake();
+        }
+        Ok(())
     }
 
     /// Sends a request whose reply nobody awaits (used from `Drop`).
@@ -226,24 +325,53 @@ impl Drop for Call {
     }
 }
 
-async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: u32) -> Result<Option<Bytes>> {
-    let mut hdr = [0u8; 4];
-    match r.read_exact(&mut hdr).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
+/// Reads whole frames through one buffer: one `read` per batch of replies, no per-frame
+/// allocation or zero-fill; payloads are slices of the buffer.
+struct FrameReader<R> {
+    r: R,
+    buf: BytesMut,
+    max: u32,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    fn new(r: R, max: u32) -> FrameReader<R> {
+        FrameReader {
+            r,
+            buf: BytesMut::with_capacity(16 * 1024),
+            max,
+        }
     }
-    let size = u32::from_le_bytes(hdr);
-    if (size as usize) < wire::HEADER_LEN || size > max {
-        return Err(ClientError::Protocol(format!(
-            "reply of {size} bytes outside 7..={max}"
-        )));
+
+    /// The next frame, or `None` at a clean end of stream.
+    async fn next(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            if self.buf.len() >= 4 {
+                let size = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+                if (size as usize) < wire::HEADER_LEN || size > self.max {
+                    return Err(ClientError::Protocol(format!(
+                        "reply of {size} bytes outside 7..={}",
+                        self.max
+                    )));
+                }
+                let size = size as usize;
+                if self.buf.len() >= size {
+                    return Ok(Some(self.buf.split_to(size).freeze()));
+                }
+                self.buf.reserve(size - self.buf.len());
+            } else if self.buf.capacity() - self.buf.len() < 4096 {
+                self.buf.reserve(64 * 1024);
+            }
+            if self.r.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ClientError::Protocol(
+                        "connection closed inside a reply".into(),
+                    ))
+                };
+            }
+        }
     }
-    let mut buf = BytesMut::with_capacity(size as usize);
-    buf.extend_from_slice(&hdr);
-    buf.resize(size as usize, 0);
-    r.read_exact(&mut buf[4..]).await?;
-    Ok(Some(buf.freeze()))
 }
 
 impl Client {
@@ -277,7 +405,7 @@ impl Client {
 
     /// Runs Tversion over an established stream, then starts the connection's reader and writer
     /// tasks (on the current tokio runtime).
-    pub async fn handshake<R, W>(mut r: R, mut w: W, msize: u32) -> Result<Client>
+    pub async fn handshake<R, W>(r: R, mut w: W, msize: u32) -> Result<Client>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -293,9 +421,8 @@ impl Client {
         )?;
         w.write_all(&b).await?;
         w.flush().await?;
-        let frame = read_frame(&mut r, msize.max(8192))
-            .await?
-            .ok_or(ClientError::Closed)?;
+        let mut reader = FrameReader::new(r, msize.max(8192));
+        let frame = reader.next().await?.ok_or(ClientError::Closed)?;
         let (_, reply) = wire::decode_r(frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let got = match reply {
             Rmsg::Version { msize: m, version } if version == wire::VERSION => m,
@@ -316,38 +443,25 @@ impl Client {
                 "server chose msize {got}, offered {msize}"
             )));
         }
-        let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+        reader.max = got;
+        let writer: SharedWriter = Arc::new(Mutex::new(Writer {
+            w: Box::pin(w),
+            queue: std::collections::VecDeque::new(),
+            enc: BytesMut::with_capacity(16 * 1024),
+            waker: None,
+            closed: false,
+        }));
         let inner = Arc::new(Inner {
             msize: got,
             state: Mutex::new(State::default()),
-            tx,
+            writer: Arc::clone(&writer),
         });
-        // Writer: batches whatever is queued into one write.
-        tokio::spawn(async move {
-            let mut batch = Vec::with_capacity(64);
-            while rx.recv_many(&mut batch, 64).await > 0 {
-                let mut ok = true;
-                if batch.len() == 1 {
-                    ok = w.write_all(&batch[0]).await.is_ok();
-                } else {
-                    let mut joined = BytesMut::new();
-                    for b in &batch {
-                        joined.extend_from_slice(b);
-                    }
-                    ok &= w.write_all(&joined).await.is_ok();
-                }
-                batch.clear();
-                if !ok {
-                    break;
-                }
-            }
-            let _ = w.shutdown().await;
-        });
+        tokio::spawn(drain_writer(writer));
         // Reader: routes replies to their tags.
         let weak = Arc::downgrade(&inner);
         tokio::spawn(async move {
             loop {
-                let frame = match read_frame(&mut r, got).await {
+                let frame = match reader.next().await {
                     Ok(Some(f)) => f,
                     _ => break,
                 };

@@ -271,13 +271,14 @@ fn can_write(mode: u8) -> bool {
     matches!(mode & 3, om::OWRITE | om::ORDWR)
 }
 
-async fn run_op<F: Filesystem>(
+/// What every request of one connection needs, shared by one `Arc`.
+struct ConnCtx<F> {
     fs: Arc<F>,
-    conn: Arc<ConnInfo>,
-    msize: u32,
-    op: Op<F::Fid>,
-) -> Outcome {
-    match exec(&*fs, &conn, msize, op).await {
+    info: ConnInfo,
+}
+
+async fn run_op<F: Filesystem>(ctx: Arc<ConnCtx<F>>, msize: u32, op: Op<F::Fid>) -> Outcome {
+    match exec(&*ctx.fs, &ctx.info, msize, op).await {
         Ok(o) => o,
         Err(e) => Outcome::err(e),
     }
@@ -481,6 +482,37 @@ async fn exec<F: Filesystem>(
     }
 }
 
+/// Hashes the small integer keys of the fid and tag tables (chosen by the peer, who can only
+/// slow down its own connection) with one multiply instead of SipHash.
+#[derive(Default, Clone, Copy)]
+struct SmallIntHash;
+
+impl std::hash::BuildHasher for SmallIntHash {
+    type Hasher = SmallIntHasher;
+    fn build_hasher(&self) -> SmallIntHasher {
+        SmallIntHasher(0)
+    }
+}
+
+struct SmallIntHasher(u64);
+
+impl std::hash::Hasher for SmallIntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// A request running in its own task.
 struct Inflight<T> {
     /// Distinguishes this request from a later one that reuses the tag.
@@ -636,10 +668,13 @@ impl<F: Filesystem> Server<F> {
         let (tx, rx) = mpsc::channel(256);
         let mut conn = Conn {
             srv: Arc::clone(self),
-            info: Arc::new(info),
+            ctx: Arc::new(ConnCtx {
+                fs: Arc::clone(&self.fs),
+                info,
+            }),
             msize: 0,
-            fids: HashMap::new(),
-            inflight: HashMap::new(),
+            fids: HashMap::default(),
+            inflight: HashMap::default(),
             seq: 0,
             tx,
             out: Out::default(),
@@ -754,11 +789,11 @@ async fn write_some<W: AsyncWrite + Unpin>(w: &mut W, out: &Out) -> std::io::Res
 
 struct Conn<F: Filesystem> {
     srv: Arc<Server<F>>,
-    info: Arc<ConnInfo>,
+    ctx: Arc<ConnCtx<F>>,
     /// 0 until Tversion succeeds.
     msize: u32,
-    fids: HashMap<u32, Slot<F::Fid>>,
-    inflight: HashMap<u16, Inflight<F::Fid>>,
+    fids: HashMap<u32, Slot<F::Fid>, SmallIntHash>,
+    inflight: HashMap<u16, Inflight<F::Fid>, SmallIntHash>,
     seq: u64,
     tx: mpsc::Sender<Done>,
     out: Out,
@@ -806,7 +841,9 @@ impl<F: Filesystem> Conn<F> {
             }
             tokio::select! {
                 biased;
-                Some(done) = rx.recv() => self.finish(done),
+                // Only tasks of in-flight requests send here; a reply that raced a flush waits
+                // harmlessly and is dropped by its sequence number later.
+                Some(done) = rx.recv(), if !self.inflight.is_empty() => self.finish(done),
                 r = write_some(&mut writer, &self.out), if self.out.len > 0 => {
                     let n = r?;
                     if n == 0 {
@@ -937,12 +974,8 @@ impl<F: Filesystem> Conn<F> {
                 return;
             }
         };
-        let mut fut: BoxFuture<'static, Outcome> = Box::pin(run_op(
-            Arc::clone(&self.srv.fs),
-            Arc::clone(&self.info),
-            self.msize,
-            op,
-        ));
+        let mut fut: BoxFuture<'static, Outcome> =
+            Box::pin(run_op(Arc::clone(&self.ctx), self.msize, op));
         // First poll inline, in arrival order: this takes the fid lock's place in line, and most
         // requests finish right here without a task or a channel hop.
         let mut cx = Context::from_waker(Waker::noop());

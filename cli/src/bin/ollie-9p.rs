@@ -90,8 +90,9 @@ fn main() -> ExitCode {
             };
         }
     };
+    // One thread, and only the I/O driver: a client that waits on nothing but its socket.
     let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
         .build()
     {
         Ok(rt) => rt,
