@@ -3,17 +3,25 @@
 # Idempotent; safe to run on a fresh machine (as root for apt packages).
 set -euo pipefail
 
+# command → Debian package. The escape suite's shell probes use these tools; a probe whose tool
+# is missing would prove nothing, so the suite refuses to run without them under
+# OLLIE_TEST_REQUIRE=all. bwrap is for the spawn benchmark.
+tools="python3:python3 pip3:python3-pip git:git make:make gcc:gcc curl:curl wget:wget
+ssh:openssh-client ping:iputils-ping strace:strace gdb:gdb tmux:tmux screen:screen
+dbus-send:dbus busctl:systemd systemd-run:systemd gpg-connect-agent:gnupg flock:util-linux
+unshare:util-linux ipcmk:util-linux runuser:util-linux setsid:util-linux ps:procps
+useradd:passwd sudo:sudo bwrap:bubblewrap"
 need_apt=()
-command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
-command -v git >/dev/null || need_apt+=(git)
-command -v make >/dev/null || need_apt+=(make)
-command -v gcc >/dev/null || need_apt+=(gcc)
+for pair in $tools; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")
+done
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
   else
-    echo "deps: missing ${need_apt[*]} and not root; install them first" >&2
+    echo "deps: missing packages ${need_apt[*]} and not root; install them first" >&2
     exit 1
   fi
 fi

@@ -66,8 +66,7 @@ pub enum Decision {
 
 fn normal_abs(p: &std::path::Path) -> bool {
     p.is_absolute()
-        && p
-            .components()
+        && p.components()
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
 }
 
@@ -140,12 +139,18 @@ mod tests {
     fn examples() {
         let p = pol(BASE);
         assert_eq!(decide(&p, &req(vec![])), Decision::Deny(DenyReason::Empty));
-        assert_eq!(decide(&p, &req(vec![Grant::Write("/w/x".into())])), Decision::Allow);
+        assert_eq!(
+            decide(&p, &req(vec![Grant::Write("/w/x".into())])),
+            Decision::Allow
+        );
         assert!(matches!(
             decide(&p, &req(vec![Grant::Write("/usr/x".into())])),
             Decision::NeedsApproval(_)
         ));
-        assert!(matches!(decide(&p, &req(vec![Grant::Net])), Decision::NeedsApproval(_)));
+        assert!(matches!(
+            decide(&p, &req(vec![Grant::Net])),
+            Decision::NeedsApproval(_)
+        ));
         assert_eq!(
             decide(&p, &req(vec![Grant::Unsandboxed])),
             Decision::Deny(DenyReason::KindNotAllowed(EscalationKind::Unsandboxed))

@@ -28,17 +28,26 @@ pub mod secrets;
 
 pub use decide::{Decision, DenyReason, EscalationRequest, Grant, decide};
 pub use model::{
-    Access, EnvPolicy, EscalationKind, FsRules, Limits, Network, PathAnchor, PathTemplate,
-    Policy, PolicyError, ResolveContext, ResolvedFs, ResolvedPolicy, SyscallProfile,
-    DEFAULT_LANDLOCK_MIN_ABI,
+    Access, DEFAULT_LANDLOCK_MIN_ABI, EnvPolicy, EscalationKind, FsRules, Limits, Network,
+    PathAnchor, PathTemplate, Policy, PolicyError, ResolveContext, ResolvedFs, ResolvedPolicy,
+    SyscallProfile, env_name_is_forbidden,
 };
 pub use narrow::{Layer, NarrowError};
 
 /// The profiles shipped in `packaging/policy/`, by name. `workspace` is the default.
 pub const SHIPPED_PROFILES: &[(&str, &str)] = &[
-    ("readonly", include_str!("../../packaging/policy/readonly.toml")),
-    ("workspace", include_str!("../../packaging/policy/workspace.toml")),
-    ("network", include_str!("../../packaging/policy/network.toml")),
+    (
+        "readonly",
+        include_str!("../../packaging/policy/readonly.toml"),
+    ),
+    (
+        "workspace",
+        include_str!("../../packaging/policy/workspace.toml"),
+    ),
+    (
+        "network",
+        include_str!("../../packaging/policy/network.toml"),
+    ),
 ];
 
 /// The name of the default profile.
@@ -72,7 +81,11 @@ mod tests {
         for (name, _) in SHIPPED_PROFILES {
             let p = shipped_profile(name).unwrap();
             let r = p.resolve(&ctx).unwrap();
-            assert!(r.fs.write.iter().all(|p| p.starts_with("/w") || p.starts_with("/dev")));
+            assert!(
+                r.fs.write
+                    .iter()
+                    .all(|p| p.starts_with("/w") || p.starts_with("/dev"))
+            );
             assert_eq!(p.landlock_min_abi, 7, "{name}");
             assert!(!p.best_effort, "{name}");
         }

@@ -14,11 +14,12 @@ pub const DEFAULT_LANDLOCK_MIN_ABI: u32 = 7;
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// The text is not TOML of the policy's shape (unknown key, wrong type…).
-    #[error("policy is not valid")]
+    #[error("policy is not valid toml at line {line}: {message}")]
     Parse {
-        /// The TOML decoder's error, which names the key and line.
-        #[source]
-        source: toml::de::Error,
+        /// 1-based line of the offending text (0 when unknown).
+        line: usize,
+        /// The decoder's one-line explanation (names the key and what is valid).
+        message: String,
     },
     /// A value is out of range or malformed.
     #[error("{key}: {reason}")]
@@ -81,7 +82,10 @@ impl PathTemplate {
             ));
         };
         if !rest.is_empty() && !rest.starts_with('/') {
-            return Err(invalid(key, format!("{s:?}: expected '/' after the anchor")));
+            return Err(invalid(
+                key,
+                format!("{s:?}: expected '/' after the anchor"),
+            ));
         }
         if s.contains('\0') {
             return Err(invalid(key, "path contains a NUL byte"));
@@ -320,7 +324,10 @@ fn positive(key: &str, v: Option<i64>, default: u64, max: u64) -> Result<u64, Po
     match v {
         None => Ok(default),
         Some(v) if v >= 1 && (v as u64) <= max => Ok(v as u64),
-        Some(v) => Err(invalid(key, format!("{v} is out of range (valid: 1..={max})"))),
+        Some(v) => Err(invalid(
+            key,
+            format!("{v} is out of range (valid: 1..={max})"),
+        )),
     }
 }
 
@@ -432,14 +439,24 @@ impl TryFrom<RawPolicy> for Policy {
                 1 << 46,
             )?,
             open_files: positive("limits.open_files", l.open_files, d.open_files, 65_536)?,
-            output_bytes: positive("limits.output_bytes", l.output_bytes, d.output_bytes, 1 << 32)?,
+            output_bytes: positive(
+                "limits.output_bytes",
+                l.output_bytes,
+                d.output_bytes,
+                1 << 32,
+            )?,
             timeout_seconds: positive(
                 "limits.timeout_seconds",
                 l.timeout_seconds,
                 d.timeout_seconds,
                 86_400,
             )?,
-            kill_grace_ms: positive("limits.kill_grace_ms", l.kill_grace_ms, d.kill_grace_ms, 60_000)?,
+            kill_grace_ms: positive(
+                "limits.kill_grace_ms",
+                l.kill_grace_ms,
+                d.kill_grace_ms,
+                60_000,
+            )?,
         };
         let mut env = EnvPolicy::default();
         for (i, name) in raw.env.allow.iter().enumerate() {
@@ -473,7 +490,10 @@ impl TryFrom<RawPolicy> for Policy {
         }
         let mut escalations = BTreeSet::new();
         for (i, e) in raw.escalations.allow.iter().enumerate() {
-            escalations.insert(EscalationKind::parse(&format!("escalations.allow[{i}]"), e)?);
+            escalations.insert(EscalationKind::parse(
+                &format!("escalations.allow[{i}]"),
+                e,
+            )?);
         }
         Ok(Policy {
             landlock_min_abi,
@@ -529,20 +549,32 @@ pub struct ResolvedPolicy {
 
 fn normal_abs(key: &str, p: &Path) -> Result<(), PolicyError> {
     let ok = p.is_absolute()
-        && p
-            .components()
+        && p.components()
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
     if ok {
         Ok(())
     } else {
-        Err(invalid(key, format!("{} must be an absolute normal path", p.display())))
+        Err(invalid(
+            key,
+            format!("{} must be an absolute normal path", p.display()),
+        ))
     }
 }
 
 impl Policy {
     /// Parses and validates TOML text.
     pub fn from_toml(text: &str) -> Result<Self, PolicyError> {
-        let raw: RawPolicy = toml::from_str(text).map_err(|source| PolicyError::Parse { source })?;
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError::Parse {
+            line: e.span().map_or(0, |s| {
+                let end = s.start.min(text.len());
+                text.as_bytes()[..end]
+                    .iter()
+                    .filter(|b| **b == b'\n')
+                    .count()
+                    + 1
+            }),
+            message: e.message().replace('\n', " "),
+        })?;
         Policy::try_from(raw)
     }
 
@@ -560,20 +592,21 @@ impl Policy {
             ("fs.write", &self.fs.write, &mut fs.write),
             ("fs.protected", &self.fs.protected, &mut fs.protected),
         ];
+        let secret_list = secrets::secret_locations(&ctx.home);
         for (section, list, out) in sections {
             for (i, t) in list.iter().enumerate() {
                 let p = t.resolve(ctx);
-                if section != "fs.protected" {
-                    if let Some(s) = secrets::secret_containing(&p, &ctx.home) {
-                        return Err(invalid(
-                            format!("{section}[{i}]"),
-                            format!(
-                                "{} is inside the secret location {} and can never be granted",
-                                p.display(),
-                                s.display()
-                            ),
-                        ));
-                    }
+                if section != "fs.protected"
+                    && let Some(s) = secrets::secret_in(&p, &secret_list)
+                {
+                    return Err(invalid(
+                        format!("{section}[{i}]"),
+                        format!(
+                            "{} is inside the secret location {} and can never be granted",
+                            p.display(),
+                            s.display()
+                        ),
+                    ));
                 }
                 out.push(p);
             }
@@ -639,7 +672,9 @@ mod tests {
         );
         assert!(err("[fs]\nread = [\"/a/../b\"]").starts_with("fs.read[0]:"));
         assert!(err("[network]\nmode = \"udp\"").starts_with("network.mode:"));
-        assert!(err("[network]\nmode = \"tcp\"\nconnect = [70000]").starts_with("network.connect[0]:"));
+        assert!(
+            err("[network]\nmode = \"tcp\"\nconnect = [70000]").starts_with("network.connect[0]:")
+        );
         assert!(err("[limits]\ncpu_seconds = 0").starts_with("limits.cpu_seconds:"));
         assert!(err("[env]\nallow = [\"OPENAI_API_KEY\"]").starts_with("env.allow[0]:"));
         assert!(err("[env]\nallow = [\"SSH_AUTH_SOCK\"]").starts_with("env.allow[0]:"));
@@ -650,11 +685,31 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_rejected() {
-        let e = Policy::from_toml("[fs]\nwritable = []").unwrap_err();
-        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
-        assert!(chain.contains("unknown field `writable`"), "{chain}");
+        let e = Policy::from_toml("[fs]\nwritable = []")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("policy is not valid toml at line 2: unknown field `writable`"),
+            "{e}"
+        );
+        assert!(e.contains("expected one of `read`"), "{e}");
         assert!(Policy::from_toml("colour = 1").is_err());
         assert!(Policy::from_toml("[limits]\nmemory = 1").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parser_never_panics(text in "\\PC{0,200}") {
+            let _ = Policy::from_toml(&text);
+        }
+
+        #[test]
+        fn parser_never_panics_on_policy_like_text(
+            key in proptest::sample::select(vec!["fs", "network", "limits", "env", "x"]),
+            body in "[a-z_\\[\\]=\"{}/., 0-9\n-]{0,120}",
+        ) {
+            let _ = Policy::from_toml(&format!("[{key}]\n{body}"));
+        }
     }
 
     #[test]
@@ -682,10 +737,16 @@ mod tests {
             let e = Policy::from_toml(text).unwrap().resolve(&ctx).unwrap_err();
             assert!(e.to_string().starts_with(key), "{e}");
         }
-        let broad = Policy::from_toml("[fs]\nread = [\"/\"]").unwrap().resolve(&ctx).unwrap();
+        let broad = Policy::from_toml("[fs]\nread = [\"/\"]")
+            .unwrap()
+            .resolve(&ctx)
+            .unwrap();
         assert_eq!(broad.access_of(Path::new("/home/u/.ssh/id_ed25519")), None);
         assert_eq!(broad.access_of(Path::new("/etc/shadow")), None);
-        assert_eq!(broad.access_of(Path::new("/etc/passwd")), Some(Access::Read));
+        assert_eq!(
+            broad.access_of(Path::new("/etc/passwd")),
+            Some(Access::Read)
+        );
         assert!(broad.secrets_within(Path::new("/")).len() > 10);
     }
 

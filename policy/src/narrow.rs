@@ -67,7 +67,10 @@ impl Policy {
         if let Some(read) = &layer.read {
             for (i, p) in read.iter().enumerate() {
                 if !self.fs.read_all && !covered(p, &all) {
-                    return Err(widens(format!("fs.read[{i}]"), format!("{p} is not readable in the base")));
+                    return Err(widens(
+                        format!("fs.read[{i}]"),
+                        format!("{p} is not readable in the base"),
+                    ));
                 }
             }
             out.fs.read = read.clone();
@@ -77,7 +80,10 @@ impl Policy {
             let base: Vec<&PathTemplate> = self.fs.exec.iter().collect();
             for (i, p) in exec.iter().enumerate() {
                 if !covered(p, &base) {
-                    return Err(widens(format!("fs.exec[{i}]"), format!("{p} is not executable in the base")));
+                    return Err(widens(
+                        format!("fs.exec[{i}]"),
+                        format!("{p} is not executable in the base"),
+                    ));
                 }
             }
             out.fs.exec = exec.clone();
@@ -87,7 +93,10 @@ impl Policy {
             let prot: Vec<&PathTemplate> = self.fs.protected.iter().collect();
             for (i, p) in write.iter().enumerate() {
                 if !covered(p, &base) || covered(p, &prot) {
-                    return Err(widens(format!("fs.write[{i}]"), format!("{p} is not writable in the base")));
+                    return Err(widens(
+                        format!("fs.write[{i}]"),
+                        format!("{p} is not writable in the base"),
+                    ));
                 }
             }
             out.fs.write = write.clone();
@@ -102,8 +111,14 @@ impl Policy {
                 (_, Network::Off) => true,
                 (Network::Off, Network::Tcp { .. }) => false,
                 (
-                    Network::Tcp { connect: bc, bind: bb },
-                    Network::Tcp { connect: lc, bind: lb },
+                    Network::Tcp {
+                        connect: bc,
+                        bind: bb,
+                    },
+                    Network::Tcp {
+                        connect: lc,
+                        bind: lb,
+                    },
                 ) => lc.is_subset(bc) && lb.is_subset(bb),
             };
             if !ok {
@@ -115,12 +130,24 @@ impl Policy {
             let b = &self.limits;
             let pairs = [
                 ("limits.cpu_seconds", l.cpu_seconds, b.cpu_seconds),
-                ("limits.address_space_bytes", l.address_space_bytes, b.address_space_bytes),
+                (
+                    "limits.address_space_bytes",
+                    l.address_space_bytes,
+                    b.address_space_bytes,
+                ),
                 ("limits.processes", l.processes, b.processes),
-                ("limits.file_size_bytes", l.file_size_bytes, b.file_size_bytes),
+                (
+                    "limits.file_size_bytes",
+                    l.file_size_bytes,
+                    b.file_size_bytes,
+                ),
                 ("limits.open_files", l.open_files, b.open_files),
                 ("limits.output_bytes", l.output_bytes, b.output_bytes),
-                ("limits.timeout_seconds", l.timeout_seconds, b.timeout_seconds),
+                (
+                    "limits.timeout_seconds",
+                    l.timeout_seconds,
+                    b.timeout_seconds,
+                ),
                 ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
             ];
             for (key, new, base) in pairs {
@@ -132,13 +159,19 @@ impl Policy {
         }
         if let Some(env) = &layer.env_allow {
             if !env.is_subset(&self.env.allow) {
-                return Err(widens("env.allow", "names a variable the base does not pass"));
+                return Err(widens(
+                    "env.allow",
+                    "names a variable the base does not pass",
+                ));
             }
             out.env.allow = env.clone();
         }
         if let Some(abi) = layer.landlock_min_abi {
             if abi < self.landlock_min_abi {
-                return Err(widens("landlock_min_abi", format!("{abi} < base {}", self.landlock_min_abi)));
+                return Err(widens(
+                    "landlock_min_abi",
+                    format!("{abi} < base {}", self.landlock_min_abi),
+                ));
             }
             out.landlock_min_abi = abi;
         }
@@ -147,7 +180,10 @@ impl Policy {
         }
         if let Some(esc) = &layer.escalations {
             if !esc.is_subset(&self.escalations) {
-                return Err(widens("escalations.allow", "names a kind the base does not allow"));
+                return Err(widens(
+                    "escalations.allow",
+                    "names a kind the base does not allow",
+                ));
             }
             out.escalations = esc.clone();
         }
@@ -188,24 +224,33 @@ mod tests {
         assert!(e.to_string().starts_with("fs.write[0]:"), "{e}");
         let mut big = base.limits;
         big.timeout_seconds += 1;
-        assert!(base
-            .narrow(&Layer {
+        assert!(
+            base.narrow(&Layer {
                 limits: Some(big),
                 ..Layer::default()
             })
-            .is_err());
-        assert!(base
-            .narrow(&Layer {
+            .is_err()
+        );
+        assert!(
+            base.narrow(&Layer {
                 landlock_min_abi: Some(3),
                 ..Layer::default()
             })
-            .is_err());
+            .is_err()
+        );
     }
 
     fn arb_tpl() -> impl Strategy<Value = PathTemplate> {
         prop_oneof![
-            Just("/usr"), Just("/usr/bin"), Just("/etc"), Just("/etc/hostname"),
-            Just("{workdir}"), Just("{workdir}/a"), Just("/w"), Just("/"), Just("{home}/x"),
+            Just("/usr"),
+            Just("/usr/bin"),
+            Just("/etc"),
+            Just("/etc/hostname"),
+            Just("{workdir}"),
+            Just("{workdir}/a"),
+            Just("/w"),
+            Just("/"),
+            Just("{home}/x"),
         ]
         .prop_map(t)
     }
@@ -215,15 +260,24 @@ mod tests {
             proptest::option::of(proptest::collection::vec(arb_tpl(), 0..3)),
             proptest::option::of(proptest::collection::vec(arb_tpl(), 0..3)),
             proptest::option::of(proptest::collection::vec(arb_tpl(), 0..3)),
-            proptest::option::of(proptest::collection::btree_set(prop_oneof![Just(80u16), Just(443), Just(22)], 0..3)),
+            proptest::option::of(proptest::collection::btree_set(
+                prop_oneof![Just(80u16), Just(443), Just(22)],
+                0..3,
+            )),
             proptest::option::of(0u64..200),
         )
             .prop_map(|(read, exec, write, ports, timeout)| Layer {
                 read,
                 exec,
                 write,
-                network: ports.map(|connect| Network::Tcp { connect, bind: BTreeSet::new() }),
-                limits: timeout.map(|s| Limits { timeout_seconds: s, ..Limits::default() }),
+                network: ports.map(|connect| Network::Tcp {
+                    connect,
+                    bind: BTreeSet::new(),
+                }),
+                limits: timeout.map(|s| Limits {
+                    timeout_seconds: s,
+                    ..Limits::default()
+                }),
                 ..Layer::default()
             })
     }

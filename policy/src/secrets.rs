@@ -51,29 +51,30 @@ pub const ABSOLUTE_SECRETS: &[&str] = &[
     "/etc/ollie",
     "/var/lib/ollie",
     "/run/ollie",
-    "/proc/kcore",
-    "/sys/firmware",
 ];
 
 /// All secret locations for a given home directory.
 pub fn secret_locations(home: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = ABSOLUTE_SECRETS.iter().map(PathBuf::from).collect();
-    for h in [home, Path::new("/root")] {
-        for s in HOME_SECRETS {
-            let p = h.join(s);
-            if !out.contains(&p) {
-                out.push(p);
-            }
-        }
+    let homes: &[&Path] = if home == Path::new("/root") {
+        &[home]
+    } else {
+        &[home, Path::new("/root")]
+    };
+    for h in homes {
+        out.extend(HOME_SECRETS.iter().map(|s| h.join(s)));
     }
     out
 }
 
 /// Returns the secret location that `path` is equal to or lies inside, if any.
 pub fn secret_containing(path: &Path, home: &Path) -> Option<PathBuf> {
-    secret_locations(home)
-        .into_iter()
-        .find(|s| path.starts_with(s))
+    secret_in(path, &secret_locations(home))
+}
+
+/// Like [`secret_containing`], against a precomputed [`secret_locations`] list.
+pub fn secret_in(path: &Path, secrets: &[PathBuf]) -> Option<PathBuf> {
+    secrets.iter().find(|s| path.starts_with(s)).cloned()
 }
 
 /// Secret locations strictly inside `path` (which a broad grant on `path` must exclude).

@@ -1,1 +1,88 @@
-fn main() {}
+//! Spawn benchmark: plain `posix_spawn` of /bin/true, our sandboxed spawn under the default
+//! profile, and `bwrap --unshare-all --ro-bind / / --dev /dev true`, as runs/s and ratios.
+//!
+//! `cargo bench -p ollie-sandbox --bench spawn` (env `OLLIE_BENCH_RUNS`, default 300).
+//! A benchmark, not a test: it prints figures and never asserts on time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn measure(name: &str, runs: u32, mut f: impl FnMut() -> bool) -> Option<f64> {
+    // Warm-up (page cache, lazy statics such as the compiled seccomp filters).
+    for _ in 0..5 {
+        if !f() {
+            println!("{name:<44} unavailable");
+            return None;
+        }
+    }
+    let start = Instant::now();
+    for _ in 0..runs {
+        assert!(f(), "{name} failed during the run");
+    }
+    let el = start.elapsed();
+    let rate = f64::from(runs) / el.as_secs_f64();
+    let per = el / runs;
+    println!("{name:<44} {rate:>9.1} runs/s  {:>9.1} µs/run", dur_us(per));
+    Some(rate)
+}
+
+fn dur_us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() {
+    let runs: u32 = std::env::var("OLLIE_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let ws = std::env::temp_dir().join(format!("ollie-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&ws).unwrap();
+    let policy = ollie_policy::shipped_profile("workspace").unwrap();
+    let req = ollie_sandbox::RunRequest::new(vec!["/bin/true".into()], ws.clone());
+
+    println!("spawn benchmark, {runs} runs each");
+    let plain = measure("plain posix_spawn /bin/true", runs, || {
+        Command::new("/bin/true")
+            .stdin(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    let ours = measure("ollie sandbox (workspace profile) /bin/true", runs, || {
+        ollie_sandbox::run(&policy, &req).is_ok_and(|o| o.record.exit.status == 0)
+    });
+    let bwrap = measure("bwrap --unshare-all --ro-bind / / --dev /dev", runs, || {
+        Command::new("bwrap")
+            .args([
+                "--unshare-all",
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "true",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    // Components of our spawn path, for orientation.
+    let resolved = policy
+        .resolve(&ollie_policy::ResolveContext {
+            workdir: ws.canonicalize().unwrap(),
+            home: std::env::var_os("HOME").map_or_else(|| "/".into(), Into::into),
+        })
+        .unwrap();
+    measure("  component: landlock ruleset build", runs, || {
+        ollie_sandbox::landlock::build(&resolved, None).is_ok()
+    });
+    if let (Some(p), Some(o)) = (plain, ours) {
+        println!("ours / plain time ratio: {:.2}x (target <= 1.3x)", p / o);
+    }
+    if let (Some(o), Some(b)) = (ours, bwrap) {
+        println!("ours vs bwrap speed-up: {:.2}x (target >= 5x)", o / b);
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}

@@ -83,6 +83,9 @@ pub fn fs_rights_for_abi(abi: u32) -> u64 {
 }
 
 const READ: u64 = fs::READ_FILE | fs::READ_DIR;
+
+/// Never part of `read_all`: device nodes and kernel memory images.
+const READ_ALL_EXCLUDED: &[&str] = &["/dev", "/proc/kcore", "/proc/kmsg", "/sys/firmware"];
 const READ_EXEC: u64 = READ | fs::EXECUTE;
 /// Read-write: everything except execute, device creation and device ioctls.
 const READ_WRITE: u64 = READ
@@ -141,7 +144,7 @@ pub struct LandlockRecord {
 pub enum LandlockError {
     /// The kernel's ABI is below the policy's floor.
     #[error(
-        "landlock ABI {found} < required {required}: the kernel cannot enforce the policy (needs Linux 6.15+ for ABI 7; set best_effort = true to run with weaker, recorded enforcement)"
+        "landlock ABI {found} < required {required}: the kernel cannot enforce the policy (ABI 7 needs Linux 6.15+; set best_effort = true to run with weaker, recorded enforcement)"
     )]
     AbiTooOld {
         /// Found ABI.
@@ -185,40 +188,89 @@ fn names(bits: u64, table: &[&'static str]) -> Vec<&'static str> {
         .collect()
 }
 
-/// Expands a grant on `path` into grants that exclude every secret inside it: the grant is
-/// replaced by its children, recursing only into directories on the way to a secret. A
-/// directory that cannot be listed is not granted at all (fail closed).
-fn carve(path: &Path, secrets: &[PathBuf], out: &mut Vec<PathBuf>, carved: &mut Vec<PathBuf>) {
-    if secrets.iter().any(|s| s == path) {
-        carved.push(path.to_path_buf());
-        return;
+/// Where [`consider`] adds rules.
+struct RuleSink<'a> {
+    ruleset: &'a OwnedFd,
+    /// Every right the ruleset handles.
+    handled: u64,
+    /// Rules added so far.
+    added: usize,
+    /// Locations excluded from broader grants.
+    carved: Vec<PathBuf>,
+}
+
+impl RuleSink<'_> {
+    fn add(
+        &mut self,
+        path: &Path,
+        fd: &OwnedFd,
+        is_dir: bool,
+        access: u64,
+    ) -> Result<(), LandlockError> {
+        let mut a = access & self.handled;
+        if !is_dir {
+            a &= fs::FILE_RIGHTS;
+        }
+        if a == 0 {
+            return Ok(());
+        }
+        sys::landlock_add_path_rule(self.ruleset, fd, a).map_err(|source| LandlockError::Rule {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.added += 1;
+        Ok(())
     }
-    if !secrets.iter().any(|s| s.starts_with(path)) {
-        out.push(path.to_path_buf());
-        return;
+}
+
+/// Opens the grant `path` and queues it, excluding every location in `excluded` by
+/// construction: the object actually opened is judged (symlinks resolved from the fd); if it
+/// lies inside an excluded location it grants nothing; if an excluded location lies inside it,
+/// the grant is replaced by grants on its children, recursing only on the way to the excluded
+/// location. A directory that cannot be listed is not granted at all (fail closed). Missing
+/// paths grant nothing.
+fn consider(
+    path: &Path,
+    access: u64,
+    excluded: &[PathBuf],
+    sink: &mut RuleSink<'_>,
+) -> Result<(), LandlockError> {
+    let (fd, is_dir, real) = match sys::open_rule_path(path) {
+        Ok(v) => v,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => return Ok(()),
+        Err(source) => {
+            return Err(LandlockError::Rule {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    if excluded.iter().any(|s| real.starts_with(s)) {
+        sink.carved.push(path.to_path_buf());
+        return Ok(());
     }
-    let Ok(rd) = std::fs::read_dir(path) else {
-        carved.push(path.to_path_buf());
-        return;
+    if !excluded.iter().any(|s| s.starts_with(&real)) {
+        return sink.add(path, &fd, is_dir, access);
+    }
+    drop(fd);
+    let Ok(rd) = std::fs::read_dir(&real) else {
+        sink.carved.push(real);
+        return Ok(());
     };
     for entry in rd.flatten() {
-        let child = path.join(entry.file_name());
-        // Do not follow symlinks while carving: a symlink child is granted as its own path
-        // only if it does not lead into a secret (resolved below by checking the target).
-        if let Ok(target) = std::fs::canonicalize(&child) {
-            if secrets.iter().any(|s| target.starts_with(s) || s.starts_with(&target)) && target != child {
-                carved.push(child);
-                continue;
-            }
-        }
-        carve(&child, secrets, out, carved);
+        consider(&real.join(entry.file_name()), access, excluded, sink)?;
     }
+    Ok(())
 }
 
 /// Builds the ruleset for a resolved policy.
 ///
 /// `simulated_abi` (tests only) pretends the kernel offers a lower ABI.
-pub fn build(policy: &ResolvedPolicy, simulated_abi: Option<u32>) -> Result<Ruleset, LandlockError> {
+pub fn build(
+    policy: &ResolvedPolicy,
+    simulated_abi: Option<u32>,
+) -> Result<Ruleset, LandlockError> {
     let kernel = kernel_abi();
     let abi = simulated_abi.map_or(kernel, |s| s.min(kernel));
     let required = policy.policy.landlock_min_abi;
@@ -233,62 +285,44 @@ pub fn build(policy: &ResolvedPolicy, simulated_abi: Option<u32>) -> Result<Rule
         });
     };
     let all_fs = fs_rights_for_abi(abi);
-    let handled_net = if abi >= 4 { NET_BIND_TCP | NET_CONNECT_TCP } else { 0 };
-    let scoped = if abi >= 6 { SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL } else { 0 };
+    let handled_net = if abi >= 4 {
+        NET_BIND_TCP | NET_CONNECT_TCP
+    } else {
+        0
+    };
+    let scoped = if abi >= 6 {
+        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+    } else {
+        0
+    };
     let fd = sys::landlock_create_ruleset(all_fs, handled_net, scoped)
         .map_err(|source| LandlockError::Create { source })?;
 
     let secrets = ollie_policy::secrets::secret_locations(&policy.ctx.home);
-    let mut carved = Vec::new();
-    let mut rules: Vec<(PathBuf, u64)> = Vec::new();
-    let mut push = |list: &[PathBuf], access: u64, rules: &mut Vec<(PathBuf, u64)>| {
-        for p in list {
-            // Judge the resolved object, not the spelling: a rule path that is a symlink into
-            // a secret location grants nothing.
-            let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-            if secrets.iter().any(|s| real.starts_with(s)) {
-                carved.push(p.clone());
-                continue;
-            }
-            let mut expanded = Vec::new();
-            carve(&real, &secrets, &mut expanded, &mut carved);
-            rules.extend(expanded.into_iter().map(|e| (e, access)));
-        }
+    let mut sink = RuleSink {
+        ruleset: &fd,
+        handled: all_fs,
+        added: 0,
+        carved: Vec::new(),
     };
     if policy.fs.read_all {
-        push(&[PathBuf::from("/")], READ, &mut rules);
+        // "Everything readable" never includes device nodes (a raw disk would bypass every
+        // file-level rule) or the kernel's memory images; devices the policy needs are
+        // granted by name.
+        let mut excluded = secrets.clone();
+        excluded.extend(READ_ALL_EXCLUDED.iter().map(PathBuf::from));
+        consider(Path::new("/"), READ, &excluded, &mut sink)?;
     }
-    push(&policy.fs.read, READ, &mut rules);
-    push(&policy.fs.exec, READ_EXEC, &mut rules);
-    push(&policy.fs.write, READ_WRITE, &mut rules);
-
-    let mut path_rules = 0;
-    for (path, access) in &rules {
-        let (pfd, is_dir) = match sys::open_path(path) {
-            Ok(v) => v,
-            // A missing path grants nothing.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EACCES) => continue,
-            Err(source) => {
-                return Err(LandlockError::Rule {
-                    path: path.clone(),
-                    source,
-                });
-            }
-        };
-        let mut a = access & all_fs;
-        if !is_dir {
-            a &= fs::FILE_RIGHTS;
+    for (list, access) in [
+        (&policy.fs.read, READ),
+        (&policy.fs.exec, READ_EXEC),
+        (&policy.fs.write, READ_WRITE),
+    ] {
+        for p in list {
+            consider(p, access, &secrets, &mut sink)?;
         }
-        if a == 0 {
-            continue;
-        }
-        sys::landlock_add_path_rule(&fd, &pfd, a).map_err(|source| LandlockError::Rule {
-            path: path.clone(),
-            source,
-        })?;
-        path_rules += 1;
     }
+    let (path_rules, carved) = (sink.added, sink.carved);
     let mut port_rules = 0;
     if let (Network::Tcp { connect, bind }, true) = (&policy.network, handled_net != 0) {
         for (ports, right) in [(connect, NET_CONNECT_TCP), (bind, NET_BIND_TCP)] {

@@ -1,1 +1,45 @@
-//! Sandbox (see issue 3).
+//! The ollie tool sandbox: run one command under a validated policy, fail-closed.
+//!
+//! What [`run`] guarantees, in the order the child applies it (STYLE.md):
+//! 1. An init stage is cloned into new user, pid, mount and IPC namespaces (pid 1 of its own
+//!    pid namespace: when it exits or is killed, the kernel kills every process the tool
+//!    started, including setsid'd, double-forked and nohup'd ones). As root it is also placed
+//!    in a fresh pids cgroup (`pids.max` = `limits.processes`).
+//! 2. Mounts: everything read-only and nosuid except the policy's writable trees, with
+//!    protected islands (e.g. `.git/hooks`) read-only again. This closes Landlock's metadata
+//!    gap (chmod/chown/xattr/utime outside writable trees fail with EROFS).
+//! 3. The tool is forked from init: fds ≥ 3 closed (stdin `/dev/null` or a socket the runner
+//!    feeds with [`RunRequest::stdin`], stdout/stderr pipes),
+//!    `setsid`, rlimits, every capability set emptied (bounding and ambient included,
+//!    securebits locked), `no_new_privs`, Landlock (every ABI-7 filesystem right handled in one
+//!    ruleset, TCP bind/connect, both scopes), seccomp last (allowlist), `execve`.
+//! 4. The environment is cleared and rebuilt from the policy's allowlist.
+//! 5. Output is captured up to a cap per stream (the rest counted, dropped, flagged);
+//!    [`run_streaming`] also hands every chunk to a callback as it arrives.
+//! 6. On timeout or cancel: SIGTERM to every process (forwarded by init), SIGKILL to the
+//!    whole namespace after the grace period.
+//!
+//! If any required layer cannot be applied, the command does not run and the error names the
+//! layer. The only degradation is a Landlock ABI below the floor with `best_effort = true`,
+//! which is recorded in the [`RunRecord`].
+//!
+//! What it does not guarantee: protection against kernel bugs; confidentiality of files the
+//! policy grants; UDP/DNS when the policy grants TCP (never allowed). See SECURITY.md.
+//!
+//! Tested by unit tests here, the integration tests in `tests/`, and the escape suite in the
+//! workspace's `tests/` crate; the benchmark is `benches/spawn.rs`.
+//!
+//! All `unsafe` is in the private `sys` module.
+#![deny(unsafe_code)]
+
+pub mod landlock;
+pub mod seccomp;
+mod spawn;
+mod sys;
+pub mod workspace;
+
+pub use spawn::{
+    Cancel, CapabilityRecord, ExitRecord, Fault, Layers, LimitsRecord, MountRecord, OutputRecord,
+    Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
+    run_streaming,
+};

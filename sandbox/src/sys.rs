@@ -148,7 +148,11 @@ pub(crate) fn landlock_create_ruleset(fs: u64, net: u64, scoped: u64) -> io::Res
 }
 
 /// Adds a path-beneath rule for an `O_PATH` fd.
-pub(crate) fn landlock_add_path_rule(ruleset: &OwnedFd, dir: &OwnedFd, access: u64) -> io::Result<()> {
+pub(crate) fn landlock_add_path_rule(
+    ruleset: &OwnedFd,
+    dir: &OwnedFd,
+    access: u64,
+) -> io::Result<()> {
     let attr = LandlockPathBeneathAttr {
         allowed_access: access,
         parent_fd: dir.as_raw_fd(),
@@ -205,6 +209,36 @@ pub(crate) fn open_path(path: &Path) -> io::Result<(OwnedFd, bool)> {
     Ok((fd, (st.st_mode & libc::S_IFMT) == libc::S_IFDIR))
 }
 
+/// Opens a Landlock rule path with `O_PATH`, returning the fd, whether it is a directory, and
+/// the path of the object actually opened (symlinks resolved from the fd itself, so the
+/// caller judges exactly the object it will grant).
+pub(crate) fn open_rule_path(path: &Path) -> io::Result<(OwnedFd, bool, std::path::PathBuf)> {
+    // Fast path: no symlink anywhere, so the opened object's path is `path` itself.
+    let no_links = openat2(
+        libc::AT_FDCWD,
+        path,
+        libc::O_PATH,
+        0,
+        RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    );
+    let (fd, real) = match no_links {
+        Ok(fd) => (fd, path.to_path_buf()),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            let (fd, _) = open_path(path)?;
+            let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+            (fd, real)
+        }
+        Err(e) => return Err(e),
+    };
+    // SAFETY: zeroed plain data; valid fd and out pointer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((fd, (st.st_mode & libc::S_IFMT) == libc::S_IFDIR, real))
+}
+
 /// Converts a path to a C string.
 pub(crate) fn cstring(path: &Path) -> io::Result<CString> {
     use std::os::unix::ffi::OsStrExt;
@@ -214,12 +248,28 @@ pub(crate) fn cstring(path: &Path) -> io::Result<CString> {
 
 /// Opens `rel` beneath the directory `dir` with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 /// RESOLVE_NO_MAGICLINKS)`: no component may be a symlink and the walk cannot leave `dir`.
-pub(crate) fn openat2_beneath(dir: RawFd, rel: &Path, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    let c = cstring(rel)?;
+pub(crate) fn openat2_beneath(
+    dir: RawFd,
+    rel: &Path,
+    flags: i32,
+    mode: u32,
+) -> io::Result<OwnedFd> {
+    openat2(
+        dir,
+        rel,
+        flags,
+        mode,
+        RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `openat2` with explicit resolve flags; always close-on-exec.
+fn openat2(dir: RawFd, p: &Path, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
+    let c = cstring(p)?;
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
         mode: u64::from(mode),
-        resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
     // SAFETY: valid C string, live `how` of the size passed.
     let fd = cvt(unsafe {
@@ -264,6 +314,51 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: both fds are new and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A close-on-exec AF_UNIX stream socketpair.
+pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for two fds.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Shuts down the receiving direction of a socket (the runner's end of the stdin feed).
+pub(crate) fn shutdown_read(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: valid socket fd.
+    if unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `send(MSG_NOSIGNAL | MSG_DONTWAIT)`: EPIPE instead of SIGPIPE.
+pub(crate) fn send_nosignal(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of its length.
+    let n = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// An eventfd (used as a cancellation flag).
@@ -525,10 +620,9 @@ pub(crate) struct ChildPlan {
 }
 
 /// Namespaces the init stage is created in.
-pub(crate) const NAMESPACE_FLAGS: libc::c_ulong = (libc::CLONE_NEWUSER
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNS
-    | libc::CLONE_NEWIPC) as libc::c_ulong;
+pub(crate) const NAMESPACE_FLAGS: libc::c_ulong =
+    (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC)
+        as libc::c_ulong;
 
 /// Target fd numbers in the child.
 const FD_ERR: RawFd = 3;
@@ -546,9 +640,23 @@ pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)>
         MountStep::CloneTree { slot, .. } | MountStep::Attach { slot, .. } => *slot >= MAX_SLOTS,
         _ => false,
     }) {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many writable paths"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many writable paths",
+        ));
     }
     let mut pidfd: RawFd = -1;
+    // Block every signal across the clone (as posix_spawn does): no handler of the runner can
+    // run in the child before the tool has reset all dispositions to their defaults.
+    // SAFETY: plain sigset manipulation on stack values; pthread_sigmask only affects this
+    // thread and is restored right after the clone.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to stack sigsets.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
     // SAFETY: a fork-style clone (no new stack, no CLONE_VM): the child gets a copy of the
     // address space and only runs `init_main`, which uses async-signal-safe syscalls on data
     // prepared before this call and never returns.
@@ -562,18 +670,25 @@ pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)>
             0usize,
         )
     };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
     if pid == 0 {
         init_main(plan);
+    }
+    let err = io::Error::last_os_error();
+    // SAFETY: restores this thread's mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+    }
+    if pid < 0 {
+        return Err(err);
     }
     // SAFETY: the kernel stored a new pidfd for the child (CLONE_PIDFD).
     Ok((pid as libc::pid_t, unsafe { OwnedFd::from_raw_fd(pidfd) }))
 }
 
 fn errno() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Reports a failed stage on the error pipe and exits. Child only.
@@ -649,7 +764,12 @@ fn arrange_fds(plan: &ChildPlan) {
     }
     // SAFETY: closes every fd from FD_FIRST_FREE upwards, including the temporaries.
     check(Stage::FdLayout, unsafe {
-        libc::syscall(SYS_CLOSE_RANGE, FD_FIRST_FREE as libc::c_uint, libc::c_uint::MAX, 0u32)
+        libc::syscall(
+            SYS_CLOSE_RANGE,
+            FD_FIRST_FREE as libc::c_uint,
+            libc::c_uint::MAX,
+            0u32,
+        )
     });
 }
 
@@ -677,7 +797,10 @@ fn run_mounts(plan: &ChildPlan) {
                         SYS_OPEN_TREE,
                         libc::AT_FDCWD,
                         path.as_ptr(),
-                        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_ulong | AT_RECURSIVE as libc::c_ulong,
+                        OPEN_TREE_CLONE
+                            | libc::O_CLOEXEC as libc::c_ulong
+                            | AT_RECURSIVE as libc::c_ulong
+                            | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
                     );
                     check(Stage::Mount, fd);
                     slots[*slot] = fd as RawFd;
@@ -720,7 +843,9 @@ fn run_mounts(plan: &ChildPlan) {
                         SYS_OPEN_TREE,
                         libc::AT_FDCWD,
                         path.as_ptr(),
-                        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_ulong,
+                        OPEN_TREE_CLONE
+                            | libc::O_CLOEXEC as libc::c_ulong
+                            | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
                     );
                     check(Stage::Mount, fd);
                     let attr = MountAttr {
@@ -780,23 +905,36 @@ fn init_main(plan: &ChildPlan) -> ! {
         write_file(Stage::OomScore, &plan.oom_path, c"1000");
         run_mounts(plan);
 
-        // Block the signals init waits for before the tool exists, so none is lost.
+        // Every signal is blocked since the clone; init waits for these with sigwaitinfo.
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
         for s in FORWARDED {
             libc::sigaddset(&mut set, s);
         }
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        if libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old) < 0 {
-            fail(Stage::Signals, errno());
-        }
-        let child = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize);
-        if child < 0 {
+        // The tool shares init's memory until it execs (CLONE_VM | CLONE_VFORK, like
+        // posix_spawn), on its own freshly mapped stack: no second copy of the runner's
+        // address space.
+        let stack = libc::mmap(
+            std::ptr::null_mut(),
+            TOOL_STACK_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stack == libc::MAP_FAILED {
             fail(Stage::Fork, errno());
         }
-        if child == 0 {
-            tool_main(plan, &old);
+        let top = (stack as usize + TOOL_STACK_BYTES) & !0xf;
+        let child = libc::clone(
+            tool_entry,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            plan as *const ChildPlan as *mut libc::c_void,
+        );
+        if child < 0 {
+            fail(Stage::Fork, errno());
         }
         let child = child as libc::pid_t;
         // The tool holds the error pipe until execve; drop ours so the parent sees EOF then.
@@ -814,7 +952,12 @@ fn init_main(plan: &ChildPlan) -> ! {
             if sig == libc::SIGCHLD {
                 loop {
                     let mut status = 0;
-                    let r = libc::wait4(-1, &mut status, libc::WNOHANG | libc::__WALL, std::ptr::null_mut());
+                    let r = libc::wait4(
+                        -1,
+                        &mut status,
+                        libc::WNOHANG | libc::__WALL,
+                        std::ptr::null_mut(),
+                    );
                     if r <= 0 {
                         break;
                     }
@@ -833,8 +976,19 @@ fn init_main(plan: &ChildPlan) -> ! {
     }
 }
 
+/// Stack size of the tool between clone and execve (raw syscalls only, small frames).
+const TOOL_STACK_BYTES: usize = 256 * 1024;
+
+/// Entry point of the tool on its own stack.
+extern "C" fn tool_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `&ChildPlan` init passed to clone; init is suspended (CLONE_VFORK)
+    // and the plan stays alive and unmodified until the tool execs or exits.
+    let plan = unsafe { &*(arg as *const ChildPlan) };
+    tool_main(plan)
+}
+
 /// The tool: finish hardening in the documented order, then execve. Never returns.
-fn tool_main(plan: &ChildPlan, old_mask: &libc::sigset_t) -> ! {
+fn tool_main(plan: &ChildPlan) -> ! {
     // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
     unsafe {
         libc::close(FD_STATUS);
@@ -893,19 +1047,18 @@ fn tool_main(plan: &ChildPlan, old_mask: &libc::sigset_t) -> ! {
             libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
         );
         libc::close(FD_RULESET);
-        // Default dispositions and the runner's signal mask, before the filters go on.
+        // Default dispositions first (signals are still blocked), then an empty mask.
         for sig in 1..=64 {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
             libc::signal(sig, libc::SIG_DFL);
         }
-        if libc::sigprocmask(libc::SIG_SETMASK, old_mask, std::ptr::null_mut()) < 0 {
-            fail(Stage::Signals, errno());
-        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) < 0 {
+            fail(Stage::Signals, errno());
+        }
         // seccomp last.
         for f in &plan.filters {
             let (ptr, len) = if plan.fault == ChildFault::SeccompInstall {

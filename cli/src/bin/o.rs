@@ -1,1 +1,155 @@
-fn main() {}
+//! `o`: the human command line for ollie.
+//!
+//! `o sandbox [--profile NAME | --policy FILE] [--workdir DIR] [--record FILE] -- CMD ARGS…`
+//! runs one command through the same code path toolsrv uses (`ollie_sandbox::run_streaming`),
+//! streams its stdout/stderr (stdin is `/dev/null`), and exits with its status (128 + signal
+//! when it was killed).
+//! When the run itself is refused, it prints one line to stderr and exits 125 (126: the
+//! program cannot be executed, 127: not found).
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(name = "o", about = "ollie command line")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run one command in the tool sandbox.
+    Sandbox(SandboxArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SandboxArgs {
+    /// A shipped or configured profile (readonly, workspace, network).
+    #[arg(long, conflicts_with = "policy")]
+    profile: Option<String>,
+    /// A policy TOML file.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// The workspace (default: the current directory).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// Write the JSON run record here.
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<OsString>,
+}
+
+/// Exit code when the sandbox refuses or fails to start the run.
+const EXIT_REFUSED: u8 = 125;
+const EXIT_CANNOT_EXEC: u8 = 126;
+const EXIT_NOT_FOUND: u8 = 127;
+
+fn load_policy(args: &SandboxArgs) -> anyhow::Result<ollie_policy::Policy> {
+    if let Some(file) = &args.policy {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read policy {}", file.display()))?;
+        return ollie_policy::Policy::from_toml(&text)
+            .with_context(|| format!("policy {}", file.display()));
+    }
+    let name = args
+        .profile
+        .as_deref()
+        .unwrap_or(ollie_policy::DEFAULT_PROFILE);
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        let dir = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+        if let Some(dir) = dir {
+            let file = dir.join("ollie/policy").join(format!("{name}.toml"));
+            if let Ok(text) = std::fs::read_to_string(&file) {
+                return ollie_policy::Policy::from_toml(&text)
+                    .with_context(|| format!("policy {}", file.display()));
+            }
+        }
+    }
+    Ok(ollie_policy::shipped_profile(name)?)
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+fn sandbox(args: SandboxArgs) -> ExitCode {
+    let policy = match load_policy(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("o sandbox: {}", one_line(&e));
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
+    let workdir = match &args.workdir {
+        Some(w) => w.clone(),
+        None => match std::env::current_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("o sandbox: cannot determine the current directory: {e}");
+                return ExitCode::from(EXIT_REFUSED);
+            }
+        },
+    };
+    let req = ollie_sandbox::RunRequest::new(args.command.clone(), workdir);
+    // Output is streamed live; the run's own capture (capped) only feeds the record.
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    let mut sink = |stream: ollie_sandbox::Stream, bytes: &[u8]| {
+        let _ = match stream {
+            ollie_sandbox::Stream::Stdout => stdout.write_all(bytes).and_then(|()| stdout.flush()),
+            ollie_sandbox::Stream::Stderr => stderr.write_all(bytes),
+        };
+    };
+    let out = match ollie_sandbox::run_streaming(&policy, &req, &mut sink) {
+        Ok(o) => o,
+        Err(e) => {
+            let code = match &e {
+                ollie_sandbox::SandboxError::Exec { source, .. }
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    EXIT_NOT_FOUND
+                }
+                ollie_sandbox::SandboxError::Exec { .. } => EXIT_CANNOT_EXEC,
+                _ => EXIT_REFUSED,
+            };
+            eprintln!("o sandbox: {}", one_line(&anyhow::Error::new(e)));
+            return ExitCode::from(code);
+        }
+    };
+    if out.record.exit.timed_out {
+        eprintln!(
+            "o sandbox: timed out after {} s",
+            out.record.limits.timeout_seconds
+        );
+    }
+    if let Some(path) = &args.record
+        && let Err(e) = std::fs::write(path, out.record.to_json() + "\n")
+    {
+        eprintln!(
+            "o sandbox: cannot write the run record to {}: {e}",
+            path.display()
+        );
+        return ExitCode::from(EXIT_REFUSED);
+    }
+    ExitCode::from(u8::try_from(out.record.exit.status & 0xff).unwrap_or(EXIT_REFUSED))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Sandbox(args) => sandbox(args),
+    }
+}

@@ -1,0 +1,1024 @@
+//! Running one command under a policy, and the run record.
+
+use crate::landlock::{self, LandlockError, LandlockRecord};
+use crate::seccomp::{self, SeccompError, SeccompRecord};
+use crate::sys::{self, ChildFault, ChildPlan, MountStep, Stage};
+use ollie_policy::{Network, Policy, PolicyError, ResolveContext, ResolvedPolicy};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Forced failures, for tests of the fail-closed paths (never set in production).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Pretend the kernel only offers this Landlock ABI.
+    LandlockAbi(u32),
+    /// Make the seccomp installation fail in the child.
+    SeccompInstall,
+    /// Make the capability drop fail in the child.
+    CapDrop,
+    /// Make `landlock_restrict_self` fail in the child.
+    LandlockRestrict,
+}
+
+/// A handle that stops a running command (SIGTERM to the whole tree, SIGKILL after the grace
+/// period). Cloneable; usable from any thread.
+#[derive(Debug, Clone)]
+pub struct Cancel {
+    fd: Arc<OwnedFd>,
+}
+
+impl Cancel {
+    /// A new, untriggered handle.
+    pub fn new() -> io::Result<Cancel> {
+        Ok(Cancel {
+            fd: Arc::new(sys::eventfd()?),
+        })
+    }
+
+    /// Requests cancellation.
+    pub fn cancel(&self) {
+        let _ = sys::write_all(self.fd.as_raw_fd(), &1u64.to_ne_bytes());
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// Program and arguments; a program without `/` is looked up in the sandbox's `PATH`.
+    pub argv: Vec<OsString>,
+    /// The workspace and working directory (absolute).
+    pub workdir: PathBuf,
+    /// The user's home (for `{home}` and secret locations).
+    pub home: PathBuf,
+    /// Optional cancellation handle.
+    pub cancel: Option<Cancel>,
+    /// The environment to pick allowlisted variables from (normally the runner's).
+    pub base_env: Vec<(OsString, OsString)>,
+    /// Bytes fed to the tool's stdin (then EOF); `None` means stdin is `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// Tests only: force a failure.
+    pub fault: Option<Fault>,
+}
+
+/// Which output stream a chunk came from (see [`run_streaming`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// The tool's stdout.
+    Stdout,
+    /// The tool's stderr.
+    Stderr,
+}
+
+impl RunRequest {
+    /// A request with the current environment and `$HOME`.
+    pub fn new(argv: Vec<OsString>, workdir: PathBuf) -> RunRequest {
+        RunRequest {
+            argv,
+            workdir,
+            home: std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from),
+            cancel: None,
+            base_env: std::env::vars_os().collect(),
+            stdin: None,
+            fault: None,
+        }
+    }
+}
+
+/// Why a run was refused or could not be started. The tool did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The request itself is malformed.
+    #[error("invalid run request: {reason}")]
+    InvalidRequest {
+        /// What was wrong.
+        reason: String,
+    },
+    /// The workspace does not exist or cannot be resolved.
+    #[error("workdir {path} is not accessible")]
+    Workdir {
+        /// The workdir as given.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The policy does not resolve for this workspace/home.
+    #[error("policy does not apply")]
+    Policy {
+        /// The cause.
+        #[source]
+        source: PolicyError,
+    },
+    /// Landlock cannot be enforced as required.
+    #[error(transparent)]
+    Landlock(#[from] LandlockError),
+    /// The seccomp filters could not be built.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    /// The namespaces could not be created (unprivileged user namespaces disabled?).
+    #[error("sandbox namespaces could not be created (need unprivileged user namespaces)")]
+    Namespaces {
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Running as root without a usable pids cgroup: nothing would bound the process count.
+    #[error(
+        "no pids cgroup could be created: as root, RLIMIT_NPROC does not limit processes (mount a writable pids cgroup, run unprivileged, or set best_effort = true)"
+    )]
+    ProcessLimit,
+    /// A hardening step failed in the child; the command was not executed.
+    #[error("sandbox set-up failed at {stage}; the command did not run")]
+    ChildSetup {
+        /// The failed step.
+        stage: &'static str,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// The program could not be executed (not found, not executable, denied).
+    #[error("cannot execute {program}")]
+    Exec {
+        /// The program.
+        program: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A runner-side system call failed.
+    #[error("sandbox runner failed to {op}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
+    move |source| SandboxError::Io { op, source }
+}
+
+/// Capability sets after the drop.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapabilityRecord {
+    /// Effective set.
+    pub effective: u64,
+    /// Permitted set.
+    pub permitted: u64,
+    /// Inheritable set.
+    pub inheritable: u64,
+    /// Bounding set.
+    pub bounding: u64,
+    /// Ambient set.
+    pub ambient: u64,
+    /// Securebits locked (NOROOT, NO_SETUID_FIXUP, NO_CAP_AMBIENT_RAISE, KEEP_CAPS).
+    pub securebits_locked: bool,
+}
+
+/// The mount namespace's effect.
+#[derive(Debug, Clone, Serialize)]
+pub struct MountRecord {
+    /// Every mount is read-only and nosuid except the writable trees.
+    pub read_only_root: bool,
+    /// Writable trees (bound read-write).
+    pub writable: Vec<PathBuf>,
+    /// Protected islands inside writable trees (read-only).
+    pub protected: Vec<PathBuf>,
+}
+
+/// The layers active for a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Layers {
+    /// Landlock.
+    pub landlock: LandlockRecord,
+    /// seccomp.
+    pub seccomp: SeccompRecord,
+    /// Capabilities of the tool.
+    pub capabilities: CapabilityRecord,
+    /// `no_new_privs` is set.
+    pub no_new_privs: bool,
+    /// Namespaces the tool runs in.
+    pub namespaces: Vec<&'static str>,
+    /// Mounts.
+    pub mounts: MountRecord,
+    /// The pids cgroup, when one was used (root only).
+    pub cgroup: Option<PathBuf>,
+    /// Whether the run had to degrade (only possible with `best_effort`).
+    pub best_effort_degraded: bool,
+}
+
+/// How the run ended.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ExitRecord {
+    /// Exit code, if the tool exited.
+    pub code: Option<i32>,
+    /// Signal, if the tool was killed.
+    pub signal: Option<i32>,
+    /// Shell-style status: the code, or 128 + signal.
+    pub status: i32,
+    /// The wall-clock timeout expired.
+    pub timed_out: bool,
+    /// The run was cancelled.
+    pub cancelled: bool,
+}
+
+/// One captured output stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputRecord {
+    /// Bytes the tool wrote.
+    pub total_bytes: u64,
+    /// Bytes kept.
+    pub captured_bytes: u64,
+    /// Whether bytes were dropped.
+    pub truncated: bool,
+}
+
+/// Resource usage of the tool tree (as reaped by the init stage).
+#[derive(Debug, Clone, Serialize)]
+pub struct RusageRecord {
+    /// User CPU time.
+    pub user_ms: u64,
+    /// System CPU time.
+    pub sys_ms: u64,
+    /// Peak resident set size.
+    pub max_rss_kb: u64,
+}
+
+/// The JSON record of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    /// Program and arguments (lossy UTF-8).
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// The resolved program.
+    pub program: PathBuf,
+    /// SHA-256 of the resolved policy.
+    pub policy_hash: String,
+    /// Active layers.
+    pub layers: Layers,
+    /// Limits applied.
+    pub limits: LimitsRecord,
+    /// Names (never values) of the environment passed.
+    pub env_names: Vec<String>,
+    /// Exit.
+    pub exit: ExitRecord,
+    /// Wall time.
+    pub duration_ms: u64,
+    /// rusage.
+    pub rusage: RusageRecord,
+    /// stdout.
+    pub stdout: OutputRecord,
+    /// stderr.
+    pub stderr: OutputRecord,
+}
+
+/// Limits as recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct LimitsRecord {
+    /// RLIMIT_CPU.
+    pub cpu_seconds: u64,
+    /// RLIMIT_AS.
+    pub address_space_bytes: u64,
+    /// RLIMIT_NPROC / pids.max.
+    pub processes: u64,
+    /// RLIMIT_FSIZE.
+    pub file_size_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// RLIMIT_CORE.
+    pub core_bytes: u64,
+    /// Output cap per stream.
+    pub output_bytes: u64,
+    /// Wall timeout.
+    pub timeout_seconds: u64,
+    /// SIGTERM → SIGKILL grace.
+    pub kill_grace_ms: u64,
+}
+
+/// The result of a run: the record and the captured output.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    /// The record.
+    pub record: RunRecord,
+    /// Captured stdout (at most `limits.output_bytes`).
+    pub stdout: Vec<u8>,
+    /// Captured stderr (at most `limits.output_bytes`).
+    pub stderr: Vec<u8>,
+}
+
+fn cstr(b: &[u8], what: &str) -> Result<CString, SandboxError> {
+    CString::new(b).map_err(|_| SandboxError::InvalidRequest {
+        reason: format!("{what} contains a NUL byte"),
+    })
+}
+
+fn find_program(argv0: &Path, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if argv0.as_os_str().as_bytes().contains(&b'/') {
+        return Some(cwd.join(argv0));
+    }
+    for dir in path_var.unwrap_or("/usr/bin:/bin").split(':') {
+        if dir.is_empty() {
+            continue;
+        }
+        let cand = Path::new(dir).join(argv0);
+        if is_exec(&cand) {
+            return Some(cand);
+        }
+    }
+    None
+}
+
+/// Candidate parents for the run's pids cgroup: the runner's own cgroup in the v1 `pids`
+/// hierarchy, or in the v2 hierarchy (nested, so the run never leaves the runner's limits).
+fn cgroup_parents() -> Vec<PathBuf> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut out = Vec::new();
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => continue,
+        };
+        let rel = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "pids") {
+            out.push(Path::new("/sys/fs/cgroup/pids").join(rel));
+        } else if controllers.is_empty() {
+            for mount in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
+                out.push(Path::new(mount).join(rel));
+            }
+        }
+    }
+    out
+}
+
+/// Creates a fresh pids cgroup with `pids.max` = `max` under the runner's own cgroup (root).
+fn make_cgroup(max: u64) -> Option<PathBuf> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "ollie-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    for base in cgroup_parents() {
+        let dir = base.join(&name);
+        if std::fs::create_dir(&dir).is_ok() {
+            if std::fs::write(dir.join("pids.max"), max.to_string()).is_ok() {
+                return Some(dir);
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+    None
+}
+
+fn remove_cgroup(dir: &Path) {
+    // The namespace's processes are being torn down by the kernel; the directory can only be
+    // removed once they are gone.
+    for _ in 0..200 {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// The running sandbox (its init stage). Dropping it without [`Running::reap`] kills and
+/// reaps the whole run, so no early return can leave a sandbox behind.
+struct Running {
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    cgroup: Option<PathBuf>,
+    reaped: bool,
+}
+
+impl Running {
+    fn signal(&self, sig: i32) {
+        let _ = sys::pidfd_send_signal(&self.pidfd, sig);
+    }
+
+    fn reap(&mut self) -> io::Result<(i32, sys::Rusage)> {
+        let r = sys::wait4(self.pid);
+        self.reaped = r.is_ok();
+        if let Some(dir) = self.cgroup.take() {
+            remove_cgroup(&dir);
+        }
+        r
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.signal(libc::SIGKILL);
+            let _ = sys::wait4(self.pid);
+        }
+        if let Some(dir) = self.cgroup.take() {
+            remove_cgroup(&dir);
+        }
+    }
+}
+
+struct Capture {
+    kind: Stream,
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    total: u64,
+    cap: u64,
+    open: bool,
+}
+
+impl Capture {
+    /// Reads what is available, at most 1 MiB per call so a flood cannot starve the
+    /// deadline checks of the poll loop.
+    fn drain(&mut self, sink: &mut dyn FnMut(Stream, &[u8])) -> Result<(), SandboxError> {
+        let mut chunk = [0u8; 65536];
+        for _ in 0..16 {
+            match sys::read(self.fd.as_raw_fd(), &mut chunk) {
+                Ok(0) => {
+                    self.open = false;
+                    return Ok(());
+                }
+                Ok(n) => {
+                    sink(self.kind, &chunk[..n]);
+                    self.total += n as u64;
+                    let room = self.cap.saturating_sub(self.buf.len() as u64) as usize;
+                    self.buf.extend_from_slice(&chunk[..n.min(room)]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => {
+                    return Err(SandboxError::Io {
+                        op: "read output",
+                        source: e,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn policy_hash(p: &ResolvedPolicy) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("{p:?}").as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs one command under `policy`. Blocks until the command and every process it started
+/// are gone. Fails closed: if any required layer cannot be applied, the command does not run
+/// and the error says which layer.
+pub fn run(policy: &Policy, req: &RunRequest) -> Result<RunOutput, SandboxError> {
+    run_streaming(policy, req, &mut |_, _| {})
+}
+
+/// Like [`run`], and also hands every chunk of output to `sink` as it arrives (the whole
+/// stream, not only the captured prefix), for live display.
+pub fn run_streaming(
+    policy: &Policy,
+    req: &RunRequest,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+) -> Result<RunOutput, SandboxError> {
+    let started = Instant::now();
+    if req.argv.is_empty() {
+        return Err(SandboxError::InvalidRequest {
+            reason: "no command given".into(),
+        });
+    }
+    let workdir = std::fs::canonicalize(&req.workdir).map_err(|source| SandboxError::Workdir {
+        path: req.workdir.clone(),
+        source,
+    })?;
+    if !workdir.is_dir() {
+        return Err(SandboxError::InvalidRequest {
+            reason: format!("workdir {} is not a directory", workdir.display()),
+        });
+    }
+    let ctx = ResolveContext {
+        workdir: workdir.clone(),
+        home: req.home.clone(),
+    };
+    let resolved = policy
+        .resolve(&ctx)
+        .map_err(|source| SandboxError::Policy { source })?;
+
+    // Landlock ruleset (parent side).
+    let simulated = match req.fault {
+        Some(Fault::LandlockAbi(a)) => Some(a),
+        _ => None,
+    };
+    let ruleset = landlock::build(&resolved, simulated)?;
+    let filters = seccomp::filters(&resolved.network)?;
+
+    // Environment: cleared, then the allowlist, then fixed values.
+    let mut env: Vec<(String, Vec<u8>)> = Vec::new();
+    for (k, v) in &req.base_env {
+        if let Some(name) = k.to_str()
+            && resolved.policy.env.allow.contains(name)
+            && !ollie_policy::env_name_is_forbidden(name)
+        {
+            env.push((name.to_string(), v.as_bytes().to_vec()));
+        }
+    }
+    for (k, v) in &resolved.env_set {
+        env.retain(|(n, _)| n != k);
+        env.push((k.clone(), v.as_bytes().to_vec()));
+    }
+    env.sort();
+    if let Some((_, tmp)) = env.iter().find(|(n, _)| n == "TMPDIR") {
+        let tmp = PathBuf::from(std::ffi::OsStr::from_bytes(tmp));
+        if let Ok(rel) = tmp.strip_prefix(&workdir) {
+            crate::workspace::Workspace::open(&workdir)
+                .and_then(|ws| ws.create_dir_all(rel))
+                .map_err(io_err("create TMPDIR inside the workspace"))?;
+        }
+    }
+    let path_var = env
+        .iter()
+        .find(|(n, _)| n == "PATH")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok().map(str::to_string));
+    let program =
+        find_program(Path::new(&req.argv[0]), path_var.as_deref(), &workdir).ok_or_else(|| {
+            SandboxError::Exec {
+                program: req.argv[0].to_string_lossy().into_owned(),
+                source: io::Error::from_raw_os_error(libc::ENOENT),
+            }
+        })?;
+
+    let argv_c: Vec<CString> = req
+        .argv
+        .iter()
+        .map(|a| cstr(a.as_bytes(), "argument"))
+        .collect::<Result<_, _>>()?;
+    let env_c: Vec<CString> = env
+        .iter()
+        .map(|(k, v)| {
+            let mut b = k.as_bytes().to_vec();
+            b.push(b'=');
+            b.extend_from_slice(v);
+            cstr(&b, "environment value")
+        })
+        .collect::<Result<_, _>>()?;
+    let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
+    argv_p.push(std::ptr::null());
+    let mut envp_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
+    envp_p.push(std::ptr::null());
+
+    // Mount plan: clone writable trees, make everything read-only, re-attach, protect.
+    let mut writable: Vec<PathBuf> = Vec::new();
+    for w in &resolved.fs.write {
+        if let Ok(real) = std::fs::canonicalize(w)
+            && let Ok(md) = std::fs::metadata(&real)
+            && (md.is_dir() || md.is_file())
+            && !writable.contains(&real)
+        {
+            writable.push(real);
+        }
+    }
+    writable.sort_by_key(|p| p.components().count());
+    let mut protected: Vec<PathBuf> = Vec::new();
+    for p in &resolved.fs.protected {
+        // Only existing paths, judged by their resolved location, inside a writable tree.
+        if let Ok(real) = std::fs::canonicalize(p)
+            && writable.iter().any(|w| real.starts_with(w) && &real != w)
+            && !protected.contains(&real)
+        {
+            protected.push(real);
+        }
+    }
+    // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved out
+    // of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh) is safe.
+    for s in ollie_policy::secrets::secret_locations(&resolved.ctx.home) {
+        if let Ok(real) = std::fs::canonicalize(&s)
+            && writable.iter().any(|w| real.starts_with(w) && &real != w)
+            && !protected.contains(&real)
+        {
+            protected.push(real);
+        }
+    }
+    let mut mounts = vec![MountStep::MakePrivate];
+    for (slot, w) in writable.iter().enumerate() {
+        mounts.push(MountStep::CloneTree {
+            path: sys::cstring(w).map_err(io_err("prepare mounts"))?,
+            slot,
+        });
+    }
+    mounts.push(MountStep::ReadOnlyAll);
+    for (slot, w) in writable.iter().enumerate() {
+        mounts.push(MountStep::Attach {
+            slot,
+            path: sys::cstring(w).map_err(io_err("prepare mounts"))?,
+        });
+    }
+    for p in &protected {
+        mounts.push(MountStep::ProtectReadOnly {
+            path: sys::cstring(p).map_err(io_err("prepare mounts"))?,
+        });
+    }
+
+    let l = resolved.policy.limits;
+    let rlimits = vec![
+        (libc::RLIMIT_CPU, l.cpu_seconds),
+        (libc::RLIMIT_AS, l.address_space_bytes),
+        (libc::RLIMIT_NPROC, l.processes),
+        (libc::RLIMIT_FSIZE, l.file_size_bytes),
+        (libc::RLIMIT_NOFILE, l.open_files),
+        (libc::RLIMIT_CORE, 0),
+    ];
+
+    // stdin: /dev/null, or a socketpair the runner feeds (a socket, so a tool that closes its
+    // stdin early gives EPIPE without SIGPIPE in the runner: MSG_NOSIGNAL).
+    let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match &req.stdin {
+        None => (
+            std::fs::File::open("/dev/null")
+                .map_err(io_err("open /dev/null"))?
+                .into(),
+            None,
+        ),
+        Some(_) => {
+            let (a, b) = sys::socketpair().map_err(io_err("create the stdin socket"))?;
+            sys::shutdown_read(&b).map_err(io_err("create the stdin socket"))?;
+            (a, Some(b))
+        }
+    };
+    let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;
+    let (errout_r, errout_w) = sys::pipe().map_err(io_err("create pipes"))?;
+    let (err_r, err_w) = sys::pipe().map_err(io_err("create pipes"))?;
+    let (status_r, status_w) = sys::pipe().map_err(io_err("create pipes"))?;
+    let (sync_r, sync_w) = sys::pipe().map_err(io_err("create pipes"))?;
+    let (uid, gid) = sys::ids();
+    let fault = match req.fault {
+        Some(Fault::SeccompInstall) => ChildFault::SeccompInstall,
+        Some(Fault::CapDrop) => ChildFault::CapDrop,
+        Some(Fault::LandlockRestrict) => ChildFault::LandlockRestrict,
+        _ => ChildFault::None,
+    };
+    let plan = ChildPlan {
+        stdin: stdin_child.as_raw_fd(),
+        stdout: out_w.as_raw_fd(),
+        stderr: errout_w.as_raw_fd(),
+        err_w: err_w.as_raw_fd(),
+        status_w: status_w.as_raw_fd(),
+        sync_r: sync_r.as_raw_fd(),
+        ruleset: ruleset.fd.as_raw_fd(),
+        setgroups_path: c"/proc/self/setgroups".to_owned(),
+        uid_map_path: c"/proc/self/uid_map".to_owned(),
+        gid_map_path: c"/proc/self/gid_map".to_owned(),
+        oom_path: c"/proc/self/oom_score_adj".to_owned(),
+        uid_map: cstr(format!("{uid} {uid} 1").as_bytes(), "uid map")?,
+        gid_map: cstr(format!("{gid} {gid} 1").as_bytes(), "gid map")?,
+        mounts,
+        rlimits,
+        cap_last: sys::cap_last_cap(),
+        filters: filters
+            .programs
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .map(|i| libc::sock_filter {
+                        code: i.code,
+                        jt: i.jt,
+                        jf: i.jf,
+                        k: i.k,
+                    })
+                    .collect()
+            })
+            .collect(),
+        exe: sys::cstring(&program).map_err(io_err("prepare exec"))?,
+        argv: argv_p,
+        envp: envp_p,
+        cwd: sys::cstring(&workdir).map_err(io_err("prepare exec"))?,
+        fault,
+    };
+
+    let (pid, pidfd) =
+        sys::spawn_init(&plan).map_err(|source| SandboxError::Namespaces { source })?;
+    let mut running = Running {
+        pid,
+        pidfd,
+        cgroup: None,
+        reaped: false,
+    };
+    // The child's ends.
+    drop((stdin_child, out_w, errout_w, err_w, status_w, sync_r));
+    // RLIMIT_NPROC does not bind uid 0, so root runs need a pids cgroup (fail closed).
+    let mut cgroup_degraded = false;
+    if uid == 0 {
+        running.cgroup = make_cgroup(l.processes).and_then(|dir| {
+            match std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {
+                Ok(()) => Some(dir),
+                Err(_) => {
+                    let _ = std::fs::remove_dir(&dir);
+                    None
+                }
+            }
+        });
+        if running.cgroup.is_none() {
+            if !resolved.policy.best_effort {
+                return Err(SandboxError::ProcessLimit);
+            }
+            cgroup_degraded = true;
+        }
+    }
+    let go = sys::write_all(sync_w.as_raw_fd(), b"g");
+    drop(sync_w);
+    go.map_err(io_err("start the sandbox"))?;
+
+    // Wait for exec (EOF on the close-on-exec error pipe) or a failure report.
+    let mut msg = [0u8; 8];
+    let mut got = 0;
+    while got < msg.len() {
+        match sys::read(err_r.as_raw_fd(), &mut msg[got..])
+            .map_err(io_err("read the start-up report"))?
+        {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got > 0 {
+        drop(running);
+        let stage_n = u32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
+        let errno = i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]);
+        let source = io::Error::from_raw_os_error(errno);
+        return Err(match Stage::from_u32(stage_n) {
+            Some(Stage::Exec) => SandboxError::Exec {
+                program: program.display().to_string(),
+                source,
+            },
+            Some(s) => SandboxError::ChildSetup {
+                stage: s.name(),
+                source,
+            },
+            None => SandboxError::ChildSetup {
+                stage: "unknown",
+                source,
+            },
+        });
+    }
+    drop(err_r);
+
+    let mut out = Capture {
+        kind: Stream::Stdout,
+        fd: out_r,
+        buf: Vec::new(),
+        total: 0,
+        cap: l.output_bytes,
+        open: true,
+    };
+    let mut errc = Capture {
+        kind: Stream::Stderr,
+        fd: errout_r,
+        buf: Vec::new(),
+        total: 0,
+        cap: l.output_bytes,
+        open: true,
+    };
+    for c in [&out, &errc] {
+        sys::set_nonblocking(c.fd.as_raw_fd()).map_err(io_err("configure pipes"))?;
+    }
+    let deadline = started + Duration::from_secs(l.timeout_seconds);
+    let grace = Duration::from_millis(l.kill_grace_ms);
+    let mut term_sent: Option<Instant> = None;
+    let mut killed = false;
+    let mut timed_out = false;
+    let mut cancelled = false;
+    let mut init_done = false;
+    let mut feed = stdin_feed;
+    let mut fed = 0usize;
+    if let Some(f) = &feed {
+        sys::set_nonblocking(f.as_raw_fd()).map_err(io_err("configure pipes"))?;
+    }
+    while !init_done || out.open || errc.open {
+        let now = Instant::now();
+        if !init_done {
+            if term_sent.is_none() && now >= deadline {
+                timed_out = true;
+                term_sent = Some(now);
+                running.signal(libc::SIGTERM);
+            }
+            if let Some(t) = term_sent
+                && !killed
+                && now >= t + grace
+            {
+                killed = true;
+                running.signal(libc::SIGKILL);
+            }
+        }
+        let next = match (init_done, term_sent, killed) {
+            (true, _, _) => None,
+            (false, None, _) => Some(deadline),
+            (false, Some(t), false) => Some(t + grace),
+            (false, Some(_), true) => None,
+        };
+        let timeout_ms = next.map_or(-1, |n| {
+            n.saturating_duration_since(now)
+                .as_millis()
+                .min(i32::MAX as u128) as i32
+                + 1
+        });
+        let mut fds = vec![
+            libc::pollfd {
+                fd: if out.open { out.fd.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if errc.open { errc.fd.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if init_done {
+                    -1
+                } else {
+                    running.pidfd.as_raw_fd()
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // Feed stdin while the tool runs; EOF once everything is written.
+        let input = req.stdin.as_deref().unwrap_or_default();
+        if feed.is_some() && (fed >= input.len() || init_done) {
+            feed = None;
+        }
+        fds.push(libc::pollfd {
+            fd: feed.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            events: libc::POLLOUT,
+            revents: 0,
+        });
+        let cancel_fd = req.cancel.as_ref().filter(|_| !cancelled && !init_done);
+        if let Some(c) = cancel_fd {
+            fds.push(libc::pollfd {
+                fd: c.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        sys::poll(&mut fds, timeout_ms).map_err(io_err("poll"))?;
+        if fds[0].revents != 0 {
+            out.drain(sink)?;
+        }
+        if fds[1].revents != 0 {
+            errc.drain(sink)?;
+        }
+        if fds[2].revents != 0 {
+            init_done = true;
+        }
+        if fds[3].revents != 0
+            && let Some(f) = &feed
+        {
+            match sys::send_nosignal(f.as_raw_fd(), &input[fed..]) {
+                Ok(n) => fed += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // The tool closed its stdin: stop feeding.
+                Err(_) => fed = input.len(),
+            }
+        }
+        if fds.len() > 4 && fds[4].revents != 0 {
+            cancelled = true;
+            if term_sent.is_none() {
+                term_sent = Some(Instant::now());
+                running.signal(libc::SIGTERM);
+            }
+        }
+    }
+    let cgroup = running.cgroup.clone();
+    let (init_status, rusage) = running.reap().map_err(io_err("reap the sandbox"))?;
+    let mut st = [0u8; 4];
+    let tool_status = match sys::read(status_r.as_raw_fd(), &mut st) {
+        Ok(4) => Some(i32::from_ne_bytes(st)),
+        _ => None,
+    };
+    let (code, signal) = match tool_status {
+        Some(s) if libc::WIFEXITED(s) => (Some(libc::WEXITSTATUS(s)), None),
+        Some(s) if libc::WIFSIGNALED(s) => (None, Some(libc::WTERMSIG(s))),
+        // The init stage itself was killed (timeout after the grace period, or cancel).
+        _ if libc::WIFSIGNALED(init_status) => (None, Some(libc::WTERMSIG(init_status))),
+        _ => (None, Some(libc::SIGKILL)),
+    };
+    let status = code.unwrap_or_else(|| 128 + signal.unwrap_or(0));
+
+    let record = RunRecord {
+        argv: req
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        cwd: workdir,
+        program,
+        policy_hash: policy_hash(&resolved),
+        layers: Layers {
+            best_effort_degraded: cgroup_degraded
+                || ruleset.record.status != landlock::EnforcementStatus::FullyEnforced,
+            landlock: ruleset.record,
+            seccomp: filters.record,
+            capabilities: CapabilityRecord {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+                bounding: 0,
+                ambient: 0,
+                securebits_locked: true,
+            },
+            no_new_privs: true,
+            namespaces: vec!["user", "pid", "mount", "ipc"],
+            mounts: MountRecord {
+                read_only_root: true,
+                writable,
+                protected,
+            },
+            cgroup,
+        },
+        limits: LimitsRecord {
+            cpu_seconds: l.cpu_seconds,
+            address_space_bytes: l.address_space_bytes,
+            processes: l.processes,
+            file_size_bytes: l.file_size_bytes,
+            open_files: l.open_files,
+            core_bytes: 0,
+            output_bytes: l.output_bytes,
+            timeout_seconds: l.timeout_seconds,
+            kill_grace_ms: l.kill_grace_ms,
+        },
+        env_names: env.iter().map(|(k, _)| k.clone()).collect(),
+        exit: ExitRecord {
+            code,
+            signal,
+            status,
+            timed_out,
+            cancelled,
+        },
+        duration_ms: started.elapsed().as_millis() as u64,
+        rusage: RusageRecord {
+            user_ms: rusage.user_us / 1000,
+            sys_ms: rusage.sys_us / 1000,
+            max_rss_kb: rusage.max_rss_kb,
+        },
+        stdout: OutputRecord {
+            total_bytes: out.total,
+            captured_bytes: out.buf.len() as u64,
+            truncated: out.total > out.buf.len() as u64,
+        },
+        stderr: OutputRecord {
+            total_bytes: errc.total,
+            captured_bytes: errc.buf.len() as u64,
+            truncated: errc.total > errc.buf.len() as u64,
+        },
+    };
+    Ok(RunOutput {
+        record,
+        stdout: out.buf,
+        stderr: errc.buf,
+    })
+}
+
+impl RunRecord {
+    /// The record as one JSON object.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// Whether the kernel offers what the sandbox needs, for callers that want to check up front.
+pub fn probe() -> Probe {
+    Probe {
+        landlock_abi: landlock::kernel_abi(),
+        user_namespaces: std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0),
+    }
+}
+
+/// Kernel features found by [`probe`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Probe {
+    /// Landlock ABI (0 = none).
+    pub landlock_abi: u32,
+    /// User namespaces are enabled.
+    pub user_namespaces: bool,
+}
+
+#[allow(dead_code)]
+fn _network_is_used(n: &Network) -> bool {
+    matches!(n, Network::Tcp { .. })
+}

