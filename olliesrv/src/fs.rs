@@ -336,7 +336,7 @@ impl OllieFs {
             }
             "invalidate" => {
                 let cfg = Config::load(self.shared.config_path.as_deref())
-                    .map_err(|e| Error::new(format!("invalidate: {}", one_line(&e))))?;
+                    .map_err(|e| Error::new(format!("invalidate: {}", crate::error_chain(&e))))?;
                 let n = cfg.backends.len();
                 if let Ok(mut c) = self.shared.config.write() {
                     *c = Arc::new(cfg);
@@ -357,17 +357,6 @@ impl OllieFs {
             ))),
         }
     }
-}
-
-fn one_line(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s.replace('\n', " ")
 }
 
 /// Whether `class` may open a file of `mode` bits with open mode `omode`.

@@ -63,6 +63,18 @@ pub enum RunError {
     },
 }
 
+/// An error and its causes on one line (`outer: cause: cause`), for logs and 9P errors.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s.replace('\n', " ")
+}
+
 /// The default listen address: `unix!$NAMESPACE/ollie`.
 pub fn default_addr() -> Addr {
     Addr::Unix(dial::namespace_dir().join("ollie"))

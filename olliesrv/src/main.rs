@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ollie_olliesrv::{Options, RunError, run};
+use ollie_olliesrv::{Options, RunError, error_chain, run};
 use ollie_p9::dial::Addr;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("olliesrv: {}", chain(&e));
+            eprintln!("olliesrv: {}", error_chain(&e));
             ExitCode::from(match e {
                 RunError::Config(_) | RunError::TcpUnsupported { .. } => 2,
                 RunError::Listen(_) => 3,
@@ -99,15 +99,4 @@ fn main() -> ExitCode {
             })
         }
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -209,6 +209,11 @@ async fn open(root: &Fid, path: &str, mode: u8) -> Result<Fid, Failure> {
 
 async fn read(root: &Fid, path: &str) -> Result<(), Failure> {
     let f = open(root, path, om::OREAD).await?;
+    copy_out(&f, path).await
+}
+
+/// Copies the file from offset 0 to standard output as each read returns, until end of file.
+async fn copy_out(f: &Fid, path: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     let mut off = 0u64;
     loop {
@@ -268,17 +273,7 @@ async fn rdwr(root: &Fid, path: &str) -> Result<(), Failure> {
         )));
     }
     f.write(0, Bytes::from(data)).await.map_err(server(path))?;
-    let mut out = std::io::stdout().lock();
-    let mut off = 0u64;
-    loop {
-        let d = f.read(off, f.iounit()).await.map_err(server(path))?;
-        if d.is_empty() {
-            return Ok(());
-        }
-        off += d.len() as u64;
-        out.write_all(&d).map_err(stdout_failure)?;
-        out.flush().map_err(stdout_failure)?;
-    }
+    copy_out(&f, path).await
 }
 
 async fn ls(root: &Fid, path: &str, long: bool, dir_itself: bool) -> Result<(), Failure> {
