@@ -656,6 +656,30 @@ impl<F: Filesystem> Server<F> {
         Ok(())
     }
 
+    /// Serves one already-connected unix socket, such as one end of a socketpair inherited as a
+    /// file descriptor (`UnixStream::from(OwnedFd)`). Returns when the connection ends.
+    pub async fn serve_unix_stream(
+        self: &Arc<Self>,
+        stream: std::os::unix::net::UnixStream,
+    ) -> std::io::Result<()> {
+        stream.set_nonblocking(true)?;
+        let stream = tokio::net::UnixStream::from_std(stream)?;
+        let peer = stream.peer_cred().ok().map(|c| PeerCred {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: c.pid(),
+        });
+        let info = ConnInfo {
+            id: self.next_conn_id(),
+            peer,
+            transport: "unix",
+            remote: "inherited".into(),
+        };
+        let (r, w) = stream.into_split();
+        self.serve_conn(r, w, info).await;
+        Ok(())
+    }
+
     /// Serves one connection until the peer closes it, it breaks the framing, or the returned
     /// future is dropped. In every case all its requests are cancelled and its fids clunked.
     pub async fn serve_conn<R, W>(self: &Arc<Self>, reader: R, writer: W, info: ConnInfo)

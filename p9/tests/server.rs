@@ -1113,3 +1113,28 @@ async fn error_replies_fit_a_small_msize() {
     let mut rest = vec![0u8; n - 4];
     r.s.read_exact(&mut rest).await.unwrap();
 }
+
+#[tokio::test]
+async fn serves_an_inherited_socketpair_end() {
+    use std::os::fd::OwnedFd;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    // What a child process does with the fd it inherited.
+    let fd: OwnedFd = theirs.into();
+    let srv = Server::new(TestFs::new());
+    let task = tokio::spawn(async move {
+        srv.serve_unix_stream(std::os::unix::net::UnixStream::from(fd))
+            .await
+    });
+    ours.set_nonblocking(true).unwrap();
+    let (r, w) = tokio::net::UnixStream::from_std(ours).unwrap().into_split();
+    let c = Client::handshake(r, w, 8192).await.unwrap();
+    let root = c.attach(None, "u", "").await.unwrap();
+    let mut f = root.walk_path("static").await.unwrap();
+    f.open(om::OREAD).await.unwrap();
+    assert_eq!(&f.read(0, 100).await.unwrap()[..], b"hello\n");
+    drop(f);
+    drop(root);
+    drop(c);
+    // The server returns once the client side closes.
+    task.await.unwrap().unwrap();
+}
