@@ -199,6 +199,9 @@ pub struct Limits {
     pub timeout_seconds: u64,
     /// Time between SIGTERM and SIGKILL when a run is stopped.
     pub kill_grace_ms: u64,
+    /// Size of the run's private tmpfs at `/dev/shm` (POSIX shared memory and semaphores);
+    /// 0 means no `/dev/shm` at all.
+    pub shm_bytes: u64,
 }
 
 impl Default for Limits {
@@ -212,6 +215,7 @@ impl Default for Limits {
             output_bytes: 1 << 20,
             timeout_seconds: 120,
             kill_grace_ms: 2000,
+            shm_bytes: 64 << 20,
         }
     }
 }
@@ -457,6 +461,11 @@ impl TryFrom<RawPolicy> for Policy {
                 d.kill_grace_ms,
                 60_000,
             )?,
+            shm_bytes: match l.shm_bytes {
+                None => d.shm_bytes,
+                Some(0) => 0,
+                Some(_) => positive("limits.shm_bytes", l.shm_bytes, d.shm_bytes, 1 << 34)?,
+            },
         };
         let mut env = EnvPolicy::default();
         for (i, name) in raw.env.allow.iter().enumerate() {
@@ -662,6 +671,34 @@ mod tests {
 
     fn err(text: &str) -> String {
         Policy::from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn shm_bytes_defaults_can_be_zero_and_is_bounded() {
+        let p = Policy::from_toml("").unwrap();
+        assert_eq!(p.limits.shm_bytes, 64 << 20);
+        let p = Policy::from_toml("[limits]\nshm_bytes = 0").unwrap();
+        assert_eq!(p.limits.shm_bytes, 0);
+        assert!(err("[limits]\nshm_bytes = -1").starts_with("limits.shm_bytes:"));
+        assert!(err("[limits]\nshm_bytes = 99999999999999").starts_with("limits.shm_bytes:"));
+        // A layer can shrink it, never grow it.
+        let base = Policy::from_toml("[limits]\nshm_bytes = 1024").unwrap();
+        let grow = crate::Layer {
+            limits: Some(Limits {
+                shm_bytes: 2048,
+                ..base.limits
+            }),
+            ..crate::Layer::default()
+        };
+        assert!(base.narrow(&grow).is_err());
+        let shrink = crate::Layer {
+            limits: Some(Limits {
+                shm_bytes: 0,
+                ..base.limits
+            }),
+            ..crate::Layer::default()
+        };
+        assert_eq!(base.narrow(&shrink).unwrap().limits.shm_bytes, 0);
     }
 
     #[test]

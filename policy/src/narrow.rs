@@ -149,6 +149,7 @@ impl Policy {
                     b.timeout_seconds,
                 ),
                 ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
+                ("limits.shm_bytes", l.shm_bytes, b.shm_bytes),
             ];
             for (key, new, base) in pairs {
                 if new > base {

@@ -68,6 +68,7 @@ pub(crate) struct RawLimits {
     pub output_bytes: Option<i64>,
     pub timeout_seconds: Option<i64>,
     pub kill_grace_ms: Option<i64>,
+    pub shm_bytes: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,5 +1,5 @@
 //! Spawn benchmark: plain `posix_spawn` of /bin/true, our sandboxed spawn under the default
-//! profile, and `bwrap --unshare-all --ro-bind / / --dev /dev true`, as runs/s and ratios.
+//! profile (one-shot `run`, and `Prepared::run` after a once-per-session `Prepared::new`), and `bwrap --unshare-all --ro-bind / / --dev /dev true`, as runs/s and ratios.
 //!
 //! `cargo bench -p ollie-sandbox --bench spawn` (env `OLLIE_BENCH_RUNS`, default 300).
 //! A benchmark, not a test: it prints figures and never asserts on time.
@@ -51,6 +51,38 @@ fn main() {
     let ours = measure("ollie sandbox (workspace profile) /bin/true", runs, || {
         ollie_sandbox::run(&policy, &req).is_ok_and(|o| o.record.exit.status == 0)
     });
+    // The prepared path: namespaces, mounts, ruleset and filter set up once per session.
+    // The first one in a process also checks the compiled filter against the reference.
+    let first = Instant::now();
+    let first_ok = ollie_sandbox::Prepared::new(&policy, &ws, &req.home).is_ok();
+    let first = first.elapsed();
+    let setup = Instant::now();
+    let prepared = ollie_sandbox::Prepared::new(&policy, &ws, &req.home);
+    let setup = setup.elapsed();
+    let prep = match &prepared {
+        Ok(sb) => {
+            if first_ok {
+                println!(
+                    "{:<44} {:>9.1} µs once per process",
+                    "  prepared: first Prepared::new + filter check",
+                    dur_us(first)
+                );
+            }
+            println!(
+                "{:<44} {:>9.1} µs once per session ({} seccomp layout)",
+                "  prepared: Prepared::new",
+                dur_us(setup),
+                sb.session().seccomp_layout
+            );
+            measure("ollie Prepared::run (workspace) /bin/true", runs, || {
+                sb.run(&req).is_ok_and(|o| o.record.exit.status == 0)
+            })
+        }
+        Err(e) => {
+            println!("{:<44} unavailable: {e}", "ollie Prepared::run");
+            None
+        }
+    };
     let bwrap = measure("bwrap --unshare-all --ro-bind / / --dev /dev", runs, || {
         Command::new("bwrap")
             .args([
@@ -84,5 +116,71 @@ fn main() {
     if let (Some(o), Some(b)) = (ours, bwrap) {
         println!("ours vs bwrap speed-up: {:.2}x (target >= 5x)", o / b);
     }
+    if let (Some(p), Some(r)) = (plain, prep) {
+        println!(
+            "prepared / plain time ratio: {:.2}x (target <= 1.3x)",
+            p / r
+        );
+    }
+    // The same comparison, interleaved run by run and summarised by medians, so that bursts
+    // of load on a shared machine hit both sides alike.
+    if let Ok(sb) = &prepared {
+        let mut plain_us = Vec::new();
+        let mut prep_us = Vec::new();
+        let mut bwrap_us = Vec::new();
+        for i in 0..runs {
+            let t = Instant::now();
+            let ok = Command::new("/bin/true")
+                .stdin(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            plain_us.push(dur_us(t.elapsed()));
+            let t = Instant::now();
+            let ok = ok && sb.run(&req).is_ok_and(|o| o.record.exit.status == 0);
+            prep_us.push(dur_us(t.elapsed()));
+            assert!(ok, "interleaved run failed");
+            if bwrap.is_some() && i % 4 == 0 {
+                let t = Instant::now();
+                let _ = Command::new("bwrap")
+                    .args([
+                        "--unshare-all",
+                        "--ro-bind",
+                        "/",
+                        "/",
+                        "--dev",
+                        "/dev",
+                        "true",
+                    ])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                bwrap_us.push(dur_us(t.elapsed()));
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let (p, r) = (median(&mut plain_us), median(&mut prep_us));
+        println!(
+            "interleaved medians: plain {p:.1} µs, Prepared::run {r:.1} µs: {:.2}x (target <= 1.3x)",
+            r / p
+        );
+        if !bwrap_us.is_empty() {
+            let b = median(&mut bwrap_us);
+            println!(
+                "interleaved medians: bwrap {b:.1} µs: Prepared::run {:.2}x faster (target >= 5x)",
+                b / r
+            );
+        }
+    }
+    if let (Some(r), Some(b)) = (prep, bwrap) {
+        println!("prepared vs bwrap speed-up: {:.2}x (target >= 5x)", r / b);
+    }
+    if let (Some(o), Some(r)) = (ours, prep) {
+        println!("prepared vs one-shot speed-up: {:.2}x", r / o);
+    }
+    drop(prepared);
     let _ = std::fs::remove_dir_all(&ws);
 }

@@ -100,6 +100,12 @@ const READ_WRITE: u64 = READ
     | fs::REFER
     | fs::TRUNCATE;
 
+/// The read-write rights (no execute, no device creation or ioctls) a kernel of `abi`
+/// handles: what a writable tree, or the private `/dev/shm`, is granted.
+pub fn writable_rights(abi: u32) -> u64 {
+    READ_WRITE & fs_rights_for_abi(abi)
+}
+
 /// The kernel's Landlock ABI, probed once.
 pub fn kernel_abi() -> u32 {
     static ABI: OnceLock<u32> = OnceLock::new();

@@ -6,10 +6,14 @@
 //!    started, including setsid'd, double-forked and nohup'd ones). As root it is also placed
 //!    in a fresh pids cgroup (`pids.max` = `limits.processes`).
 //! 2. Mounts: everything read-only and nosuid except the policy's writable trees, with
-//!    protected islands (e.g. `.git/hooks`) read-only again. This closes Landlock's metadata
-//!    gap (chmod/chown/xattr/utime outside writable trees fail with EROFS).
+//!    protected islands (e.g. `.git/hooks`) read-only again — a missing one through a
+//!    placeholder at its first missing component, and every directory between a writable root
+//!    and an island pinned (cannot be renamed away). This closes Landlock's metadata gap
+//!    (chmod/chown/xattr/utime outside writable trees fail with EROFS). `/dev/shm` is a
+//!    private, size-limited tmpfs per run.
 //! 3. The tool is forked from init: fds ≥ 3 closed (stdin `/dev/null` or a socket the runner
-//!    feeds with [`RunRequest::stdin`], stdout/stderr pipes),
+//!    feeds with [`RunRequest::stdin`] or relays from [`RunRequest::stdin_fd`], stdout/stderr
+//!    pipes),
 //!    `setsid`, rlimits, every capability set emptied (bounding and ambient included,
 //!    securebits locked), `no_new_privs`, Landlock (every ABI-7 filesystem right handled in one
 //!    ruleset, TCP bind/connect, both scopes), seccomp last (allowlist), `execve`.
@@ -18,6 +22,10 @@
 //!    [`run_streaming`] also hands every chunk to a callback as it arrives.
 //! 6. On timeout or cancel: SIGTERM to every process (forwarded by init), SIGKILL to the
 //!    whole namespace after the grace period.
+//! 7. After the run, [`postrun`] compares the workspace with a snapshot taken before it and
+//!    flags new or changed git hooks, risky git config, new repositories and host-executed
+//!    settings files in [`RunRecord::post_run`]; [`workspace::Workspace`] refuses host-side
+//!    git until a human acknowledges them.
 //!
 //! If any required layer cannot be applied, the command does not run and the error names the
 //! layer. The only degradation is a Landlock ABI below the floor with `best_effort = true`,
@@ -33,13 +41,21 @@
 #![deny(unsafe_code)]
 
 pub mod landlock;
+mod placeholder;
+pub mod postrun;
+mod prepared;
 pub mod seccomp;
 mod spawn;
 mod sys;
 pub mod workspace;
 
+pub use placeholder::ProtectError;
+pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
+pub use prepared::{PREPARED_NAMESPACES, Prepared, SessionRecord};
+pub use spawn::forwardable_stdin;
 pub use spawn::{
     Cancel, CapabilityRecord, ExitRecord, Fault, Layers, LimitsRecord, MountRecord, OutputRecord,
     Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
     run_streaming,
 };
+pub use workspace::{GitDecision, GitRefused};

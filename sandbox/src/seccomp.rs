@@ -65,14 +65,14 @@ type Rules = BTreeMap<i64, Vec<SeccompRule>>;
 pub const TIOCSTI: u64 = 0x5412;
 /// `TIOCLINUX`: console multiplexing, includes selection paste.
 pub const TIOCLINUX: u64 = 0x541C;
-const CLONE_NS_FLAGS: u64 = (libc::CLONE_NEWNS
+pub(crate) const CLONE_NS_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWCGROUP
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUSER
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET) as u64;
-const CLONE_NEWTIME: u64 = 0x80;
+pub(crate) const CLONE_NEWTIME: u64 = 0x80;
 
 fn allow(rules: &mut Rules, nrs: &[i64]) {
     for nr in nrs {
@@ -91,7 +91,7 @@ fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
 use libc::*;
 
 /// Reading, writing and waiting on fds that are already open.
-const GROUP_FD_IO: &[i64] = &[
+pub(crate) const GROUP_FD_IO: &[i64] = &[
     SYS_read,
     SYS_write,
     SYS_readv,
@@ -152,7 +152,7 @@ const GROUP_FD_IO: &[i64] = &[
 
 /// Path-based filesystem calls. Landlock decides which paths; the read-only mounts of the
 /// mount namespace stop metadata changes (chmod/chown/xattr/utime) outside writable trees.
-const GROUP_FS: &[i64] = &[
+pub(crate) const GROUP_FS: &[i64] = &[
     SYS_open,
     SYS_openat,
     SYS_openat2,
@@ -217,7 +217,7 @@ const GROUP_FS: &[i64] = &[
 ];
 
 /// Memory management of the process itself.
-const GROUP_MEMORY: &[i64] = &[
+pub(crate) const GROUP_MEMORY: &[i64] = &[
     SYS_mmap,
     SYS_munmap,
     SYS_mprotect,
@@ -241,7 +241,7 @@ const GROUP_MEMORY: &[i64] = &[
 
 /// Process life cycle, identity queries and scheduling of the caller's own processes.
 /// (`clone` and `unshare` are flag-filtered below; `clone3` is answered ENOSYS.)
-const GROUP_PROCESS: &[i64] = &[
+pub(crate) const GROUP_PROCESS: &[i64] = &[
     SYS_fork,
     SYS_vfork,
     SYS_execve,
@@ -311,7 +311,7 @@ const GROUP_PROCESS: &[i64] = &[
 ];
 
 /// Signals (Landlock's signal scope confines them to the sandbox).
-const GROUP_SIGNALS: &[i64] = &[
+pub(crate) const GROUP_SIGNALS: &[i64] = &[
     SYS_kill,
     SYS_tkill,
     SYS_tgkill,
@@ -331,7 +331,7 @@ const GROUP_SIGNALS: &[i64] = &[
 ];
 
 /// Clocks, timers and system information.
-const GROUP_TIME_INFO: &[i64] = &[
+pub(crate) const GROUP_TIME_INFO: &[i64] = &[
     SYS_nanosleep,
     SYS_clock_nanosleep,
     SYS_clock_gettime,
@@ -351,7 +351,7 @@ const GROUP_TIME_INFO: &[i64] = &[
 ];
 
 /// Socket calls that only make sense on an existing (socketpair) socket.
-const GROUP_SOCKET_IO: &[i64] = &[
+pub(crate) const GROUP_SOCKET_IO: &[i64] = &[
     SYS_sendmsg,
     SYS_recvmsg,
     SYS_sendto,
@@ -366,7 +366,7 @@ const GROUP_SOCKET_IO: &[i64] = &[
 ];
 
 /// TCP client/server calls, only when the policy grants TCP (Landlock filters the ports).
-const GROUP_TCP: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
+pub(crate) const GROUP_TCP: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
 
 fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
     let mut rules = Rules::new();

@@ -8,7 +8,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::ffi::{CString, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,7 +32,7 @@ pub enum Fault {
 /// period). Cloneable; usable from any thread.
 #[derive(Debug, Clone)]
 pub struct Cancel {
-    fd: Arc<OwnedFd>,
+    pub(crate) fd: Arc<OwnedFd>,
 }
 
 impl Cancel {
@@ -64,6 +64,10 @@ pub struct RunRequest {
     pub base_env: Vec<(OsString, OsString)>,
     /// Bytes fed to the tool's stdin (then EOF); `None` means stdin is `/dev/null`.
     pub stdin: Option<Vec<u8>>,
+    /// Relay this fd (a pipe or file, ideally non-blocking: see [`forwardable_stdin`]) to the
+    /// tool's stdin until EOF; takes precedence over `stdin`. The tool never gets the fd
+    /// itself, only a socket the runner copies into.
+    pub stdin_fd: Option<Arc<OwnedFd>>,
     /// Tests only: force a failure.
     pub fault: Option<Fault>,
 }
@@ -87,6 +91,7 @@ impl RunRequest {
             cancel: None,
             base_env: std::env::vars_os().collect(),
             stdin: None,
+            stdin_fd: None,
             fault: None,
         }
     }
@@ -153,6 +158,9 @@ pub enum SandboxError {
         #[source]
         source: io::Error,
     },
+    /// A protected path could not be blocked (the command did not run).
+    #[error(transparent)]
+    Protect(#[from] crate::placeholder::ProtectError),
     /// A runner-side system call failed.
     #[error("sandbox runner failed to {op}")]
     Io {
@@ -164,7 +172,7 @@ pub enum SandboxError {
     },
 }
 
-fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
+pub(crate) fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
     move |source| SandboxError::Io { op, source }
 }
 
@@ -194,6 +202,11 @@ pub struct MountRecord {
     pub writable: Vec<PathBuf>,
     /// Protected islands inside writable trees (read-only).
     pub protected: Vec<PathBuf>,
+    /// Protected paths that did not exist: the first missing component of each was created
+    /// as an empty directory, bound read-only for the run, and removed afterwards.
+    pub placeholders: Vec<PathBuf>,
+    /// The run's private tmpfs at `/dev/shm` (size in `limits.shm_bytes`), if any.
+    pub private_shm: Option<PathBuf>,
 }
 
 /// The layers active for a run.
@@ -281,6 +294,9 @@ pub struct RunRecord {
     pub stdout: OutputRecord,
     /// stderr.
     pub stderr: OutputRecord,
+    /// What the run left behind that host-side tools would execute later (git hooks, risky
+    /// git config, new repositories, `.envrc`, editor/agent settings); see `postrun`.
+    pub post_run: crate::postrun::PostRunRecord,
 }
 
 /// Limits as recorded.
@@ -304,6 +320,8 @@ pub struct LimitsRecord {
     pub timeout_seconds: u64,
     /// SIGTERM → SIGKILL grace.
     pub kill_grace_ms: u64,
+    /// Size of the private `/dev/shm` tmpfs (0: none).
+    pub shm_bytes: u64,
 }
 
 /// The result of a run: the record and the captured output.
@@ -317,13 +335,13 @@ pub struct RunOutput {
     pub stderr: Vec<u8>,
 }
 
-fn cstr(b: &[u8], what: &str) -> Result<CString, SandboxError> {
+pub(crate) fn cstr(b: &[u8], what: &str) -> Result<CString, SandboxError> {
     CString::new(b).map_err(|_| SandboxError::InvalidRequest {
         reason: format!("{what} contains a NUL byte"),
     })
 }
 
-fn find_program(argv0: &Path, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
+pub(crate) fn find_program(argv0: &Path, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let is_exec = |p: &Path| {
         std::fs::metadata(p)
@@ -369,7 +387,7 @@ fn cgroup_parents() -> Vec<PathBuf> {
 }
 
 /// Creates a fresh pids cgroup with `pids.max` = `max` under the runner's own cgroup (root).
-fn make_cgroup(max: u64) -> Option<PathBuf> {
+pub(crate) fn make_cgroup(max: u64) -> Option<PathBuf> {
     static N: AtomicU64 = AtomicU64::new(0);
     let name = format!(
         "ollie-{}-{}",
@@ -388,7 +406,7 @@ fn make_cgroup(max: u64) -> Option<PathBuf> {
     None
 }
 
-fn remove_cgroup(dir: &Path) {
+pub(crate) fn remove_cgroup(dir: &Path) {
     // The namespace's processes are being torn down by the kernel; the directory can only be
     // removed once they are gone.
     for _ in 0..200 {
@@ -438,19 +456,22 @@ impl Drop for Running {
     }
 }
 
-struct Capture {
-    kind: Stream,
-    fd: OwnedFd,
-    buf: Vec<u8>,
-    total: u64,
-    cap: u64,
-    open: bool,
+pub(crate) struct Capture {
+    pub(crate) kind: Stream,
+    pub(crate) fd: OwnedFd,
+    pub(crate) buf: Vec<u8>,
+    pub(crate) total: u64,
+    pub(crate) cap: u64,
+    pub(crate) open: bool,
 }
 
 impl Capture {
     /// Reads what is available, at most 1 MiB per call so a flood cannot starve the
     /// deadline checks of the poll loop.
-    fn drain(&mut self, sink: &mut dyn FnMut(Stream, &[u8])) -> Result<(), SandboxError> {
+    pub(crate) fn drain(
+        &mut self,
+        sink: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<(), SandboxError> {
         let mut chunk = [0u8; 65536];
         for _ in 0..16 {
             match sys::read(self.fd.as_raw_fd(), &mut chunk) {
@@ -477,7 +498,58 @@ impl Capture {
     }
 }
 
-fn policy_hash(p: &ResolvedPolicy) -> String {
+/// Directories strictly between the innermost writable tree containing a protected path and
+/// that path, outermost first, each once.
+fn pinned_ancestors(protected: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in protected {
+        let Some(w) = writable
+            .iter()
+            .filter(|w| p.starts_with(w) && p != *w)
+            .max_by_key(|w| w.components().count())
+        else {
+            continue;
+        };
+        let mut a = p.parent();
+        while let Some(anc) = a {
+            if anc == w.as_path() || !anc.starts_with(w) {
+                break;
+            }
+            if !out.iter().any(|o| o == anc) {
+                out.push(anc.to_path_buf());
+            }
+            a = anc.parent();
+        }
+    }
+    out.sort_by_key(|p| p.components().count());
+    out
+}
+
+/// Where the private shared-memory tmpfs goes.
+const SHM_DIR: &str = "/dev/shm";
+/// Bytes read from a relayed stdin per poll round (the relay buffer's bound).
+const RELAY_CHUNK: usize = 64 * 1024;
+/// Upper bound on inodes of the private `/dev/shm`.
+const SHM_INODES: u64 = 16384;
+
+/// The runner's own stdin, prepared for [`RunRequest::stdin_fd`]: `None` when it is a terminal
+/// (the tool then gets `/dev/null`: it must never read the user's keystrokes or reach the
+/// tty), otherwise a new non-blocking open file description of the same pipe or file (so the
+/// runner's poll loop never blocks on it and the caller's description keeps its flags), or,
+/// where it cannot be reopened (a socket), a duplicate.
+pub fn forwardable_stdin() -> Option<OwnedFd> {
+    use std::io::IsTerminal;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return None;
+    }
+    match sys::reopen_nonblocking(0) {
+        Ok(fd) => Some(fd),
+        Err(_) => stdin.as_fd().try_clone_to_owned().ok(),
+    }
+}
+
+pub(crate) fn policy_hash(p: &ResolvedPolicy) -> String {
     let mut h = Sha256::new();
     h.update(format!("{p:?}").as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
@@ -528,29 +600,7 @@ pub fn run_streaming(
     let ruleset = landlock::build(&resolved, simulated)?;
     let filters = seccomp::filters(&resolved.network)?;
 
-    // Environment: cleared, then the allowlist, then fixed values.
-    let mut env: Vec<(String, Vec<u8>)> = Vec::new();
-    for (k, v) in &req.base_env {
-        if let Some(name) = k.to_str()
-            && resolved.policy.env.allow.contains(name)
-            && !ollie_policy::env_name_is_forbidden(name)
-        {
-            env.push((name.to_string(), v.as_bytes().to_vec()));
-        }
-    }
-    for (k, v) in &resolved.env_set {
-        env.retain(|(n, _)| n != k);
-        env.push((k.clone(), v.as_bytes().to_vec()));
-    }
-    env.sort();
-    if let Some((_, tmp)) = env.iter().find(|(n, _)| n == "TMPDIR") {
-        let tmp = PathBuf::from(std::ffi::OsStr::from_bytes(tmp));
-        if let Ok(rel) = tmp.strip_prefix(&workdir) {
-            crate::workspace::Workspace::open(&workdir)
-                .and_then(|ws| ws.create_dir_all(rel))
-                .map_err(io_err("create TMPDIR inside the workspace"))?;
-        }
-    }
+    let env = tool_env(&resolved, req, &workdir)?;
     let path_var = env
         .iter()
         .find(|(n, _)| n == "PATH")
@@ -594,16 +644,17 @@ pub fn run_streaming(
         }
     }
     writable.sort_by_key(|p| p.components().count());
-    let mut protected: Vec<PathBuf> = Vec::new();
-    for p in &resolved.fs.protected {
-        // Only existing paths, judged by their resolved location, inside a writable tree.
-        if let Ok(real) = std::fs::canonicalize(p)
-            && writable.iter().any(|w| real.starts_with(w) && &real != w)
-            && !protected.contains(&real)
-        {
-            protected.push(real);
-        }
-    }
+    // The post-run diff's baseline: the workspace as the host has it (before placeholders);
+    // only when the tool can write somewhere in it.
+    let snapshot_before = writable
+        .iter()
+        .any(|w| workdir.starts_with(w) || w.starts_with(&workdir))
+        .then(|| crate::postrun::Snapshot::take(&workdir));
+    // Protected islands: existing ones are bound read-only; for missing ones the first missing
+    // component is created as an empty placeholder and bound read-only (removed when `islands`
+    // is dropped, after the run's namespaces are gone).
+    let islands = crate::placeholder::Protected::prepare(&resolved.fs.protected, &writable)?;
+    let mut protected: Vec<PathBuf> = islands.paths.clone();
     // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved out
     // of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh) is safe.
     for s in ollie_policy::secrets::secret_locations(&resolved.ctx.home) {
@@ -628,13 +679,46 @@ pub fn run_streaming(
             path: sys::cstring(w).map_err(io_err("prepare mounts"))?,
         });
     }
+    // Pin every directory between a writable root and a protected island with a read-write
+    // bind onto itself: a mount point cannot be renamed or removed (EBUSY), so the tool cannot
+    // move `.git` (and the read-only `.git/hooks` inside it) aside and create a fresh one.
+    for (i, a) in pinned_ancestors(&protected, &writable).iter().enumerate() {
+        let slot = writable.len() + i;
+        let path = sys::cstring(a).map_err(io_err("prepare mounts"))?;
+        mounts.push(MountStep::CloneTree {
+            path: path.clone(),
+            slot,
+        });
+        mounts.push(MountStep::Attach { slot, path });
+    }
     for p in &protected {
         mounts.push(MountStep::ProtectReadOnly {
             path: sys::cstring(p).map_err(io_err("prepare mounts"))?,
         });
     }
-
+    // A private /dev/shm (POSIX shared memory, semaphores): never the host's, never another
+    // run's. Mounted last, so it is writable while everything around it is read-only.
     let l = resolved.policy.limits;
+    let private_shm = match std::fs::canonicalize(SHM_DIR) {
+        Ok(real) if l.shm_bytes > 0 && real.is_dir() => {
+            mounts.push(MountStep::PrivateTmpfs {
+                path: sys::cstring(&real).map_err(io_err("prepare mounts"))?,
+                options: cstr(
+                    format!(
+                        "size={},nr_inodes={},mode=1777",
+                        l.shm_bytes,
+                        SHM_INODES.min(l.shm_bytes / 1024 + 16)
+                    )
+                    .as_bytes(),
+                    "tmpfs options",
+                )?,
+                rule_access: landlock::writable_rights(ruleset.record.abi),
+            });
+            Some(real)
+        }
+        _ => None,
+    };
+
     let rlimits = vec![
         (libc::RLIMIT_CPU, l.cpu_seconds),
         (libc::RLIMIT_AS, l.address_space_bytes),
@@ -646,14 +730,15 @@ pub fn run_streaming(
 
     // stdin: /dev/null, or a socketpair the runner feeds (a socket, so a tool that closes its
     // stdin early gives EPIPE without SIGPIPE in the runner: MSG_NOSIGNAL).
-    let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match &req.stdin {
-        None => (
+    let relay = req.stdin_fd.clone();
+    let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match (&req.stdin, &relay) {
+        (None, None) => (
             std::fs::File::open("/dev/null")
                 .map_err(io_err("open /dev/null"))?
                 .into(),
             None,
         ),
-        Some(_) => {
+        _ => {
             let (a, b) = sys::socketpair().map_err(io_err("create the stdin socket"))?;
             sys::shutdown_read(&b).map_err(io_err("create the stdin socket"))?;
             (a, Some(b))
@@ -803,6 +888,10 @@ pub fn run_streaming(
     let mut init_done = false;
     let mut feed = stdin_feed;
     let mut fed = 0usize;
+    let input = req.stdin.as_deref().unwrap_or_default();
+    let mut relay_src = relay;
+    let mut relay_buf: Vec<u8> = Vec::new();
+    let mut relay_eof = relay_src.is_none();
     if let Some(f) = &feed {
         sys::set_nonblocking(f.as_raw_fd()).map_err(io_err("configure pipes"))?;
     }
@@ -855,14 +944,35 @@ pub fn run_streaming(
                 revents: 0,
             },
         ];
-        // Feed stdin while the tool runs; EOF once everything is written.
-        let input = req.stdin.as_deref().unwrap_or_default();
-        if feed.is_some() && (fed >= input.len() || init_done) {
+        // Feed stdin while the tool runs (fixed bytes, or a relay through a bounded buffer);
+        // EOF once everything is written or the source ends.
+        if relay_src.is_some() && fed >= relay_buf.len() {
+            relay_buf.clear();
+            fed = 0;
+        }
+        let pending = if relay_src.is_some() {
+            relay_buf.len() - fed
+        } else {
+            input.len().saturating_sub(fed)
+        };
+        if feed.is_some() && (init_done || (pending == 0 && relay_eof)) {
             feed = None;
+            relay_src = None;
         }
         fds.push(libc::pollfd {
-            fd: feed.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            fd: feed
+                .as_ref()
+                .filter(|_| pending > 0)
+                .map_or(-1, |f| f.as_raw_fd()),
             events: libc::POLLOUT,
+            revents: 0,
+        });
+        fds.push(libc::pollfd {
+            fd: relay_src
+                .as_ref()
+                .filter(|_| feed.is_some() && pending == 0 && !relay_eof)
+                .map_or(-1, |f| f.as_raw_fd()),
+            events: libc::POLLIN,
             revents: 0,
         });
         let cancel_fd = req.cancel.as_ref().filter(|_| !cancelled && !init_done);
@@ -886,14 +996,40 @@ pub fn run_streaming(
         if fds[3].revents != 0
             && let Some(f) = &feed
         {
-            match sys::send_nosignal(f.as_raw_fd(), &input[fed..]) {
+            let buf: &[u8] = if relay_src.is_some() {
+                &relay_buf
+            } else {
+                input
+            };
+            match sys::send_nosignal(f.as_raw_fd(), &buf[fed..]) {
                 Ok(n) => fed += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 // The tool closed its stdin: stop feeding.
-                Err(_) => fed = input.len(),
+                Err(_) => {
+                    fed = buf.len();
+                    relay_eof = true;
+                }
             }
         }
-        if fds.len() > 4 && fds[4].revents != 0 {
+        if fds[4].revents != 0
+            && let Some(src) = &relay_src
+        {
+            relay_buf.resize(RELAY_CHUNK, 0);
+            fed = 0;
+            match sys::read(src.as_raw_fd(), &mut relay_buf) {
+                Ok(0) => {
+                    relay_buf.clear();
+                    relay_eof = true;
+                }
+                Ok(n) => relay_buf.truncate(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => relay_buf.clear(),
+                Err(_) => {
+                    relay_buf.clear();
+                    relay_eof = true;
+                }
+            }
+        }
+        if fds.len() > 5 && fds[5].revents != 0 {
             cancelled = true;
             if term_sent.is_none() {
                 term_sent = Some(Instant::now());
@@ -916,6 +1052,13 @@ pub fn run_streaming(
         _ => (None, Some(libc::SIGKILL)),
     };
     let status = code.unwrap_or_else(|| 128 + signal.unwrap_or(0));
+    // Every process of the run is gone (init reaped): remove the placeholders no other run
+    // uses, then compare with the baseline.
+    let placeholders = islands.placeholders.clone();
+    drop(islands);
+    let post_run = snapshot_before
+        .map(|b| b.diff(&crate::postrun::Snapshot::take(&workdir)))
+        .unwrap_or_default();
 
     let record = RunRecord {
         argv: req
@@ -945,6 +1088,8 @@ pub fn run_streaming(
                 read_only_root: true,
                 writable,
                 protected,
+                placeholders,
+                private_shm,
             },
             cgroup,
         },
@@ -958,6 +1103,7 @@ pub fn run_streaming(
             output_bytes: l.output_bytes,
             timeout_seconds: l.timeout_seconds,
             kill_grace_ms: l.kill_grace_ms,
+            shm_bytes: l.shm_bytes,
         },
         env_names: env.iter().map(|(k, _)| k.clone()).collect(),
         exit: ExitRecord {
@@ -983,12 +1129,46 @@ pub fn run_streaming(
             captured_bytes: errc.buf.len() as u64,
             truncated: errc.total > errc.buf.len() as u64,
         },
+        post_run,
     };
     Ok(RunOutput {
         record,
         stdout: out.buf,
         stderr: errc.buf,
     })
+}
+
+/// The tool's environment: cleared, then the policy's allowlist, then its fixed values
+/// (creating `TMPDIR` inside the workspace when it points there).
+pub(crate) fn tool_env(
+    resolved: &ResolvedPolicy,
+    req: &RunRequest,
+    workdir: &Path,
+) -> Result<Vec<(String, Vec<u8>)>, SandboxError> {
+    // Environment: cleared, then the allowlist, then fixed values.
+    let mut env: Vec<(String, Vec<u8>)> = Vec::new();
+    for (k, v) in &req.base_env {
+        if let Some(name) = k.to_str()
+            && resolved.policy.env.allow.contains(name)
+            && !ollie_policy::env_name_is_forbidden(name)
+        {
+            env.push((name.to_string(), v.as_bytes().to_vec()));
+        }
+    }
+    for (k, v) in &resolved.env_set {
+        env.retain(|(n, _)| n != k);
+        env.push((k.clone(), v.as_bytes().to_vec()));
+    }
+    env.sort();
+    if let Some((_, tmp)) = env.iter().find(|(n, _)| n == "TMPDIR") {
+        let tmp = PathBuf::from(std::ffi::OsStr::from_bytes(tmp));
+        if let Ok(rel) = tmp.strip_prefix(workdir) {
+            crate::workspace::Workspace::open(workdir)
+                .and_then(|ws| ws.create_dir_all(rel))
+                .map_err(io_err("create TMPDIR inside the workspace"))?;
+        }
+    }
+    Ok(env)
 }
 
 impl RunRecord {

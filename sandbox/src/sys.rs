@@ -511,6 +511,14 @@ pub(crate) enum MountStep {
     Attach { slot: usize, path: CString },
     /// Bind `path` onto itself read-only (a protected island inside a writable tree).
     ProtectReadOnly { path: CString },
+    /// Mount a fresh tmpfs (`options`: size, inodes, mode) at `path`, nosuid/nodev/noexec, and
+    /// grant `rule_access` beneath it in the run's Landlock ruleset (the rule must name the
+    /// new tmpfs root: Landlock does not look at hidden mount points).
+    PrivateTmpfs {
+        path: CString,
+        options: CString,
+        rule_access: u64,
+    },
 }
 
 /// A failure inside the child: the stage and errno, sent over the error pipe.
@@ -878,6 +886,11 @@ fn run_mounts(plan: &ChildPlan) {
                     );
                     libc::close(fd as RawFd);
                 }
+                MountStep::PrivateTmpfs {
+                    path,
+                    options,
+                    rule_access,
+                } => mount_private_tmpfs(path, options, *rule_access),
             }
         }
     }
@@ -1080,4 +1093,1032 @@ fn tool_main(plan: &ChildPlan) -> ! {
         libc::execve(plan.exe.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         fail(Stage::Exec, errno());
     }
+}
+
+/// The init stage's [`MountStep::PrivateTmpfs`]: mount, then add the Landlock rule for the new
+/// root through the inherited ruleset fd. Child only (raw syscalls, no allocation).
+fn mount_private_tmpfs(path: &CStr, options: &CStr, rule_access: u64) {
+    // SAFETY: valid C strings and a live, packed rule struct; raw syscalls in the child's own
+    // mount namespace; the O_PATH fd is closed before returning.
+    unsafe {
+        check(
+            Stage::Mount,
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                options.as_ptr().cast(),
+            ) as libc::c_long,
+        );
+        if rule_access == 0 {
+            return;
+        }
+        let fd = libc::open(
+            path.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        );
+        if fd < 0 {
+            fail(Stage::Mount, errno());
+        }
+        let attr = LandlockPathBeneathAttr {
+            allowed_access: rule_access,
+            parent_fd: fd,
+        };
+        check(
+            Stage::Landlock,
+            libc::syscall(
+                SYS_LANDLOCK_ADD_RULE,
+                FD_RULESET,
+                LANDLOCK_RULE_PATH_BENEATH,
+                &attr as *const LandlockPathBeneathAttr,
+                0u32,
+            ),
+        );
+        libc::close(fd);
+    }
+}
+
+/// `flock(fd, op)`, retrying EINTR (host side: placeholder locks).
+pub(crate) fn flock(fd: &OwnedFd, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: flock on an open fd.
+        if unsafe { libc::flock(fd.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `fstat` of an open fd: `(dev, ino, nlink, is_dir)`.
+pub(crate) fn fstat_ids(fd: &OwnedFd) -> io::Result<(u64, u64, u64, bool)> {
+    // SAFETY: zeroed plain data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((
+        st.st_dev,
+        st.st_ino,
+        st.st_nlink,
+        (st.st_mode & libc::S_IFMT) == libc::S_IFDIR,
+    ))
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: `(dev, ino, is_dir, is_symlink)`, for one
+/// component.
+pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, bool)> {
+    let c = cstring(name)?;
+    // SAFETY: zeroed plain data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer; the kernel validates the fd.
+    if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fmt = st.st_mode & libc::S_IFMT;
+    Ok((
+        st.st_dev,
+        st.st_ino,
+        fmt == libc::S_IFDIR,
+        fmt == libc::S_IFLNK,
+    ))
+}
+
+/// Reopens an fd's file through `/proc/self/fd` as a new, non-blocking, read-only open file
+/// description (so `O_NONBLOCK` does not leak to other holders of the original).
+pub(crate) fn reopen_nonblocking(fd: RawFd) -> io::Result<OwnedFd> {
+    let p = CString::new(format!("/proc/self/fd/{fd}"))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C string.
+    let n = unsafe {
+        libc::open(
+            p.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepared sandboxes (`prepared.rs`): a long-lived zygote that forks one tool per call.
+//
+// The zygote is cloned from a possibly multithreaded process, exactly like the one-shot init
+// stage, so it obeys the same rule: raw, async-signal-safe syscalls on data prepared before
+// the clone, and memory it maps itself; it never allocates, locks or unwinds.
+
+/// Everything the zygote needs, prepared by the parent before `clone`. `base` carries the
+/// session-wide parts (fds, id maps, mounts, rlimits, capability count, seccomp programs);
+/// its per-call fields (exe, argv, envp, cwd, stdio, status, sync) are unused.
+#[derive(Debug)]
+pub(crate) struct ZygotePlan {
+    pub base: ChildPlan,
+    /// The zygote's end of the control socket (SOCK_SEQPACKET).
+    pub control: RawFd,
+}
+
+/// Header of one call request on the control socket. The payload follows it (inline, or in
+/// a memfd passed as the sixth fd when `in_memfd` is 1): exe, cwd, argv…, env…, each
+/// NUL-terminated. The fds passed with it: stdin, stdout, stderr, error pipe, status pipe.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CallHeader {
+    pub magic: u32,
+    /// 0 none, 1 seccomp install, 2 capability drop, 3 landlock restrict (tests only).
+    pub fault: u32,
+    pub argc: u32,
+    pub envc: u32,
+    pub payload_len: u32,
+    pub in_memfd: u32,
+}
+
+impl CallHeader {
+    /// The header as the zygote reads it (`#[repr(C)]`: six `u32` fields, no padding).
+    pub(crate) fn to_bytes(self) -> [u8; CALL_HDR] {
+        let mut out = [0u8; CALL_HDR];
+        let fields = [
+            self.magic,
+            self.fault,
+            self.argc,
+            self.envc,
+            self.payload_len,
+            self.in_memfd,
+        ];
+        for (chunk, v) in out.chunks_exact_mut(4).zip(fields) {
+            chunk.copy_from_slice(&v.to_ne_bytes());
+        }
+        out
+    }
+}
+
+/// `CallHeader::magic`.
+pub(crate) const CALL_MAGIC: u32 = 0x6f6c_6c31;
+/// Fds passed with every call (plus the payload memfd when used).
+pub(crate) const CALL_FDS: usize = 5;
+/// Largest payload sent inline in the request message.
+pub(crate) const MAX_INLINE_PAYLOAD: usize = 32 * 1024;
+/// Largest payload (argv + environment), like the kernel's default `ARG_MAX` bound.
+pub(crate) const MAX_PAYLOAD: usize = 4 << 20;
+/// Most strings (exe, cwd, argv, env) in one call.
+pub(crate) const MAX_STRINGS: usize = 1 << 16;
+const CALL_HDR: usize = std::mem::size_of::<CallHeader>();
+
+/// The zygote's fixed fds.
+const FD_CONTROL: RawFd = 4;
+const FD_ZSIGNAL: RawFd = 5;
+
+/// A per-call request as the zygote parsed it (lives on the zygote's stack; the per-call init
+/// and the tool see their own copies or share it until `execve`).
+struct Call<'a> {
+    z: &'a ZygotePlan,
+    fds: [RawFd; CALL_FDS],
+    exe: *const libc::c_char,
+    cwd: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    fault: u32,
+    /// Top of the tool's stack (inside the call's region).
+    tool_stack_top: usize,
+}
+
+/// Stack of a per-call init (raw syscalls only, small frames).
+const CALL_INIT_STACK_BYTES: usize = 64 * 1024;
+/// Most calls in flight at once in one prepared sandbox.
+const MAX_CALLS: usize = 256;
+
+/// A call in flight: its per-call init and the region (stacks, request copy) it runs on,
+/// unmapped once the init is reaped.
+#[derive(Clone, Copy)]
+struct Slot {
+    pid: libc::pid_t,
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+const FREE_SLOT: Slot = Slot {
+    pid: 0,
+    base: std::ptr::null_mut(),
+    len: 0,
+};
+
+/// Size of a standard per-call region (stacks, the Call, and up to 64 KiB of pointers and
+/// payload); standard regions are kept for reuse instead of being unmapped (no mmap, page
+/// faults or TLB shoot-downs per call). Larger requests get a region of their own.
+const STD_REGION: usize = CALL_INIT_STACK_BYTES + TOOL_STACK_BYTES + 4096 + 64 * 1024;
+/// Standard regions kept for reuse.
+const REGION_CACHE: usize = 8;
+
+/// Regions of finished calls, ready for reuse (zygote only).
+struct RegionCache {
+    free: [*mut libc::c_void; REGION_CACHE],
+    n: usize,
+}
+
+impl RegionCache {
+    /// A region of at least `len` bytes, or null. Zygote only.
+    fn take(&mut self, len: usize) -> *mut libc::c_void {
+        if len <= STD_REGION && self.n > 0 {
+            self.n -= 1;
+            return self.free[self.n];
+        }
+        let want = if len <= STD_REGION { STD_REGION } else { len };
+        // SAFETY: a fresh anonymous mapping owned by the zygote.
+        let r = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                want,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if r == libc::MAP_FAILED {
+            std::ptr::null_mut()
+        } else {
+            r
+        }
+    }
+
+    /// Returns a region no process uses any more. Zygote only.
+    fn give(&mut self, base: *mut libc::c_void, len: usize) {
+        if len == STD_REGION && self.n < REGION_CACHE {
+            self.free[self.n] = base;
+            self.n += 1;
+        } else {
+            // SAFETY: the region was mapped by `take` and nothing uses it any more.
+            unsafe { libc::munmap(base, len) };
+        }
+    }
+}
+
+/// Starts the zygote: pid 1 of new user, pid, mount and IPC namespaces, which sets up the
+/// session's mounts once and then serves call requests. Returns `(pid, pidfd)`.
+pub(crate) fn spawn_zygote(z: &ZygotePlan) -> io::Result<(libc::pid_t, OwnedFd)> {
+    if z.base.mounts.iter().any(|m| match m {
+        MountStep::CloneTree { slot, .. } | MountStep::Attach { slot, .. } => *slot >= MAX_SLOTS,
+        _ => false,
+    }) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many writable paths",
+        ));
+    }
+    let mut pidfd: RawFd = -1;
+    // SAFETY: stack sigsets; pthread_sigmask only affects this thread and is restored below.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to stack sigsets. Every signal stays blocked in the zygote (it
+    // waits for SIGCHLD with a signalfd), so no handler of the runner ever runs there.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
+    // SAFETY: a fork-style clone; the child only runs `zygote_main`, which uses raw syscalls
+    // on data prepared before this call and never returns.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            NAMESPACE_FLAGS | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong,
+            0usize,
+            &mut pidfd as *mut RawFd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        zygote_main(z);
+    }
+    let err = io::Error::last_os_error();
+    // SAFETY: restores this thread's mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+    }
+    if pid < 0 {
+        return Err(err);
+    }
+    // SAFETY: the kernel stored a new pidfd for the child (CLONE_PIDFD).
+    Ok((pid as libc::pid_t, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+/// Moves `src[i]` to fd `i` (skipping negative entries; stdio without close-on-exec, the rest
+/// with it) and closes every fd from `src.len()` up. Child only.
+fn arrange_fd_list(src: &[RawFd], report: RawFd) {
+    let mut tmp = [-1 as RawFd; 8];
+    for (i, fd) in src.iter().enumerate().take(tmp.len()) {
+        if *fd < 0 {
+            continue;
+        }
+        // SAFETY: F_DUPFD_CLOEXEC picks the lowest free fd >= 100, never clobbering one.
+        let n = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if n < 0 {
+            let mut msg = [0u8; 8];
+            msg[..4].copy_from_slice(&(Stage::FdLayout as u32).to_ne_bytes());
+            msg[4..].copy_from_slice(&errno().to_ne_bytes());
+            // SAFETY: raw write/_exit.
+            unsafe {
+                libc::write(report, msg.as_ptr().cast(), msg.len());
+                libc::_exit(126)
+            }
+        }
+        tmp[i] = n;
+    }
+    for (i, fd) in tmp.iter().enumerate().take(src.len()) {
+        if *fd < 0 {
+            continue;
+        }
+        let flags = if i < 3 { 0 } else { libc::O_CLOEXEC };
+        // SAFETY: dup3 onto a fixed number; the old target (if any) is closed atomically.
+        if unsafe { libc::dup3(*fd, i as RawFd, flags) } < 0 {
+            fail(Stage::FdLayout, errno());
+        }
+    }
+    // SAFETY: closes every fd from src.len() upwards, including the temporaries.
+    check(Stage::FdLayout, unsafe {
+        libc::syscall(
+            SYS_CLOSE_RANGE,
+            src.len() as libc::c_uint,
+            libc::c_uint::MAX,
+            0u32,
+        )
+    });
+}
+
+/// The zygote. Never returns; exits when the control socket reaches EOF (the runner dropped
+/// the `Prepared` or died), which makes the kernel kill every process of its namespace.
+fn zygote_main(z: &ZygotePlan) -> ! {
+    // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data and on
+    // memory this process maps itself.
+    unsafe {
+        arrange_fd_list(
+            &[-1, -1, -1, z.base.err_w, z.control, -1, z.base.ruleset],
+            z.base.err_w,
+        );
+        libc::close(0);
+        libc::close(1);
+        libc::close(2);
+        // Wait until the parent has placed us in a cgroup (EOF = parent gone).
+        let mut b = [0u8; 1];
+        if libc::recv(FD_CONTROL, b.as_mut_ptr().cast(), 1, 0) != 1 {
+            fail(Stage::Sync, libc::ECANCELED);
+        }
+        write_file(Stage::UserNamespaceMap, &z.base.setgroups_path, c"deny");
+        write_file(
+            Stage::UserNamespaceMap,
+            &z.base.uid_map_path,
+            &z.base.uid_map,
+        );
+        write_file(
+            Stage::UserNamespaceMap,
+            &z.base.gid_map_path,
+            &z.base.gid_map,
+        );
+        write_file(Stage::OomScore, &z.base.oom_path, c"1000");
+        run_mounts(&z.base);
+        // The zygote holds a copy of the runner's memory for the whole session: no core
+        // dumps, and its /proc entries closed to the session's uid (extra hardening on top
+        // of Landlock's ptrace scoping, so not a required layer: it cannot fail anyway).
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        // Set up once and inherited by every call: default dispositions for every signal
+        // (all stay blocked until the tool unblocks them right before seccomp and execve),
+        // and an empty capability bounding set (it can only shrink).
+        for sig in 1..=64 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        for cap in 0..=z.base.cap_last {
+            if libc::prctl(PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0 {
+                fail(Stage::Capabilities, errno());
+            }
+        }
+
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        let sfd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        if sfd < 0 {
+            fail(Stage::Signals, errno());
+        }
+        if sfd != FD_ZSIGNAL {
+            if libc::dup3(sfd, FD_ZSIGNAL, libc::O_CLOEXEC) < 0 {
+                fail(Stage::Signals, errno());
+            }
+            libc::close(sfd);
+        }
+        let buf = libc::mmap(
+            std::ptr::null_mut(),
+            CALL_HDR + MAX_PAYLOAD,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if buf == libc::MAP_FAILED {
+            fail(Stage::Fork, errno());
+        }
+        let mut slots = [FREE_SLOT; MAX_CALLS];
+        let mut regions = RegionCache {
+            free: [std::ptr::null_mut(); REGION_CACHE],
+            n: 0,
+        };
+        // Ready: the parent sees EOF on the start-up error pipe.
+        libc::close(FD_ERR);
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: FD_CONTROL,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: FD_ZSIGNAL,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+                continue;
+            }
+            if fds[1].revents != 0 {
+                let mut info = [0u8; 128];
+                while libc::read(FD_ZSIGNAL, info.as_mut_ptr().cast(), info.len()) > 0 {}
+                // Reap finished per-call inits and unmap the regions they ran on.
+                loop {
+                    let pid = libc::wait4(
+                        -1,
+                        std::ptr::null_mut(),
+                        libc::WNOHANG | libc::__WALL,
+                        std::ptr::null_mut(),
+                    );
+                    if pid <= 0 {
+                        break;
+                    }
+                    for slot in slots.iter_mut() {
+                        if slot.pid == pid {
+                            regions.give(slot.base, slot.len);
+                            *slot = FREE_SLOT;
+                        }
+                    }
+                }
+            }
+            if fds[0].revents != 0 && !zygote_serve(z, buf.cast(), &mut slots, &mut regions) {
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+/// Receives one call request and answers it (errno, and the per-call init's pidfd on
+/// success). Returns false when the control socket is closed. Zygote only.
+fn zygote_serve(
+    z: &ZygotePlan,
+    buf: *mut u8,
+    slots: &mut [Slot; MAX_CALLS],
+    regions: &mut RegionCache,
+) -> bool {
+    // SAFETY (whole function): raw socket calls on stack buffers and the zygote's own
+    // mapping (`buf` holds CALL_HDR + MAX_PAYLOAD bytes).
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: buf.cast(),
+            iov_len: CALL_HDR + MAX_INLINE_PAYLOAD,
+        };
+        let mut cbuf = [0u64; 16];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        let n = libc::recvmsg(FD_CONTROL, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n == 0 {
+            return false;
+        }
+        if n < 0 {
+            let e = errno();
+            return e == libc::EINTR || e == libc::EAGAIN;
+        }
+        let mut fds = [-1 as RawFd; 8];
+        let mut nfds = 0usize;
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    if nfds < fds.len() {
+                        fds[nfds] = fd;
+                        nfds += 1;
+                    } else {
+                        libc::close(fd);
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+        let mut pidfd: RawFd = -1;
+        let err = zygote_spawn(
+            z,
+            buf,
+            n as usize,
+            msg.msg_flags,
+            &fds[..nfds],
+            slots,
+            regions,
+            &mut pidfd,
+        );
+        for fd in &fds[..nfds] {
+            libc::close(*fd);
+        }
+        let reply = err.to_ne_bytes();
+        let mut iov = libc::iovec {
+            iov_base: reply.as_ptr() as *mut libc::c_void,
+            iov_len: reply.len(),
+        };
+        let mut cbuf = [0u64; 4];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if pidfd >= 0 {
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, pidfd);
+        }
+        let sent = libc::sendmsg(FD_CONTROL, &msg, libc::MSG_NOSIGNAL);
+        if pidfd >= 0 {
+            libc::close(pidfd);
+        }
+        sent >= 0 || errno() == libc::EINTR
+    }
+}
+
+/// Validates a request and clones its per-call init (pid 1 of a new pid namespace nested in
+/// the session's) on a region of its own. Returns 0 or an errno. Zygote only.
+///
+/// The per-call init shares the zygote's memory (`CLONE_VM`: no copy of the runner's page
+/// tables per call, nothing to tear down at exit) but touches only its region: its stack, the
+/// tool's stack, and its own copy of the request. The zygote unmaps the region once the
+/// per-call init is reaped (the tool has exec'd or exited long before: `CLONE_VFORK`).
+#[allow(clippy::too_many_arguments)]
+fn zygote_spawn(
+    z: &ZygotePlan,
+    buf: *mut u8,
+    n: usize,
+    flags: libc::c_int,
+    fds: &[RawFd],
+    slots: &mut [Slot; MAX_CALLS],
+    regions: &mut RegionCache,
+    pidfd: &mut RawFd,
+) -> i32 {
+    *pidfd = -1;
+    if flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || n < CALL_HDR {
+        return libc::EINVAL;
+    }
+    let Some(slot) = slots.iter().position(|s| s.pid == 0) else {
+        return libc::EAGAIN;
+    };
+    // SAFETY (whole function): `buf` holds CALL_HDR + MAX_PAYLOAD bytes of which `n` were
+    // received; the region is mapped here with room
+    // for both stacks, the Call, the pointer array and the payload; every index below is
+    // bounds-checked against those sizes first.
+    unsafe {
+        let hdr = std::ptr::read_unaligned(buf as *const CallHeader);
+        let memfd = hdr.in_memfd == 1;
+        let len = hdr.payload_len as usize;
+        let strings = 2 + hdr.argc as usize + hdr.envc as usize;
+        if hdr.magic != CALL_MAGIC
+            || fds.len() != CALL_FDS + usize::from(memfd)
+            || hdr.argc == 0
+            || len > MAX_PAYLOAD
+            || strings > MAX_STRINGS
+        {
+            return libc::EINVAL;
+        }
+        if !memfd && n - CALL_HDR != len {
+            return libc::EINVAL;
+        }
+        let call_off = CALL_INIT_STACK_BYTES + TOOL_STACK_BYTES;
+        let ptrs_off = call_off + std::mem::size_of::<Call<'_>>().next_multiple_of(16);
+        let data_off = ptrs_off + strings * std::mem::size_of::<usize>();
+        let needed = (data_off + len).next_multiple_of(4096);
+        let region_len = needed.max(STD_REGION);
+        let region = regions.take(needed);
+        if region.is_null() {
+            return libc::ENOMEM;
+        }
+        let base = region as *mut u8;
+        let mut unmap = |e: i32| {
+            regions.give(region, region_len);
+            e
+        };
+        let data = base.add(data_off);
+        if memfd {
+            let mut got = 0usize;
+            while got < len {
+                let r = libc::pread(
+                    fds[CALL_FDS],
+                    data.add(got).cast(),
+                    len - got,
+                    got as libc::off_t,
+                );
+                if r <= 0 {
+                    return unmap(libc::EIO);
+                }
+                got += r as usize;
+            }
+        } else {
+            std::ptr::copy_nonoverlapping(buf.add(CALL_HDR), data, len);
+        }
+        let ptrs = base.add(ptrs_off) as *mut *const libc::c_char;
+        // Split the payload into NUL-terminated strings: exe, cwd, argv…, env….
+        let mut pos = 0usize;
+        let mut exe = std::ptr::null();
+        let mut cwd = std::ptr::null();
+        let argc = hdr.argc as usize;
+        for s in 0..strings {
+            if pos >= len {
+                return unmap(libc::EINVAL);
+            }
+            let start = data.add(pos) as *const libc::c_char;
+            while pos < len && *data.add(pos) != 0 {
+                pos += 1;
+            }
+            if pos >= len {
+                return unmap(libc::EINVAL);
+            }
+            pos += 1;
+            match s {
+                0 => exe = start,
+                1 => cwd = start,
+                // argv at ptrs[0..argc], NULL, env at ptrs[argc+1..], NULL.
+                _ if s - 2 < argc => *ptrs.add(s - 2) = start,
+                _ => *ptrs.add(s - 1) = start,
+            }
+        }
+        if pos != len {
+            return unmap(libc::EINVAL);
+        }
+        *ptrs.add(argc) = std::ptr::null();
+        *ptrs.add(strings - 1) = std::ptr::null();
+        let call = base.add(call_off) as *mut Call<'_>;
+        call.write(Call {
+            z,
+            fds: [fds[0], fds[1], fds[2], fds[3], fds[4]],
+            exe,
+            cwd,
+            argv: ptrs,
+            envp: ptrs.add(argc + 1),
+            fault: hdr.fault,
+            tool_stack_top: (base.add(call_off) as usize) & !0xf,
+        });
+        let init_top = (base.add(CALL_INIT_STACK_BYTES) as usize) & !0xf;
+        let pid = libc::clone(
+            call_init_entry,
+            init_top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_NEWPID | CLONE_PIDFD as libc::c_int | libc::SIGCHLD,
+            call.cast(),
+            pidfd as *mut RawFd,
+        );
+        if pid < 0 {
+            *pidfd = -1;
+            return unmap(errno());
+        }
+        slots[slot] = Slot {
+            pid,
+            base: region,
+            len: region_len,
+        };
+        0
+    }
+}
+
+/// Entry point of a per-call init on its own stack.
+extern "C" fn call_init_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Call` the zygote wrote into this call's region, which stays mapped
+    // and unmodified until this process has been reaped.
+    let call = unsafe { &*(arg as *const Call<'_>) };
+    call_init_main(call)
+}
+
+/// pid 1 of one call's pid namespace: forks the tool, forwards termination signals to every
+/// process of the call, reports the tool's status and rusage, and exits when the tool does
+/// (which kills everything else the call started). Never returns.
+fn call_init_main(call: &Call<'_>) -> ! {
+    // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
+    unsafe {
+        arrange_fd_list(
+            &[
+                call.fds[0],
+                call.fds[1],
+                call.fds[2],
+                call.fds[3],
+                call.fds[4],
+                -1,
+                FD_RULESET,
+            ],
+            call.fds[3],
+        );
+        // The zygote's signalfd (close-on-exec anyway): not needed here.
+        libc::close(FD_ZSIGNAL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        let child = libc::clone(
+            prepared_tool_entry,
+            call.tool_stack_top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            call as *const Call<'_> as *mut libc::c_void,
+        );
+        if child < 0 {
+            fail(Stage::Fork, errno());
+        }
+        libc::close(FD_ERR);
+        libc::close(FD_RULESET);
+        libc::close(0);
+        // stdout and stderr stay open here until this init exits: the runner sees EOF on
+        // them only once every process of the call is gone (one wake-up, not two).
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigwaitinfo(&set, &mut info);
+            if sig < 0 {
+                continue;
+            }
+            if sig == libc::SIGCHLD {
+                loop {
+                    let mut status = 0;
+                    let r = libc::wait4(
+                        -1,
+                        &mut status,
+                        libc::WNOHANG | libc::__WALL,
+                        std::ptr::null_mut(),
+                    );
+                    if r <= 0 {
+                        break;
+                    }
+                    if r == child {
+                        let mut ru: libc::rusage = std::mem::zeroed();
+                        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+                        let us =
+                            |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
+                        let mut out = [0u8; 28];
+                        out[..4].copy_from_slice(&status.to_ne_bytes());
+                        out[4..12].copy_from_slice(&us(ru.ru_utime).to_ne_bytes());
+                        out[12..20].copy_from_slice(&us(ru.ru_stime).to_ne_bytes());
+                        out[20..].copy_from_slice(&(ru.ru_maxrss as u64).to_ne_bytes());
+                        libc::write(FD_STATUS, out.as_ptr().cast(), out.len());
+                        // Exiting kills every remaining process of the call's namespace.
+                        libc::_exit(0);
+                    }
+                }
+            } else {
+                // Forward to every process of this call (init itself is exempt).
+                libc::kill(-1, sig);
+            }
+        }
+    }
+}
+
+/// Entry point of a prepared tool on its own stack.
+extern "C" fn prepared_tool_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `&Call` the per-call init passed to clone; the init is suspended
+    // (CLONE_VFORK) and the call stays alive and unmodified until the tool execs or exits.
+    let call = unsafe { &*(arg as *const Call<'_>) };
+    prepared_tool_main(call)
+}
+
+/// The prepared tool: the per-call steps in the documented order (those of `tool_main`, minus
+/// the bounding-set drop and the disposition reset the zygote did once), then execve. Never
+/// returns.
+fn prepared_tool_main(call: &Call<'_>) -> ! {
+    let plan = &call.z.base;
+    // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
+    unsafe {
+        libc::close(FD_STATUS);
+        if libc::setsid() < 0 {
+            fail(Stage::Setsid, errno());
+        }
+        for (res, v) in &plan.rlimits {
+            let rl = libc::rlimit64 {
+                rlim_cur: *v,
+                rlim_max: *v,
+            };
+            if libc::setrlimit64(*res, &rl) < 0 {
+                fail(Stage::Rlimit, errno());
+            }
+        }
+        if libc::chdir(call.cwd) < 0 {
+            fail(Stage::Chdir, errno());
+        }
+        if call.fault == 2 {
+            fail(Stage::Capabilities, libc::EPERM);
+        }
+        // The bounding set was emptied once in the zygote (inherited); the rest is per call.
+        if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+        if libc::prctl(PR_SET_SECUREBITS, SECURE_BITS_LOCKED, 0, 0, 0) < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+        let hdr = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        check(
+            Stage::Capabilities,
+            libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()),
+        );
+        if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+            fail(Stage::NoNewPrivs, errno());
+        }
+        if call.fault == 3 {
+            fail(Stage::Landlock, libc::EINVAL);
+        }
+        check(
+            Stage::Landlock,
+            libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
+        );
+        libc::close(FD_RULESET);
+        // Dispositions are the defaults already (reset once in the zygote, inherited).
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) < 0 {
+            fail(Stage::Signals, errno());
+        }
+        // seccomp last.
+        for f in &plan.filters {
+            let (ptr, len) = if call.fault == 1 {
+                (std::ptr::null_mut(), 0u16)
+            } else {
+                (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
+            };
+            let prog = libc::sock_fprog { len, filter: ptr };
+            check(
+                Stage::Seccomp,
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    &prog as *const libc::sock_fprog,
+                ),
+            );
+        }
+        libc::execve(call.exe, call.argv, call.envp);
+        fail(Stage::Exec, errno());
+    }
+}
+
+/// A close-on-exec AF_UNIX SOCK_SEQPACKET socketpair (the zygote's control link).
+pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` has room for two fds.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are new and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one message made of `parts` with `fds` attached (SCM_RIGHTS), without SIGPIPE.
+pub(crate) fn send_with_fds(sock: &OwnedFd, parts: &[&[u8]], fds: &[RawFd]) -> io::Result<()> {
+    let mut iov: Vec<libc::iovec> = parts
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    let space = if fds.is_empty() {
+        0
+    } else {
+        // SAFETY: pure size computation.
+        unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) as usize }
+    };
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: zeroed plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    if !fds.is_empty() {
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer holds CMSG_SPACE(fds) bytes, 8-byte aligned; the header
+        // and data pointers come from the CMSG macros over that buffer.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr().cast::<u8>(),
+                libc::CMSG_DATA(c),
+                std::mem::size_of_val(fds),
+            );
+        }
+    }
+    loop {
+        // SAFETY: `msg` points at live iovecs and control data for the duration of the call.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one message into `buf` and at most one attached fd (extra fds are closed).
+/// Returns 0 bytes at EOF.
+pub(crate) fn recv_with_fd(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: zeroed plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: `msg` points at live buffers for the duration of the call.
+        let r = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut got: Option<OwnedFd> = None;
+    // SAFETY: walking the control data the kernel filled in, with the CMSG macros; every fd
+    // found is new and owned by nobody else.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                    if got.is_none() {
+                        got = Some(fd);
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n, got))
+}
+
+/// A close-on-exec memfd holding `data` (large call payloads).
+pub(crate) fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: valid C string name.
+    let fd = unsafe { libc::memfd_create(c"ollie-call".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: new fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    write_all(fd.as_raw_fd(), data)?;
+    Ok(fd)
+}
+
+/// Sends one byte on a socket (the zygote's start signal).
+pub(crate) fn send_byte(sock: &OwnedFd) -> io::Result<()> {
+    send_with_fds(sock, &[b"g"], &[])
 }

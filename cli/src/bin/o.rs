@@ -2,8 +2,10 @@
 //!
 //! `o sandbox [--profile NAME | --policy FILE] [--workdir DIR] [--record FILE] -- CMD ARGS…`
 //! runs one command through the same code path toolsrv uses (`ollie_sandbox::run_streaming`),
-//! streams its stdout/stderr (stdin is `/dev/null`), and exits with its status (128 + signal
-//! when it was killed).
+//! streams its stdout/stderr, forwards its stdin when that is a pipe or a file (a terminal is
+//! never forwarded: the tool reads `/dev/null`), and exits with its status (128 + signal when
+//! it was killed). After the run it prints one `o sandbox: warning: …` line per post-run flag
+//! (new git hooks, risky git config, `.envrc`, editor settings; see SECURITY.md).
 //! When the run itself is refused, it prints one line to stderr and exits 125 (126: the
 //! program cannot be executed, 127: not found).
 
@@ -103,7 +105,10 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
             }
         },
     };
-    let req = ollie_sandbox::RunRequest::new(args.command.clone(), workdir);
+    let mut req = ollie_sandbox::RunRequest::new(args.command.clone(), workdir);
+    // stdin: forwarded (through the runner, never as the fd itself) when it is a pipe or a
+    // file; a terminal is never handed to a tool, which then reads /dev/null.
+    req.stdin_fd = ollie_sandbox::forwardable_stdin().map(std::sync::Arc::new);
     // Output is streamed live; the run's own capture (capped) only feeds the record.
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
@@ -129,6 +134,15 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // What the run left behind for host-side tools: one line each, after the tool's output.
+    for flag in &out.record.post_run.flags {
+        eprintln!("o sandbox: warning: {flag} (review before running git or tools here)");
+    }
+    if out.record.post_run.truncated {
+        eprintln!(
+            "o sandbox: warning: the post-run scan hit its bounds; deeper nested repositories were not checked"
+        );
+    }
     if out.record.exit.timed_out {
         eprintln!(
             "o sandbox: timed out after {} s",

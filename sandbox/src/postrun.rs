@@ -1,0 +1,531 @@
+//! The post-run diff: what a tool left behind that would run *unsandboxed* later.
+//!
+//! Read-only binds stop writes to the protected paths a policy names, but only under the mount
+//! namespace and only for the names listed. Anything else that host-side programs execute on
+//! the user's behalf — git hooks and config of nested repositories, direnv's `.envrc`, editor
+//! and agent settings — is snapshotted before each run and compared afterwards; every new or
+//! changed item becomes a [`PostRunFlag`] in the run record. [`crate::workspace::Workspace`]
+//! refuses host-side git until a human acknowledges the flags.
+//!
+//! What is watched, for the workspace and every repository found in it:
+//! - `<gitdir>/hooks/*` (not `*.sample`): new, changed content, mode or symlink target;
+//! - `<gitdir>/config` and `config.worktree`: keys that make git run a command or reroute
+//!   credentials/URLs (`core.hooksPath`, `core.fsmonitor`, `core.sshCommand`, `core.pager`,
+//!   `core.editor`, `core.askpass`, `credential.*helper`, `url.*.insteadOf`, `include.path`,
+//!   `includeIf.*.path`, `filter.*.{clean,smudge,process}`, `diff.*.{textconv,command}`,
+//!   `diff.external`, `merge.*.driver`, `gpg.program`, `sequence.editor`, `alias.* = !…`),
+//!   when new or changed;
+//! - a `.git` directory or file that did not exist before (a new nested repository);
+//! - `.envrc`, `.claude/settings.json`, `.claude/settings.local.json`, `.vscode/tasks.json`,
+//!   `.vscode/settings.json`, `.vscode/launch.json` at the workspace root: new or changed.
+//!
+//! Cost is bounded: the search for nested repositories visits at most [`MAX_DIRS`]
+//! directories, [`MAX_DEPTH`] levels deep, skips dependency and build trees
+//! ([`SKIPPED_DIRS`]) and the inside of `.git` directories, and scans at most [`MAX_REPOS`]
+//! repositories; files are hashed up to [`MAX_FILE_BYTES`]. When a bound is hit the record
+//! says so (`truncated`). Every open is `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` with
+//! `O_NONBLOCK` (a planted FIFO or symlink cannot block or redirect the runner).
+
+use crate::sys;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// At most this many directories are visited looking for nested repositories.
+pub const MAX_DIRS: usize = 2000;
+/// Nested repositories are looked for at most this deep below the workspace.
+pub const MAX_DEPTH: usize = 6;
+/// At most this many repositories (the workspace's own included) are scanned.
+pub const MAX_REPOS: usize = 64;
+/// Files are hashed up to this size (larger ones by size and mode only).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Directory names never descended into when looking for nested repositories.
+pub const SKIPPED_DIRS: &[&str] = &[
+    "node_modules",
+    "target",
+    ".tmp",
+    ".cache",
+    "__pycache__",
+    ".venv",
+    "venv",
+    ".tox",
+    "dist",
+    "build",
+];
+/// Files at the workspace root that host-side tools execute or obey.
+pub const WATCHED_FILES: &[&str] = &[
+    ".envrc",
+    ".claude",
+    ".vscode",
+    ".claude/settings.json",
+    ".claude/settings.local.json",
+    ".vscode/tasks.json",
+    ".vscode/settings.json",
+    ".vscode/launch.json",
+];
+
+/// What kind of persistence a flag is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlagKind {
+    /// A git hook was created or changed (content, mode or link target).
+    GitHook,
+    /// A git config key that runs a command or reroutes URLs/credentials was set or changed.
+    GitConfig,
+    /// A `.git` directory or file appeared (a new, possibly nested, repository).
+    NewRepository,
+    /// A watched editor/agent/direnv file was created or changed.
+    WatchedFile,
+}
+
+/// One thing a human should look at before running host-side tools in the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct PostRunFlag {
+    /// What kind of change.
+    pub kind: FlagKind,
+    /// The path, relative to the workspace.
+    pub path: PathBuf,
+    /// What changed (for config keys: `key = value`, truncated).
+    pub detail: String,
+}
+
+impl std::fmt::Display for PostRunFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.kind {
+            FlagKind::GitHook => "git hook",
+            FlagKind::GitConfig => "risky git config",
+            FlagKind::NewRepository => "new git repository",
+            FlagKind::WatchedFile => "host-executed file",
+        };
+        // One line, whatever the tool wrote.
+        let detail: String = self
+            .detail
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        write!(f, "{what} {}: {detail}", self.path.display())
+    }
+}
+
+/// The post-run section of the run record.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PostRunRecord {
+    /// Every new or changed item (empty: nothing to review).
+    pub flags: Vec<PostRunFlag>,
+    /// Repositories scanned (the workspace's own included).
+    pub repositories: usize,
+    /// A bound was hit: deeper or later repositories were not scanned.
+    pub truncated: bool,
+}
+
+/// Fingerprint of one file: mode, size and content hash (or symlink target).
+type Print = String;
+
+/// What was there before (or after) a run.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// Repository marker (`.git` dir or file) → kind.
+    repos: BTreeSet<PathBuf>,
+    /// Hook path → fingerprint.
+    hooks: BTreeMap<PathBuf, Print>,
+    /// Config path → risky `key = value` entries.
+    config: BTreeMap<PathBuf, BTreeSet<String>>,
+    /// Watched file → fingerprint.
+    files: BTreeMap<PathBuf, Print>,
+    truncated: bool,
+}
+
+const DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
+
+fn open_dir(root: &OwnedFd, rel: &Path) -> Option<OwnedFd> {
+    if rel.as_os_str().is_empty() {
+        return root.try_clone().ok();
+    }
+    sys::openat2_beneath(root.as_raw_fd(), rel, DIR, 0).ok()
+}
+
+/// Entries of a directory opened beneath the root: `(name, is_dir, is_symlink)`.
+fn entries(dir: &OwnedFd) -> Vec<(std::ffi::OsString, bool, bool)> {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+        return Vec::new();
+    };
+    let mut out: Vec<_> = rd
+        .flatten()
+        .filter_map(|e| {
+            let t = e.file_type().ok()?;
+            Some((e.file_name(), t.is_dir(), t.is_symlink()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Fingerprint of `rel` (no symlink followed; FIFOs and devices by type only).
+fn print(root: &OwnedFd, rel: &Path) -> Option<Print> {
+    let (parent, name) = (rel.parent()?, rel.file_name()?);
+    let pdir = open_dir(root, parent)?;
+    let (_, _, is_dir, is_link) = sys::lstat_at(pdir.as_raw_fd(), Path::new(name)).ok()?;
+    if is_link {
+        let target = std::fs::read_link(format!(
+            "/proc/self/fd/{}/{}",
+            pdir.as_raw_fd(),
+            name.to_string_lossy()
+        ))
+        .ok()?;
+        return Some(format!("symlink:{}", target.display()));
+    }
+    if is_dir {
+        return Some("dir".into());
+    }
+    let fd = sys::openat2_beneath(
+        pdir.as_raw_fd(),
+        Path::new(name),
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+        0,
+    )
+    .ok()?;
+    let f = std::fs::File::from(fd);
+    let md = f.metadata().ok()?;
+    use std::os::unix::fs::MetadataExt;
+    if !md.is_file() {
+        return Some(format!("special:{:o}", md.mode()));
+    }
+    let mut h = Sha256::new();
+    if md.len() <= MAX_FILE_BYTES {
+        let mut buf = Vec::new();
+        f.take(MAX_FILE_BYTES).read_to_end(&mut buf).ok()?;
+        h.update(&buf);
+    }
+    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("{:o}:{}:{digest}", md.mode(), md.len()))
+}
+
+/// Reads a small regular file beneath the root (no symlinks, no FIFOs).
+fn read_small(root: &OwnedFd, rel: &Path) -> Option<String> {
+    let fd = sys::openat2_beneath(
+        root.as_raw_fd(),
+        rel,
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+        0,
+    )
+    .ok()?;
+    let f = std::fs::File::from(fd);
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_FILE_BYTES).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Whether `section[.subsection].key` (lowercased section and key) makes git run a command
+/// or reroute URLs or credentials.
+fn risky(section: &str, sub: Option<&str>, key: &str, value: &str) -> bool {
+    match (section, sub.is_some(), key) {
+        (
+            "core",
+            false,
+            "hookspath" | "fsmonitor" | "sshcommand" | "pager" | "editor" | "askpass" | "gitproxy",
+        ) => true,
+        ("credential", _, "helper") => true,
+        ("url", true, "insteadof" | "pushinsteadof") => true,
+        ("include", false, "path") | ("includeif", true, "path") => true,
+        ("filter", true, "clean" | "smudge" | "process") => true,
+        ("diff", true, "textconv" | "command") | ("diff", false, "external") => true,
+        ("merge", true, "driver") => true,
+        ("gpg", _, "program") | ("sequence", false, "editor") => true,
+        ("uploadpack", false, "packobjectshook") => true,
+        ("alias", false, _) => value.trim_start().starts_with('!'),
+        _ => false,
+    }
+}
+
+/// The risky entries of a git config file, as `section[.sub].key = value` lines.
+pub(crate) fn risky_config_entries(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut section = String::new();
+    let mut sub: Option<String> = None;
+    for raw in text.lines() {
+        let mut line = raw.trim();
+        if line.starts_with('[') {
+            let Some(end) = line.find(']') else { continue };
+            let head = &line[1..end];
+            line = line[end + 1..].trim();
+            if let Some(q) = head.find('"') {
+                section = head[..q].trim().to_ascii_lowercase();
+                sub = Some(head[q + 1..].trim_end_matches('"').to_string());
+            } else if let Some((s, rest)) = head.split_once('.') {
+                // Deprecated `[section.sub]` form.
+                section = s.trim().to_ascii_lowercase();
+                sub = Some(rest.trim().to_string());
+            } else {
+                section = head.trim().to_ascii_lowercase();
+                sub = None;
+            }
+        }
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        let (key, value) = match line.split_once('=') {
+            Some((k, v)) => (k.trim().to_ascii_lowercase(), v.trim()),
+            None => (line.to_ascii_lowercase(), "true"),
+        };
+        if risky(&section, sub.as_deref(), &key, value) {
+            let name = match &sub {
+                Some(s) => format!("{section}.{s}.{key}"),
+                None => format!("{section}.{key}"),
+            };
+            let value: String = value.chars().take(200).collect();
+            out.insert(format!("{name} = {value}"));
+        }
+    }
+    out
+}
+
+impl Snapshot {
+    /// Takes a snapshot of `workdir` (absolute). Never fails: what cannot be read is absent.
+    pub(crate) fn take(workdir: &Path) -> Snapshot {
+        let mut s = Snapshot::default();
+        let Ok(root) = std::fs::File::open(workdir).map(OwnedFd::from) else {
+            return s;
+        };
+        for f in WATCHED_FILES {
+            if let Some(p) = print(&root, Path::new(f)) {
+                s.files.insert(PathBuf::from(f), p);
+            }
+        }
+        // Breadth first, so the bounds cut the deepest levels first.
+        let mut queue = std::collections::VecDeque::from([(PathBuf::new(), 0usize)]);
+        let mut visited = 0usize;
+        while let Some((rel, depth)) = queue.pop_front() {
+            visited += 1;
+            if visited > MAX_DIRS {
+                s.truncated = true;
+                break;
+            }
+            let Some(dir) = open_dir(&root, &rel) else {
+                continue;
+            };
+            for (name, is_dir, is_link) in entries(&dir) {
+                let child = rel.join(&name);
+                if name == ".git" {
+                    if s.repos.len() >= MAX_REPOS {
+                        s.truncated = true;
+                        continue;
+                    }
+                    // A symlinked `.git` counts as a repository marker; it is not followed.
+                    s.repos.insert(child.clone());
+                    if is_link {
+                        continue;
+                    }
+                    if is_dir {
+                        s.scan_gitdir(&root, &child);
+                    } else if let Some(gitdir) = gitfile_target(&root, &child, workdir) {
+                        s.scan_gitdir(&root, &gitdir);
+                    }
+                    continue;
+                }
+                if !is_dir || is_link {
+                    continue;
+                }
+                if SKIPPED_DIRS.iter().any(|d| name == *d) {
+                    continue;
+                }
+                if depth + 1 > MAX_DEPTH {
+                    s.truncated = true;
+                    continue;
+                }
+                queue.push_back((child, depth + 1));
+            }
+        }
+        s
+    }
+
+    fn scan_gitdir(&mut self, root: &OwnedFd, gitdir: &Path) {
+        let hooks = gitdir.join("hooks");
+        if let Some(dir) = open_dir(root, &hooks) {
+            for (name, _, _) in entries(&dir) {
+                if name.to_string_lossy().ends_with(".sample") {
+                    continue;
+                }
+                let rel = hooks.join(&name);
+                if let Some(p) = print(root, &rel) {
+                    self.hooks.insert(rel, p);
+                }
+            }
+        }
+        for cfg in ["config", "config.worktree"] {
+            let rel = gitdir.join(cfg);
+            if let Some(text) = read_small(root, &rel) {
+                self.config.insert(rel, risky_config_entries(&text));
+            }
+        }
+    }
+
+    /// What changed from `self` (before) to `after`.
+    pub(crate) fn diff(&self, after: &Snapshot) -> PostRunRecord {
+        let mut flags = Vec::new();
+        for r in after.repos.difference(&self.repos) {
+            flags.push(PostRunFlag {
+                kind: FlagKind::NewRepository,
+                path: r.clone(),
+                detail: "created during the run".into(),
+            });
+        }
+        for (p, v) in &after.hooks {
+            match self.hooks.get(p) {
+                None => flags.push(PostRunFlag {
+                    kind: FlagKind::GitHook,
+                    path: p.clone(),
+                    detail: "created during the run".into(),
+                }),
+                Some(old) if old != v => flags.push(PostRunFlag {
+                    kind: FlagKind::GitHook,
+                    path: p.clone(),
+                    detail: "changed during the run".into(),
+                }),
+                Some(_) => {}
+            }
+        }
+        let empty = BTreeSet::new();
+        for (p, entries) in &after.config {
+            let old = self.config.get(p).unwrap_or(&empty);
+            for e in entries.difference(old) {
+                flags.push(PostRunFlag {
+                    kind: FlagKind::GitConfig,
+                    path: p.clone(),
+                    detail: e.clone(),
+                });
+            }
+        }
+        for (p, v) in &after.files {
+            let detail = match self.files.get(p) {
+                None => "created during the run",
+                Some(old) if old != v => "changed during the run",
+                Some(_) => continue,
+            };
+            flags.push(PostRunFlag {
+                kind: FlagKind::WatchedFile,
+                path: p.clone(),
+                detail: detail.into(),
+            });
+        }
+        flags.sort();
+        PostRunRecord {
+            flags,
+            repositories: after.repos.len(),
+            truncated: self.truncated || after.truncated,
+        }
+    }
+}
+
+/// The workspace-relative gitdir a `.git` file points at, if it lies inside the workspace.
+fn gitfile_target(root: &OwnedFd, dotgit: &Path, workdir: &Path) -> Option<PathBuf> {
+    let text = read_small(root, dotgit)?;
+    let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
+    let abs = if Path::new(target).is_absolute() {
+        PathBuf::from(target)
+    } else {
+        workdir.join(dotgit.parent()?).join(target)
+    };
+    // Lexical normalisation; the opens below refuse symlinks and escapes anyway.
+    let mut norm = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                norm.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => norm.push(other),
+        }
+    }
+    norm.strip_prefix(workdir).ok().map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn risky_keys_are_found_in_any_spelling() {
+        let text = "[core]\n\trepositoryformatversion = 0\n\tHooksPath = .hooks\n\tfsmonitor = touch /tmp/x\n\
+                    [Core]\n sshCommand=ssh -o ProxyCommand=x\n[credential]\n\thelper = store\n\
+                    [credential \"https://h\"]\n helper = !evil\n[url \"git@evil:\"]\n\tinsteadOf = https://github.com/\n\
+                    [remote \"origin\"]\n\turl = x\n[alias]\n\tco = checkout\n\tx = !sh -c id\n\
+                    [filter \"lfs\"]\n\tsmudge = run\n[include]\n\tpath = ../x\n# core.pager = nope\n";
+        let got = risky_config_entries(text);
+        let want = [
+            "core.hookspath = .hooks",
+            "core.fsmonitor = touch /tmp/x",
+            "core.sshcommand = ssh -o ProxyCommand=x",
+            "credential.helper = store",
+            "credential.https://h.helper = !evil",
+            "url.git@evil:.insteadof = https://github.com/",
+            "alias.x = !sh -c id",
+            "filter.lfs.smudge = run",
+            "include.path = ../x",
+        ];
+        for w in want {
+            assert!(got.contains(w), "{w} missing from {got:?}");
+        }
+        assert_eq!(got.len(), want.len(), "{got:?}");
+    }
+
+    #[test]
+    fn diff_flags_new_and_changed_items_only() {
+        let d = std::env::temp_dir().join(format!("ollie-postrun-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join(".git/hooks")).unwrap();
+        std::fs::write(d.join(".git/config"), "[core]\n\tbare = false\n").unwrap();
+        std::fs::write(d.join(".git/hooks/pre-push"), "#!/bin/sh\n").unwrap();
+        std::fs::write(d.join(".git/hooks/x.sample"), "#!/bin/sh\n").unwrap();
+        std::fs::create_dir_all(d.join("node_modules/m/.git/hooks")).unwrap();
+        let before = Snapshot::take(&d);
+        assert!(before.diff(&before).flags.is_empty());
+        std::fs::write(d.join(".git/hooks/pre-commit"), "#!/bin/sh\n").unwrap();
+        std::fs::write(d.join(".git/hooks/x.sample"), "changed").unwrap();
+        std::fs::write(
+            d.join(".git/config"),
+            "[core]\n\tbare = false\n\thooksPath = h\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(d.join("vendor/x/.git/hooks")).unwrap();
+        std::fs::write(d.join("vendor/x/.git/hooks/post-checkout"), "x").unwrap();
+        std::fs::write(d.join("node_modules/m/.git/hooks/post-checkout"), "x").unwrap();
+        std::fs::write(d.join(".envrc"), "x").unwrap();
+        let after = Snapshot::take(&d);
+        let r = before.diff(&after);
+        let got: Vec<(FlagKind, String)> = r
+            .flags
+            .iter()
+            .map(|f| (f.kind, f.path.display().to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (FlagKind::GitHook, ".git/hooks/pre-commit".into()),
+                (
+                    FlagKind::GitHook,
+                    "vendor/x/.git/hooks/post-checkout".into()
+                ),
+                (FlagKind::GitConfig, ".git/config".into()),
+                (FlagKind::NewRepository, "vendor/x/.git".into()),
+                (FlagKind::WatchedFile, ".envrc".into()),
+            ]
+        );
+        assert_eq!(r.repositories, 2);
+        // A FIFO planted as a watched file neither blocks nor follows.
+        std::fs::remove_file(d.join(".envrc")).unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(d.join(".envrc"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let r = before.diff(&Snapshot::take(&d));
+        assert!(r.flags.iter().any(|f| f.path == Path::new(".envrc")));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -1,0 +1,430 @@
+//! The default seccomp profile compiled as a binary search over syscall-number ranges instead
+//! of seccompiler's linear chain, for the prepared (per-call) spawn path.
+//!
+//! Same rules, same actions: the allowed numbers are `seccomp.rs`'s groups, and the few
+//! argument-filtered calls (ioctl, clone, unshare, personality, socketpair, socket) are
+//! re-expressed here. [`equivalent`] runs both programs through a small classic-BPF
+//! interpreter over every syscall number (and argument probes for the filtered calls), and
+//! the prepared path falls back to the reference programs if they ever disagree. A filter of
+//! ~210 instructions whose every path is at most ~20 instructions long costs the kernel a
+//! fraction of the ~1280-instruction chain to attach (JIT and the per-syscall action cache
+//! both scale with the instructions walked).
+
+use crate::seccomp::{self, CLONE_NEWTIME, CLONE_NS_FLAGS, TIOCLINUX, TIOCSTI};
+use libc::sock_filter;
+use ollie_policy::Network;
+
+const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+const LD_W_ABS: u16 = 0x20;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const JSET_K: u16 = 0x45;
+const AND_K: u16 = 0x54;
+const RET_K: u16 = 0x06;
+/// Syscall numbers considered (x86_64 tops out well below).
+const MAX_NR: u32 = 1024;
+
+fn ins(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+fn ret(k: u32) -> sock_filter {
+    ins(RET_K, 0, 0, k)
+}
+
+fn ld_arg_lo(i: u32) -> sock_filter {
+    ins(LD_W_ABS, 0, 0, 16 + 8 * i)
+}
+
+const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
+const ENOSYS: u32 = RET_ERRNO | libc::ENOSYS as u32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Allow,
+    Deny,
+    Ioctl,
+    Clone,
+    Unshare,
+    Personality,
+    Socketpair,
+    Socket,
+    Clone3,
+}
+
+fn classes(network: &Network) -> Vec<Class> {
+    let mut c = vec![Class::Deny; MAX_NR as usize];
+    let mut groups = vec![
+        seccomp::GROUP_FD_IO,
+        seccomp::GROUP_FS,
+        seccomp::GROUP_MEMORY,
+        seccomp::GROUP_PROCESS,
+        seccomp::GROUP_SIGNALS,
+        seccomp::GROUP_TIME_INFO,
+        seccomp::GROUP_SOCKET_IO,
+    ];
+    let tcp = matches!(network, Network::Tcp { .. });
+    if tcp {
+        groups.push(seccomp::GROUP_TCP);
+    }
+    for g in groups {
+        for nr in g {
+            if let Some(slot) = usize::try_from(*nr).ok().and_then(|i| c.get_mut(i)) {
+                *slot = Class::Allow;
+            }
+        }
+    }
+    let mut set = |nr: i64, class| {
+        if let Some(slot) = usize::try_from(nr).ok().and_then(|i| c.get_mut(i)) {
+            *slot = class;
+        }
+    };
+    set(libc::SYS_ioctl, Class::Ioctl);
+    set(libc::SYS_clone, Class::Clone);
+    set(libc::SYS_unshare, Class::Unshare);
+    set(libc::SYS_personality, Class::Personality);
+    set(libc::SYS_socketpair, Class::Socketpair);
+    set(libc::SYS_clone3, Class::Clone3);
+    if tcp {
+        set(libc::SYS_socket, Class::Socket);
+    }
+    c
+}
+
+fn leaf(class: Class, out: &mut Vec<sock_filter>) {
+    match class {
+        Class::Allow => out.push(ret(RET_ALLOW)),
+        Class::Deny => out.push(ret(EPERM)),
+        Class::Clone3 => out.push(ret(ENOSYS)),
+        Class::Ioctl => out.extend([
+            ld_arg_lo(1),
+            ins(JEQ_K, 2, 0, TIOCSTI as u32),
+            ins(JEQ_K, 1, 0, TIOCLINUX as u32),
+            ret(RET_ALLOW),
+            ret(EPERM),
+        ]),
+        Class::Clone | Class::Unshare => {
+            let mask = if class == Class::Clone {
+                CLONE_NS_FLAGS
+            } else {
+                CLONE_NS_FLAGS | CLONE_NEWTIME
+            };
+            out.extend([
+                ld_arg_lo(0),
+                ins(JSET_K, 1, 0, mask as u32),
+                ret(RET_ALLOW),
+                ret(EPERM),
+            ])
+        }
+        Class::Personality => out.extend([
+            ld_arg_lo(0),
+            ins(JEQ_K, 2, 0, 0),
+            ins(JEQ_K, 1, 0, 0xffff_ffff),
+            ret(EPERM),
+            ret(RET_ALLOW),
+        ]),
+        Class::Socketpair => out.extend([
+            ld_arg_lo(0),
+            ins(JEQ_K, 0, 1, libc::AF_UNIX as u32),
+            ret(RET_ALLOW),
+            ret(EPERM),
+        ]),
+        Class::Socket => out.extend([
+            ld_arg_lo(0),
+            ins(JEQ_K, 1, 0, libc::AF_INET as u32),
+            ins(JEQ_K, 0, 6, libc::AF_INET6 as u32),
+            ld_arg_lo(1),
+            ins(AND_K, 0, 0, 0xf),
+            ins(JEQ_K, 0, 3, libc::SOCK_STREAM as u32),
+            ld_arg_lo(2),
+            ins(JEQ_K, 2, 0, 0),
+            ins(JEQ_K, 1, 0, libc::IPPROTO_TCP as u32),
+            ret(EPERM),
+            ret(RET_ALLOW),
+        ]),
+    }
+}
+
+/// `ranges[i] = (first nr, class)`, covering `[ranges[i].0, ranges[i+1].0)`; the last one
+/// extends to `u32::MAX` (x32 numbers land there: denied).
+fn tree(ranges: &[(u32, Class)], out: &mut Vec<sock_filter>) -> Option<()> {
+    if ranges.len() == 1 {
+        leaf(ranges[0].1, out);
+        return Some(());
+    }
+    let mid = ranges.len() / 2;
+    let at = out.len();
+    out.push(ins(JGE_K, 0, 0, ranges[mid].0));
+    tree(&ranges[..mid], out)?;
+    out[at].jt = u8::try_from(out.len() - at - 1).ok()?;
+    tree(&ranges[mid..], out)
+}
+
+/// Compiles the default profile for `network` as one program (clone3's ENOSYS folded in).
+/// `None` if a jump would not fit (never for the shipped groups; the caller then uses the
+/// reference programs).
+pub(crate) fn compile(network: &Network) -> Option<Vec<sock_filter>> {
+    let classes = classes(network);
+    let mut ranges: Vec<(u32, Class)> = Vec::new();
+    for (nr, class) in classes.iter().enumerate() {
+        match ranges.last() {
+            Some((_, last)) if last == class && !is_special(*class) => {}
+            _ => ranges.push((nr as u32, *class)),
+        }
+    }
+    // Numbers past the table are denied.
+    if ranges.last().is_some_and(|(_, c)| *c != Class::Deny) {
+        ranges.push((MAX_NR, Class::Deny));
+    }
+    let mut out = vec![
+        ins(LD_W_ABS, 0, 0, 4),
+        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        ret(RET_KILL_PROCESS),
+        ins(LD_W_ABS, 0, 0, 0),
+    ];
+    tree(&ranges, &mut out)?;
+    (out.len() <= 4096).then_some(out)
+}
+
+fn is_special(c: Class) -> bool {
+    !matches!(c, Class::Allow | Class::Deny)
+}
+
+/// Runs a classic-BPF seccomp program on `data` (the 64-byte `seccomp_data`), and says
+/// whether it read a syscall argument. `None` for an instruction this interpreter does not
+/// know or a jump out of the program.
+pub(crate) fn interpret(prog: &[sock_filter], data: &[u8; 64]) -> Option<(u32, bool)> {
+    let mut a: u32 = 0;
+    let mut pc = 0usize;
+    let mut reads_args = false;
+    loop {
+        let i = prog.get(pc)?;
+        pc += 1;
+        match i.code {
+            LD_W_ABS => {
+                let k = i.k as usize;
+                reads_args |= k >= 16;
+                let b = data.get(k..k + 4)?;
+                a = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            AND_K => a &= i.k,
+            RET_K => return Some((i.k, reads_args)),
+            // ja
+            0x05 => pc += i.k as usize,
+            JEQ_K | JGE_K | 0x25 | JSET_K => {
+                let t = match i.code {
+                    JEQ_K => a == i.k,
+                    JGE_K => a >= i.k,
+                    0x25 => a > i.k,
+                    _ => a & i.k != 0,
+                };
+                pc += usize::from(if t { i.jt } else { i.jf });
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn data(arch: u32, nr: u32, args: [u64; 6]) -> [u8; 64] {
+    let mut d = [0u8; 64];
+    d[..4].copy_from_slice(&nr.to_ne_bytes());
+    d[4..8].copy_from_slice(&arch.to_ne_bytes());
+    for (i, a) in args.iter().enumerate() {
+        d[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_ne_bytes());
+    }
+    d
+}
+
+/// The kernel's combination of several filters: the most restrictive action wins (by the
+/// action's precedence), the most recently installed among equals.
+fn combined(programs: &[Vec<sock_filter>], d: &[u8; 64]) -> Option<(u32, bool)> {
+    let rank = |r: u32| match r & 0xffff_0000 {
+        0x8000_0000 => 0,
+        0 => 1,
+        0x0003_0000 => 2,
+        0x0005_0000 => 3,
+        0x7fc0_0000 => 4,
+        0x7ff0_0000 => 5,
+        0x7ffc_0000 => 6,
+        _ => 7,
+    };
+    let mut best: Option<u32> = None;
+    let mut reads = false;
+    for p in programs {
+        let (r, rd) = interpret(p, d)?;
+        reads |= rd;
+        best = match best {
+            Some(b) if rank(b) < rank(r) => Some(b),
+            _ => Some(r),
+        };
+    }
+    best.map(|b| (b, reads))
+}
+
+/// Argument values probed one argument at a time.
+fn probes() -> Vec<u64> {
+    let mut v = vec![
+        0,
+        1,
+        2,
+        3,
+        6,
+        10,
+        0xf,
+        0xffff_ffff,
+        u64::MAX,
+        1 << 32,
+        TIOCSTI,
+        TIOCLINUX,
+        TIOCSTI | (1 << 32),
+        0x5413,
+        libc::AF_NETLINK as u64,
+        (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64,
+        libc::SOCK_RAW as u64,
+        libc::IPPROTO_UDP as u64,
+        libc::IPPROTO_MPTCP as u64,
+        CLONE_NEWTIME,
+        libc::SIGCHLD as u64,
+        (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u64,
+    ];
+    for bit in 0..32 {
+        let f = 1u64 << bit;
+        if f & CLONE_NS_FLAGS != 0 {
+            v.push(f);
+            v.push(f | libc::SIGCHLD as u64);
+        }
+    }
+    v
+}
+
+/// Values combined across the first three arguments (families, types, protocols, requests).
+const COMBOS: [u64; 13] = [
+    0,
+    1,
+    2,
+    3,
+    6,
+    10,
+    16,
+    17,
+    262,
+    0x80001,
+    TIOCSTI,
+    0xffff_ffff,
+    (1 << 32) | 1,
+];
+
+/// Whether `fast` decides exactly like the reference `programs` for every syscall number
+/// below [`MAX_NR`], x32 and out-of-range numbers and a foreign architecture (arguments
+/// zero); and, for every number whose decision reads an argument in either program, for each
+/// probe value in each argument and every combination of [`COMBOS`] in the first three.
+pub(crate) fn equivalent(fast: &[sock_filter], programs: &[Vec<sock_filter>]) -> bool {
+    let fast = [fast.to_vec()];
+    // Some(reads_args) when both agree.
+    let same = |d: &[u8; 64]| match (combined(&fast, d), combined(programs, d)) {
+        (Some((a, ra)), Some((b, rb))) if a == b => Some(ra || rb),
+        _ => None,
+    };
+    let mut nrs: Vec<u32> = (0..MAX_NR).collect();
+    nrs.extend([MAX_NR, 0x4000_0000, 0x4000_0001, 0x4000_0000 | 59, u32::MAX]);
+    let mut filtered = Vec::new();
+    for arch in [AUDIT_ARCH_X86_64, 0x4000_0003] {
+        for nr in &nrs {
+            match same(&data(arch, *nr, [0; 6])) {
+                None => return false,
+                Some(true) => filtered.push(*nr),
+                Some(false) => {}
+            }
+        }
+    }
+    let probes = probes();
+    for nr in filtered {
+        for argi in 0..6 {
+            for x in &probes {
+                let mut args = [0u64; 6];
+                args[argi] = *x;
+                if same(&data(AUDIT_ARCH_X86_64, nr, args)).is_none() {
+                    return false;
+                }
+            }
+        }
+        for x in COMBOS {
+            for y in COMBOS {
+                for z in COMBOS {
+                    if same(&data(AUDIT_ARCH_X86_64, nr, [x, y, z, 0, 0, 0])).is_none() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(network: &Network) -> Vec<Vec<sock_filter>> {
+        seccomp::filters(network)
+            .unwrap()
+            .programs
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .map(|i| sock_filter {
+                        code: i.code,
+                        jt: i.jt,
+                        jf: i.jf,
+                        k: i.k,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tree_filter_matches_the_reference_for_both_network_modes() {
+        for network in [
+            Network::Off,
+            Network::Tcp {
+                connect: [80].into(),
+                bind: Default::default(),
+            },
+        ] {
+            let fast = compile(&network).unwrap();
+            let reference = reference(&network);
+            let ref_len: usize = reference.iter().map(Vec::len).sum();
+            assert!(
+                fast.len() * 4 < ref_len,
+                "{} vs {ref_len} instructions",
+                fast.len()
+            );
+            assert!(equivalent(&fast, &reference), "{network:?}");
+        }
+    }
+
+    #[test]
+    fn equivalence_check_catches_a_difference() {
+        let fast = compile(&Network::Off).unwrap();
+        let reference = reference(&Network::Off);
+        // Allowing TIOCSTI must be noticed.
+        let mut weak = fast.clone();
+        for i in &mut weak {
+            if i.code == JEQ_K && i.k == TIOCSTI as u32 {
+                i.k = 0x1234_5678;
+            }
+        }
+        assert!(!equivalent(&weak, &reference));
+        // Compiling the TCP profile against the no-network reference must be noticed too.
+        let tcp = compile(&Network::Tcp {
+            connect: [80].into(),
+            bind: Default::default(),
+        })
+        .unwrap();
+        assert!(!equivalent(&tcp, &reference));
+    }
+}

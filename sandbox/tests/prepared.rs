@@ -1,0 +1,459 @@
+//! The prepared (zygote) path: `Prepared::new` once, then `Prepared::run` per call. It must
+//! deny what the one-shot path denies, kill each call's whole tree and only that call's, and
+//! leave nothing behind when dropped.
+//!
+//! Skips (printing `SKIP <test>: <reason>`) without Landlock ABI 7 or user namespaces; with
+//! `OLLIE_TEST_REQUIRE=all` a missing kernel feature fails instead. Restrictions are applied
+//! only in the sandbox's children, never in this harness.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ollie_policy::Policy;
+use ollie_sandbox::{Cancel, Prepared, RunRequest, SandboxError};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn skip(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+fn features_ok(test: &str) -> bool {
+    let p = ollie_sandbox::probe();
+    let missing = if p.landlock_abi < 7 {
+        Some(format!("landlock ABI {} < 7", p.landlock_abi))
+    } else if !p.user_namespaces {
+        Some("user namespaces are disabled".to_string())
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(r) if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") => {
+            panic!("{test}: required kernel feature missing: {r}")
+        }
+        Some(r) => {
+            skip(&format!("SKIP {test}: {r}"));
+            false
+        }
+    }
+}
+
+struct Ws(PathBuf);
+
+impl Ws {
+    fn new(name: &str) -> Ws {
+        let d = std::env::temp_dir().join(format!("ollie-prep-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Ws(d.canonicalize().unwrap())
+    }
+    fn home(&self) -> PathBuf {
+        let h = self.0.join("home");
+        std::fs::create_dir_all(&h).unwrap();
+        h
+    }
+    fn req(&self, argv: &[&str]) -> RunRequest {
+        let mut r = RunRequest::new(argv.iter().map(Into::into).collect(), self.0.join("w"));
+        r.home = self.home();
+        r.base_env = vec![
+            ("LANG".into(), "C.UTF-8".into()),
+            ("OPENAI_API_KEY".into(), "sk-canary".into()),
+        ];
+        r
+    }
+    fn prepare(&self, p: &Policy) -> Prepared {
+        std::fs::create_dir_all(self.0.join("w")).unwrap();
+        Prepared::new(p, &self.0.join("w"), &self.home()).unwrap()
+    }
+}
+
+impl Drop for Ws {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn policy(profile: &str, limits: &str) -> Policy {
+    let base = ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .find(|(n, _)| *n == profile)
+        .unwrap()
+        .1;
+    let start = base.find("[limits]").unwrap();
+    let end = base[start..].find("\n[env]").unwrap() + start;
+    Policy::from_toml(&format!(
+        "{}[limits]\n{limits}\n{}",
+        &base[..start],
+        &base[end..]
+    ))
+    .unwrap()
+}
+
+/// Pids of live (non-zombie) processes whose command line contains `marker`.
+fn procs_with(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn wait_gone(marker: &str) -> bool {
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        if procs_with(marker).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn exit_status_signals_output_and_record() {
+    if !features_ok("exit_status_signals_output_and_record") {
+        return;
+    }
+    let ws = Ws::new("exit");
+    let sb = ws.prepare(&policy("workspace", "output_bytes = 10"));
+    let o = sb
+        .run(&ws.req(&["sh", "-c", "echo 0123456789abc; echo err >&2; exit 3"]))
+        .unwrap();
+    assert_eq!((o.record.exit.code, o.record.exit.status), (Some(3), 3));
+    assert_eq!(o.stdout, b"0123456789");
+    assert!(o.record.stdout.truncated);
+    assert_eq!(o.record.stdout.total_bytes, 14);
+    assert_eq!(o.stderr, b"err\n");
+    let o = sb.run(&ws.req(&["sh", "-c", "kill -KILL $$"])).unwrap();
+    assert_eq!((o.record.exit.signal, o.record.exit.status), (Some(9), 137));
+    let o = sb.run(&ws.req(&["sh", "-c", "kill -SEGV $$"])).unwrap();
+    assert_eq!(
+        (o.record.exit.signal, o.record.exit.status),
+        (Some(11), 139)
+    );
+    let o = sb.run(&ws.req(&["true"])).unwrap();
+    assert_eq!((o.record.exit.code, o.record.exit.signal), (Some(0), None));
+    // SIGPIPE is back to its default in the tool.
+    let o = sb
+        .run(&ws.req(&[
+            "bash",
+            "-c",
+            "yes | head -c 1 >/dev/null; echo ${PIPESTATUS[0]}",
+        ]))
+        .unwrap();
+    assert_eq!(o.stdout, b"141\n");
+    // The environment is the allowlist; stdin is fed; the record is complete JSON.
+    let mut r = ws.req(&["sh", "-c", "env; wc -c"]);
+    r.stdin = Some(vec![b'x'; 100_000]);
+    let sb2 = ws.prepare(&policy("workspace", ""));
+    let o = sb2.run(&r).unwrap();
+    let text = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(text.contains("LANG=C.UTF-8"), "{text}");
+    assert!(!text.contains("sk-canary"));
+    assert!(text.trim_end().ends_with("100000"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&o.record.to_json()).unwrap();
+    assert_eq!(v["layers"]["landlock"]["status"], "fully_enforced");
+    assert_eq!(v["layers"]["capabilities"]["bounding"], 0);
+    assert_eq!(v["layers"]["no_new_privs"], true);
+    let ns: Vec<String> = v["layers"]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    assert!(ns.iter().any(|n| n == "pid (per call)"), "{ns:?}");
+    assert!(ns.iter().any(|n| n.starts_with("user (session")), "{ns:?}");
+    assert!(
+        v["layers"]["seccomp"]["instructions"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    let session = sb2.session();
+    assert!(!session.set_up_once.is_empty() && !session.per_call.is_empty());
+    // Refusals name the problem: another workspace, a missing program.
+    let mut other = ws.req(&["true"]);
+    other.workdir = ws.0.clone();
+    assert!(matches!(
+        sb2.run(&other),
+        Err(SandboxError::InvalidRequest { .. })
+    ));
+    match sb2.run(&ws.req(&["no-such-program-ollie"])).unwrap_err() {
+        SandboxError::Exec { source, .. } => {
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+        }
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
+fn filesystem_and_network_denials() {
+    if !features_ok("filesystem_and_network_denials") {
+        return;
+    }
+    let ws = Ws::new("deny");
+    let outside = ws.0.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let sb = ws.prepare(&policy("workspace", ""));
+    // Writing outside the workspace is denied; inside works.
+    let target = outside.join("pwned");
+    let o = sb
+        .run(&ws.req(&[
+            "sh",
+            "-c",
+            &format!("echo x > {}; echo $?", target.display()),
+        ]))
+        .unwrap();
+    assert_ne!(String::from_utf8_lossy(&o.stdout).trim(), "0");
+    assert!(!target.exists(), "write outside the workspace succeeded");
+    let o = sb
+        .run(&ws.req(&[
+            "sh",
+            "-c",
+            "echo ok > inside && chmod +x inside && cat inside",
+        ]))
+        .unwrap();
+    assert_eq!(o.stdout, b"ok\n");
+    // Metadata outside writable trees: EROFS from the session's read-only mounts.
+    let o = sb
+        .run(&ws.req(&["sh", "-c", &format!("chmod 777 {}", outside.display())]))
+        .unwrap();
+    assert_ne!(o.record.exit.code, Some(0));
+    // A loopback TCP canary on the host: connect must be denied (no socket at all).
+    let canary = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    canary.set_nonblocking(true).unwrap();
+    let port = canary.local_addr().unwrap().port();
+    let o = sb
+        .run(&ws.req(&[
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"),
+        ]))
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("connected"));
+    assert_ne!(o.record.exit.code, Some(0));
+    assert!(canary.accept().is_err(), "the canary saw a connection");
+    // seccomp: namespaces cannot be created, clone3 says ENOSYS, io_uring is denied.
+    let o = sb.run(&ws.req(&["unshare", "-U", "true"])).unwrap();
+    assert_ne!(o.record.exit.code, Some(0));
+    if Path::new("/usr/bin/python3").exists() {
+        let o = sb
+            .run(&ws.req(&[
+                "python3",
+                "-c",
+                "import ctypes,os\nl=ctypes.CDLL(None,use_errno=True)\nr=l.syscall(435,0,0)\nprint(r,ctypes.get_errno())\nr=l.syscall(425,1,0)\nprint(r,ctypes.get_errno())",
+            ]))
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            format!("-1 {}\n-1 {}\n", libc::ENOSYS, libc::EPERM),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+#[test]
+fn timeout_kills_a_setsid_double_forked_tree() {
+    if !features_ok("timeout_kills_a_setsid_double_forked_tree") {
+        return;
+    }
+    let ws = Ws::new("timeout");
+    let sb = ws.prepare(&policy(
+        "workspace",
+        "timeout_seconds = 1\nkill_grace_ms = 100",
+    ));
+    let marker = format!("ollie-prep-orphan-{}", std::process::id());
+    let script = format!(
+        "trap '' TERM HUP; setsid bash -c '(trap \"\" TERM HUP; exec -a {marker} sleep 1000) &' ; nohup bash -c 'exec -a {marker} sleep 1000' >/dev/null 2>&1 & sleep 1000"
+    );
+    let started = Instant::now();
+    // Watch the descendants appear (so the test cannot pass because they never existed).
+    let m2 = marker.clone();
+    let watcher = std::thread::spawn(move || {
+        let mut most = 0;
+        let until = Instant::now() + Duration::from_millis(900);
+        while Instant::now() < until {
+            most = most.max(procs_with(&m2).len());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        most
+    });
+    let o = sb.run(&ws.req(&["bash", "-c", &script])).unwrap();
+    assert!(
+        watcher.join().unwrap() >= 2,
+        "both descendants were running"
+    );
+    assert!(o.record.exit.timed_out);
+    assert_eq!(o.record.exit.signal, Some(libc::SIGKILL));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(
+        wait_gone(&marker),
+        "descendants survived: {:?}",
+        procs_with(&marker)
+    );
+    // The sandbox still works afterwards.
+    assert_eq!(sb.run(&ws.req(&["true"])).unwrap().record.exit.status, 0);
+    // Cancel works the same way.
+    let cancel = Cancel::new().unwrap();
+    let c2 = cancel.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        c2.cancel();
+    });
+    let mut r = ws.req(&["sh", "-c", "sleep 1000"]);
+    r.cancel = Some(cancel);
+    let o = sb.run(&r).unwrap();
+    t.join().unwrap();
+    assert!(o.record.exit.cancelled);
+    assert_eq!(o.record.exit.signal, Some(libc::SIGTERM));
+}
+
+#[test]
+fn concurrent_calls_do_not_see_or_kill_each_other() {
+    if !features_ok("concurrent_calls_do_not_see_or_kill_each_other") {
+        return;
+    }
+    let ws = Ws::new("pair");
+    let sb = std::sync::Arc::new(ws.prepare(&policy("workspace", "timeout_seconds = 20")));
+    let marker = format!("ollie-prep-victim-{}", std::process::id());
+    // Call A: a long-lived victim that reports its (host-visible) pid via a file.
+    let sb_a = sb.clone();
+    let req_a = ws.req(&["bash", "-c", &format!("exec -a {marker} sleep 3")]);
+    let a = std::thread::spawn(move || sb_a.run(&req_a).unwrap());
+    let until = Instant::now() + Duration::from_secs(5);
+    while procs_with(&marker).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let victim = *procs_with(&marker).first().expect("call A is running");
+    // Call B runs in its own pid namespace (its shell is pid 2 there, like A's): A's
+    // processes do not exist in it (kill: ESRCH), A's environment is unreadable (Landlock
+    // scopes ptrace-mode access to its own domain), and kill -1 reaches B's processes only.
+    let o = sb
+        .run(&ws.req(&[
+            "bash",
+            "-c",
+            &format!(
+                "echo self=$$; kill -KILL {victim} 2>/dev/null; echo k=$?; cat /proc/{victim}/environ >/dev/null 2>&1; echo env=$?; sleep 5 & kill -KILL -1; wait $!; echo after=$?"
+            ),
+        ]))
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(text.contains("self=2\n"), "{text}");
+    assert!(text.contains("k=1\n"), "{text}");
+    assert!(text.contains("env=1\n"), "{text}");
+    assert!(text.contains("after=137\n"), "{text}");
+    // A was untouched and exits normally.
+    let oa = a.join().unwrap();
+    assert_eq!(oa.record.exit.status, 0, "{:?}", oa.record.exit);
+    assert!(wait_gone(&marker));
+}
+
+#[test]
+fn dropping_prepared_leaves_no_process() {
+    if !features_ok("dropping_prepared_leaves_no_process") {
+        return;
+    }
+    let ws = Ws::new("drop");
+    let p = policy("workspace", "timeout_seconds = 60");
+    // 1. Dropping the sandbox ends the zygote (and so its namespaces).
+    let sb = ws.prepare(&p);
+    assert_eq!(sb.run(&ws.req(&["true"])).unwrap().record.exit.status, 0);
+    let zygote = sb.zygote_pid();
+    assert!(Path::new(&format!("/proc/{zygote}")).exists());
+    drop(sb);
+    assert!(
+        !Path::new(&format!("/proc/{zygote}")).exists(),
+        "zygote {zygote} survived the drop"
+    );
+    // 2. The link closing (here: the zygote dying, as when its owner dies) kills a call in
+    //    flight and everything it started, and the sandbox then refuses to run (fail closed).
+    let sb = std::sync::Arc::new(ws.prepare(&p));
+    let marker = format!("ollie-prep-linger-{}", std::process::id());
+    let sb2 = sb.clone();
+    let req = ws.req(&[
+        "bash",
+        "-c",
+        &format!("setsid bash -c 'exec -a {marker} sleep 1000' & exec -a {marker} sleep 1000"),
+    ]);
+    let t = std::thread::spawn(move || sb2.run(&req));
+    let until = Instant::now() + Duration::from_secs(5);
+    while procs_with(&marker).len() < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(procs_with(&marker).len(), 2);
+    let zygote = sb.zygote_pid();
+    // Kill the zygote from outside, as if its owner had died.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &zygote.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let o = t.join().unwrap().unwrap();
+    assert_eq!(o.record.exit.signal, Some(libc::SIGKILL));
+    assert!(wait_gone(&marker), "left behind: {:?}", procs_with(&marker));
+    assert!(sb.run(&ws.req(&["true"])).is_err());
+    drop(sb);
+}
+
+#[test]
+fn fail_closed_names_the_layer() {
+    if !features_ok("fail_closed_names_the_layer") {
+        return;
+    }
+    let ws = Ws::new("fault");
+    let sb = ws.prepare(&policy("workspace", ""));
+    for (fault, stage) in [
+        (ollie_sandbox::Fault::SeccompInstall, "seccomp"),
+        (ollie_sandbox::Fault::CapDrop, "capability"),
+        (ollie_sandbox::Fault::LandlockRestrict, "landlock"),
+    ] {
+        let mut r = ws.req(&["true"]);
+        r.fault = Some(fault);
+        match sb.run(&r).unwrap_err() {
+            SandboxError::ChildSetup { stage: s, .. } => assert!(s.contains(stage), "{s}"),
+            e => panic!("{e}"),
+        }
+    }
+    assert_eq!(sb.run(&ws.req(&["true"])).unwrap().record.exit.status, 0);
+}
+
+#[test]
+fn large_arguments_and_many_calls() {
+    if !features_ok("large_arguments_and_many_calls") {
+        return;
+    }
+    let ws = Ws::new("large");
+    let sb = ws.prepare(&policy("workspace", ""));
+    // Above the inline limit: the payload travels in a memfd.
+    let big = "x".repeat(100_000);
+    let o = sb
+        .run(&ws.req(&["sh", "-c", "echo ${#1}", "sh", &big]))
+        .unwrap();
+    assert_eq!(o.stdout, b"100000\n");
+    // A NUL byte in an argument is refused before anything is sent.
+    let mut r = ws.req(&["echo"]);
+    r.argv
+        .push(std::os::unix::ffi::OsStringExt::from_vec(b"a\0b".to_vec()));
+    assert!(matches!(
+        sb.run(&r),
+        Err(SandboxError::InvalidRequest { .. })
+    ));
+    // More calls than the zygote has slots: per-call inits are reaped, regions reclaimed.
+    for i in 0..300 {
+        let o = sb
+            .run(&ws.req(&["sh", "-c", &format!("exit {}", i % 7)]))
+            .unwrap();
+        assert_eq!(o.record.exit.code, Some(i % 7));
+    }
+}
