@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -119,5 +120,221 @@ fn post_run_flags_are_printed_as_warnings() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let _ = std::fs::remove_dir_all(&ws);
+}
+
+/// The injection probe run inside the sandbox: TIOCSTI against fds 0, 1 and 2 (byte by byte,
+/// a whole command line), the same request with high bits set in the 64-bit argument (the
+/// filter must compare the low 32 bits), TIOCLINUX, then the terminal itself through
+/// `/dev/tty` and by its `/dev/pts` name. Prints `<label> <ERRNO|ok>` per attempt, then `END`.
+const TTY_PROBE: &str = r#"
+import ctypes, errno, fcntl, os, sys, termios
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+buf = ctypes.create_string_buffer(b"x")
+marker, pts = sys.argv[1], sys.argv[2]
+def name(e):
+    return errno.errorcode.get(e, str(e))
+def raw(label, fd, req):
+    ctypes.set_errno(0)
+    rc = libc.ioctl(fd, req, ctypes.addressof(buf))
+    print(label, "ok" if rc >= 0 else name(ctypes.get_errno()), flush=True)
+def sti(label, fd):
+    try:
+        for ch in b"touch " + marker.encode() + b"\n":
+            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))
+        print(label, "ok", flush=True)
+    except OSError as e:
+        print(label, name(e.errno), flush=True)
+for fd in (0, 1, 2):
+    sti("sti%d" % fd, fd)
+    raw("stihigh%d" % fd, fd, 0x5412 | (0xDEADBEEF << 32))
+    raw("linux%d" % fd, fd, 0x541C)
+for label, path in (("devtty", "/dev/tty"), ("pts", pts)):
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    except OSError as e:
+        print(label, name(e.errno), flush=True)
+        continue
+    print(label, "ok", flush=True)
+    sti(label + "sti", fd)
+print("END", flush=True)
+"#;
+
+/// Reads the pty master until `sentinel` appears (a hang guard, not a timing check: it only
+/// fails a test that would otherwise block forever).
+fn read_until(master: &OwnedFd, sentinel: &str) -> String {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut text = Vec::new();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !String::from_utf8_lossy(&text).contains(sentinel) {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "no {sentinel:?} from the terminal; got {:?}",
+            String::from_utf8_lossy(&text)
+        );
+        let mut fds = [PollFd::new(master.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(1000u16)).unwrap() == 0 {
+            continue;
+        }
+        let mut chunk = [0u8; 4096];
+        match nix::unistd::read(master.as_raw_fd(), &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&chunk[..n]),
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+            Err(e) => panic!("reading the pty master: {e}"),
+        }
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// Whether input is waiting on the terminal's input side (what a shell reading it would get).
+fn input_pending(slave: &OwnedFd) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(slave.as_fd(), PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO).unwrap() > 0
+}
+
+/// Runs `argv` under `setsid -c` (a new session whose controlling terminal is the pty) with the
+/// pty slave as stdin, stdout and stderr; returns its exit status.
+fn on_pty(slave: &OwnedFd, argv: &[&std::ffi::OsStr]) -> std::process::ExitStatus {
+    Command::new("setsid")
+        .arg("-c")
+        .args(argv)
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave.try_clone().unwrap()))
+        .status()
+        .unwrap()
+}
+
+#[test]
+fn terminal_injection_from_a_real_tty_fails() {
+    use nix::sys::termios::{SetArg, cfmakeraw, tcgetattr, tcsetattr};
+    use std::ffi::OsStr;
+    let name = "terminal_injection_from_a_real_tty_fails";
+    if !features_ok(name) {
+        return;
+    }
+    if Command::new("setsid").arg("--help").output().is_err() {
+        if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+            panic!("{name}: setsid (util-linux) is missing");
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP {name}: setsid (util-linux) is missing"
+        );
+        return;
+    }
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let (master, slave) = (pty.master, pty.slave);
+    // Raw mode: every injected byte would be readable at once, and output is passed as is.
+    let mut t = tcgetattr(&slave).unwrap();
+    cfmakeraw(&mut t);
+    tcsetattr(&slave, SetArg::TCSANOW, &t).unwrap();
+    let pts = std::fs::read_link(format!("/proc/self/fd/{}", slave.as_raw_fd())).unwrap();
+    let ws = workspace("tty");
+    let marker = std::env::temp_dir().join(format!("tiocsti-pwned-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+
+    // Control, outside the sandbox: `setsid -c` gives the process this pty as its controlling
+    // terminal, and an injection there is seen by `input_pending` (so the check below can see
+    // one). TIOCSTI on one's own controlling tty works with legacy_tiocsti=1 or as root.
+    let status = on_pty(
+        &slave,
+        &[
+            OsStr::new("python3"),
+            OsStr::new("-c"),
+            OsStr::new(
+                "import fcntl, os, termios\n\
+                 os.close(os.open('/dev/tty', os.O_RDWR))\n\
+                 try:\n    fcntl.ioctl(0, termios.TIOCSTI, b'z'); r = 'injected'\n\
+                 except OSError as e:\n    r = 'refused %d' % e.errno\n\
+                 print('CONTROL ctty', r, 'END-CONTROL', flush=True)",
+            ),
+        ],
+    );
+    let control = read_until(&master, "END-CONTROL");
+    assert!(status.success(), "control run failed: {control}");
+    assert!(control.contains("CONTROL ctty"), "{control}");
+    if control.contains("injected") {
+        assert!(
+            input_pending(&slave),
+            "the control injection is not visible"
+        );
+        let mut b = [0u8; 16];
+        let n = nix::unistd::read(slave.as_raw_fd(), &mut b).unwrap();
+        assert_eq!(&b[..n], b"z");
+    } else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{name}: control injection refused by this kernel ({control:?}); checking the sandbox anyway"
+        );
+    }
+    assert!(!input_pending(&slave));
+
+    // The real run: `o` is a session leader with the pty as its controlling terminal and as
+    // stdin/stdout/stderr; the tool tries to inject into it.
+    let status = on_pty(
+        &slave,
+        &[
+            OsStr::new(env!("CARGO_BIN_EXE_o")),
+            OsStr::new("sandbox"),
+            OsStr::new("--workdir"),
+            ws.as_os_str(),
+            OsStr::new("--"),
+            OsStr::new("python3"),
+            OsStr::new("-c"),
+            OsStr::new(TTY_PROBE),
+            marker.as_os_str(),
+            pts.as_os_str(),
+        ],
+    );
+    let text = read_until(&master, "\nEND\n");
+    eprintln!("{name}: o exited {status:?}; tool said:\n{text}");
+    // Nothing was injected into the terminal's input, and nothing ran it.
+    assert!(
+        !input_pending(&slave),
+        "bytes were injected into the terminal"
+    );
+    assert!(!marker.exists());
+    assert!(status.success(), "{text}");
+    // Every attempt failed: EPERM from seccomp (low 32 bits compared), or the tool never
+    // holds the terminal (stdin /dev/null, pipes, no controlling tty: ENXIO; the pts node is
+    // outside the Landlock grant: EACCES).
+    let results: std::collections::BTreeMap<&str, &str> = text
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').split_once(' '))
+        .collect();
+    let mut labels: Vec<String> = Vec::new();
+    for fd in 0..3 {
+        labels.extend([
+            format!("sti{fd}"),
+            format!("stihigh{fd}"),
+            format!("linux{fd}"),
+        ]);
+    }
+    for l in &labels {
+        let got = results.get(l.as_str()).copied();
+        assert!(
+            matches!(got, Some("EPERM")),
+            "{l}: expected EPERM from seccomp, got {got:?}\n{text}"
+        );
+    }
+    let devtty = results.get("devtty").copied();
+    assert!(
+        matches!(
+            devtty,
+            Some("ENXIO" | "EIO" | "ENOTTY" | "EPERM" | "EACCES")
+        ),
+        "/dev/tty: {devtty:?}\n{text}"
+    );
+    let pts_open = results.get("pts").copied();
+    assert!(
+        matches!(pts_open, Some("EACCES" | "EPERM" | "ENXIO" | "EIO")),
+        "{}: {pts_open:?}\n{text}",
+        pts.display()
+    );
+    assert!(!results.contains_key("devttysti") && !results.contains_key("ptssti"));
     let _ = std::fs::remove_dir_all(&ws);
 }

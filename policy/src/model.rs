@@ -202,6 +202,15 @@ pub struct Limits {
     /// Size of the run's private tmpfs at `/dev/shm` (POSIX shared memory and semaphores);
     /// 0 means no `/dev/shm` at all.
     pub shm_bytes: u64,
+    /// How far the free space of each writable tree's filesystem may shrink during the run
+    /// (bytes). The runner samples `statfs` while the tool runs and stops the run (SIGTERM,
+    /// SIGKILL after the grace period) when it is crossed. Other writers on the same
+    /// filesystem count too (conservative). Independently, a run may never push free space
+    /// below a reserve (5% of the filesystem or 1 GiB, whichever is smaller).
+    pub disk_bytes: u64,
+    /// The same for free inodes (reserve: 5% of the filesystem's inodes or 100,000,
+    /// whichever is smaller).
+    pub disk_inodes: u64,
 }
 
 impl Default for Limits {
@@ -216,6 +225,8 @@ impl Default for Limits {
             timeout_seconds: 120,
             kill_grace_ms: 2000,
             shm_bytes: 64 << 20,
+            disk_bytes: 4 << 30,
+            disk_inodes: 1_000_000,
         }
     }
 }
@@ -466,6 +477,8 @@ impl TryFrom<RawPolicy> for Policy {
                 Some(0) => 0,
                 Some(_) => positive("limits.shm_bytes", l.shm_bytes, d.shm_bytes, 1 << 34)?,
             },
+            disk_bytes: positive("limits.disk_bytes", l.disk_bytes, d.disk_bytes, 1 << 50)?,
+            disk_inodes: positive("limits.disk_inodes", l.disk_inodes, d.disk_inodes, 1 << 40)?,
         };
         let mut env = EnvPolicy::default();
         for (i, name) in raw.env.allow.iter().enumerate() {
@@ -699,6 +712,49 @@ mod tests {
             ..crate::Layer::default()
         };
         assert_eq!(base.narrow(&shrink).unwrap().limits.shm_bytes, 0);
+    }
+
+    #[test]
+    fn disk_limits_default_validate_and_only_narrow() {
+        let p = Policy::from_toml("").unwrap();
+        assert_eq!(p.limits.disk_bytes, 4 << 30);
+        assert_eq!(p.limits.disk_inodes, 1_000_000);
+        let p = Policy::from_toml("[limits]\ndisk_bytes = 65536\ndisk_inodes = 20").unwrap();
+        assert_eq!((p.limits.disk_bytes, p.limits.disk_inodes), (65536, 20));
+        for bad in ["0", "-1", "1125899906842625"] {
+            let e = err(&format!("[limits]\ndisk_bytes = {bad}"));
+            assert!(e.starts_with("limits.disk_bytes:"), "{e}");
+        }
+        assert!(err("[limits]\ndisk_inodes = 0").starts_with("limits.disk_inodes:"));
+        assert!(err("[limits]\ndisk_inodes = 1099511627777").starts_with("limits.disk_inodes:"));
+        let base = Policy::from_toml("[limits]\ndisk_bytes = 1024\ndisk_inodes = 10").unwrap();
+        for grow in [
+            Limits {
+                disk_bytes: 2048,
+                ..base.limits
+            },
+            Limits {
+                disk_inodes: 11,
+                ..base.limits
+            },
+        ] {
+            let layer = crate::Layer {
+                limits: Some(grow),
+                ..crate::Layer::default()
+            };
+            let e = base.narrow(&layer).unwrap_err().to_string();
+            assert!(e.contains("limits.disk_"), "{e}");
+        }
+        let shrink = crate::Layer {
+            limits: Some(Limits {
+                disk_bytes: 512,
+                disk_inodes: 5,
+                ..base.limits
+            }),
+            ..crate::Layer::default()
+        };
+        let n = base.narrow(&shrink).unwrap();
+        assert_eq!((n.limits.disk_bytes, n.limits.disk_inodes), (512, 5));
     }
 
     #[test]

@@ -150,6 +150,8 @@ impl Policy {
                 ),
                 ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
                 ("limits.shm_bytes", l.shm_bytes, b.shm_bytes),
+                ("limits.disk_bytes", l.disk_bytes, b.disk_bytes),
+                ("limits.disk_inodes", l.disk_inodes, b.disk_inodes),
             ];
             for (key, new, base) in pairs {
                 if new > base {

@@ -69,6 +69,8 @@ pub(crate) struct RawLimits {
     pub timeout_seconds: Option<i64>,
     pub kill_grace_ms: Option<i64>,
     pub shm_bytes: Option<i64>,
+    pub disk_bytes: Option<i64>,
+    pub disk_inodes: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

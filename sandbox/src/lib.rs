@@ -20,8 +20,10 @@
 //! 4. The environment is cleared and rebuilt from the policy's allowlist.
 //! 5. Output is captured up to a cap per stream (the rest counted, dropped, flagged);
 //!    [`run_streaming`] also hands every chunk to a callback as it arrives.
-//! 6. On timeout or cancel: SIGTERM to every process (forwarded by init), SIGKILL to the
-//!    whole namespace after the grace period.
+//! 6. On timeout, cancel, or when the free space / free inodes of a writable tree's
+//!    filesystem shrink past `limits.disk_bytes` / `limits.disk_inodes` or below a reserve
+//!    (sampled every 50 ms): SIGTERM to every process (forwarded by init), SIGKILL to the
+//!    whole namespace after the grace period ([`ExitRecord::killed_by`]).
 //! 7. After the run, [`postrun`] compares the workspace with a snapshot taken before it and
 //!    flags new or changed git hooks, risky git config, new repositories and host-executed
 //!    settings files in [`RunRecord::post_run`]; [`workspace::Workspace`] refuses host-side
@@ -58,4 +60,5 @@ pub use spawn::{
     Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
     run_streaming,
 };
+pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
 pub use workspace::{GitDecision, GitRefused};

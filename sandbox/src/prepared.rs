@@ -828,6 +828,8 @@ impl Prepared {
                 } else {
                     0
                 },
+                disk_bytes: l.disk_bytes,
+                disk_inodes: l.disk_inodes,
             },
             env_names: env.iter().map(|(k, _)| k.clone()).collect(),
             exit: ExitRecord {
@@ -836,6 +838,9 @@ impl Prepared {
                 status,
                 timed_out,
                 cancelled,
+                // The aggregate disk watchdog is not wired into prepared runs yet.
+                killed_by: crate::spawn::KilledBy::from_flags(timed_out, cancelled),
+                disk_limit: None,
             },
             duration_ms: started.elapsed().as_millis() as u64,
             rusage,

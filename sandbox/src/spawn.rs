@@ -243,6 +243,74 @@ pub struct ExitRecord {
     pub timed_out: bool,
     /// The run was cancelled.
     pub cancelled: bool,
+    /// Why the runner stopped the run (the first cause), if it did.
+    pub killed_by: Option<KilledBy>,
+    /// The aggregate disk limit the run crossed (`killed_by = "disk_limit"`), with the figures.
+    pub disk_limit: Option<DiskLimitRecord>,
+}
+
+/// Why the runner stopped a run (SIGTERM to the tree, SIGKILL after the grace period).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KilledBy {
+    /// The wall-clock timeout expired.
+    Timeout,
+    /// The caller cancelled the run.
+    Cancel,
+    /// An aggregate disk limit (`limits.disk_bytes`, `limits.disk_inodes` or a reserve) was
+    /// crossed; see [`ExitRecord::disk_limit`].
+    DiskLimit,
+}
+
+impl KilledBy {
+    /// The cause for a run that only the timeout or a cancel can stop.
+    pub fn from_flags(timed_out: bool, cancelled: bool) -> Option<KilledBy> {
+        if timed_out {
+            Some(KilledBy::Timeout)
+        } else if cancelled {
+            Some(KilledBy::Cancel)
+        } else {
+            None
+        }
+    }
+}
+
+/// Which aggregate disk limit was crossed.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskLimit {
+    /// Free bytes shrank by more than `limits.disk_bytes`.
+    DiskBytes,
+    /// Free inodes shrank by more than `limits.disk_inodes`.
+    DiskInodes,
+    /// Free bytes (for unprivileged users) fell below the reserve while the run consumed space.
+    ReserveBytes,
+    /// Free inodes fell below the reserve while the run consumed inodes.
+    ReserveInodes,
+}
+
+/// The figures of a crossed disk limit, as sampled when the runner noticed.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DiskLimitRecord {
+    /// The limit.
+    pub limit: DiskLimit,
+    /// The writable tree whose filesystem crossed it.
+    pub path: PathBuf,
+    /// The limit's value: the allowed shrink (`disk_*`) or the reserve (`reserve_*`).
+    pub allowed: u64,
+    /// The observed value: the shrink since the start, or what was left free.
+    pub observed: u64,
+    /// Free bytes of that filesystem when the run started.
+    pub free_bytes_start: u64,
+    /// Free bytes when the limit was noticed.
+    pub free_bytes_stop: u64,
+    /// Free inodes when the run started.
+    pub free_inodes_start: u64,
+    /// Free inodes when the limit was noticed.
+    pub free_inodes_stop: u64,
+    /// The tool overshot by more than an eighth of the limit (or half the reserve): the runner
+    /// sent SIGKILL at once instead of waiting for the grace period.
+    pub forced_kill: bool,
 }
 
 /// One captured output stream.
@@ -322,6 +390,10 @@ pub struct LimitsRecord {
     pub kill_grace_ms: u64,
     /// Size of the private `/dev/shm` tmpfs (0: none).
     pub shm_bytes: u64,
+    /// Allowed shrink of free space per writable filesystem.
+    pub disk_bytes: u64,
+    /// Allowed shrink of free inodes per writable filesystem.
+    pub disk_inodes: u64,
 }
 
 /// The result of a run: the record and the captured output.
@@ -523,6 +595,152 @@ fn pinned_ancestors(protected: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf>
     }
     out.sort_by_key(|p| p.components().count());
     out
+}
+
+/// How often the runner samples the free space of the writable filesystems.
+const DISK_SAMPLE: Duration = Duration::from_millis(50);
+/// The free-space reserve: 1/20 (5%) of the filesystem, at most this many bytes.
+const RESERVE_BYTES_MAX: u64 = 1 << 30;
+/// The free-inode reserve: 1/20 (5%) of the filesystem's inodes, at most this many.
+const RESERVE_INODES_MAX: u64 = 100_000;
+
+/// One watched filesystem (by a writable tree on it).
+#[derive(Debug)]
+struct WatchedFs {
+    path: PathBuf,
+    fd: OwnedFd,
+    start: sys::FsSpace,
+}
+
+/// The aggregate disk watchdog: the free space and inodes of every writable tree's
+/// filesystem, sampled with `fstatfs` at the start and every [`DISK_SAMPLE`] while the tool
+/// runs. Other writers on the same filesystem count as the tool's (conservative), and space
+/// they free hides the tool's use (the reserve still holds).
+#[derive(Debug)]
+pub(crate) struct DiskWatch {
+    fs: Vec<WatchedFs>,
+    bytes: u64,
+    inodes: u64,
+    next: Instant,
+}
+
+impl DiskWatch {
+    /// Takes the baseline of each distinct filesystem holding a writable tree.
+    pub(crate) fn start(
+        writable: &[PathBuf],
+        l: &ollie_policy::Limits,
+        now: Instant,
+    ) -> Result<DiskWatch, SandboxError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut fs: Vec<WatchedFs> = Vec::new();
+        let mut devs: Vec<u64> = Vec::new();
+        for w in writable {
+            let fd: OwnedFd = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+                .open(w)
+                .map_err(io_err("open a writable tree to watch its disk use"))?
+                .into();
+            let (dev, ..) = sys::fstat_ids(&fd).map_err(io_err("sample free disk space"))?;
+            if devs.contains(&dev) {
+                continue;
+            }
+            devs.push(dev);
+            let start = sys::fstatfs(&fd).map_err(io_err("sample free disk space"))?;
+            fs.push(WatchedFs {
+                path: w.clone(),
+                fd,
+                start,
+            });
+        }
+        Ok(DiskWatch {
+            fs,
+            bytes: l.disk_bytes,
+            inodes: l.disk_inodes,
+            next: now + DISK_SAMPLE,
+        })
+    }
+
+    /// When the next sample is due (`None`: nothing to watch).
+    pub(crate) fn due(&self) -> Option<Instant> {
+        (!self.fs.is_empty()).then_some(self.next)
+    }
+
+    /// Samples every filesystem if due; the first limit crossed, if any.
+    pub(crate) fn sample(&mut self, now: Instant) -> Option<DiskLimitRecord> {
+        if self.fs.is_empty() || now < self.next {
+            return None;
+        }
+        self.next = now + DISK_SAMPLE;
+        for w in &self.fs {
+            // A failed sample (should not happen on an open fd) is skipped, not fatal: the
+            // rlimits and the timeout still bound the run.
+            let Ok(cur) = sys::fstatfs(&w.fd) else {
+                continue;
+            };
+            if let Some((limit, allowed, observed, forced_kill)) =
+                disk_verdict(&w.start, &cur, self.bytes, self.inodes)
+            {
+                return Some(DiskLimitRecord {
+                    limit,
+                    path: w.path.clone(),
+                    allowed,
+                    observed,
+                    free_bytes_start: w.start.free_bytes,
+                    free_bytes_stop: cur.free_bytes,
+                    free_inodes_start: w.start.free_inodes,
+                    free_inodes_stop: cur.free_inodes,
+                    forced_kill,
+                });
+            }
+        }
+        None
+    }
+}
+
+/// Whether a filesystem sampled at `cur` (baseline `start`) crossed a limit: which, its value,
+/// the observed value, and whether the overshoot is gross (more than an eighth past the
+/// limit, or below half the reserve).
+fn disk_verdict(
+    start: &sys::FsSpace,
+    cur: &sys::FsSpace,
+    bytes: u64,
+    inodes: u64,
+) -> Option<(DiskLimit, u64, u64, bool)> {
+    let used = start.free_bytes.saturating_sub(cur.free_bytes);
+    if used > bytes {
+        return Some((DiskLimit::DiskBytes, bytes, used, used > bytes + bytes / 8));
+    }
+    // Filesystems without inode accounting report 0 inodes (btrfs).
+    let has_inodes = start.total_inodes > 0;
+    let used_inodes = start.free_inodes.saturating_sub(cur.free_inodes);
+    if has_inodes && used_inodes > inodes {
+        return Some((
+            DiskLimit::DiskInodes,
+            inodes,
+            used_inodes,
+            used_inodes > inodes + inodes / 8,
+        ));
+    }
+    let reserve = (cur.total_bytes / 20).min(RESERVE_BYTES_MAX);
+    if cur.avail_bytes < reserve && cur.avail_bytes < start.avail_bytes {
+        return Some((
+            DiskLimit::ReserveBytes,
+            reserve,
+            cur.avail_bytes,
+            cur.avail_bytes < reserve / 2,
+        ));
+    }
+    let reserve_inodes = (cur.total_inodes / 20).min(RESERVE_INODES_MAX);
+    if has_inodes && cur.free_inodes < reserve_inodes && cur.free_inodes < start.free_inodes {
+        return Some((
+            DiskLimit::ReserveInodes,
+            reserve_inodes,
+            cur.free_inodes,
+            cur.free_inodes < reserve_inodes / 2,
+        ));
+    }
+    None
 }
 
 /// Where the private shared-memory tmpfs goes.
@@ -823,6 +1041,8 @@ pub fn run_streaming(
             cgroup_degraded = true;
         }
     }
+    // The disk watchdog's baseline, taken before the tool can write anything.
+    let mut disk = DiskWatch::start(&writable, &l, Instant::now())?;
     let go = sys::write_all(sync_w.as_raw_fd(), b"g");
     drop(sync_w);
     go.map_err(io_err("start the sandbox"))?;
@@ -885,6 +1105,8 @@ pub fn run_streaming(
     let mut killed = false;
     let mut timed_out = false;
     let mut cancelled = false;
+    let mut killed_by: Option<KilledBy> = None;
+    let mut disk_hit: Option<DiskLimitRecord> = None;
     let mut init_done = false;
     let mut feed = stdin_feed;
     let mut fed = 0usize;
@@ -898,8 +1120,25 @@ pub fn run_streaming(
     while !init_done || out.open || errc.open {
         let now = Instant::now();
         if !init_done {
+            // Aggregate disk use: stopped like a timeout; a gross overshoot is killed at once.
+            if !killed && let Some(hit) = disk.sample(now) {
+                if term_sent.is_none() {
+                    killed_by = Some(KilledBy::DiskLimit);
+                    term_sent = Some(now);
+                    running.signal(libc::SIGTERM);
+                }
+                if hit.forced_kill {
+                    killed = true;
+                    running.signal(libc::SIGKILL);
+                }
+                match &mut disk_hit {
+                    None => disk_hit = Some(hit),
+                    Some(first) => first.forced_kill |= hit.forced_kill,
+                }
+            }
             if term_sent.is_none() && now >= deadline {
                 timed_out = true;
+                killed_by = Some(KilledBy::Timeout);
                 term_sent = Some(now);
                 running.signal(libc::SIGTERM);
             }
@@ -916,6 +1155,11 @@ pub fn run_streaming(
             (false, None, _) => Some(deadline),
             (false, Some(t), false) => Some(t + grace),
             (false, Some(_), true) => None,
+        };
+        // Sample the disk again when due (every `DISK_SAMPLE`, never a busy loop).
+        let next = match (next, disk.due().filter(|_| !init_done && !killed)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         let timeout_ms = next.map_or(-1, |n| {
             n.saturating_duration_since(now)
@@ -1032,6 +1276,7 @@ pub fn run_streaming(
         if fds.len() > 5 && fds[5].revents != 0 {
             cancelled = true;
             if term_sent.is_none() {
+                killed_by = Some(KilledBy::Cancel);
                 term_sent = Some(Instant::now());
                 running.signal(libc::SIGTERM);
             }
@@ -1104,6 +1349,8 @@ pub fn run_streaming(
             timeout_seconds: l.timeout_seconds,
             kill_grace_ms: l.kill_grace_ms,
             shm_bytes: l.shm_bytes,
+            disk_bytes: l.disk_bytes,
+            disk_inodes: l.disk_inodes,
         },
         env_names: env.iter().map(|(k, _)| k.clone()).collect(),
         exit: ExitRecord {
@@ -1112,6 +1359,8 @@ pub fn run_streaming(
             status,
             timed_out,
             cancelled,
+            killed_by,
+            disk_limit: disk_hit,
         },
         duration_ms: started.elapsed().as_millis() as u64,
         rusage: RusageRecord {
@@ -1201,4 +1450,80 @@ pub struct Probe {
 #[allow(dead_code)]
 fn _network_is_used(n: &Network) -> bool {
     matches!(n, Network::Tcp { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(free: u64, avail: u64, free_inodes: u64) -> sys::FsSpace {
+        sys::FsSpace {
+            total_bytes: 100 << 30,
+            free_bytes: free,
+            avail_bytes: avail,
+            total_inodes: 1_000_000,
+            free_inodes,
+        }
+    }
+
+    #[test]
+    fn disk_verdict_names_the_limit_and_escalates_gross_overshoots() {
+        let start = space(50 << 30, 45 << 30, 900_000);
+        let mib = 1u64 << 20;
+        // Within both limits.
+        assert_eq!(
+            disk_verdict(
+                &start,
+                &space((50 << 30) - 64 * mib, 45 << 30, 899_000),
+                64 * mib,
+                1000
+            ),
+            None
+        );
+        // Bytes: just over → stop; far over → kill.
+        let v = disk_verdict(
+            &start,
+            &space((50 << 30) - 65 * mib, 45 << 30, 900_000),
+            64 * mib,
+            1000,
+        );
+        assert_eq!(v, Some((DiskLimit::DiskBytes, 64 * mib, 65 * mib, false)));
+        let v = disk_verdict(
+            &start,
+            &space((50 << 30) - 80 * mib, 45 << 30, 900_000),
+            64 * mib,
+            1000,
+        );
+        assert!(matches!(v, Some((DiskLimit::DiskBytes, _, _, true))));
+        // Inodes.
+        let v = disk_verdict(&start, &space(50 << 30, 45 << 30, 898_999), 64 * mib, 1000);
+        assert_eq!(v, Some((DiskLimit::DiskInodes, 1000, 1001, false)));
+        // No inode accounting: never an inode verdict.
+        let mut no_inodes = start;
+        no_inodes.total_inodes = 0;
+        let mut cur = space(50 << 30, 45 << 30, 0);
+        cur.total_inodes = 0;
+        assert_eq!(disk_verdict(&no_inodes, &cur, 64 * mib, 1000), None);
+        // Reserve (1 GiB here): crossing it while consuming stops the run even within the
+        // limit; being below it without consuming does not.
+        let low = space(2 << 30, 1 << 30, 900_000);
+        let v = disk_verdict(
+            &low,
+            &space((2 << 30) - mib, (1 << 30) - mib, 900_000),
+            4 << 30,
+            1000,
+        );
+        assert!(matches!(v, Some((DiskLimit::ReserveBytes, r, _, false)) if r == 1 << 30));
+        let under = space(1 << 29, 1 << 29, 900_000);
+        assert_eq!(disk_verdict(&under, &under, 4 << 30, 1000), None);
+        // Inode reserve: 5% of 1,000,000 = 50,000.
+        let few = space(50 << 30, 45 << 30, 50_100);
+        let v = disk_verdict(
+            &few,
+            &space(50 << 30, 45 << 30, 49_000),
+            64 * mib,
+            1_000_000,
+        );
+        assert_eq!(v, Some((DiskLimit::ReserveInodes, 50_000, 49_000, false)));
+    }
 }

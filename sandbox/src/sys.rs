@@ -2122,3 +2122,42 @@ pub(crate) fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
 pub(crate) fn send_byte(sock: &OwnedFd) -> io::Result<()> {
     send_with_fds(sock, &[b"g"], &[])
 }
+
+/// Free space of a filesystem, from `fstatfs` (units already multiplied out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FsSpace {
+    /// Size of the filesystem in bytes.
+    pub(crate) total_bytes: u64,
+    /// Free bytes (including blocks reserved for root).
+    pub(crate) free_bytes: u64,
+    /// Bytes available to unprivileged users.
+    pub(crate) avail_bytes: u64,
+    /// Total inodes (0: the filesystem does not report inodes, e.g. btrfs).
+    pub(crate) total_inodes: u64,
+    /// Free inodes.
+    pub(crate) free_inodes: u64,
+}
+
+/// `fstatfs` of an open fd (an `O_PATH` fd is enough).
+pub(crate) fn fstatfs(fd: &OwnedFd) -> io::Result<FsSpace> {
+    // SAFETY: zeroed plain data.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out pointer to a properly sized struct.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Block counts are in units of the fragment size (f_frsize; older kernels leave it 0 and
+    // f_bsize is the unit).
+    let unit = if st.f_frsize > 0 {
+        st.f_frsize as u64
+    } else {
+        st.f_bsize as u64
+    };
+    Ok(FsSpace {
+        total_bytes: (st.f_blocks as u64).saturating_mul(unit),
+        free_bytes: (st.f_bfree as u64).saturating_mul(unit),
+        avail_bytes: (st.f_bavail as u64).saturating_mul(unit),
+        total_inodes: st.f_files as u64,
+        free_inodes: st.f_ffree as u64,
+    })
+}

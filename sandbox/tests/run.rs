@@ -165,6 +165,11 @@ fn wall_timeout_kills_the_tree_and_is_recorded() {
     assert!(o.record.exit.timed_out);
     assert_eq!(o.record.exit.signal, Some(libc::SIGKILL));
     assert!(!o.record.exit.cancelled);
+    assert_eq!(
+        o.record.exit.killed_by,
+        Some(ollie_sandbox::KilledBy::Timeout)
+    );
+    assert_eq!(o.record.exit.disk_limit, None);
 }
 
 #[test]

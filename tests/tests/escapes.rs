@@ -1792,10 +1792,19 @@ case!(f43_cpu_burn, |c| {
 });
 
 case!(f44_filling_the_disk, |c| {
-    let pol = p_std_with(|t| with_limits(t, "file_size_bytes = 1048576"));
+    // One file stops at RLIMIT_FSIZE; the aggregate (many files, each under it) stops at
+    // `limits.disk_bytes` (the runner's disk watchdog), well before the 2 GiB loop ends.
+    let limit: u64 = 32 << 20;
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            &format!("file_size_bytes = 1048576\ndisk_bytes = {limit}\nkill_grace_ms = 200"),
+        )
+    });
     let out = c.run(
         &pol,
-        "fallocate -l 200G big; echo \"fallocate $?\"; dd if=/dev/zero of=big2 bs=1M count=200 2>/dev/null; echo \"dd $?\"",
+        "fallocate -l 200G big; echo \"fallocate $?\"; dd if=/dev/zero of=big2 bs=1M count=200 2>/dev/null; echo \"dd $?\"; \
+         for i in $(seq 2048); do head -c 1048576 /dev/zero > f$i || { echo \"head $?\"; break; }; done; echo aggregate-finished",
     );
     expect_fail(&out, "fallocate");
     expect(&out, "dd", &["153"]); // 128 + SIGXFSZ
@@ -1803,13 +1812,53 @@ case!(f44_filling_the_disk, |c| {
         .map(|m| m.len())
         .unwrap_or(0);
     assert!(size <= 1 << 20);
+    // The aggregate was stopped by the runner, which says why.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("aggregate-finished"));
+    assert_eq!(
+        out.record.exit.killed_by,
+        Some(ollie_sandbox::KilledBy::DiskLimit)
+    );
+    let hit = out.record.exit.disk_limit.clone().unwrap();
+    assert_eq!(hit.limit, ollie_sandbox::DiskLimit::DiskBytes);
+    assert!(hit.observed > limit);
+    let written: u64 = walk(&c.w)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    assert!(
+        written <= limit + (32 << 20),
+        "{}: wrote {written} bytes",
+        c.name
+    );
 });
 
 case!(f45_inode_exhaustion_bounded, |c| {
-    let pol = p_std_with(|t| with_limits(t, "timeout_seconds = 2\nkill_grace_ms = 100"));
-    let out = c.run(&pol, "mkdir d && cd d && seq 1 5000000 | xargs touch");
-    assert!(out.record.exit.timed_out);
+    // Bounded by `limits.disk_inodes` (the runner's disk watchdog), long before the timeout;
+    // afterwards the host can clean the workspace.
+    let limit: u64 = 10_000;
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            &format!("disk_inodes = {limit}\ntimeout_seconds = 60\nkill_grace_ms = 200"),
+        )
+    });
+    let out = c.run(
+        &pol,
+        "mkdir d && cd d && seq 1 5000000 | xargs touch; echo inodes-finished",
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("inodes-finished"));
+    assert!(!out.record.exit.timed_out);
+    assert_eq!(
+        out.record.exit.killed_by,
+        Some(ollie_sandbox::KilledBy::DiskLimit)
+    );
+    let hit = out.record.exit.disk_limit.clone().unwrap();
+    assert_eq!(hit.limit, ollie_sandbox::DiskLimit::DiskInodes);
+    let created = std::fs::read_dir(c.w.join("d")).unwrap().count() as u64;
+    assert!(created <= 3 * limit, "{}: created {created} files", c.name);
     std::fs::remove_dir_all(c.w.join("d")).unwrap();
+    assert!(!c.w.join("d").exists());
 });
 
 case!(f46_output_flood, |c| {
