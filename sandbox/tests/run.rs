@@ -9,31 +9,8 @@ use ollie_policy::Policy;
 use ollie_sandbox::{RunRequest, SandboxError};
 use std::path::PathBuf;
 
-fn skip(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-fn features_ok(test: &str) -> bool {
-    let p = ollie_sandbox::probe();
-    let missing = if p.landlock_abi < 7 {
-        Some(format!("landlock ABI {} < 7", p.landlock_abi))
-    } else if !p.user_namespaces {
-        Some("user namespaces are disabled".to_string())
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(r) if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") => {
-            panic!("{test}: required kernel feature missing: {r}")
-        }
-        Some(r) => {
-            skip(&format!("SKIP {test}: {r}"));
-            false
-        }
-    }
-}
+mod common;
+use common::features_ok;
 
 struct Ws(PathBuf);
 
