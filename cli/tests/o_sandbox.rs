@@ -338,3 +338,52 @@ fn terminal_injection_from_a_real_tty_fails() {
     assert!(!results.contains_key("devttysti") && !results.contains_key("ptssti"));
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+#[test]
+fn a_disk_limit_stop_is_explained_in_one_line() {
+    if !features_ok("a_disk_limit_stop_is_explained_in_one_line") {
+        return;
+    }
+    let ws = workspace("disk");
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../packaging/policy/workspace.toml"
+    ))
+    .unwrap();
+    let policy_text = shipped.replace("disk_bytes = 4294967296", "disk_bytes = 33554432");
+    assert_ne!(
+        policy_text, shipped,
+        "the shipped profile changed its disk_bytes line"
+    );
+    let policy = ws.with_extension("toml");
+    std::fs::write(&policy, policy_text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_o"))
+        .args(["sandbox", "--policy"])
+        .arg(&policy)
+        .arg("--workdir")
+        .arg(&ws)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 2000 ]; do head -c 1048576 /dev/zero > f$i || exit 3; i=$((i+1)); done; echo finished",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Stopped by the runner (SIGTERM or SIGKILL), never finished, and told why in one line.
+    assert!(!stdout.contains("finished"), "{stdout}");
+    assert!(
+        matches!(out.status.code(), Some(137 | 143)),
+        "{:?} {stderr}",
+        out.status
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("o sandbox: stopped:"))
+        .unwrap_or_else(|| panic!("no stop line in {stderr:?}"));
+    assert!(line.contains("limits.disk_bytes = 32 MiB"), "{line}");
+    let _ = std::fs::remove_dir_all(&ws);
+    let _ = std::fs::remove_file(&policy);
+}

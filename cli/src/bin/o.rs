@@ -149,6 +149,29 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
             out.record.limits.timeout_seconds
         );
     }
+    if let Some(d) = &out.record.exit.disk_limit {
+        let what = match d.limit {
+            ollie_sandbox::DiskLimit::DiskBytes => format!(
+                "used {} MiB of disk, more than limits.disk_bytes = {} MiB",
+                d.observed >> 20,
+                d.allowed >> 20
+            ),
+            ollie_sandbox::DiskLimit::DiskInodes => format!(
+                "used {} inodes, more than limits.disk_inodes = {}",
+                d.observed, d.allowed
+            ),
+            ollie_sandbox::DiskLimit::ReserveBytes => format!(
+                "left {} MiB free, below the reserve of {} MiB",
+                d.observed >> 20,
+                d.allowed >> 20
+            ),
+            ollie_sandbox::DiskLimit::ReserveInodes => format!(
+                "left {} inodes free, below the reserve of {}",
+                d.observed, d.allowed
+            ),
+        };
+        eprintln!("o sandbox: stopped: {what} on {}", d.path.display());
+    }
     if let Some(path) = &args.record
         && let Err(e) = std::fs::write(path, out.record.to_json() + "\n")
     {
