@@ -43,6 +43,7 @@
 #![deny(unsafe_code)]
 
 pub mod landlock;
+mod mounts;
 mod placeholder;
 pub mod postrun;
 mod prepared;

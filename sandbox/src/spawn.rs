@@ -1,6 +1,7 @@
 //! Running one command under a policy, and the run record.
 
 use crate::landlock::{self, LandlockError, LandlockRecord};
+use crate::mounts::MountPlan;
 use crate::seccomp::{self, SeccompError, SeccompRecord};
 use crate::sys::{self, ChildFault, ChildPlan, MountStep, Stage};
 use ollie_policy::{Network, Policy, PolicyError, ResolveContext, ResolvedPolicy};
@@ -8,7 +9,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::ffi::{CString, OsString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -413,7 +414,7 @@ pub(crate) fn cstr(b: &[u8], what: &str) -> Result<CString, SandboxError> {
     })
 }
 
-pub(crate) fn find_program(argv0: &Path, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
+fn find_program(argv0: &Path, path_var: Option<&str>, cwd: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let is_exec = |p: &Path| {
         std::fs::metadata(p)
@@ -528,22 +529,43 @@ impl Drop for Running {
     }
 }
 
+/// One output stream of the tool: what was kept and how much was written.
 pub(crate) struct Capture {
-    pub(crate) kind: Stream,
-    pub(crate) fd: OwnedFd,
-    pub(crate) buf: Vec<u8>,
-    pub(crate) total: u64,
-    pub(crate) cap: u64,
-    pub(crate) open: bool,
+    kind: Stream,
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    total: u64,
+    cap: u64,
+    open: bool,
 }
 
 impl Capture {
+    /// Captures the read end `fd` of a tool's output pipe (made non-blocking), keeping at
+    /// most `cap` bytes.
+    pub(crate) fn new(kind: Stream, fd: OwnedFd, cap: u64) -> Result<Capture, SandboxError> {
+        sys::set_nonblocking(fd.as_raw_fd()).map_err(io_err("configure pipes"))?;
+        Ok(Capture {
+            kind,
+            fd,
+            buf: Vec::new(),
+            total: 0,
+            cap,
+            open: true,
+        })
+    }
+
+    /// The stream as recorded.
+    fn record(&self) -> OutputRecord {
+        OutputRecord {
+            total_bytes: self.total,
+            captured_bytes: self.buf.len() as u64,
+            truncated: self.total > self.buf.len() as u64,
+        }
+    }
+
     /// Reads what is available, at most 1 MiB per call so a flood cannot starve the
     /// deadline checks of the poll loop.
-    pub(crate) fn drain(
-        &mut self,
-        sink: &mut dyn FnMut(Stream, &[u8]),
-    ) -> Result<(), SandboxError> {
+    fn drain(&mut self, sink: &mut dyn FnMut(Stream, &[u8])) -> Result<(), SandboxError> {
         let mut chunk = [0u8; 65536];
         for _ in 0..16 {
             match sys::read(self.fd.as_raw_fd(), &mut chunk) {
@@ -568,33 +590,6 @@ impl Capture {
         }
         Ok(())
     }
-}
-
-/// Directories strictly between the innermost writable tree containing a protected path and
-/// that path, outermost first, each once.
-fn pinned_ancestors(protected: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = Vec::new();
-    for p in protected {
-        let Some(w) = writable
-            .iter()
-            .filter(|w| p.starts_with(w) && p != *w)
-            .max_by_key(|w| w.components().count())
-        else {
-            continue;
-        };
-        let mut a = p.parent();
-        while let Some(anc) = a {
-            if anc == w.as_path() || !anc.starts_with(w) {
-                break;
-            }
-            if !out.iter().any(|o| o == anc) {
-                out.push(anc.to_path_buf());
-            }
-            a = anc.parent();
-        }
-    }
-    out.sort_by_key(|p| p.components().count());
-    out
 }
 
 /// How often the runner samples the free space of the writable filesystems.
@@ -743,12 +738,8 @@ fn disk_verdict(
     None
 }
 
-/// Where the private shared-memory tmpfs goes.
-const SHM_DIR: &str = "/dev/shm";
 /// Bytes read from a relayed stdin per poll round (the relay buffer's bound).
 const RELAY_CHUNK: usize = 64 * 1024;
-/// Upper bound on inodes of the private `/dev/shm`.
-const SHM_INODES: u64 = 16384;
 
 /// The runner's own stdin, prepared for [`RunRequest::stdin_fd`]: `None` when it is a terminal
 /// (the tool then gets `/dev/null`: it must never read the user's keystrokes or reach the
@@ -793,15 +784,7 @@ pub fn run_streaming(
             reason: "no command given".into(),
         });
     }
-    let workdir = std::fs::canonicalize(&req.workdir).map_err(|source| SandboxError::Workdir {
-        path: req.workdir.clone(),
-        source,
-    })?;
-    if !workdir.is_dir() {
-        return Err(SandboxError::InvalidRequest {
-            reason: format!("workdir {} is not a directory", workdir.display()),
-        });
-    }
+    let workdir = canonical_workdir(&req.workdir)?;
     let ctx = ResolveContext {
         workdir: workdir.clone(),
         home: req.home.clone(),
@@ -818,18 +801,7 @@ pub fn run_streaming(
     let ruleset = landlock::build(&resolved, simulated)?;
     let filters = seccomp::filters(&resolved.network)?;
 
-    let env = tool_env(&resolved, req, &workdir)?;
-    let path_var = env
-        .iter()
-        .find(|(n, _)| n == "PATH")
-        .and_then(|(_, v)| std::str::from_utf8(v).ok().map(str::to_string));
-    let program =
-        find_program(Path::new(&req.argv[0]), path_var.as_deref(), &workdir).ok_or_else(|| {
-            SandboxError::Exec {
-                program: req.argv[0].to_string_lossy().into_owned(),
-                source: io::Error::from_raw_os_error(libc::ENOENT),
-            }
-        })?;
+    let (env, program) = tool_command(&resolved, req, &workdir)?;
 
     let argv_c: Vec<CString> = req
         .argv
@@ -850,116 +822,27 @@ pub fn run_streaming(
     let mut envp_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
     envp_p.push(std::ptr::null());
 
-    // Mount plan: clone writable trees, make everything read-only, re-attach, protect.
-    let mut writable: Vec<PathBuf> = Vec::new();
-    for w in &resolved.fs.write {
-        if let Ok(real) = std::fs::canonicalize(w)
-            && let Ok(md) = std::fs::metadata(&real)
-            && (md.is_dir() || md.is_file())
-            && !writable.contains(&real)
-        {
-            writable.push(real);
-        }
-    }
-    writable.sort_by_key(|p| p.components().count());
+    let writable = crate::mounts::writable_trees(&resolved);
     // The post-run diff's baseline: the workspace as the host has it (before placeholders);
     // only when the tool can write somewhere in it.
     let snapshot_before = writable
         .iter()
         .any(|w| workdir.starts_with(w) || w.starts_with(&workdir))
         .then(|| crate::postrun::Snapshot::take(&workdir));
-    // Protected islands: existing ones are bound read-only; for missing ones the first missing
-    // component is created as an empty placeholder and bound read-only (removed when `islands`
-    // is dropped, after the run's namespaces are gone).
-    let islands = crate::placeholder::Protected::prepare(&resolved.fs.protected, &writable)?;
-    let mut protected: Vec<PathBuf> = islands.paths.clone();
-    // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved out
-    // of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh) is safe.
-    for s in ollie_policy::secrets::secret_locations(&resolved.ctx.home) {
-        if let Ok(real) = std::fs::canonicalize(&s)
-            && writable.iter().any(|w| real.starts_with(w) && &real != w)
-            && !protected.contains(&real)
-        {
-            protected.push(real);
-        }
-    }
-    let mut mounts = vec![MountStep::MakePrivate];
-    for (slot, w) in writable.iter().enumerate() {
-        mounts.push(MountStep::CloneTree {
-            path: sys::cstring(w).map_err(io_err("prepare mounts"))?,
-            slot,
-        });
-    }
-    mounts.push(MountStep::ReadOnlyAll);
-    for (slot, w) in writable.iter().enumerate() {
-        mounts.push(MountStep::Attach {
-            slot,
-            path: sys::cstring(w).map_err(io_err("prepare mounts"))?,
-        });
-    }
-    // Pin every directory between a writable root and a protected island with a read-write
-    // bind onto itself: a mount point cannot be renamed or removed (EBUSY), so the tool cannot
-    // move `.git` (and the read-only `.git/hooks` inside it) aside and create a fresh one.
-    for (i, a) in pinned_ancestors(&protected, &writable).iter().enumerate() {
-        let slot = writable.len() + i;
-        let path = sys::cstring(a).map_err(io_err("prepare mounts"))?;
-        mounts.push(MountStep::CloneTree {
-            path: path.clone(),
-            slot,
-        });
-        mounts.push(MountStep::Attach { slot, path });
-    }
-    for p in &protected {
-        mounts.push(MountStep::ProtectReadOnly {
-            path: sys::cstring(p).map_err(io_err("prepare mounts"))?,
-        });
-    }
-    // A private /dev/shm (POSIX shared memory, semaphores): never the host's, never another
-    // run's. Mounted last, so it is writable while everything around it is read-only.
+    let MountPlan {
+        steps: mounts,
+        record: mount_record,
+        islands,
+    } = MountPlan::new(&resolved, writable, ruleset.record.abi)?;
     let l = resolved.policy.limits;
-    let private_shm = match std::fs::canonicalize(SHM_DIR) {
-        Ok(real) if l.shm_bytes > 0 && real.is_dir() => {
-            mounts.push(MountStep::PrivateTmpfs {
-                path: sys::cstring(&real).map_err(io_err("prepare mounts"))?,
-                options: cstr(
-                    format!(
-                        "size={},nr_inodes={},mode=1777",
-                        l.shm_bytes,
-                        SHM_INODES.min(l.shm_bytes / 1024 + 16)
-                    )
-                    .as_bytes(),
-                    "tmpfs options",
-                )?,
-                rule_access: landlock::writable_rights(ruleset.record.abi),
-            });
-            Some(real)
-        }
-        _ => None,
-    };
-
-    let rlimits = vec![
-        (libc::RLIMIT_CPU, l.cpu_seconds),
-        (libc::RLIMIT_AS, l.address_space_bytes),
-        (libc::RLIMIT_NPROC, l.processes),
-        (libc::RLIMIT_FSIZE, l.file_size_bytes),
-        (libc::RLIMIT_NOFILE, l.open_files),
-        (libc::RLIMIT_CORE, 0),
-    ];
 
     // stdin: /dev/null, or a socketpair the runner feeds (a socket, so a tool that closes its
     // stdin early gives EPIPE without SIGPIPE in the runner: MSG_NOSIGNAL).
-    let relay = req.stdin_fd.clone();
-    let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match (&req.stdin, &relay) {
-        (None, None) => (
-            std::fs::File::open("/dev/null")
-                .map_err(io_err("open /dev/null"))?
-                .into(),
-            None,
-        ),
+    let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match (&req.stdin, &req.stdin_fd) {
+        (None, None) => (open_devnull()?, None),
         _ => {
-            let (a, b) = sys::socketpair().map_err(io_err("create the stdin socket"))?;
-            sys::shutdown_read(&b).map_err(io_err("create the stdin socket"))?;
-            (a, Some(b))
+            let (child, feed) = stdin_socket()?;
+            (child, Some(feed))
         }
     };
     let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;
@@ -967,50 +850,24 @@ pub fn run_streaming(
     let (err_r, err_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (status_r, status_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (sync_r, sync_w) = sys::pipe().map_err(io_err("create pipes"))?;
-    let (uid, gid) = sys::ids();
-    let fault = match req.fault {
-        Some(Fault::SeccompInstall) => ChildFault::SeccompInstall,
-        Some(Fault::CapDrop) => ChildFault::CapDrop,
-        Some(Fault::LandlockRestrict) => ChildFault::LandlockRestrict,
-        _ => ChildFault::None,
-    };
-    let plan = ChildPlan {
-        stdin: stdin_child.as_raw_fd(),
-        stdout: out_w.as_raw_fd(),
-        stderr: errout_w.as_raw_fd(),
-        err_w: err_w.as_raw_fd(),
-        status_w: status_w.as_raw_fd(),
-        sync_r: sync_r.as_raw_fd(),
-        ruleset: ruleset.fd.as_raw_fd(),
-        setgroups_path: c"/proc/self/setgroups".to_owned(),
-        uid_map_path: c"/proc/self/uid_map".to_owned(),
-        gid_map_path: c"/proc/self/gid_map".to_owned(),
-        oom_path: c"/proc/self/oom_score_adj".to_owned(),
-        uid_map: cstr(format!("{uid} {uid} 1").as_bytes(), "uid map")?,
-        gid_map: cstr(format!("{gid} {gid} 1").as_bytes(), "gid map")?,
+    let (uid, _) = sys::ids();
+    let mut plan = child_plan(
+        ruleset.fd.as_raw_fd(),
         mounts,
-        rlimits,
-        cap_last: sys::cap_last_cap(),
-        filters: filters
-            .programs
-            .iter()
-            .map(|p| {
-                p.iter()
-                    .map(|i| libc::sock_filter {
-                        code: i.code,
-                        jt: i.jt,
-                        jf: i.jf,
-                        k: i.k,
-                    })
-                    .collect()
-            })
-            .collect(),
-        exe: sys::cstring(&program).map_err(io_err("prepare exec"))?,
-        argv: argv_p,
-        envp: envp_p,
-        cwd: sys::cstring(&workdir).map_err(io_err("prepare exec"))?,
-        fault,
-    };
+        rlimits(&l),
+        filters.programs.iter().map(to_sock_filters).collect(),
+    )?;
+    plan.stdin = stdin_child.as_raw_fd();
+    plan.stdout = out_w.as_raw_fd();
+    plan.stderr = errout_w.as_raw_fd();
+    plan.err_w = err_w.as_raw_fd();
+    plan.status_w = status_w.as_raw_fd();
+    plan.sync_r = sync_r.as_raw_fd();
+    plan.exe = sys::cstring(&program).map_err(io_err("prepare exec"))?;
+    plan.argv = argv_p;
+    plan.envp = envp_p;
+    plan.cwd = sys::cstring(&workdir).map_err(io_err("prepare exec"))?;
+    plan.fault = child_fault(req.fault);
 
     let (pid, pidfd) =
         sys::spawn_init(&plan).map_err(|source| SandboxError::Namespaces { source })?;
@@ -1023,84 +880,283 @@ pub fn run_streaming(
     // The child's ends.
     drop((stdin_child, out_w, errout_w, err_w, status_w, sync_r));
     // RLIMIT_NPROC does not bind uid 0, so root runs need a pids cgroup (fail closed).
-    let mut cgroup_degraded = false;
-    if uid == 0 {
-        running.cgroup = make_cgroup(l.processes).and_then(|dir| {
-            match std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {
-                Ok(()) => Some(dir),
-                Err(_) => {
-                    let _ = std::fs::remove_dir(&dir);
-                    None
-                }
-            }
-        });
-        if running.cgroup.is_none() {
-            if !resolved.policy.best_effort {
-                return Err(SandboxError::ProcessLimit);
-            }
-            cgroup_degraded = true;
-        }
-    }
+    let cgroup_degraded;
+    (running.cgroup, cgroup_degraded) =
+        place_in_cgroup(uid, pid, l.processes, resolved.policy.best_effort)?;
     // The disk watchdog's baseline, taken before the tool can write anything.
-    let mut disk = DiskWatch::start(&writable, &l, Instant::now())?;
+    let disk = DiskWatch::start(&mount_record.writable, &l, Instant::now())?;
     let go = sys::write_all(sync_w.as_raw_fd(), b"g");
     drop(sync_w);
     go.map_err(io_err("start the sandbox"))?;
 
     // Wait for exec (EOF on the close-on-exec error pipe) or a failure report.
+    if let Some(msg) = read_report(&err_r)? {
+        drop(running);
+        return Err(stage_error(msg, &program));
+    }
+    drop(err_r);
+
+    let mut out = Capture::new(Stream::Stdout, out_r, l.output_bytes)?;
+    let mut errc = Capture::new(Stream::Stderr, errout_r, l.output_bytes)?;
+    let stopped = supervise(
+        Watch {
+            pidfd: running.pidfd.as_raw_fd(),
+            signal: &|sig| running.signal(sig),
+            req,
+            limits: &l,
+            started,
+            disk,
+            feed: stdin_feed,
+        },
+        &mut out,
+        &mut errc,
+        sink,
+    )?;
+    let cgroup = running.cgroup.clone();
+    let (init_status, rusage) = running.reap().map_err(io_err("reap the sandbox"))?;
+    let mut st = [0u8; 4];
+    let tool_status = match sys::read(status_r.as_raw_fd(), &mut st) {
+        Ok(4) => Some(i32::from_ne_bytes(st)),
+        _ => None,
+    };
+    // The init stage itself was killed (timeout after the grace period, or cancel).
+    let init_signal = libc::WIFSIGNALED(init_status).then(|| libc::WTERMSIG(init_status));
+    // Every process of the run is gone (init reaped): remove the placeholders no other run
+    // uses, then compare with the baseline.
+    drop(islands);
+    let post_run = snapshot_before
+        .map(|b| b.diff(&crate::postrun::Snapshot::take(&workdir)))
+        .unwrap_or_default();
+    let shm_bytes = l.shm_bytes;
+    Ok(run_output(
+        req,
+        &env,
+        started,
+        Finished {
+            cwd: workdir,
+            program,
+            policy_hash: policy_hash(&resolved),
+            layers: Layers::enforced(
+                ruleset.record,
+                filters.record,
+                vec!["user", "pid", "mount", "ipc"],
+                mount_record,
+                cgroup,
+                cgroup_degraded,
+            ),
+            limits: LimitsRecord::new(&l, shm_bytes),
+            stopped,
+            exit: exit_of(tool_status, init_signal),
+            rusage: RusageRecord {
+                user_ms: rusage.user_us / 1000,
+                sys_ms: rusage.sys_us / 1000,
+                max_rss_kb: rusage.max_rss_kb,
+            },
+            post_run,
+        },
+        out,
+        errc,
+    ))
+}
+
+/// `/dev/null` for a tool's stdin.
+pub(crate) fn open_devnull() -> Result<OwnedFd, SandboxError> {
+    Ok(std::fs::File::open("/dev/null")
+        .map_err(io_err("open /dev/null"))?
+        .into())
+}
+
+/// The tool's stdin as a socketpair the runner feeds: `(tool's end, runner's end)`. A socket,
+/// so a tool that closes its stdin early gives EPIPE without SIGPIPE in the runner.
+pub(crate) fn stdin_socket() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    let (a, b) = sys::socketpair().map_err(io_err("create the stdin socket"))?;
+    sys::shutdown_read(&b).map_err(io_err("create the stdin socket"))?;
+    Ok((a, b))
+}
+
+/// The tool's rlimits (soft = hard), in the order the child sets them.
+pub(crate) fn rlimits(l: &ollie_policy::Limits) -> Vec<(libc::__rlimit_resource_t, u64)> {
+    vec![
+        (libc::RLIMIT_CPU, l.cpu_seconds),
+        (libc::RLIMIT_AS, l.address_space_bytes),
+        (libc::RLIMIT_NPROC, l.processes),
+        (libc::RLIMIT_FSIZE, l.file_size_bytes),
+        (libc::RLIMIT_NOFILE, l.open_files),
+        (libc::RLIMIT_CORE, 0),
+    ]
+}
+
+/// A seccompiler program as the kernel takes it.
+pub(crate) fn to_sock_filters(p: &seccompiler::BpfProgram) -> Vec<libc::sock_filter> {
+    p.iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect()
+}
+
+/// The plan of pid 1 of new namespaces (the init stage, or a prepared sandbox's zygote): id
+/// maps for the caller's uid and gid, mounts, rlimits, the ruleset and the seccomp programs.
+/// The per-run fields (stdio, pipes, exec) are unset (`-1`, empty) for the caller to fill.
+pub(crate) fn child_plan(
+    ruleset: RawFd,
+    mounts: Vec<MountStep>,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    filters: Vec<Vec<libc::sock_filter>>,
+) -> Result<ChildPlan, SandboxError> {
+    let (uid, gid) = sys::ids();
+    Ok(ChildPlan {
+        stdin: -1,
+        stdout: -1,
+        stderr: -1,
+        err_w: -1,
+        status_w: -1,
+        sync_r: -1,
+        ruleset,
+        setgroups_path: c"/proc/self/setgroups".to_owned(),
+        uid_map_path: c"/proc/self/uid_map".to_owned(),
+        gid_map_path: c"/proc/self/gid_map".to_owned(),
+        oom_path: c"/proc/self/oom_score_adj".to_owned(),
+        uid_map: cstr(format!("{uid} {uid} 1").as_bytes(), "uid map")?,
+        gid_map: cstr(format!("{gid} {gid} 1").as_bytes(), "gid map")?,
+        mounts,
+        rlimits,
+        cap_last: sys::cap_last_cap(),
+        filters,
+        exe: CString::default(),
+        argv: Vec::new(),
+        envp: Vec::new(),
+        cwd: CString::default(),
+        fault: ChildFault::None,
+    })
+}
+
+/// The child-side failure a test fault forces (a simulated Landlock ABI is applied by the
+/// parent, not the child).
+pub(crate) fn child_fault(fault: Option<Fault>) -> ChildFault {
+    match fault {
+        Some(Fault::SeccompInstall) => ChildFault::SeccompInstall,
+        Some(Fault::CapDrop) => ChildFault::CapDrop,
+        Some(Fault::LandlockRestrict) => ChildFault::LandlockRestrict,
+        None | Some(Fault::LandlockAbi(_)) => ChildFault::None,
+    }
+}
+
+/// As root (`uid` 0: RLIMIT_NPROC does not bind it), places `pid` in a fresh pids cgroup with
+/// `pids.max` = `processes`; without one, fails closed unless `best_effort`. Returns the
+/// cgroup and whether the run degraded.
+pub(crate) fn place_in_cgroup(
+    uid: u32,
+    pid: libc::pid_t,
+    processes: u64,
+    best_effort: bool,
+) -> Result<(Option<PathBuf>, bool), SandboxError> {
+    if uid != 0 {
+        return Ok((None, false));
+    }
+    let cgroup = make_cgroup(processes).and_then(|dir| {
+        match std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {
+            Ok(()) => Some(dir),
+            Err(_) => {
+                let _ = std::fs::remove_dir(&dir);
+                None
+            }
+        }
+    });
+    match cgroup {
+        Some(dir) => Ok((Some(dir), false)),
+        None if best_effort => Ok((None, true)),
+        None => Err(SandboxError::ProcessLimit),
+    }
+}
+
+/// Reads the 8-byte failure report from a close-on-exec error pipe; `None` at EOF (the child
+/// reached `execve`, or the zygote is ready).
+pub(crate) fn read_report(fd: &OwnedFd) -> Result<Option<[u8; 8]>, SandboxError> {
     let mut msg = [0u8; 8];
     let mut got = 0;
     while got < msg.len() {
-        match sys::read(err_r.as_raw_fd(), &mut msg[got..])
+        match sys::read(fd.as_raw_fd(), &mut msg[got..])
             .map_err(io_err("read the start-up report"))?
         {
             0 => break,
             n => got += n,
         }
     }
-    if got > 0 {
-        drop(running);
-        let stage_n = u32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
-        let errno = i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]);
-        let source = io::Error::from_raw_os_error(errno);
-        return Err(match Stage::from_u32(stage_n) {
-            Some(Stage::Exec) => SandboxError::Exec {
-                program: program.display().to_string(),
-                source,
-            },
-            Some(s) => SandboxError::ChildSetup {
-                stage: s.name(),
-                source,
-            },
-            None => SandboxError::ChildSetup {
-                stage: "unknown",
-                source,
-            },
-        });
-    }
-    drop(err_r);
+    Ok((got > 0).then_some(msg))
+}
 
-    let mut out = Capture {
-        kind: Stream::Stdout,
-        fd: out_r,
-        buf: Vec::new(),
-        total: 0,
-        cap: l.output_bytes,
-        open: true,
-    };
-    let mut errc = Capture {
-        kind: Stream::Stderr,
-        fd: errout_r,
-        buf: Vec::new(),
-        total: 0,
-        cap: l.output_bytes,
-        open: true,
-    };
-    for c in [&out, &errc] {
-        sys::set_nonblocking(c.fd.as_raw_fd()).map_err(io_err("configure pipes"))?;
+/// The error a failure report names: the failed stage (or `execve` of `program`) and errno.
+pub(crate) fn stage_error(msg: [u8; 8], program: &Path) -> SandboxError {
+    let stage_n = u32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
+    let errno = i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]);
+    let source = io::Error::from_raw_os_error(errno);
+    match Stage::from_u32(stage_n) {
+        Some(Stage::Exec) => SandboxError::Exec {
+            program: program.display().to_string(),
+            source,
+        },
+        Some(s) => SandboxError::ChildSetup {
+            stage: s.name(),
+            source,
+        },
+        None => SandboxError::ChildSetup {
+            stage: "unknown",
+            source,
+        },
     }
-    let deadline = started + Duration::from_secs(l.timeout_seconds);
-    let grace = Duration::from_millis(l.kill_grace_ms);
+}
+
+/// What the runner watches while a tool runs (one-shot or prepared).
+pub(crate) struct Watch<'a> {
+    /// Readable when pid 1 of the run (or call) has exited.
+    pub(crate) pidfd: RawFd,
+    /// Sends a signal to pid 1 (which forwards SIGTERM to every process of the run).
+    pub(crate) signal: &'a dyn Fn(i32),
+    /// The request: stdin bytes or relay (`stdin_fd`), the cancellation handle.
+    pub(crate) req: &'a RunRequest,
+    /// The timeout and grace period.
+    pub(crate) limits: &'a ollie_policy::Limits,
+    /// When the run started (the timeout counts from here).
+    pub(crate) started: Instant,
+    /// The aggregate disk watchdog (baseline taken before the tool could write).
+    pub(crate) disk: DiskWatch,
+    /// The runner's end of the tool's stdin socket, if it is fed.
+    pub(crate) feed: Option<OwnedFd>,
+}
+
+/// Why and how the runner stopped a run, if it did.
+pub(crate) struct Stopped {
+    timed_out: bool,
+    cancelled: bool,
+    killed_by: Option<KilledBy>,
+    disk_limit: Option<DiskLimitRecord>,
+}
+
+/// Captures output, feeds stdin and enforces the timeout, cancellation and the disk limits
+/// until pid 1 of the run has exited and both output streams are at EOF.
+pub(crate) fn supervise(
+    w: Watch<'_>,
+    out: &mut Capture,
+    errc: &mut Capture,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+) -> Result<Stopped, SandboxError> {
+    let Watch {
+        pidfd,
+        signal,
+        req,
+        limits,
+        started,
+        mut disk,
+        mut feed,
+    } = w;
+    let deadline = started + Duration::from_secs(limits.timeout_seconds);
+    let grace = Duration::from_millis(limits.kill_grace_ms);
+    let input = req.stdin.as_deref().unwrap_or_default();
+    let cancel = req.cancel.as_ref();
     let mut term_sent: Option<Instant> = None;
     let mut killed = false;
     let mut timed_out = false;
@@ -1108,10 +1164,8 @@ pub fn run_streaming(
     let mut killed_by: Option<KilledBy> = None;
     let mut disk_hit: Option<DiskLimitRecord> = None;
     let mut init_done = false;
-    let mut feed = stdin_feed;
     let mut fed = 0usize;
-    let input = req.stdin.as_deref().unwrap_or_default();
-    let mut relay_src = relay;
+    let mut relay_src = req.stdin_fd.clone();
     let mut relay_buf: Vec<u8> = Vec::new();
     let mut relay_eof = relay_src.is_none();
     if let Some(f) = &feed {
@@ -1125,11 +1179,11 @@ pub fn run_streaming(
                 if term_sent.is_none() {
                     killed_by = Some(KilledBy::DiskLimit);
                     term_sent = Some(now);
-                    running.signal(libc::SIGTERM);
+                    signal(libc::SIGTERM);
                 }
                 if hit.forced_kill {
                     killed = true;
-                    running.signal(libc::SIGKILL);
+                    signal(libc::SIGKILL);
                 }
                 match &mut disk_hit {
                     None => disk_hit = Some(hit),
@@ -1140,14 +1194,14 @@ pub fn run_streaming(
                 timed_out = true;
                 killed_by = Some(KilledBy::Timeout);
                 term_sent = Some(now);
-                running.signal(libc::SIGTERM);
+                signal(libc::SIGTERM);
             }
             if let Some(t) = term_sent
                 && !killed
                 && now >= t + grace
             {
                 killed = true;
-                running.signal(libc::SIGKILL);
+                signal(libc::SIGKILL);
             }
         }
         let next = match (init_done, term_sent, killed) {
@@ -1167,27 +1221,6 @@ pub fn run_streaming(
                 .min(i32::MAX as u128) as i32
                 + 1
         });
-        let mut fds = vec![
-            libc::pollfd {
-                fd: if out.open { out.fd.as_raw_fd() } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if errc.open { errc.fd.as_raw_fd() } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if init_done {
-                    -1
-                } else {
-                    running.pidfd.as_raw_fd()
-                },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
         // Feed stdin while the tool runs (fixed bytes, or a relay through a bounded buffer);
         // EOF once everything is written or the source ends.
         if relay_src.is_some() && fed >= relay_buf.len() {
@@ -1203,30 +1236,29 @@ pub fn run_streaming(
             feed = None;
             relay_src = None;
         }
-        fds.push(libc::pollfd {
-            fd: feed
-                .as_ref()
-                .filter(|_| pending > 0)
-                .map_or(-1, |f| f.as_raw_fd()),
-            events: libc::POLLOUT,
-            revents: 0,
-        });
-        fds.push(libc::pollfd {
-            fd: relay_src
-                .as_ref()
-                .filter(|_| feed.is_some() && pending == 0 && !relay_eof)
-                .map_or(-1, |f| f.as_raw_fd()),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        let cancel_fd = req.cancel.as_ref().filter(|_| !cancelled && !init_done);
-        if let Some(c) = cancel_fd {
-            fds.push(libc::pollfd {
-                fd: c.fd.as_raw_fd(),
-                events: libc::POLLIN,
+        let cancel_fd = cancel
+            .filter(|_| !cancelled && !init_done)
+            .map_or(-1, |c| c.fd.as_raw_fd());
+        let mut fds = [
+            pollin(if out.open { out.fd.as_raw_fd() } else { -1 }),
+            pollin(if errc.open { errc.fd.as_raw_fd() } else { -1 }),
+            pollin(if init_done { -1 } else { pidfd }),
+            libc::pollfd {
+                fd: feed
+                    .as_ref()
+                    .filter(|_| pending > 0)
+                    .map_or(-1, |f| f.as_raw_fd()),
+                events: libc::POLLOUT,
                 revents: 0,
-            });
-        }
+            },
+            pollin(
+                relay_src
+                    .as_ref()
+                    .filter(|_| feed.is_some() && pending == 0 && !relay_eof)
+                    .map_or(-1, |f| f.as_raw_fd()),
+            ),
+            pollin(cancel_fd),
+        ];
         sys::poll(&mut fds, timeout_ms).map_err(io_err("poll"))?;
         if fds[0].revents != 0 {
             out.drain(sink)?;
@@ -1273,52 +1305,61 @@ pub fn run_streaming(
                 }
             }
         }
-        if fds.len() > 5 && fds[5].revents != 0 {
+        if fds[5].revents != 0 {
             cancelled = true;
             if term_sent.is_none() {
                 killed_by = Some(KilledBy::Cancel);
                 term_sent = Some(Instant::now());
-                running.signal(libc::SIGTERM);
+                signal(libc::SIGTERM);
             }
         }
     }
-    let cgroup = running.cgroup.clone();
-    let (init_status, rusage) = running.reap().map_err(io_err("reap the sandbox"))?;
-    let mut st = [0u8; 4];
-    let tool_status = match sys::read(status_r.as_raw_fd(), &mut st) {
-        Ok(4) => Some(i32::from_ne_bytes(st)),
-        _ => None,
-    };
-    let (code, signal) = match tool_status {
+    Ok(Stopped {
+        timed_out,
+        cancelled,
+        killed_by,
+        disk_limit: disk_hit,
+    })
+}
+
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// `(code, signal)` of a run: from the tool's wait status if pid 1 reported it, else the signal
+/// that killed pid 1 (timeout after the grace period, or cancel), else SIGKILL.
+pub(crate) fn exit_of(
+    tool_status: Option<i32>,
+    init_signal: Option<i32>,
+) -> (Option<i32>, Option<i32>) {
+    match tool_status {
         Some(s) if libc::WIFEXITED(s) => (Some(libc::WEXITSTATUS(s)), None),
         Some(s) if libc::WIFSIGNALED(s) => (None, Some(libc::WTERMSIG(s))),
-        // The init stage itself was killed (timeout after the grace period, or cancel).
-        _ if libc::WIFSIGNALED(init_status) => (None, Some(libc::WTERMSIG(init_status))),
-        _ => (None, Some(libc::SIGKILL)),
-    };
-    let status = code.unwrap_or_else(|| 128 + signal.unwrap_or(0));
-    // Every process of the run is gone (init reaped): remove the placeholders no other run
-    // uses, then compare with the baseline.
-    let placeholders = islands.placeholders.clone();
-    drop(islands);
-    let post_run = snapshot_before
-        .map(|b| b.diff(&crate::postrun::Snapshot::take(&workdir)))
-        .unwrap_or_default();
+        _ => (None, Some(init_signal.unwrap_or(libc::SIGKILL))),
+    }
+}
 
-    let record = RunRecord {
-        argv: req
-            .argv
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        cwd: workdir,
-        program,
-        policy_hash: policy_hash(&resolved),
-        layers: Layers {
+impl Layers {
+    /// The layers of a run that started: capabilities all empty with securebits locked and
+    /// `no_new_privs` (the child fails closed otherwise); degraded when the cgroup was
+    /// missing or Landlock not fully enforced (`best_effort` only).
+    pub(crate) fn enforced(
+        landlock: LandlockRecord,
+        seccomp: SeccompRecord,
+        namespaces: Vec<&'static str>,
+        mounts: MountRecord,
+        cgroup: Option<PathBuf>,
+        cgroup_degraded: bool,
+    ) -> Layers {
+        Layers {
             best_effort_degraded: cgroup_degraded
-                || ruleset.record.status != landlock::EnforcementStatus::FullyEnforced,
-            landlock: ruleset.record,
-            seccomp: filters.record,
+                || landlock.status != landlock::EnforcementStatus::FullyEnforced,
+            landlock,
+            seccomp,
             capabilities: CapabilityRecord {
                 effective: 0,
                 permitted: 0,
@@ -1328,17 +1369,17 @@ pub fn run_streaming(
                 securebits_locked: true,
             },
             no_new_privs: true,
-            namespaces: vec!["user", "pid", "mount", "ipc"],
-            mounts: MountRecord {
-                read_only_root: true,
-                writable,
-                protected,
-                placeholders,
-                private_shm,
-            },
+            namespaces,
+            mounts,
             cgroup,
-        },
-        limits: LimitsRecord {
+        }
+    }
+}
+
+impl LimitsRecord {
+    /// The policy's limits as applied, with the private `/dev/shm` size recorded as `shm_bytes`.
+    pub(crate) fn new(l: &ollie_policy::Limits, shm_bytes: u64) -> LimitsRecord {
+        LimitsRecord {
             cpu_seconds: l.cpu_seconds,
             address_space_bytes: l.address_space_bytes,
             processes: l.processes,
@@ -1348,52 +1389,117 @@ pub fn run_streaming(
             output_bytes: l.output_bytes,
             timeout_seconds: l.timeout_seconds,
             kill_grace_ms: l.kill_grace_ms,
-            shm_bytes: l.shm_bytes,
+            shm_bytes,
             disk_bytes: l.disk_bytes,
             disk_inodes: l.disk_inodes,
-        },
+        }
+    }
+}
+
+/// What differs between the records of the two spawn paths; [`run_output`] adds the rest.
+pub(crate) struct Finished {
+    pub(crate) cwd: PathBuf,
+    pub(crate) program: PathBuf,
+    pub(crate) policy_hash: String,
+    pub(crate) layers: Layers,
+    pub(crate) limits: LimitsRecord,
+    pub(crate) stopped: Stopped,
+    /// From [`exit_of`].
+    pub(crate) exit: (Option<i32>, Option<i32>),
+    pub(crate) rusage: RusageRecord,
+    pub(crate) post_run: crate::postrun::PostRunRecord,
+}
+
+/// The record and captured output of a finished run.
+pub(crate) fn run_output(
+    req: &RunRequest,
+    env: &[(String, Vec<u8>)],
+    started: Instant,
+    f: Finished,
+    out: Capture,
+    errc: Capture,
+) -> RunOutput {
+    let (code, signal) = f.exit;
+    let record = RunRecord {
+        argv: req
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        cwd: f.cwd,
+        program: f.program,
+        policy_hash: f.policy_hash,
+        layers: f.layers,
+        limits: f.limits,
         env_names: env.iter().map(|(k, _)| k.clone()).collect(),
         exit: ExitRecord {
             code,
             signal,
-            status,
-            timed_out,
-            cancelled,
-            killed_by,
-            disk_limit: disk_hit,
+            status: code.unwrap_or_else(|| 128 + signal.unwrap_or(0)),
+            timed_out: f.stopped.timed_out,
+            cancelled: f.stopped.cancelled,
+            killed_by: f.stopped.killed_by,
+            disk_limit: f.stopped.disk_limit,
         },
         duration_ms: started.elapsed().as_millis() as u64,
-        rusage: RusageRecord {
-            user_ms: rusage.user_us / 1000,
-            sys_ms: rusage.sys_us / 1000,
-            max_rss_kb: rusage.max_rss_kb,
-        },
-        stdout: OutputRecord {
-            total_bytes: out.total,
-            captured_bytes: out.buf.len() as u64,
-            truncated: out.total > out.buf.len() as u64,
-        },
-        stderr: OutputRecord {
-            total_bytes: errc.total,
-            captured_bytes: errc.buf.len() as u64,
-            truncated: errc.total > errc.buf.len() as u64,
-        },
-        post_run,
+        rusage: f.rusage,
+        stdout: out.record(),
+        stderr: errc.record(),
+        post_run: f.post_run,
     };
-    Ok(RunOutput {
+    RunOutput {
         record,
         stdout: out.buf,
         stderr: errc.buf,
-    })
+    }
 }
 
-/// The tool's environment: cleared, then the policy's allowlist, then its fixed values
-/// (creating `TMPDIR` inside the workspace when it points there).
-pub(crate) fn tool_env(
+/// The workspace, canonical; it must be a directory.
+pub(crate) fn canonical_workdir(workdir: &Path) -> Result<PathBuf, SandboxError> {
+    let real = std::fs::canonicalize(workdir).map_err(|source| SandboxError::Workdir {
+        path: workdir.to_path_buf(),
+        source,
+    })?;
+    if !real.is_dir() {
+        return Err(SandboxError::InvalidRequest {
+            reason: format!("workdir {} is not a directory", real.display()),
+        });
+    }
+    Ok(real)
+}
+
+/// The tool's environment ([`tool_env`]) and its program, looked up in that environment's
+/// `PATH` (ENOENT as an [`SandboxError::Exec`] if it is not found).
+pub(crate) fn tool_command(
     resolved: &ResolvedPolicy,
     req: &RunRequest,
     workdir: &Path,
-) -> Result<Vec<(String, Vec<u8>)>, SandboxError> {
+) -> Result<(ToolEnv, PathBuf), SandboxError> {
+    let env = tool_env(resolved, req, workdir)?;
+    let path_var = env
+        .iter()
+        .find(|(n, _)| n == "PATH")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok().map(str::to_string));
+    let program =
+        find_program(Path::new(&req.argv[0]), path_var.as_deref(), workdir).ok_or_else(|| {
+            SandboxError::Exec {
+                program: req.argv[0].to_string_lossy().into_owned(),
+                source: io::Error::from_raw_os_error(libc::ENOENT),
+            }
+        })?;
+    Ok((env, program))
+}
+
+/// The tool's environment: `(name, value)` pairs, sorted.
+pub(crate) type ToolEnv = Vec<(String, Vec<u8>)>;
+
+/// The tool's environment: cleared, then the policy's allowlist, then its fixed values
+/// (creating `TMPDIR` inside the workspace when it points there).
+fn tool_env(
+    resolved: &ResolvedPolicy,
+    req: &RunRequest,
+    workdir: &Path,
+) -> Result<ToolEnv, SandboxError> {
     // Environment: cleared, then the allowlist, then fixed values.
     let mut env: Vec<(String, Vec<u8>)> = Vec::new();
     for (k, v) in &req.base_env {

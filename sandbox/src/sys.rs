@@ -318,16 +318,18 @@ pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// A close-on-exec AF_UNIX stream socketpair.
 pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    unix_socketpair(libc::SOCK_STREAM)
+}
+
+/// A close-on-exec AF_UNIX SOCK_SEQPACKET socketpair (the zygote's control link).
+pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    unix_socketpair(libc::SOCK_SEQPACKET)
+}
+
+fn unix_socketpair(ty: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: `fds` has room for two fds.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    } < 0
+    if unsafe { libc::socketpair(libc::AF_UNIX, ty | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0
     {
         return Err(io::Error::last_os_error());
     }
@@ -335,7 +337,6 @@ pub(crate) fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Shuts down the receiving direction of a socket (the runner's end of the stdin feed).
 pub(crate) fn shutdown_read(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: valid socket fd.
     if unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RD) } < 0 {
@@ -587,13 +588,27 @@ impl Stage {
     }
 }
 
-/// Forced failures for tests of the fail-closed paths.
+/// Forced failures for tests of the fail-closed paths (the numbers travel in
+/// [`CallHeader::fault`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub(crate) enum ChildFault {
-    None,
-    SeccompInstall,
-    CapDrop,
-    LandlockRestrict,
+    None = 0,
+    SeccompInstall = 1,
+    CapDrop = 2,
+    LandlockRestrict = 3,
+}
+
+impl ChildFault {
+    /// The fault a call header names (unknown numbers: none). Allocation-free.
+    fn from_u32(v: u32) -> ChildFault {
+        match v {
+            1 => ChildFault::SeccompInstall,
+            2 => ChildFault::CapDrop,
+            3 => ChildFault::LandlockRestrict,
+            _ => ChildFault::None,
+        }
+    }
 }
 
 /// Everything the child needs, prepared by the parent before `clone`.
@@ -637,14 +652,24 @@ const FD_ERR: RawFd = 3;
 const FD_STATUS: RawFd = 4;
 const FD_SYNC: RawFd = 5;
 const FD_RULESET: RawFd = 6;
-const FD_FIRST_FREE: RawFd = 7;
 
 const MAX_SLOTS: usize = 64;
 
 /// Starts the init stage (pid 1 of new user, pid, mount and IPC namespaces), which sets up the
 /// mounts and forks the tool. Returns `(pid, pidfd)` in the parent.
 pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)> {
-    if plan.mounts.iter().any(|m| match m {
+    clone_namespaced(&plan.mounts, init_main, plan)
+}
+
+/// Clones `child_main(arg)` as pid 1 of new user, pid, mount and IPC namespaces (the one-shot
+/// init stage, or a prepared sandbox's zygote), with every signal blocked across the clone (as
+/// posix_spawn does): no handler of the runner can run in the child. Returns `(pid, pidfd)`.
+fn clone_namespaced<T>(
+    mounts: &[MountStep],
+    child_main: fn(&T) -> !,
+    arg: &T,
+) -> io::Result<(libc::pid_t, OwnedFd)> {
+    if mounts.iter().any(|m| match m {
         MountStep::CloneTree { slot, .. } | MountStep::Attach { slot, .. } => *slot >= MAX_SLOTS,
         _ => false,
     }) {
@@ -654,11 +679,10 @@ pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)>
         ));
     }
     let mut pidfd: RawFd = -1;
-    // Block every signal across the clone (as posix_spawn does): no handler of the runner can
-    // run in the child before the tool has reset all dispositions to their defaults.
     // SAFETY: plain sigset manipulation on stack values; pthread_sigmask only affects this
     // thread and is restored right after the clone.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointers to stack sigsets.
     unsafe {
@@ -666,7 +690,7 @@ pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)>
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
     // SAFETY: a fork-style clone (no new stack, no CLONE_VM): the child gets a copy of the
-    // address space and only runs `init_main`, which uses async-signal-safe syscalls on data
+    // address space and only runs `child_main`, which uses async-signal-safe syscalls on data
     // prepared before this call and never returns.
     let pid = unsafe {
         libc::syscall(
@@ -679,7 +703,7 @@ pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)>
         )
     };
     if pid == 0 {
-        init_main(plan);
+        child_main(arg);
     }
     let err = io::Error::last_os_error();
     // SAFETY: restores this thread's mask saved above.
@@ -733,52 +757,14 @@ fn write_file(stage: Stage, path: &CStr, data: &CStr) {
     }
 }
 
-/// Moves the fds the child needs to fixed numbers and closes everything else.
-fn arrange_fds(plan: &ChildPlan) {
-    let src = [
-        plan.stdin,
-        plan.stdout,
-        plan.stderr,
-        plan.err_w,
-        plan.status_w,
-        plan.sync_r,
-        plan.ruleset,
-    ];
-    let mut tmp = [-1 as RawFd; 7];
-    for (i, fd) in src.iter().enumerate() {
-        // SAFETY: F_DUPFD_CLOEXEC picks the lowest free fd >= 100, never clobbering one.
-        let n = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100) };
-        if n < 0 {
-            // The error pipe may not be at FD_ERR yet: write to the original.
-            let mut msg = [0u8; 8];
-            msg[..4].copy_from_slice(&(Stage::FdLayout as u32).to_ne_bytes());
-            msg[4..].copy_from_slice(&errno().to_ne_bytes());
-            // SAFETY: raw write/_exit.
-            unsafe {
-                libc::write(plan.err_w, msg.as_ptr().cast(), msg.len());
-                libc::_exit(126)
-            }
-        }
-        tmp[i] = n;
-    }
-    for (i, fd) in tmp.iter().enumerate() {
-        let target = i as RawFd;
-        // stdio without close-on-exec; the rest with it.
-        let flags = if target < 3 { 0 } else { libc::O_CLOEXEC };
-        // SAFETY: dup3 onto a fixed number; the old target (if any) is closed atomically.
-        if unsafe { libc::dup3(*fd, target, flags) } < 0 {
-            fail(Stage::FdLayout, errno());
-        }
-    }
-    // SAFETY: closes every fd from FD_FIRST_FREE upwards, including the temporaries.
-    check(Stage::FdLayout, unsafe {
-        libc::syscall(
-            SYS_CLOSE_RANGE,
-            FD_FIRST_FREE as libc::c_uint,
-            libc::c_uint::MAX,
-            0u32,
-        )
-    });
+/// The namespaces' one-time set-up, in pid 1 (the init stage or the zygote): id maps
+/// (setgroups denied), `oom_score_adj`, then the mount plan. Child only.
+fn map_ids_and_mount(plan: &ChildPlan) {
+    write_file(Stage::UserNamespaceMap, &plan.setgroups_path, c"deny");
+    write_file(Stage::UserNamespaceMap, &plan.uid_map_path, &plan.uid_map);
+    write_file(Stage::UserNamespaceMap, &plan.gid_map_path, &plan.gid_map);
+    write_file(Stage::OomScore, &plan.oom_path, c"1000");
+    run_mounts(plan);
 }
 
 fn run_mounts(plan: &ChildPlan) {
@@ -905,26 +891,26 @@ fn init_main(plan: &ChildPlan) -> ! {
     unsafe {
         // Die with the runner; the kernel then kills the whole pid namespace.
         libc::prctl(PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-        arrange_fds(plan);
+        arrange_fd_list(
+            &[
+                plan.stdin,
+                plan.stdout,
+                plan.stderr,
+                plan.err_w,
+                plan.status_w,
+                plan.sync_r,
+                plan.ruleset,
+            ],
+            plan.err_w,
+        );
         let mut b = [0u8; 1];
         // Wait until the parent has placed us in a cgroup (EOF = parent gone).
         if libc::read(FD_SYNC, b.as_mut_ptr().cast(), 1) != 1 {
             fail(Stage::Sync, libc::ECANCELED);
         }
         libc::close(FD_SYNC);
-        write_file(Stage::UserNamespaceMap, &plan.setgroups_path, c"deny");
-        write_file(Stage::UserNamespaceMap, &plan.uid_map_path, &plan.uid_map);
-        write_file(Stage::UserNamespaceMap, &plan.gid_map_path, &plan.gid_map);
-        write_file(Stage::OomScore, &plan.oom_path, c"1000");
-        run_mounts(plan);
+        map_ids_and_mount(plan);
 
-        // Every signal is blocked since the clone; init waits for these with sigwaitinfo.
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        for s in FORWARDED {
-            libc::sigaddset(&mut set, s);
-        }
         // The tool shares init's memory until it execs (CLONE_VM | CLONE_VFORK, like
         // posix_spawn), on its own freshly mapped stack: no second copy of the runner's
         // address space.
@@ -956,34 +942,74 @@ fn init_main(plan: &ChildPlan) -> ! {
         libc::close(0);
         libc::close(1);
         libc::close(2);
+        wait_for_tool(child, StatusReport::Status)
+    }
+}
+
+/// What pid 1 reports on `FD_STATUS` when the tool exits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StatusReport {
+    /// The tool's raw wait status (4 bytes; the runner reaps pid 1 for the rusage).
+    Status,
+    /// The wait status, then user and system CPU time (µs) and peak RSS (KiB) of everything
+    /// reaped (28 bytes; the runner cannot reap a prepared call's pid 1).
+    StatusAndRusage,
+}
+
+/// pid 1's loop once the tool is forked (the one-shot init stage or a per-call init): every
+/// signal is blocked since the clone; forwards [`FORWARDED`] ones to every process of the pid
+/// namespace (pid 1 itself is exempt), reaps children, and when `tool` exits reports as
+/// `report` says and exits, which kills every remaining process of the namespace. Child only.
+fn wait_for_tool(tool: libc::pid_t, report: StatusReport) -> ! {
+    // SAFETY (whole function): only raw, async-signal-safe syscalls on stack values.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
         loop {
             let mut info: libc::siginfo_t = std::mem::zeroed();
             let sig = libc::sigwaitinfo(&set, &mut info);
             if sig < 0 {
                 continue;
             }
-            if sig == libc::SIGCHLD {
-                loop {
-                    let mut status = 0;
-                    let r = libc::wait4(
-                        -1,
-                        &mut status,
-                        libc::WNOHANG | libc::__WALL,
-                        std::ptr::null_mut(),
-                    );
-                    if r <= 0 {
-                        break;
-                    }
-                    if r == child {
-                        let bytes = status.to_ne_bytes();
-                        libc::write(FD_STATUS, bytes.as_ptr().cast(), bytes.len());
-                        // Exiting kills every remaining process of the namespace.
-                        libc::_exit(0);
-                    }
-                }
-            } else {
-                // Forward to every process in the namespace (init itself is exempt).
+            if sig != libc::SIGCHLD {
                 libc::kill(-1, sig);
+                continue;
+            }
+            loop {
+                let mut status = 0;
+                let r = libc::wait4(
+                    -1,
+                    &mut status,
+                    libc::WNOHANG | libc::__WALL,
+                    std::ptr::null_mut(),
+                );
+                if r <= 0 {
+                    break;
+                }
+                if r != tool {
+                    continue;
+                }
+                let mut out = [0u8; 28];
+                out[..4].copy_from_slice(&status.to_ne_bytes());
+                let len = match report {
+                    StatusReport::Status => 4,
+                    StatusReport::StatusAndRusage => {
+                        let mut ru: libc::rusage = std::mem::zeroed();
+                        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+                        let us =
+                            |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
+                        out[4..12].copy_from_slice(&us(ru.ru_utime).to_ne_bytes());
+                        out[12..20].copy_from_slice(&us(ru.ru_stime).to_ne_bytes());
+                        out[20..].copy_from_slice(&(ru.ru_maxrss as u64).to_ne_bytes());
+                        28
+                    }
+                };
+                libc::write(FD_STATUS, out.as_ptr().cast(), len);
+                libc::_exit(0);
             }
         }
     }
@@ -1000,16 +1026,80 @@ extern "C" fn tool_entry(arg: *mut libc::c_void) -> libc::c_int {
     tool_main(plan)
 }
 
-/// The tool: finish hardening in the documented order, then execve. Never returns.
+/// Empties the capability bounding set (`0..=cap_last`; it can only shrink). Child only.
+fn drop_bounding_set(cap_last: u32) {
+    for cap in 0..=cap_last {
+        // SAFETY: raw prctl on integer arguments.
+        if unsafe { libc::prctl(PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+    }
+}
+
+/// Resets every signal disposition to the default (signals stay blocked). Child only.
+fn reset_signal_dispositions() {
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: raw signal(2) with SIG_DFL; no handler is installed.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// The one-shot tool: the per-call sequence, including the once-per-session steps.
 fn tool_main(plan: &ChildPlan) -> ! {
+    restrict_and_exec(&ToolExec {
+        rlimits: &plan.rlimits,
+        cwd: plan.cwd.as_ptr(),
+        session: SessionSteps::InTool {
+            cap_last: plan.cap_last,
+        },
+        filters: &plan.filters,
+        fault: plan.fault,
+        exe: plan.exe.as_ptr(),
+        argv: plan.argv.as_ptr(),
+        envp: plan.envp.as_ptr(),
+    })
+}
+
+/// Where the steps a prepared sandbox takes once per session happen.
+#[derive(Clone, Copy)]
+enum SessionSteps {
+    /// In the tool (one-shot runs): empty the capability bounding set (`0..=cap_last`) and
+    /// reset every signal disposition to the default.
+    InTool { cap_last: u32 },
+    /// Once in the zygote, inherited by every call.
+    InZygote,
+}
+
+/// What the tool applies between its fork and `execve`: pointers into data prepared before the
+/// clone (the one-shot plan, or a call's region in the zygote).
+struct ToolExec<'a> {
+    rlimits: &'a [(libc::__rlimit_resource_t, u64)],
+    cwd: *const libc::c_char,
+    session: SessionSteps,
+    /// BPF programs in installation order.
+    filters: &'a [Vec<libc::sock_filter>],
+    fault: ChildFault,
+    exe: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+}
+
+/// The tool's fixed sequence, shared by both spawn paths (STYLE.md): fds ≥ 3 are already
+/// closed except the close-on-exec error pipe and ruleset; then setsid, rlimits, chdir,
+/// capabilities (bounding set, ambient set, locked securebits, then the three sets),
+/// no_new_privs, Landlock `restrict_self`, signals (dispositions, then an empty mask), seccomp
+/// last, execve. Reports the failed stage on the error pipe instead. Never returns.
+fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
     // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
     unsafe {
         libc::close(FD_STATUS);
-        // fds >= 3 other than the close-on-exec error pipe and ruleset are already closed.
         if libc::setsid() < 0 {
             fail(Stage::Setsid, errno());
         }
-        for (res, v) in &plan.rlimits {
+        for (res, v) in t.rlimits {
             let rl = libc::rlimit64 {
                 rlim_cur: *v,
                 rlim_max: *v,
@@ -1018,17 +1108,14 @@ fn tool_main(plan: &ChildPlan) -> ! {
                 fail(Stage::Rlimit, errno());
             }
         }
-        if libc::chdir(plan.cwd.as_ptr()) < 0 {
+        if libc::chdir(t.cwd) < 0 {
             fail(Stage::Chdir, errno());
         }
-        // Capabilities: bounding set, ambient set, locked securebits, then the three sets.
-        if plan.fault == ChildFault::CapDrop {
+        if t.fault == ChildFault::CapDrop {
             fail(Stage::Capabilities, libc::EPERM);
         }
-        for cap in 0..=plan.cap_last {
-            if libc::prctl(PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0 {
-                fail(Stage::Capabilities, errno());
-            }
+        if let SessionSteps::InTool { cap_last } = t.session {
+            drop_bounding_set(cap_last);
         }
         if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
             fail(Stage::Capabilities, errno());
@@ -1052,7 +1139,7 @@ fn tool_main(plan: &ChildPlan) -> ! {
         if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
             fail(Stage::NoNewPrivs, errno());
         }
-        if plan.fault == ChildFault::LandlockRestrict {
+        if t.fault == ChildFault::LandlockRestrict {
             fail(Stage::Landlock, libc::EINVAL);
         }
         check(
@@ -1061,11 +1148,8 @@ fn tool_main(plan: &ChildPlan) -> ! {
         );
         libc::close(FD_RULESET);
         // Default dispositions first (signals are still blocked), then an empty mask.
-        for sig in 1..=64 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            libc::signal(sig, libc::SIG_DFL);
+        if let SessionSteps::InTool { .. } = t.session {
+            reset_signal_dispositions();
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
@@ -1073,8 +1157,8 @@ fn tool_main(plan: &ChildPlan) -> ! {
             fail(Stage::Signals, errno());
         }
         // seccomp last.
-        for f in &plan.filters {
-            let (ptr, len) = if plan.fault == ChildFault::SeccompInstall {
+        for f in t.filters {
+            let (ptr, len) = if t.fault == ChildFault::SeccompInstall {
                 (std::ptr::null_mut(), 0u16)
             } else {
                 (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
@@ -1090,7 +1174,7 @@ fn tool_main(plan: &ChildPlan) -> ! {
                 ),
             );
         }
-        libc::execve(plan.exe.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+        libc::execve(t.exe, t.argv, t.envp);
         fail(Stage::Exec, errno());
     }
 }
@@ -1360,53 +1444,10 @@ impl RegionCache {
 }
 
 /// Starts the zygote: pid 1 of new user, pid, mount and IPC namespaces, which sets up the
-/// session's mounts once and then serves call requests. Returns `(pid, pidfd)`.
+/// session's mounts once and then serves call requests. Every signal stays blocked in the
+/// zygote (it waits for SIGCHLD with a signalfd). Returns `(pid, pidfd)`.
 pub(crate) fn spawn_zygote(z: &ZygotePlan) -> io::Result<(libc::pid_t, OwnedFd)> {
-    if z.base.mounts.iter().any(|m| match m {
-        MountStep::CloneTree { slot, .. } | MountStep::Attach { slot, .. } => *slot >= MAX_SLOTS,
-        _ => false,
-    }) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "too many writable paths",
-        ));
-    }
-    let mut pidfd: RawFd = -1;
-    // SAFETY: stack sigsets; pthread_sigmask only affects this thread and is restored below.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to stack sigsets. Every signal stays blocked in the zygote (it
-    // waits for SIGCHLD with a signalfd), so no handler of the runner ever runs there.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
-    }
-    // SAFETY: a fork-style clone; the child only runs `zygote_main`, which uses raw syscalls
-    // on data prepared before this call and never returns.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            NAMESPACE_FLAGS | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong,
-            0usize,
-            &mut pidfd as *mut RawFd,
-            0usize,
-            0usize,
-        )
-    };
-    if pid == 0 {
-        zygote_main(z);
-    }
-    let err = io::Error::last_os_error();
-    // SAFETY: restores this thread's mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
-    }
-    if pid < 0 {
-        return Err(err);
-    }
-    // SAFETY: the kernel stored a new pidfd for the child (CLONE_PIDFD).
-    Ok((pid as libc::pid_t, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    clone_namespaced(&z.base.mounts, zygote_main, z)
 }
 
 /// Moves `src[i]` to fd `i` (skipping negative entries; stdio without close-on-exec, the rest
@@ -1470,19 +1511,7 @@ fn zygote_main(z: &ZygotePlan) -> ! {
         if libc::recv(FD_CONTROL, b.as_mut_ptr().cast(), 1, 0) != 1 {
             fail(Stage::Sync, libc::ECANCELED);
         }
-        write_file(Stage::UserNamespaceMap, &z.base.setgroups_path, c"deny");
-        write_file(
-            Stage::UserNamespaceMap,
-            &z.base.uid_map_path,
-            &z.base.uid_map,
-        );
-        write_file(
-            Stage::UserNamespaceMap,
-            &z.base.gid_map_path,
-            &z.base.gid_map,
-        );
-        write_file(Stage::OomScore, &z.base.oom_path, c"1000");
-        run_mounts(&z.base);
+        map_ids_and_mount(&z.base);
         // The zygote holds a copy of the runner's memory for the whole session: no core
         // dumps, and its /proc entries closed to the session's uid (extra hardening on top
         // of Landlock's ptrace scoping, so not a required layer: it cannot fail anyway).
@@ -1490,17 +1519,8 @@ fn zygote_main(z: &ZygotePlan) -> ! {
         // Set up once and inherited by every call: default dispositions for every signal
         // (all stay blocked until the tool unblocks them right before seccomp and execve),
         // and an empty capability bounding set (it can only shrink).
-        for sig in 1..=64 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            libc::signal(sig, libc::SIG_DFL);
-        }
-        for cap in 0..=z.base.cap_last {
-            if libc::prctl(PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) < 0 {
-                fail(Stage::Capabilities, errno());
-            }
-        }
+        reset_signal_dispositions();
+        drop_bounding_set(z.base.cap_last);
 
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -1834,12 +1854,6 @@ fn call_init_main(call: &Call<'_>) -> ! {
         );
         // The zygote's signalfd (close-on-exec anyway): not needed here.
         libc::close(FD_ZSIGNAL);
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGCHLD);
-        for s in FORWARDED {
-            libc::sigaddset(&mut set, s);
-        }
         let child = libc::clone(
             prepared_tool_entry,
             call.tool_stack_top as *mut libc::c_void,
@@ -1854,44 +1868,7 @@ fn call_init_main(call: &Call<'_>) -> ! {
         libc::close(0);
         // stdout and stderr stay open here until this init exits: the runner sees EOF on
         // them only once every process of the call is gone (one wake-up, not two).
-        loop {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            let sig = libc::sigwaitinfo(&set, &mut info);
-            if sig < 0 {
-                continue;
-            }
-            if sig == libc::SIGCHLD {
-                loop {
-                    let mut status = 0;
-                    let r = libc::wait4(
-                        -1,
-                        &mut status,
-                        libc::WNOHANG | libc::__WALL,
-                        std::ptr::null_mut(),
-                    );
-                    if r <= 0 {
-                        break;
-                    }
-                    if r == child {
-                        let mut ru: libc::rusage = std::mem::zeroed();
-                        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
-                        let us =
-                            |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
-                        let mut out = [0u8; 28];
-                        out[..4].copy_from_slice(&status.to_ne_bytes());
-                        out[4..12].copy_from_slice(&us(ru.ru_utime).to_ne_bytes());
-                        out[12..20].copy_from_slice(&us(ru.ru_stime).to_ne_bytes());
-                        out[20..].copy_from_slice(&(ru.ru_maxrss as u64).to_ne_bytes());
-                        libc::write(FD_STATUS, out.as_ptr().cast(), out.len());
-                        // Exiting kills every remaining process of the call's namespace.
-                        libc::_exit(0);
-                    }
-                }
-            } else {
-                // Forward to every process of this call (init itself is exempt).
-                libc::kill(-1, sig);
-            }
-        }
+        wait_for_tool(child, StatusReport::StatusAndRusage)
     }
 }
 
@@ -1903,109 +1880,20 @@ extern "C" fn prepared_tool_entry(arg: *mut libc::c_void) -> libc::c_int {
     prepared_tool_main(call)
 }
 
-/// The prepared tool: the per-call steps in the documented order (those of `tool_main`, minus
-/// the bounding-set drop and the disposition reset the zygote did once), then execve. Never
-/// returns.
+/// The prepared tool: the shared sequence, minus the bounding-set drop and the disposition
+/// reset the zygote did once. Never returns.
 fn prepared_tool_main(call: &Call<'_>) -> ! {
     let plan = &call.z.base;
-    // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
-    unsafe {
-        libc::close(FD_STATUS);
-        if libc::setsid() < 0 {
-            fail(Stage::Setsid, errno());
-        }
-        for (res, v) in &plan.rlimits {
-            let rl = libc::rlimit64 {
-                rlim_cur: *v,
-                rlim_max: *v,
-            };
-            if libc::setrlimit64(*res, &rl) < 0 {
-                fail(Stage::Rlimit, errno());
-            }
-        }
-        if libc::chdir(call.cwd) < 0 {
-            fail(Stage::Chdir, errno());
-        }
-        if call.fault == 2 {
-            fail(Stage::Capabilities, libc::EPERM);
-        }
-        // The bounding set was emptied once in the zygote (inherited); the rest is per call.
-        if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
-            fail(Stage::Capabilities, errno());
-        }
-        if libc::prctl(PR_SET_SECUREBITS, SECURE_BITS_LOCKED, 0, 0, 0) < 0 {
-            fail(Stage::Capabilities, errno());
-        }
-        let hdr = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let data = [CapData {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        check(
-            Stage::Capabilities,
-            libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()),
-        );
-        if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
-            fail(Stage::NoNewPrivs, errno());
-        }
-        if call.fault == 3 {
-            fail(Stage::Landlock, libc::EINVAL);
-        }
-        check(
-            Stage::Landlock,
-            libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
-        );
-        libc::close(FD_RULESET);
-        // Dispositions are the defaults already (reset once in the zygote, inherited).
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) < 0 {
-            fail(Stage::Signals, errno());
-        }
-        // seccomp last.
-        for f in &plan.filters {
-            let (ptr, len) = if call.fault == 1 {
-                (std::ptr::null_mut(), 0u16)
-            } else {
-                (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
-            };
-            let prog = libc::sock_fprog { len, filter: ptr };
-            check(
-                Stage::Seccomp,
-                libc::syscall(
-                    libc::SYS_seccomp,
-                    SECCOMP_SET_MODE_FILTER,
-                    0u32,
-                    &prog as *const libc::sock_fprog,
-                ),
-            );
-        }
-        libc::execve(call.exe, call.argv, call.envp);
-        fail(Stage::Exec, errno());
-    }
-}
-
-/// A close-on-exec AF_UNIX SOCK_SEQPACKET socketpair (the zygote's control link).
-pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: `fds` has room for two fds.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    } < 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both fds are new and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    restrict_and_exec(&ToolExec {
+        rlimits: &plan.rlimits,
+        cwd: call.cwd,
+        session: SessionSteps::InZygote,
+        filters: &plan.filters,
+        fault: ChildFault::from_u32(call.fault),
+        exe: call.exe,
+        argv: call.argv,
+        envp: call.envp,
+    })
 }
 
 /// Sends one message made of `parts` with `fds` attached (SCM_RIGHTS), without SIGPIPE.

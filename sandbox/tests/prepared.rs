@@ -457,3 +457,97 @@ fn large_arguments_and_many_calls() {
         assert_eq!(o.record.exit.code, Some(i % 7));
     }
 }
+
+#[test]
+fn disk_watchdog_stops_a_call_at_disk_bytes() {
+    let name = "disk_watchdog_stops_a_call_at_disk_bytes";
+    if !features_ok(name) {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let ws = Ws::new("disk");
+    let limit = 32 * MIB;
+    let sb = ws.prepare(&policy(
+        "workspace",
+        &format!("disk_bytes = {limit}\nfile_size_bytes = 2097152\nkill_grace_ms = 500"),
+    ));
+    // 2 GiB in 1 MiB files, each under RLIMIT_FSIZE: only the aggregate limit can stop it.
+    let script = "i=0; while [ $i -lt 2048 ]; do head -c 1048576 /dev/zero > f$i || exit 3; i=$((i+1)); done; echo finished";
+    let o = sb.run(&ws.req(&["sh", "-c", script])).unwrap();
+    eprintln!("{name}: exit {:?}", o.record.exit);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert_eq!(
+        o.record.exit.killed_by,
+        Some(ollie_sandbox::KilledBy::DiskLimit)
+    );
+    assert!(!o.record.exit.timed_out);
+    assert!(o.record.exit.signal.is_some(), "{:?}", o.record.exit);
+    let hit = o.record.exit.disk_limit.clone().unwrap();
+    assert_eq!(hit.limit, ollie_sandbox::DiskLimit::DiskBytes);
+    assert_eq!(hit.allowed, limit);
+    assert!(hit.observed > limit);
+    // The watched filesystem is named by a writable tree on it (the outermost one).
+    assert!(ws.0.join("w").starts_with(&hit.path), "{:?}", hit.path);
+    assert_eq!(o.record.limits.disk_bytes, limit);
+    let json: serde_json::Value = serde_json::from_str(&o.record.to_json()).unwrap();
+    assert_eq!(json["exit"]["killed_by"], "disk_limit");
+    // What the call left: at most the limit plus what it writes between two samples and
+    // before the gross-overshoot SIGKILL — far below 2 GiB.
+    let written: u64 = std::fs::read_dir(ws.0.join("w"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    assert!(written <= limit + 64 * MIB, "call wrote {written} bytes");
+    // The session survives: the next call (after cleaning up) runs and is not stopped.
+    for e in std::fs::read_dir(ws.0.join("w")).unwrap().flatten() {
+        if e.file_type().unwrap().is_file() {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let o = sb.run(&ws.req(&["echo", "ok"])).unwrap();
+    assert_eq!(o.record.exit.status, 0);
+    assert_eq!(o.record.exit.killed_by, None);
+    assert_eq!(o.record.exit.disk_limit, None);
+}
+
+#[test]
+fn protected_island_cannot_be_moved_aside() {
+    let name = "protected_island_cannot_be_moved_aside";
+    if !features_ok(name) {
+        return;
+    }
+    let ws = Ws::new("pin");
+    std::fs::create_dir_all(ws.0.join("w/.git/hooks")).unwrap();
+    let sb = ws.prepare(&policy("workspace", ""));
+    // The session's mounts pin `.git` (between the workspace and the read-only `.git/hooks`),
+    // as one-shot runs do: it cannot be renamed or removed, so no fresh `.git/hooks` can
+    // replace the protected one.
+    let o = sb
+        .run(&ws.req(&[
+            "sh",
+            "-c",
+            "mv .git .g2; echo \"mvgit $?\"; mv .git/hooks .git/h2; echo \"mvhooks $?\"; \
+             echo x > .git/hooks/pre-commit; echo \"hook $?\"; touch .git/ok; echo \"git $?\"",
+        ]))
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    for l in ["mvgit", "mvhooks", "hook"] {
+        assert!(
+            text.lines().any(|x| x.starts_with(l) && !x.ends_with(" 0")),
+            "{l} succeeded: {text}"
+        );
+    }
+    // `.git` itself stays writable.
+    assert!(text.contains("git 0"), "{text}");
+    assert!(!ws.0.join("w/.g2").exists());
+    assert!(!ws.0.join("w/.git/hooks/pre-commit").exists());
+    let hooks = ws.0.join("w/.git/hooks");
+    assert!(
+        o.record.layers.mounts.protected.contains(&hooks),
+        "{:?}",
+        o.record.layers.mounts
+    );
+}
