@@ -4,7 +4,7 @@ use crate::landlock::{self, LandlockError, LandlockRecord};
 use crate::mounts::MountPlan;
 use crate::seccomp::{self, SeccompError, SeccompRecord};
 use crate::sys::{self, ChildFault, ChildPlan, MountStep, Stage};
-use ollie_policy::{Network, Policy, PolicyError, ResolveContext, ResolvedPolicy};
+use ollie_policy::{Policy, PolicyError, ResolveContext, ResolvedPolicy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::ffi::{CString, OsString};
@@ -1551,11 +1551,6 @@ pub struct Probe {
     pub landlock_abi: u32,
     /// User namespaces are enabled.
     pub user_namespaces: bool,
-}
-
-#[allow(dead_code)]
-fn _network_is_used(n: &Network) -> bool {
-    matches!(n, Network::Tcp { .. })
 }
 
 #[cfg(test)]
