@@ -11,7 +11,9 @@
 //! link.
 //!
 //! [`Prepared::run`] sends one request (program, cwd, argv, environment; the tool's stdin,
-//! stdout/stderr pipes, error pipe and status pipe as `SCM_RIGHTS`). The zygote clones a
+//! stdout/stderr pipes, error pipe and status pipe as `SCM_RIGHTS`; stdin as in one-shot
+//! runs: `/dev/null`, or a socket the runner feeds or relays `stdin_fd` through; with a
+//! simulated Landlock ABI, tests only, a ruleset of the call's own). The zygote clones a
 //! per-call init into a **new pid namespace nested in the session's** and passes its pidfd
 //! back. The per-call init forks the tool, which applies the per-call steps in the documented
 //! order (fds, setsid, rlimits, chdir, capability drop with securebits locked, no_new_privs,
@@ -43,8 +45,7 @@ use crate::seccomp::{self, SeccompRecord};
 use crate::spawn::{self, Capture, Finished, Watch, io_err, read_report, stage_error};
 use crate::sys::{self, ZygotePlan};
 use crate::{
-    Fault, Layers, LimitsRecord, MountRecord, RunOutput, RunRequest, RusageRecord, SandboxError,
-    Stream,
+    Layers, LimitsRecord, MountRecord, RunOutput, RunRequest, RusageRecord, SandboxError, Stream,
 };
 use ollie_policy::{Network, Policy, ResolveContext, ResolvedPolicy};
 use serde::Serialize;
@@ -310,16 +311,15 @@ impl Prepared {
                 ),
             });
         }
-        if req.stdin_fd.is_some() {
-            return Err(SandboxError::InvalidRequest {
-                reason: "stdin_fd is not supported by prepared sandboxes; use stdin".into(),
-            });
-        }
-        if let Some(Fault::LandlockAbi(_)) = req.fault {
-            return Err(SandboxError::InvalidRequest {
-                reason: "a simulated landlock ABI applies to one-shot runs only".into(),
-            });
-        }
+        // A simulated lower Landlock ABI (tests only): the call gets a ruleset of its own,
+        // built by the one-shot path's code (fails closed below the policy's floor unless
+        // `best_effort`, and then records the degradation). It lacks the session's
+        // `/dev/shm` rule (added inside the session's mount namespace), so it is stricter
+        // there than a one-shot run at that ABI.
+        let own_ruleset = match spawn::simulated_abi(req.fault) {
+            Some(abi) => Some(landlock::build(&self.resolved, Some(abi))?),
+            None => None,
+        };
         let fault = spawn::child_fault(req.fault) as u32;
         let (env, program) = spawn::tool_command(&self.resolved, req, &workdir)?;
 
@@ -374,19 +374,13 @@ impl Prepared {
             envc: env.len() as u32,
             payload_len: payload.len() as u32,
             in_memfd: u32::from(memfd.is_some()),
+            own_ruleset: u32::from(own_ruleset.is_some()),
         };
         let hdr_bytes = hdr.to_bytes();
 
-        let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match &req.stdin {
-            None => (
-                self.devnull.try_clone().map_err(io_err("open /dev/null"))?,
-                None,
-            ),
-            Some(_) => {
-                let (child, feed) = spawn::stdin_socket()?;
-                (child, Some(feed))
-            }
-        };
+        let (stdin_child, stdin_feed) = spawn::tool_stdin(req, || {
+            self.devnull.try_clone().map_err(io_err("open /dev/null"))
+        })?;
         let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;
         let (errout_r, errout_w) = sys::pipe().map_err(io_err("create pipes"))?;
         let (err_r, err_w) = sys::pipe().map_err(io_err("create pipes"))?;
@@ -401,6 +395,9 @@ impl Prepared {
         if let Some(m) = &memfd {
             fds.push(m.as_raw_fd());
         }
+        if let Some(r) = &own_ruleset {
+            fds.push(r.fd.as_raw_fd());
+        }
         let gone = |source| SandboxError::Io {
             op: "reach the prepared sandbox",
             source,
@@ -412,6 +409,12 @@ impl Prepared {
             let mut reply = [0u8; 4];
             let (n, pidfd) = sys::recv_with_fd(&control, &mut reply).map_err(gone)?;
             (n, pidfd, reply)
+        };
+        // The call's own ruleset (if any) stays open until here: the per-call init holds
+        // its copy now.
+        let landlock_record = match own_ruleset {
+            Some(r) => r.record,
+            None => self.landlock.clone(),
         };
         drop((stdin_child, out_w, errout_w, err_w, status_w, memfd));
         if n != 4 {
@@ -439,7 +442,6 @@ impl Prepared {
         let mut out = Capture::new(Stream::Stdout, out_r, l.output_bytes)?;
         let mut errc = Capture::new(Stream::Stderr, errout_r, l.output_bytes)?;
         let stopped = spawn::supervise(
-            // `req.stdin_fd` was refused above: stdin is `req.stdin` or `/dev/null`.
             Watch {
                 pidfd: call.pidfd.as_raw_fd(),
                 signal: &|sig| call.signal(sig),
@@ -502,7 +504,7 @@ impl Prepared {
                 program,
                 policy_hash: self.policy_hash.clone(),
                 layers: Layers::enforced(
-                    self.landlock.clone(),
+                    landlock_record,
                     self.seccomp.clone(),
                     PREPARED_NAMESPACES.to_vec(),
                     self.mounts.clone(),

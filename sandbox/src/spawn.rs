@@ -794,11 +794,7 @@ pub fn run_streaming(
         .map_err(|source| SandboxError::Policy { source })?;
 
     // Landlock ruleset (parent side).
-    let simulated = match req.fault {
-        Some(Fault::LandlockAbi(a)) => Some(a),
-        _ => None,
-    };
-    let ruleset = landlock::build(&resolved, simulated)?;
+    let ruleset = landlock::build(&resolved, simulated_abi(req.fault))?;
     let filters = seccomp::filters(&resolved.network)?;
 
     let (env, program) = tool_command(&resolved, req, &workdir)?;
@@ -836,15 +832,7 @@ pub fn run_streaming(
     } = MountPlan::new(&resolved, writable, ruleset.record.abi)?;
     let l = resolved.policy.limits;
 
-    // stdin: /dev/null, or a socketpair the runner feeds (a socket, so a tool that closes its
-    // stdin early gives EPIPE without SIGPIPE in the runner: MSG_NOSIGNAL).
-    let (stdin_child, stdin_feed): (OwnedFd, Option<OwnedFd>) = match (&req.stdin, &req.stdin_fd) {
-        (None, None) => (open_devnull()?, None),
-        _ => {
-            let (child, feed) = stdin_socket()?;
-            (child, Some(feed))
-        }
-    };
+    let (stdin_child, stdin_feed) = tool_stdin(req, open_devnull)?;
     let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (errout_r, errout_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (err_r, err_w) = sys::pipe().map_err(io_err("create pipes"))?;
@@ -959,6 +947,33 @@ pub fn run_streaming(
     ))
 }
 
+/// The Landlock ABI a test fault simulates (the parent builds the ruleset for it).
+pub(crate) fn simulated_abi(fault: Option<Fault>) -> Option<u32> {
+    match fault {
+        Some(Fault::LandlockAbi(a)) => Some(a),
+        _ => None,
+    }
+}
+
+/// The tool's stdin for `req`: `(tool's end, runner's end to feed)`. `/dev/null` (from
+/// `devnull`) when the request has neither [`RunRequest::stdin`] nor
+/// [`RunRequest::stdin_fd`]; otherwise a socketpair the runner feeds the bytes into or relays
+/// the caller's fd through (a socket, so a tool that closes its stdin early gives EPIPE
+/// without SIGPIPE in the runner: MSG_NOSIGNAL). The caller's fd itself never reaches the
+/// tool.
+pub(crate) fn tool_stdin(
+    req: &RunRequest,
+    devnull: impl FnOnce() -> Result<OwnedFd, SandboxError>,
+) -> Result<(OwnedFd, Option<OwnedFd>), SandboxError> {
+    match (&req.stdin, &req.stdin_fd) {
+        (None, None) => Ok((devnull()?, None)),
+        _ => {
+            let (child, feed) = stdin_socket()?;
+            Ok((child, Some(feed)))
+        }
+    }
+}
+
 /// `/dev/null` for a tool's stdin.
 pub(crate) fn open_devnull() -> Result<OwnedFd, SandboxError> {
     Ok(std::fs::File::open("/dev/null")
@@ -968,7 +983,7 @@ pub(crate) fn open_devnull() -> Result<OwnedFd, SandboxError> {
 
 /// The tool's stdin as a socketpair the runner feeds: `(tool's end, runner's end)`. A socket,
 /// so a tool that closes its stdin early gives EPIPE without SIGPIPE in the runner.
-pub(crate) fn stdin_socket() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+fn stdin_socket() -> Result<(OwnedFd, OwnedFd), SandboxError> {
     let (a, b) = sys::socketpair().map_err(io_err("create the stdin socket"))?;
     sys::shutdown_read(&b).map_err(io_err("create the stdin socket"))?;
     Ok((a, b))

@@ -1310,7 +1310,9 @@ pub(crate) struct ZygotePlan {
 
 /// Header of one call request on the control socket. The payload follows it (inline, or in
 /// a memfd passed as the sixth fd when `in_memfd` is 1): exe, cwd, argv…, env…, each
-/// NUL-terminated. The fds passed with it: stdin, stdout, stderr, error pipe, status pipe.
+/// NUL-terminated. The fds passed with it: stdin, stdout, stderr, error pipe, status pipe,
+/// the payload memfd (if `in_memfd`), and a Landlock ruleset of the call's own (if
+/// `own_ruleset` is 1: a simulated lower ABI, tests only) that replaces the session's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CallHeader {
@@ -1321,10 +1323,11 @@ pub(crate) struct CallHeader {
     pub envc: u32,
     pub payload_len: u32,
     pub in_memfd: u32,
+    pub own_ruleset: u32,
 }
 
 impl CallHeader {
-    /// The header as the zygote reads it (`#[repr(C)]`: six `u32` fields, no padding).
+    /// The header as the zygote reads it (`#[repr(C)]`: seven `u32` fields, no padding).
     pub(crate) fn to_bytes(self) -> [u8; CALL_HDR] {
         let mut out = [0u8; CALL_HDR];
         let fields = [
@@ -1334,6 +1337,7 @@ impl CallHeader {
             self.envc,
             self.payload_len,
             self.in_memfd,
+            self.own_ruleset,
         ];
         for (chunk, v) in out.chunks_exact_mut(4).zip(fields) {
             chunk.copy_from_slice(&v.to_ne_bytes());
@@ -1368,6 +1372,9 @@ struct Call<'a> {
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     fault: u32,
+    /// The Landlock ruleset the tool restricts itself with: the session's (`FD_RULESET`) or
+    /// the call's own.
+    ruleset: RawFd,
     /// Top of the tool's stack (inside the call's region).
     tool_stack_top: usize,
 }
@@ -1718,10 +1725,11 @@ fn zygote_spawn(
     unsafe {
         let hdr = std::ptr::read_unaligned(buf as *const CallHeader);
         let memfd = hdr.in_memfd == 1;
+        let own_ruleset = hdr.own_ruleset == 1;
         let len = hdr.payload_len as usize;
         let strings = 2 + hdr.argc as usize + hdr.envc as usize;
         if hdr.magic != CALL_MAGIC
-            || fds.len() != CALL_FDS + usize::from(memfd)
+            || fds.len() != CALL_FDS + usize::from(memfd) + usize::from(own_ruleset)
             || hdr.argc == 0
             || len > MAX_PAYLOAD
             || strings > MAX_STRINGS
@@ -1803,6 +1811,11 @@ fn zygote_spawn(
             argv: ptrs,
             envp: ptrs.add(argc + 1),
             fault: hdr.fault,
+            ruleset: if own_ruleset {
+                fds[CALL_FDS + usize::from(memfd)]
+            } else {
+                FD_RULESET
+            },
             tool_stack_top: (base.add(call_off) as usize) & !0xf,
         });
         let init_top = (base.add(CALL_INIT_STACK_BYTES) as usize) & !0xf;
@@ -1848,7 +1861,7 @@ fn call_init_main(call: &Call<'_>) -> ! {
                 call.fds[3],
                 call.fds[4],
                 -1,
-                FD_RULESET,
+                call.ruleset,
             ],
             call.fds[3],
         );

@@ -531,3 +531,140 @@ fn protected_island_cannot_be_moved_aside() {
         o.record.layers.mounts
     );
 }
+
+#[test]
+fn stdin_is_relayed_from_a_pipe() {
+    if !features_ok("prepared stdin_is_relayed_from_a_pipe") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let ws = Ws::new("relay");
+    let sb = ws.prepare(&policy("workspace", ""));
+    // More data than any pipe buffer (and than the relay's 64 KiB buffer), written by a
+    // thread; the tool reads it all.
+    let (r, w) = std::io::pipe().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut w = w;
+        let _ = w.write_all(&vec![b'z'; 1 << 20]);
+    });
+    let mut req = ws.req(&["wc", "-c"]);
+    req.stdin_fd = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(r)));
+    let o = sb.run(&req).unwrap();
+    writer.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1048576");
+    assert_eq!(o.record.exit.status, 0);
+
+    // The tool gets a socket the runner feeds, never the caller's fd: the only sockets and
+    // pipes it holds are its stdio (0 a socket, 1 and 2 the capture pipes), and it cannot
+    // write back into its stdin's source.
+    let (r, w) = std::io::pipe().unwrap();
+    let caller_ino = std::fs::File::from(std::os::fd::OwnedFd::from(r.try_clone().unwrap()))
+        .metadata()
+        .unwrap()
+        .ino();
+    drop(w);
+    let mut req = ws.req(&[
+        "bash",
+        "-c",
+        "ls -l /proc/self/fd; echo back >&0; echo \"wr $?\"",
+    ]);
+    req.stdin_fd = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(r)));
+    let o = sb.run(&req).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut links: Vec<(u32, String)> = Vec::new();
+    for line in out.lines() {
+        if let Some((left, target)) = line.split_once(" -> ") {
+            let fd = left.rsplit(' ').next().unwrap().parse::<u32>().unwrap();
+            links.push((fd, target.to_string()));
+        }
+    }
+    assert!(
+        links
+            .iter()
+            .any(|(fd, t)| *fd == 0 && t.starts_with("socket:")),
+        "{out}"
+    );
+    for (fd, t) in &links {
+        if t.starts_with("socket:") || t.starts_with("pipe:") {
+            assert!(*fd <= 2, "fd {fd} -> {t}\n{out}");
+        }
+        assert_ne!(t, &format!("pipe:[{caller_ino}]"), "{out}");
+    }
+    // (A write to it fails: EPIPE, or SIGPIPE kills the shell.)
+    assert!(!out.contains("wr 0"), "{out}");
+
+    // A source that never ends does not keep the call alive once the tool exits.
+    let (r, w) = std::io::pipe().unwrap();
+    let mut req = ws.req(&["head", "-c", "0"]);
+    req.stdin_fd = Some(std::sync::Arc::new(std::os::fd::OwnedFd::from(r)));
+    let o = sb.run(&req).unwrap();
+    assert_eq!(o.record.exit.status, 0);
+    drop(w);
+}
+
+#[test]
+fn simulated_landlock_abi_fails_closed_or_runs_recorded_with_best_effort() {
+    if !features_ok("simulated_landlock_abi_fails_closed_or_runs_recorded_with_best_effort") {
+        return;
+    }
+    let ws = Ws::new("abi");
+    let marker = ws.0.join("w").join("ran");
+    let strict = policy("workspace", "");
+    assert_eq!(strict.landlock_min_abi, 7);
+    assert!(!strict.best_effort);
+    let sb = ws.prepare(&strict);
+    let mut req = ws.req(&["touch", "ran"]);
+    req.fault = Some(ollie_sandbox::Fault::LandlockAbi(5));
+    let err = sb.run(&req).unwrap_err();
+    assert!(matches!(err, SandboxError::Landlock(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(msg.starts_with("landlock ABI 5 < required 7"), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+    assert!(!marker.exists(), "the command ran");
+    // The session is unaffected: the next call runs fully enforced.
+    let o = sb.run(&ws.req(&["true"])).unwrap();
+    assert_eq!(o.record.layers.landlock.abi, 7);
+    assert!(!o.record.layers.best_effort_degraded);
+    drop(sb);
+
+    // best_effort is the only way to run degraded, and the call records it.
+    let text =
+        ollie_sandbox_profile("workspace").replace("best_effort = false", "best_effort = true");
+    let lenient = Policy::from_toml(&text).unwrap();
+    assert!(lenient.best_effort);
+    let sb = ws.prepare(&lenient);
+    let o = sb.run(&req).unwrap();
+    assert_eq!(o.record.exit.status, 0);
+    assert!(marker.exists());
+    assert!(o.record.layers.best_effort_degraded);
+    assert_eq!(o.record.layers.landlock.abi, 5);
+    assert_eq!(
+        o.record.layers.landlock.status,
+        ollie_sandbox::landlock::EnforcementStatus::PartiallyEnforced
+    );
+    // ABI 5 has no scopes: the ruleset the call applied is the lower one.
+    assert!(o.record.layers.landlock.scopes.is_empty());
+    // Still Landlock-enforced at ABI 5: a file outside the policy's read list (visible in
+    // the mount namespace) cannot be read.
+    let secret = ws.0.join("outside-secret");
+    std::fs::write(&secret, "canary-abi\n").unwrap();
+    let mut probe = ws.req(&["cat", secret.to_str().unwrap()]);
+    probe.fault = Some(ollie_sandbox::Fault::LandlockAbi(5));
+    let o = sb.run(&probe).unwrap();
+    assert_ne!(o.record.exit.code, Some(0));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("canary-abi"));
+    assert_eq!(o.record.layers.landlock.abi, 5);
+    // Without the fault the same session runs fully enforced.
+    let o = sb.run(&ws.req(&["true"])).unwrap();
+    assert_eq!(o.record.layers.landlock.abi, 7);
+    assert!(!o.record.layers.best_effort_degraded);
+}
+
+fn ollie_sandbox_profile(name: &str) -> &'static str {
+    ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
+}
