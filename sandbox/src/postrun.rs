@@ -147,18 +147,10 @@ fn open_dir(root: &OwnedFd, rel: &Path) -> Option<OwnedFd> {
     sys::openat2_beneath(root.as_raw_fd(), rel, DIR, 0).ok()
 }
 
-/// Entries of a directory opened beneath the root: `(name, is_dir, is_symlink)`.
+/// Entries of a directory opened beneath the root, sorted: `(name, is_dir, is_symlink)`.
+/// Read from the fd itself (each directory is opened once and read once).
 fn entries(dir: &OwnedFd) -> Vec<(std::ffi::OsString, bool, bool)> {
-    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
-        return Vec::new();
-    };
-    let mut out: Vec<_> = rd
-        .flatten()
-        .filter_map(|e| {
-            let t = e.file_type().ok()?;
-            Some((e.file_name(), t.is_dir(), t.is_symlink()))
-        })
-        .collect();
+    let mut out = sys::dir_entries(dir).unwrap_or_default();
     out.sort();
     out
 }
@@ -166,7 +158,14 @@ fn entries(dir: &OwnedFd) -> Vec<(std::ffi::OsString, bool, bool)> {
 /// Fingerprint of `rel` (no symlink followed; FIFOs and devices by type only).
 fn print(root: &OwnedFd, rel: &Path) -> Option<Print> {
     let (parent, name) = (rel.parent()?, rel.file_name()?);
-    let pdir = open_dir(root, parent)?;
+    if parent.as_os_str().is_empty() {
+        return print_in(root, name);
+    }
+    print_in(&open_dir(root, parent)?, name)
+}
+
+/// Fingerprint of the entry `name` of the directory `pdir` (see [`print`]).
+fn print_in(pdir: &OwnedFd, name: &std::ffi::OsStr) -> Option<Print> {
     let (_, _, is_dir, is_link) = sys::lstat_at(pdir.as_raw_fd(), Path::new(name)).ok()?;
     if is_link {
         let target = std::fs::read_link(format!(
@@ -292,8 +291,25 @@ impl Snapshot {
         let Ok(root) = std::fs::File::open(workdir).map(OwnedFd::from) else {
             return s;
         };
+        // Each parent directory of the watched files is opened once.
+        let mut parent: Option<(&Path, Option<OwnedFd>)> = None;
         for f in WATCHED_FILES {
-            if let Some(p) = print(&root, Path::new(f)) {
+            let rel = Path::new(f);
+            let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
+                continue;
+            };
+            let p = if dir.as_os_str().is_empty() {
+                print_in(&root, name)
+            } else {
+                if parent.as_ref().is_none_or(|(d, _)| *d != dir) {
+                    parent = Some((dir, open_dir(&root, dir)));
+                }
+                match &parent {
+                    Some((_, Some(pdir))) => print_in(pdir, name),
+                    _ => None,
+                }
+            };
+            if let Some(p) = p {
                 s.files.insert(PathBuf::from(f), p);
             }
         }
@@ -306,10 +322,16 @@ impl Snapshot {
                 s.truncated = true;
                 break;
             }
-            let Some(dir) = open_dir(&root, &rel) else {
-                continue;
+            // The root is read once, here (its fd is otherwise only used with `*at` calls).
+            let listed = if rel.as_os_str().is_empty() {
+                entries(&root)
+            } else {
+                let Some(dir) = open_dir(&root, &rel) else {
+                    continue;
+                };
+                entries(&dir)
             };
-            for (name, is_dir, is_link) in entries(&dir) {
+            for (name, is_dir, is_link) in listed {
                 let child = rel.join(&name);
                 if name == ".git" {
                     if s.repos.len() >= MAX_REPOS {
@@ -526,6 +548,47 @@ mod tests {
         assert!(st.success());
         let r = before.diff(&Snapshot::take(&d));
         assert!(r.flags.iter().any(|f| f.path == Path::new(".envrc")));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn entries_and_nested_watched_files() {
+        let d = std::env::temp_dir().join(format!("ollie-postrun-e-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::create_dir_all(d.join(".vscode")).unwrap();
+        std::fs::write(d.join("f"), "x").unwrap();
+        std::os::unix::fs::symlink("sub", d.join("l")).unwrap();
+        // More entries than one 4 KiB getdents64 buffer holds.
+        for i in 0..300 {
+            std::fs::write(d.join(format!("many-{i:03}-{}", "n".repeat(40))), "").unwrap();
+        }
+        let root = OwnedFd::from(std::fs::File::open(&d).unwrap());
+        let got = entries(&root);
+        assert_eq!(got.len(), 304);
+        let find = |n: &str| got.iter().find(|e| e.0 == n).map(|e| (e.1, e.2));
+        assert_eq!(find("sub"), Some((true, false)));
+        assert_eq!(find("l"), Some((false, true)));
+        assert_eq!(find("f"), Some((false, false)));
+        assert_eq!(find("."), None);
+        assert_eq!(find(".."), None);
+        // Watched files below one parent: each is seen (new, changed, symlinked).
+        let before = Snapshot::take(&d);
+        std::fs::write(d.join(".vscode/tasks.json"), "{}").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.join(".vscode/launch.json")).unwrap();
+        let after = Snapshot::take(&d);
+        let paths: Vec<String> = before
+            .diff(&after)
+            .flags
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect();
+        assert_eq!(paths, vec![".vscode/launch.json", ".vscode/tasks.json"]);
+        std::fs::write(d.join(".vscode/tasks.json"), "{\"x\": 1}").unwrap();
+        let r = after.diff(&Snapshot::take(&d));
+        assert_eq!(r.flags.len(), 1);
+        assert_eq!(r.flags[0].path, Path::new(".vscode/tasks.json"));
+        assert_eq!(r.flags[0].detail, "changed during the run");
         let _ = std::fs::remove_dir_all(&d);
     }
 }
