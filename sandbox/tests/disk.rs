@@ -47,19 +47,7 @@ impl Drop for Ws {
 }
 
 fn policy(limits: &str) -> Policy {
-    let base = ollie_policy::SHIPPED_PROFILES
-        .iter()
-        .find(|(n, _)| *n == "workspace")
-        .unwrap()
-        .1;
-    let start = base.find("[limits]").unwrap();
-    let end = base[start..].find("\n[env]").unwrap() + start;
-    Policy::from_toml(&format!(
-        "{}[limits]\n{limits}\n{}",
-        &base[..start],
-        &base[end..]
-    ))
-    .unwrap()
+    common::profile_with_limits("workspace", limits)
 }
 
 /// `(free bytes, free inodes)` of the filesystem holding `p`, from `stat -f`.

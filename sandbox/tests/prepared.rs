@@ -51,19 +51,7 @@ impl Drop for Ws {
 }
 
 fn policy(profile: &str, limits: &str) -> Policy {
-    let base = ollie_policy::SHIPPED_PROFILES
-        .iter()
-        .find(|(n, _)| *n == profile)
-        .unwrap()
-        .1;
-    let start = base.find("[limits]").unwrap();
-    let end = base[start..].find("\n[env]").unwrap() + start;
-    Policy::from_toml(&format!(
-        "{}[limits]\n{limits}\n{}",
-        &base[..start],
-        &base[end..]
-    ))
-    .unwrap()
+    common::profile_with_limits(profile, limits)
 }
 
 /// Pids of live (non-zombie) processes whose command line contains `marker`.

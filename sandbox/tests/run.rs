@@ -38,19 +38,7 @@ impl Drop for Ws {
 }
 
 fn policy(extra: &str) -> Policy {
-    let base = ollie_policy::SHIPPED_PROFILES
-        .iter()
-        .find(|(n, _)| *n == "workspace")
-        .unwrap()
-        .1;
-    let start = base.find("[limits]").unwrap();
-    let end = base[start..].find("\n[env]").unwrap() + start;
-    Policy::from_toml(&format!(
-        "{}[limits]\n{extra}\n{}",
-        &base[..start],
-        &base[end..]
-    ))
-    .unwrap()
+    common::profile_with_limits("workspace", extra)
 }
 
 #[test]

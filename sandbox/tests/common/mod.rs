@@ -34,3 +34,21 @@ pub fn features_ok(test: &str) -> bool {
         }
     }
 }
+
+/// The shipped profile `profile` with its `[limits]` table replaced by `limits` (TOML lines).
+#[allow(clippy::unwrap_used)]
+pub fn profile_with_limits(profile: &str, limits: &str) -> ollie_policy::Policy {
+    let base = ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .find(|(n, _)| *n == profile)
+        .unwrap()
+        .1;
+    let start = base.find("[limits]").unwrap();
+    let end = base[start..].find("\n[env]").unwrap() + start;
+    ollie_policy::Policy::from_toml(&format!(
+        "{}[limits]\n{limits}\n{}",
+        &base[..start],
+        &base[end..]
+    ))
+    .unwrap()
+}
