@@ -1,9 +1,11 @@
 #!/bin/sh
-# Runs the policy, sandbox and escape suites as the unprivileged user `ollietest`.
+# Runs the policy, sandbox, escape and toolsrv suites as the unprivileged user `ollietest`.
 #
-# Run as root from anywhere: builds the test binaries (`cargo test --no-run`), copies them to a
-# world-readable temporary directory, creates `ollietest` if missing, and runs each binary as
-# that user with OLLIE_TEST_REQUIRE passed through. Exits non-zero if anything fails.
+# Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
+# the cross-process suites start (toolsrv), copies them to a world-readable temporary directory
+# (the suites find the binaries through OLLIE_BIN_DIR), creates `ollietest` if missing, and runs
+# each test binary as that user with OLLIE_TEST_REQUIRE passed through. Exits non-zero if
+# anything fails.
 set -eu
 
 if [ "$(id -u)" != 0 ]; then
@@ -22,11 +24,14 @@ build() {
         | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >>"$list"
 }
 build -p ollie-policy -p ollie-sandbox
-build -p ollie-tests --test escapes
+build -p ollie-tests --test escapes --test toolsrv
+cargo build -p ollie-toolsrv --bins
 
 dir=$(mktemp -d /tmp/ollie-unpriv.XXXXXX)
 trap 'rm -f "$list"; rm -rf "$dir"' EXIT
 chmod 755 "$dir"
+mkdir "$dir/bin"
+cp "$CARGO_TARGET_DIR/debug/toolsrv" "$dir/bin/"
 n=0
 while read -r exe; do
     [ -n "$exe" ] || continue
@@ -47,12 +52,14 @@ fi
 # this user cannot read (the run would only prove that, not anything about the sandbox).
 status=0
 for bin in "$dir"/*; do
+    [ -f "$bin" ] || continue
     echo "== $(basename "$bin") as $user"
     if ! (cd "$dir" && runuser -u "$user" -- env -i \
         PATH=/usr/local/bin:/usr/bin:/bin \
         HOME="$(getent passwd "$user" | cut -d: -f6)" \
         TMPDIR=/tmp LANG=C.UTF-8 \
         OLLIE_TEST_REQUIRE="${OLLIE_TEST_REQUIRE:-}" \
+        OLLIE_BIN_DIR="$dir/bin" \
         RUST_BACKTRACE=0 \
         "$bin" --test-threads=2 --skip corpus_cargo_build); then
         status=1

@@ -47,10 +47,10 @@ pub mod fs {
     pub const FILE_RIGHTS: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV;
 }
 
-const NET_BIND_TCP: u64 = 1 << 0;
-const NET_CONNECT_TCP: u64 = 1 << 1;
-const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
-const SCOPE_SIGNAL: u64 = 1 << 1;
+pub(crate) const NET_BIND_TCP: u64 = 1 << 0;
+pub(crate) const NET_CONNECT_TCP: u64 = 1 << 1;
+pub(crate) const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+pub(crate) const SCOPE_SIGNAL: u64 = 1 << 1;
 
 const FS_NAMES: [&str; 16] = [
     "execute",

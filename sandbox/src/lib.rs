@@ -16,18 +16,36 @@
 //!    pipes),
 //!    `setsid`, rlimits, every capability set emptied (bounding and ambient included,
 //!    securebits locked), `no_new_privs`, Landlock (every ABI-7 filesystem right handled in one
-//!    ruleset, TCP bind/connect, both scopes), seccomp last (allowlist), `execve`.
+//!    ruleset, TCP bind/connect, both scopes; a working directory other than the workdir,
+//!    [`RunRequest::cwd`], must then be listable, or the run fails with
+//!    [`SandboxError::Cwd`]), seccomp last (allowlist), `execve`.
 //! 4. The environment is cleared and rebuilt from the policy's allowlist.
 //! 5. Output is captured up to a cap per stream (the rest counted, dropped, flagged);
 //!    [`run_streaming`] also hands every chunk to a callback as it arrives.
-//! 6. On timeout, cancel, or when the free space / free inodes of a writable tree's
-//!    filesystem shrink past `limits.disk_bytes` / `limits.disk_inodes` or below a reserve
-//!    (sampled every 50 ms): SIGTERM to every process (forwarded by init), SIGKILL to the
-//!    whole namespace after the grace period ([`ExitRecord::killed_by`]).
+//! 6. On timeout (`limits.timeout_seconds`, narrowed per run by
+//!    [`RunRequest::timeout_seconds`]), [`Cancel::cancel`], or when the free space / free
+//!    inodes of a writable tree's filesystem shrink past `limits.disk_bytes` /
+//!    `limits.disk_inodes` or below a reserve (sampled every 50 ms): SIGTERM to every process
+//!    (forwarded by init), SIGKILL to the whole namespace after the grace period
+//!    ([`ExitRecord::killed_by`]). [`Cancel::kill`] sends that SIGKILL at once;
+//!    [`Cancel::signal`] forwards one signal of a fixed set ([`Cancel::SIGNALS`]) to every
+//!    process of the run and nothing else.
 //! 7. After the run, [`postrun`] compares the workspace with a snapshot taken before it and
 //!    flags new or changed git hooks, risky git config, new repositories and host-executed
 //!    settings files in [`RunRecord::post_run`]; [`workspace::Workspace`] refuses host-side
 //!    git until a human acknowledges them.
+//!
+//! [`Prepared`] sets up what every tool of a session shares once (namespaces, mounts, the
+//! Landlock ruleset, the seccomp program) in a zygote, and runs each call in a pid namespace
+//! of its own, with the same per-call steps, record, and controls (cwd, timeout, [`Cancel`]).
+//!
+//! [`harden::harden_server`] is for the long-lived server that creates those sandboxes (the
+//! per-session tool server): called once on itself, single-threaded, it closes stray fds,
+//! turns off dumping, sets `no_new_privs`, joins a Landlock domain that handles no
+//! filesystem right (so sandboxes can still mount; it scopes signals and abstract sockets and,
+//! unless allowed, TCP) and a deny-list seccomp filter, all of which every tool inherits on
+//! top of its own layers. Parts the kernel's Landlock ABI cannot enforce are recorded, not
+//! fatal ([`HardeningRecord`]).
 //!
 //! If any required layer cannot be applied, the command does not run and the error names the
 //! layer. The only degradation is a Landlock ABI below the floor with `best_effort = true`,
@@ -36,12 +54,15 @@
 //! What it does not guarantee: protection against kernel bugs; confidentiality of files the
 //! policy grants; UDP/DNS when the policy grants TCP (never allowed). See SECURITY.md.
 //!
-//! Tested by unit tests here, the integration tests in `tests/`, and the escape suite in the
-//! workspace's `tests/` crate; the benchmark is `benches/spawn.rs`.
+//! Tested by unit tests here, the integration tests in `tests/` (`harden.rs` has its own
+//! harness and re-executes itself as a single-threaded probe, since hardening is irreversible),
+//! and the escape suite in the workspace's `tests/` crate; the benchmark is
+//! `benches/spawn.rs`.
 //!
 //! All `unsafe` is in the private `sys` module.
 #![deny(unsafe_code)]
 
+pub mod harden;
 pub mod landlock;
 mod mounts;
 mod placeholder;
@@ -52,6 +73,7 @@ mod spawn;
 mod sys;
 pub mod workspace;
 
+pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::ProtectError;
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 pub use prepared::{PREPARED_NAMESPACES, Prepared, SessionRecord};
@@ -63,3 +85,11 @@ pub use spawn::{
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
 pub use workspace::{GitDecision, GitRefused};
+
+/// Close-on-exec duplicates of descriptors this process inherited by number (a server's
+/// link and boot fd), owned by the caller, in the order given; the originals are left alone
+/// (close them, or let [`harden::harden_server`] close them). Every descriptor is checked to
+/// be open before any is duplicated; the error names the first that is not.
+pub fn dup_inherited_fds(fds: &[std::os::fd::RawFd]) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+    sys::dup_all_cloexec(fds)
+}

@@ -16,13 +16,17 @@
 //! simulated Landlock ABI, tests only, a ruleset of the call's own). The zygote clones a
 //! per-call init into a **new pid namespace nested in the session's** and passes its pidfd
 //! back. The per-call init forks the tool, which applies the per-call steps in the documented
-//! order (fds, setsid, rlimits, chdir, capability drop with securebits locked, no_new_privs,
-//! Landlock `restrict_self` with the prepared ruleset, signals unblocked, seccomp last) and
-//! execs. When the tool exits, the per-call init reports its status and rusage and
-//! exits, and the kernel kills every other process of that call (setsid'd, double-forked,
-//! nohup'd) and nothing of any other call. Timeouts, cancellation and the disk watchdog
-//! (`limits.disk_bytes` / `disk_inodes`, as in one-shot runs) signal the per-call init through
-//! its pidfd: SIGTERM (forwarded to the call's processes), SIGKILL after the grace period.
+//! order (fds, setsid, rlimits, chdir to the request's `cwd`, capability drop with
+//! securebits locked, no_new_privs, Landlock `restrict_self` with the prepared ruleset — then,
+//! for a cwd other than the workspace, a check that Landlock lets the tool list it —, signals
+//! unblocked, seccomp last) and execs. When the tool
+//! exits, the per-call init reports its status and rusage and exits, and the kernel kills
+//! every other process of that call (setsid'd, double-forked, nohup'd) and nothing of any
+//! other call. Timeouts (the policy's, narrowed by the request's `timeout_seconds`),
+//! cancellation and the disk watchdog (`limits.disk_bytes` / `disk_inodes`, as in one-shot
+//! runs) signal the per-call init through its pidfd: SIGTERM (forwarded to the call's
+//! processes), SIGKILL after the grace period; [`crate::Cancel::kill`] sends SIGKILL at once,
+//! and [`crate::Cancel::signal`] one forwarded signal.
 //!
 //! The tool's per-call sequence, the monitoring loop and the run record are the one-shot
 //! path's (`sys::restrict_and_exec`, `spawn::supervise`, `spawn::run_output`).
@@ -37,7 +41,7 @@
 //! syscall-number ranges (`prepared/bpf.rs`), checked equivalent to the reference programs
 //! once per process; if the check ever fails, the reference programs are attached instead.
 
-mod bpf;
+pub(crate) mod bpf;
 
 use crate::landlock::{self, LandlockRecord};
 use crate::mounts::{self, MountPlan};
@@ -123,7 +127,7 @@ fn fast_filter(
         .clone()
 }
 
-fn program_hash(programs: &[Vec<libc::sock_filter>]) -> String {
+pub(crate) fn program_hash(programs: &[Vec<libc::sock_filter>]) -> String {
     let mut h = Sha256::new();
     for p in programs {
         for ins in p {
@@ -224,7 +228,7 @@ impl Prepared {
             sys::send_byte(&control).map_err(io_err("start the sandbox"))?;
         }
         if let Some(msg) = read_report(&err_r)? {
-            return Err(stage_error(msg, Path::new("")));
+            return Err(stage_error(msg, Path::new(""), Path::new("")));
         }
         Ok(prepared)
     }
@@ -270,6 +274,7 @@ impl Prepared {
                 "capability drop (all sets, securebits locked)",
                 "no_new_privs",
                 "landlock restrict_self",
+                "cwd listable under landlock (cwd other than the workspace)",
                 "signal dispositions",
                 "seccomp",
                 "execve",
@@ -297,6 +302,8 @@ impl Prepared {
                 reason: "no command given".into(),
             });
         }
+        // From here on the call is started: signals sent to its handle are queued for it.
+        let cancel = spawn::watch_cancel(req)?;
         let workdir =
             std::fs::canonicalize(&req.workdir).map_err(|source| SandboxError::Workdir {
                 path: req.workdir.clone(),
@@ -321,7 +328,9 @@ impl Prepared {
             None => None,
         };
         let fault = spawn::child_fault(req.fault) as u32;
-        let (env, program) = spawn::tool_command(&self.resolved, req, &workdir)?;
+        let cwd = spawn::tool_cwd(&workdir, req.cwd.as_deref())?;
+        let l = spawn::effective_limits(&self.resolved.policy.limits, req)?;
+        let (env, program) = spawn::tool_command(&self.resolved, req, &workdir, &cwd)?;
 
         // The request payload: exe, cwd, argv…, env…, each NUL-terminated.
         let mut payload: Vec<u8> = Vec::new();
@@ -336,7 +345,7 @@ impl Prepared {
             Ok(())
         };
         push(program.as_os_str().as_bytes(), "program path")?;
-        push(workdir.as_os_str().as_bytes(), "workdir")?;
+        push(cwd.as_os_str().as_bytes(), "cwd")?;
         for a in &req.argv {
             push(a.as_bytes(), "argument")?;
         }
@@ -360,7 +369,6 @@ impl Prepared {
         // The post-run diff's baseline (before anything of this call exists).
         let snapshot_before = crate::postrun::Snapshot::take(&workdir);
         // The disk watchdog's baseline, taken before the call's tool can write anything.
-        let l = self.resolved.policy.limits;
         let disk = spawn::DiskWatch::start(&self.mounts.writable, &l, Instant::now())?;
         let memfd = if payload.len() > sys::MAX_INLINE_PAYLOAD {
             Some(sys::memfd_with(&payload).map_err(io_err("write the call payload"))?)
@@ -375,6 +383,7 @@ impl Prepared {
             payload_len: payload.len() as u32,
             in_memfd: u32::from(memfd.is_some()),
             own_ruleset: u32::from(own_ruleset.is_some()),
+            check_cwd: u32::from(cwd != workdir),
         };
         let hdr_bytes = hdr.to_bytes();
 
@@ -450,6 +459,7 @@ impl Prepared {
                 started,
                 disk,
                 feed: stdin_feed,
+                cancel,
             },
             &mut out,
             &mut errc,
@@ -458,7 +468,7 @@ impl Prepared {
         call.done = true;
         // Every writer of the report is gone (the per-call init has exited).
         if let Some(msg) = read_report(&report)? {
-            return Err(stage_error(msg, &program));
+            return Err(stage_error(msg, &program, &cwd));
         }
         // Status (4 bytes) and rusage (3 × u64) from the per-call init; nothing if it was
         // killed.
@@ -500,7 +510,7 @@ impl Prepared {
             &env,
             started,
             Finished {
-                cwd: workdir,
+                cwd,
                 program,
                 policy_hash: self.policy_hash.clone(),
                 layers: Layers::enforced(

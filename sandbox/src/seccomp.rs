@@ -80,11 +80,11 @@ fn allow(rules: &mut Rules, nrs: &[i64]) {
     }
 }
 
-fn cond(arg: u8, op: Op, v: u64) -> Result<Cond, SeccompError> {
+pub(crate) fn cond(arg: u8, op: Op, v: u64) -> Result<Cond, SeccompError> {
     Cond::new(arg, Len::Dword, op, v).map_err(|source| SeccompError::Compile { source })
 }
 
-fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
+pub(crate) fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
     SeccompRule::new(conds).map_err(|source| SeccompError::Compile { source })
 }
 

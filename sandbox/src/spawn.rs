@@ -12,8 +12,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Forced failures, for tests of the fail-closed paths (never set in production).
@@ -29,24 +29,227 @@ pub enum Fault {
     LandlockRestrict,
 }
 
-/// A handle that stops a running command (SIGTERM to the whole tree, SIGKILL after the grace
-/// period). Cloneable; usable from any thread.
+/// A handle that stops or signals a running command. Cloneable; usable from any thread, also
+/// while [`run`] or [`crate::Prepared::run`] blocks in another.
+///
+/// - [`Cancel::cancel`]: SIGTERM to every process of the run, SIGKILL to the whole run after
+///   `limits.kill_grace_ms`.
+/// - [`Cancel::kill`]: SIGKILL to the whole run at once.
+/// - [`Cancel::signal`]: one signal to every process of the run, nothing else.
+///
+/// `cancel` and `kill` are sticky: a run that starts watching the handle later (or another
+/// run sharing it) is stopped as soon as it starts; both are recorded
+/// ([`ExitRecord::cancelled`], `killed_by = "cancel"`). A signal reaches the runs watching
+/// the handle when it is sent: from the moment [`run`] or [`crate::Prepared::run`] is
+/// entered (signals sent while the sandbox is being set up are queued and delivered once its
+/// pid 1 exists) until that pid 1 has exited. Before a run starts or after it has ended it is
+/// a no-op.
 #[derive(Debug, Clone)]
 pub struct Cancel {
-    pub(crate) fd: Arc<OwnedFd>,
+    state: Arc<Mutex<CancelState>>,
+}
+
+/// What a [`Cancel`] asks of the runs watching it.
+#[derive(Debug, Default)]
+struct CancelState {
+    /// [`Cancel::cancel`] was called.
+    cancelled: bool,
+    /// [`Cancel::kill`] was called.
+    killed: bool,
+    /// The runs watching the handle now.
+    watchers: Vec<Watcher>,
+    next_id: u64,
+}
+
+/// One run watching a [`Cancel`]: its own wake-up eventfd (several runs may share a handle,
+/// and reading an eventfd resets it for every reader) and the signals queued for it.
+#[derive(Debug)]
+struct Watcher {
+    id: u64,
+    wake: Arc<OwnedFd>,
+    signals: Vec<i32>,
+}
+
+impl CancelState {
+    fn wake_all(&self) {
+        for w in &self.watchers {
+            let _ = sys::write_all(w.wake.as_raw_fd(), &1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// What a watching run has been asked to do since it last looked.
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    /// [`Cancel::cancel`] (sticky: reported every time).
+    pub(crate) cancel: bool,
+    /// [`Cancel::kill`] (sticky: reported every time).
+    pub(crate) kill: bool,
+    /// Signals to forward, in the order they were sent.
+    pub(crate) signals: Vec<i32>,
+}
+
+/// A run's registration with a [`Cancel`]; dropping it ends the watch (later signals are
+/// no-ops for this run).
+pub(crate) struct CancelWatch {
+    state: Arc<Mutex<CancelState>>,
+    id: u64,
+    wake: Arc<OwnedFd>,
+}
+
+impl CancelWatch {
+    /// Readable when there is something to [`CancelWatch::take`].
+    pub(crate) fn fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    /// Resets the wake-up and returns what was asked (a request arriving after the reset
+    /// wakes the next poll again).
+    pub(crate) fn take(&self) -> Requests {
+        let mut counter = [0u8; 8];
+        let _ = sys::read(self.wake.as_raw_fd(), &mut counter);
+        let mut st = lock_state(&self.state);
+        let (cancel, kill) = (st.cancelled, st.killed);
+        let signals = st
+            .watchers
+            .iter_mut()
+            .find(|w| w.id == self.id)
+            .map(|w| std::mem::take(&mut w.signals))
+            .unwrap_or_default();
+        Requests {
+            cancel,
+            kill,
+            signals,
+        }
+    }
+}
+
+impl Drop for CancelWatch {
+    fn drop(&mut self) {
+        lock_state(&self.state).watchers.retain(|w| w.id != self.id);
+    }
+}
+
+fn lock_state(m: &Mutex<CancelState>) -> std::sync::MutexGuard<'_, CancelState> {
+    // Every update is a single field or vector operation: a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Cancel {
     /// A new, untriggered handle.
     pub fn new() -> io::Result<Cancel> {
         Ok(Cancel {
-            fd: Arc::new(sys::eventfd()?),
+            state: Arc::new(Mutex::new(CancelState::default())),
         })
     }
 
-    /// Requests cancellation.
+    /// Requests cancellation: SIGTERM to every process of the run (forwarded by its pid 1),
+    /// SIGKILL to the whole run after the grace period.
     pub fn cancel(&self) {
-        let _ = sys::write_all(self.fd.as_raw_fd(), &1u64.to_ne_bytes());
+        let mut st = lock_state(&self.state);
+        st.cancelled = true;
+        st.wake_all();
+    }
+
+    /// Kills the run at once: SIGKILL to its pid 1 (the one-shot init stage, or a prepared
+    /// call's init), and the kernel kills every process of its pid namespace with it,
+    /// setsid'd and double-forked ones included. Recorded like [`Cancel::cancel`].
+    pub fn kill(&self) {
+        let mut st = lock_state(&self.state);
+        st.killed = true;
+        st.wake_all();
+    }
+
+    /// Delivers `sig` once to every process of the run (sent to its pid 1, which forwards it
+    /// with `kill(-1, sig)`), and nothing else: no escalation, not recorded as a cancel.
+    /// `SIGKILL` is [`Cancel::kill`]. Allowed: [`Cancel::SIGNALS`]; anything else is refused
+    /// with [`SandboxError::UnsupportedSignal`] and the run goes on. A no-op for runs that
+    /// have not started or have ended.
+    pub fn signal(&self, sig: i32) -> Result<(), SandboxError> {
+        if sig == libc::SIGKILL {
+            self.kill();
+            return Ok(());
+        }
+        if !sys::FORWARDED.contains(&sig) {
+            return Err(SandboxError::UnsupportedSignal { signal: sig });
+        }
+        let mut st = lock_state(&self.state);
+        for w in &mut st.watchers {
+            w.signals.push(sig);
+        }
+        st.wake_all();
+        Ok(())
+    }
+
+    /// The signals [`Cancel::signal`] accepts: SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGUSR1,
+    /// SIGUSR2, SIGALRM, SIGTERM, SIGCONT, SIGWINCH.
+    pub const SIGNALS: [i32; 10] = [
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGKILL,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGTERM,
+        libc::SIGCONT,
+        libc::SIGWINCH,
+    ];
+
+    /// Starts watching the handle for one run (its own wake-up eventfd, already readable if
+    /// the handle was cancelled or killed before).
+    pub(crate) fn watch(&self) -> io::Result<CancelWatch> {
+        let wake = Arc::new(sys::eventfd()?);
+        let mut st = lock_state(&self.state);
+        let id = st.next_id;
+        st.next_id += 1;
+        if st.cancelled || st.killed {
+            sys::write_all(wake.as_raw_fd(), &1u64.to_ne_bytes())?;
+        }
+        st.watchers.push(Watcher {
+            id,
+            wake: wake.clone(),
+            signals: Vec::new(),
+        });
+        Ok(CancelWatch {
+            state: self.state.clone(),
+            id,
+            wake,
+        })
+    }
+}
+
+/// The run's registration with `req.cancel`, taken first thing in a run.
+pub(crate) fn watch_cancel(req: &RunRequest) -> Result<Option<CancelWatch>, SandboxError> {
+    req.cancel
+        .as_ref()
+        .map(Cancel::watch)
+        .transpose()
+        .map_err(io_err("watch the cancellation handle"))
+}
+
+/// `Cancel::SIGNALS` as `"1 (SIGHUP), 2 (SIGINT), …"`, for the refusal message.
+fn allowed_signals() -> String {
+    Cancel::SIGNALS
+        .iter()
+        .map(|s| format!("{s} ({})", signal_name(*s)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGWINCH => "SIGWINCH",
+        _ => "?",
     }
 }
 
@@ -69,6 +272,18 @@ pub struct RunRequest {
     /// tool's stdin until EOF; takes precedence over `stdin`. The tool never gets the fd
     /// itself, only a socket the runner copies into.
     pub stdin_fd: Option<Arc<OwnedFd>>,
+    /// The directory the tool starts in (default: the workdir). Absolute, or relative to the
+    /// workdir; resolved lexically (`.` dropped, `..` pops a component; climbing above `/` is
+    /// refused), never through the host's symlinks. It need not be inside the workspace: the
+    /// tool changes to it inside the sandbox and, unless it is the workdir, checks after
+    /// Landlock is applied that it may list it, so the policy decides. (The workdir is exempt:
+    /// it may be a carved-out home without a Landlock rule of its own.) A failure is
+    /// [`SandboxError::Cwd`], naming the directory, and the command does not run.
+    pub cwd: Option<PathBuf>,
+    /// A timeout for this run that can only narrow the policy's: the effective wall timeout
+    /// is the smaller of `limits.timeout_seconds` and this (recorded in
+    /// [`RunRecord::limits`]). 0 is refused.
+    pub timeout_seconds: Option<u64>,
     /// Tests only: force a failure.
     pub fault: Option<Fault>,
 }
@@ -93,6 +308,8 @@ impl RunRequest {
             base_env: std::env::vars_os().collect(),
             stdin: None,
             stdin_fd: None,
+            cwd: None,
+            timeout_seconds: None,
             fault: None,
         }
     }
@@ -162,6 +379,30 @@ pub enum SandboxError {
     /// A protected path could not be blocked (the command did not run).
     #[error(transparent)]
     Protect(#[from] crate::placeholder::ProtectError),
+    /// The tool could not start in its working directory ([`RunRequest::cwd`], or the
+    /// workdir): missing, not a directory, or not listable under the policy. The command did
+    /// not run.
+    #[error("cannot start in working directory {path}")]
+    Cwd {
+        /// The directory, as resolved.
+        path: PathBuf,
+        /// The cause (EACCES: the policy does not let the tool list it).
+        #[source]
+        source: io::Error,
+    },
+    /// [`Cancel::signal`] was asked for a signal it does not deliver; nothing was sent.
+    #[error(
+        "signal {signal} cannot be sent to a run; allowed: {}",
+        allowed_signals()
+    )]
+    UnsupportedSignal {
+        /// The refused signal number.
+        signal: i32,
+    },
+    /// [`crate::harden::harden_server`] failed at a step (the process may be partly hardened
+    /// and should exit).
+    #[error(transparent)]
+    Harden(#[from] crate::harden::HardenError),
     /// A runner-side system call failed.
     #[error("sandbox runner failed to {op}")]
     Io {
@@ -784,6 +1025,8 @@ pub fn run_streaming(
             reason: "no command given".into(),
         });
     }
+    // From here on the run is started: signals sent to its handle are queued for it.
+    let cancel = watch_cancel(req)?;
     let workdir = canonical_workdir(&req.workdir)?;
     let ctx = ResolveContext {
         workdir: workdir.clone(),
@@ -797,7 +1040,9 @@ pub fn run_streaming(
     let ruleset = landlock::build(&resolved, simulated_abi(req.fault))?;
     let filters = seccomp::filters(&resolved.network)?;
 
-    let (env, program) = tool_command(&resolved, req, &workdir)?;
+    let cwd = tool_cwd(&workdir, req.cwd.as_deref())?;
+    let l = effective_limits(&resolved.policy.limits, req)?;
+    let (env, program) = tool_command(&resolved, req, &workdir, &cwd)?;
 
     let argv_c: Vec<CString> = req
         .argv
@@ -830,7 +1075,6 @@ pub fn run_streaming(
         record: mount_record,
         islands,
     } = MountPlan::new(&resolved, writable, ruleset.record.abi)?;
-    let l = resolved.policy.limits;
 
     let (stdin_child, stdin_feed) = tool_stdin(req, open_devnull)?;
     let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;
@@ -854,7 +1098,8 @@ pub fn run_streaming(
     plan.exe = sys::cstring(&program).map_err(io_err("prepare exec"))?;
     plan.argv = argv_p;
     plan.envp = envp_p;
-    plan.cwd = sys::cstring(&workdir).map_err(io_err("prepare exec"))?;
+    plan.cwd = sys::cstring(&cwd).map_err(io_err("prepare exec"))?;
+    plan.check_cwd = cwd != workdir;
     plan.fault = child_fault(req.fault);
 
     let (pid, pidfd) =
@@ -880,7 +1125,7 @@ pub fn run_streaming(
     // Wait for exec (EOF on the close-on-exec error pipe) or a failure report.
     if let Some(msg) = read_report(&err_r)? {
         drop(running);
-        return Err(stage_error(msg, &program));
+        return Err(stage_error(msg, &program, &cwd));
     }
     drop(err_r);
 
@@ -895,6 +1140,7 @@ pub fn run_streaming(
             started,
             disk,
             feed: stdin_feed,
+            cancel,
         },
         &mut out,
         &mut errc,
@@ -921,7 +1167,7 @@ pub fn run_streaming(
         &env,
         started,
         Finished {
-            cwd: workdir,
+            cwd,
             program,
             policy_hash: policy_hash(&resolved),
             layers: Layers::enforced(
@@ -1045,6 +1291,7 @@ pub(crate) fn child_plan(
         argv: Vec::new(),
         envp: Vec::new(),
         cwd: CString::default(),
+        check_cwd: false,
         fault: ChildFault::None,
     })
 }
@@ -1104,14 +1351,19 @@ pub(crate) fn read_report(fd: &OwnedFd) -> Result<Option<[u8; 8]>, SandboxError>
     Ok((got > 0).then_some(msg))
 }
 
-/// The error a failure report names: the failed stage (or `execve` of `program`) and errno.
-pub(crate) fn stage_error(msg: [u8; 8], program: &Path) -> SandboxError {
+/// The error a failure report names: the failed stage (or `execve` of `program`, or the
+/// working directory `cwd`) and errno.
+pub(crate) fn stage_error(msg: [u8; 8], program: &Path, cwd: &Path) -> SandboxError {
     let stage_n = u32::from_ne_bytes([msg[0], msg[1], msg[2], msg[3]]);
     let errno = i32::from_ne_bytes([msg[4], msg[5], msg[6], msg[7]]);
     let source = io::Error::from_raw_os_error(errno);
     match Stage::from_u32(stage_n) {
         Some(Stage::Exec) => SandboxError::Exec {
             program: program.display().to_string(),
+            source,
+        },
+        Some(Stage::Chdir) => SandboxError::Cwd {
+            path: cwd.to_path_buf(),
             source,
         },
         Some(s) => SandboxError::ChildSetup {
@@ -1129,11 +1381,12 @@ pub(crate) fn stage_error(msg: [u8; 8], program: &Path) -> SandboxError {
 pub(crate) struct Watch<'a> {
     /// Readable when pid 1 of the run (or call) has exited.
     pub(crate) pidfd: RawFd,
-    /// Sends a signal to pid 1 (which forwards SIGTERM to every process of the run).
+    /// Sends a signal to pid 1 (which forwards `sys::FORWARDED` signals to every process of
+    /// the run; SIGKILL kills the run).
     pub(crate) signal: &'a dyn Fn(i32),
     /// The request: stdin bytes or relay (`stdin_fd`), the cancellation handle.
     pub(crate) req: &'a RunRequest,
-    /// The timeout and grace period.
+    /// The timeout (already narrowed by the request: [`effective_limits`]) and grace period.
     pub(crate) limits: &'a ollie_policy::Limits,
     /// When the run started (the timeout counts from here).
     pub(crate) started: Instant,
@@ -1141,6 +1394,9 @@ pub(crate) struct Watch<'a> {
     pub(crate) disk: DiskWatch,
     /// The runner's end of the tool's stdin socket, if it is fed.
     pub(crate) feed: Option<OwnedFd>,
+    /// The run's registration with its [`Cancel`] handle (taken when the run started, so
+    /// signals sent while it was being set up are delivered too).
+    pub(crate) cancel: Option<CancelWatch>,
 }
 
 /// Why and how the runner stopped a run, if it did.
@@ -1151,8 +1407,9 @@ pub(crate) struct Stopped {
     disk_limit: Option<DiskLimitRecord>,
 }
 
-/// Captures output, feeds stdin and enforces the timeout, cancellation and the disk limits
-/// until pid 1 of the run has exited and both output streams are at EOF.
+/// Captures output, feeds stdin and enforces the timeout, the cancellation handle's requests
+/// (cancel, kill, signals: watched until pid 1 has exited) and the disk limits until pid 1 of
+/// the run has exited and both output streams are at EOF.
 pub(crate) fn supervise(
     w: Watch<'_>,
     out: &mut Capture,
@@ -1167,11 +1424,12 @@ pub(crate) fn supervise(
         started,
         mut disk,
         mut feed,
+        // Watched until pid 1 has exited: signals and kills keep working after a cancel.
+        cancel: mut watch,
     } = w;
     let deadline = started + Duration::from_secs(limits.timeout_seconds);
     let grace = Duration::from_millis(limits.kill_grace_ms);
     let input = req.stdin.as_deref().unwrap_or_default();
-    let cancel = req.cancel.as_ref();
     let mut term_sent: Option<Instant> = None;
     let mut killed = false;
     let mut timed_out = false;
@@ -1251,9 +1509,11 @@ pub(crate) fn supervise(
             feed = None;
             relay_src = None;
         }
-        let cancel_fd = cancel
-            .filter(|_| !cancelled && !init_done)
-            .map_or(-1, |c| c.fd.as_raw_fd());
+        if init_done {
+            // The run has ended: later requests are no-ops for it.
+            watch = None;
+        }
+        let cancel_fd = watch.as_ref().map_or(-1, CancelWatch::fd);
         let mut fds = [
             pollin(if out.open { out.fd.as_raw_fd() } else { -1 }),
             pollin(if errc.open { errc.fd.as_raw_fd() } else { -1 }),
@@ -1320,12 +1580,27 @@ pub(crate) fn supervise(
                 }
             }
         }
-        if fds[5].revents != 0 {
-            cancelled = true;
-            if term_sent.is_none() {
+        if fds[5].revents != 0
+            && let Some(w) = &watch
+        {
+            let asked = w.take();
+            // Plain signals are forwarded as they are (not a cancel, no escalation).
+            for sig in asked.signals {
+                signal(sig);
+            }
+            if asked.cancel || asked.kill {
+                cancelled = true;
+            }
+            if asked.cancel && term_sent.is_none() {
                 killed_by = Some(KilledBy::Cancel);
                 term_sent = Some(Instant::now());
                 signal(libc::SIGTERM);
+            }
+            if asked.kill && !killed {
+                killed_by.get_or_insert(KilledBy::Cancel);
+                term_sent.get_or_insert_with(Instant::now);
+                killed = true;
+                signal(libc::SIGKILL);
             }
         }
     }
@@ -1483,12 +1758,64 @@ pub(crate) fn canonical_workdir(workdir: &Path) -> Result<PathBuf, SandboxError>
     Ok(real)
 }
 
+/// The tool's working directory: `cwd` (absolute, or relative to the canonical `workdir`)
+/// resolved lexically, or the workdir. `..` above `/` and empty paths are refused. Whether the
+/// tool may start there is decided inside the sandbox ([`RunRequest::cwd`]).
+pub(crate) fn tool_cwd(workdir: &Path, cwd: Option<&Path>) -> Result<PathBuf, SandboxError> {
+    use std::path::Component;
+    let Some(cwd) = cwd else {
+        return Ok(workdir.to_path_buf());
+    };
+    let refuse = |why: &str| SandboxError::InvalidRequest {
+        reason: format!("cwd {}: {why}", cwd.display()),
+    };
+    if cwd.as_os_str().is_empty() {
+        return Err(refuse("empty path (omit cwd to start in the workdir)"));
+    }
+    let mut out = PathBuf::from("/");
+    for c in workdir.join(cwd).components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return Err(refuse("'..' climbs above /"));
+                }
+            }
+            Component::Normal(n) => out.push(n),
+            Component::Prefix(_) => return Err(refuse("not a unix path")),
+        }
+    }
+    Ok(out)
+}
+
+/// The policy's limits with the request's narrower timeout ([`RunRequest::timeout_seconds`]):
+/// `min(policy, request)`; 0 is refused.
+pub(crate) fn effective_limits(
+    policy: &ollie_policy::Limits,
+    req: &RunRequest,
+) -> Result<ollie_policy::Limits, SandboxError> {
+    let mut l = *policy;
+    match req.timeout_seconds {
+        None => {}
+        Some(0) => {
+            return Err(SandboxError::InvalidRequest {
+                reason: "timeout_seconds must be at least 1 (it can only narrow the policy's)"
+                    .into(),
+            });
+        }
+        Some(t) => l.timeout_seconds = l.timeout_seconds.min(t),
+    }
+    Ok(l)
+}
+
 /// The tool's environment ([`tool_env`]) and its program, looked up in that environment's
-/// `PATH` (ENOENT as an [`SandboxError::Exec`] if it is not found).
+/// `PATH`, or relative to the tool's working directory `cwd` when it contains a `/` (ENOENT
+/// as an [`SandboxError::Exec`] if it is not found).
 pub(crate) fn tool_command(
     resolved: &ResolvedPolicy,
     req: &RunRequest,
     workdir: &Path,
+    cwd: &Path,
 ) -> Result<(ToolEnv, PathBuf), SandboxError> {
     let env = tool_env(resolved, req, workdir)?;
     let path_var = env
@@ -1496,7 +1823,7 @@ pub(crate) fn tool_command(
         .find(|(n, _)| n == "PATH")
         .and_then(|(_, v)| std::str::from_utf8(v).ok().map(str::to_string));
     let program =
-        find_program(Path::new(&req.argv[0]), path_var.as_deref(), workdir).ok_or_else(|| {
+        find_program(Path::new(&req.argv[0]), path_var.as_deref(), cwd).ok_or_else(|| {
             SandboxError::Exec {
                 program: req.argv[0].to_string_lossy().into_owned(),
                 source: io::Error::from_raw_os_error(libc::ENOENT),
@@ -1580,6 +1907,73 @@ mod tests {
             total_inodes: 1_000_000,
             free_inodes,
         }
+    }
+
+    #[test]
+    fn cwd_is_resolved_lexically() {
+        let w = Path::new("/work/ws");
+        let ok = |c: &str| tool_cwd(w, Some(Path::new(c))).unwrap();
+        assert_eq!(tool_cwd(w, None).unwrap(), w);
+        assert_eq!(ok("sub/dir"), Path::new("/work/ws/sub/dir"));
+        assert_eq!(ok("./sub/../sub/./dir/"), Path::new("/work/ws/sub/dir"));
+        assert_eq!(ok(".."), Path::new("/work"));
+        assert_eq!(ok("/usr/../etc"), Path::new("/etc"));
+        assert_eq!(ok("../.."), Path::new("/"));
+        for bad in ["", "../../..", "/..", "/a/../../b"] {
+            assert!(
+                matches!(
+                    tool_cwd(w, Some(Path::new(bad))),
+                    Err(SandboxError::InvalidRequest { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_timeout_only_narrows() {
+        let l = ollie_policy::Limits {
+            timeout_seconds: 60,
+            ..ollie_policy::Limits::default()
+        };
+        let mut req = RunRequest::new(vec!["true".into()], PathBuf::from("/"));
+        assert_eq!(effective_limits(&l, &req).unwrap().timeout_seconds, 60);
+        req.timeout_seconds = Some(5);
+        assert_eq!(effective_limits(&l, &req).unwrap().timeout_seconds, 5);
+        req.timeout_seconds = Some(600);
+        assert_eq!(effective_limits(&l, &req).unwrap().timeout_seconds, 60);
+        req.timeout_seconds = Some(0);
+        assert!(matches!(
+            effective_limits(&l, &req),
+            Err(SandboxError::InvalidRequest { .. })
+        ));
+    }
+
+    #[test]
+    fn cancel_accepts_the_forwarded_signals_and_sigkill_only() {
+        let mut want: Vec<i32> = sys::FORWARDED.to_vec();
+        want.push(libc::SIGKILL);
+        want.sort_unstable();
+        let mut got = Cancel::SIGNALS.to_vec();
+        got.sort_unstable();
+        assert_eq!(got, want);
+        let c = Cancel::new().unwrap();
+        // Not watched by any run: accepted signals are no-ops, refused ones are errors.
+        for sig in 0..=65 {
+            let r = c.signal(sig);
+            assert_eq!(r.is_ok(), Cancel::SIGNALS.contains(&sig), "{sig}");
+        }
+        // A watching run gets the signals sent while it watches, in order, and the sticky
+        // requests every time.
+        let w = c.watch().unwrap();
+        c.signal(libc::SIGUSR1).unwrap();
+        c.signal(libc::SIGINT).unwrap();
+        let r = w.take();
+        assert_eq!(r.signals, vec![libc::SIGUSR1, libc::SIGINT]);
+        assert!(r.kill, "SIGKILL from the loop above is sticky");
+        assert!(w.take().signals.is_empty());
+        drop(w);
+        assert!(lock_state(&c.state).watchers.is_empty());
     }
 
     #[test]

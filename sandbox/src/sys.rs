@@ -541,6 +541,7 @@ pub(crate) enum Stage {
     Exec,
     OomScore,
     Signals,
+    Dumpable,
 }
 
 impl Stage {
@@ -562,6 +563,7 @@ impl Stage {
             Exec,
             OomScore,
             Signals,
+            Dumpable,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -580,10 +582,11 @@ impl Stage {
             Stage::NoNewPrivs => "no_new_privs",
             Stage::Landlock => "landlock restrict_self",
             Stage::Seccomp => "seccomp filter installation",
-            Stage::Chdir => "chdir to the workspace",
+            Stage::Chdir => "chdir to the working directory",
             Stage::Exec => "execve",
             Stage::OomScore => "oom_score_adj",
             Stage::Signals => "signal set-up",
+            Stage::Dumpable => "PR_SET_DUMPABLE",
         }
     }
 }
@@ -639,6 +642,8 @@ pub(crate) struct ChildPlan {
     pub argv: Vec<*const libc::c_char>,
     pub envp: Vec<*const libc::c_char>,
     pub cwd: CString,
+    /// `cwd` is not the workspace (see `restrict_and_exec`).
+    pub check_cwd: bool,
     pub fault: ChildFault,
 }
 
@@ -759,11 +764,24 @@ fn write_file(stage: Stage, path: &CStr, data: &CStr) {
 
 /// The namespaces' one-time set-up, in pid 1 (the init stage or the zygote): id maps
 /// (setgroups denied), `oom_score_adj`, then the mount plan. Child only.
+///
+/// pid 1 holds a copy of the runner's memory, so it is not dumpable except while it writes
+/// its own `/proc/self` files: a runner hardened with `PR_SET_DUMPABLE 0`
+/// ([`crate::harden::harden_server`]) passes that on to the clone, and the `/proc/self` files
+/// of a non-dumpable process belong to the host's root, which an unprivileged pid 1 cannot
+/// open for writing. Dumpable again only for those writes (as every pid 1 was before), and
+/// never again afterwards.
 fn map_ids_and_mount(plan: &ChildPlan) {
+    // SAFETY: raw prctl on integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
     write_file(Stage::UserNamespaceMap, &plan.setgroups_path, c"deny");
     write_file(Stage::UserNamespaceMap, &plan.uid_map_path, &plan.uid_map);
     write_file(Stage::UserNamespaceMap, &plan.gid_map_path, &plan.gid_map);
     write_file(Stage::OomScore, &plan.oom_path, c"1000");
+    // SAFETY: as above.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+        fail(Stage::Dumpable, errno());
+    }
     run_mounts(plan);
 }
 
@@ -882,8 +900,22 @@ fn run_mounts(plan: &ChildPlan) {
     }
 }
 
-/// Signals the init stage forwards to every process of the sandbox.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+/// Signals pid 1 of a run (the one-shot init stage or a prepared call's init) forwards to every
+/// process of its pid namespace. They stay blocked in pid 1 from the clone on (every signal
+/// is blocked across `clone_namespaced`, and the zygote never unblocks any), so they are
+/// queued for its `sigwaitinfo` instead of acting on it. `Cancel::signal` accepts exactly
+/// these, plus SIGKILL (which kills pid 1 and with it the namespace).
+pub(crate) const FORWARDED: [libc::c_int; 9] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGTERM,
+    libc::SIGCONT,
+    libc::SIGWINCH,
+];
 
 /// pid 1 of the sandbox. Never returns.
 fn init_main(plan: &ChildPlan) -> ! {
@@ -1052,6 +1084,7 @@ fn tool_main(plan: &ChildPlan) -> ! {
     restrict_and_exec(&ToolExec {
         rlimits: &plan.rlimits,
         cwd: plan.cwd.as_ptr(),
+        check_cwd: plan.check_cwd,
         session: SessionSteps::InTool {
             cap_last: plan.cap_last,
         },
@@ -1078,6 +1111,8 @@ enum SessionSteps {
 struct ToolExec<'a> {
     rlimits: &'a [(libc::__rlimit_resource_t, u64)],
     cwd: *const libc::c_char,
+    /// `cwd` is not the workspace: check under Landlock that the tool may list it.
+    check_cwd: bool,
     session: SessionSteps,
     /// BPF programs in installation order.
     filters: &'a [Vec<libc::sock_filter>],
@@ -1090,8 +1125,9 @@ struct ToolExec<'a> {
 /// The tool's fixed sequence, shared by both spawn paths (STYLE.md): fds ≥ 3 are already
 /// closed except the close-on-exec error pipe and ruleset; then setsid, rlimits, chdir,
 /// capabilities (bounding set, ambient set, locked securebits, then the three sets),
-/// no_new_privs, Landlock `restrict_self`, signals (dispositions, then an empty mask), seccomp
-/// last, execve. Reports the failed stage on the error pipe instead. Never returns.
+/// no_new_privs, Landlock `restrict_self` (then, for a working directory other than the
+/// workspace, a check that Landlock lets the tool list it), signals (dispositions, then an
+/// empty mask), seccomp last, execve. Reports the failed stage on the error pipe instead. Never returns.
 fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
     // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
     unsafe {
@@ -1147,6 +1183,20 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
             libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
         );
         libc::close(FD_RULESET);
+        // A working directory other than the workspace must be listable under Landlock
+        // (which has no chdir hook, but decides this open): the tool starts only where the
+        // policy lets it look. The workspace itself is exempt: it may be a carved-out
+        // directory without a rule of its own (a home holding secrets).
+        if t.check_cwd {
+            let dir = libc::open(
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if dir < 0 {
+                fail(Stage::Chdir, errno());
+            }
+            libc::close(dir);
+        }
         // Default dispositions first (signals are still blocked), then an empty mask.
         if let SessionSteps::InTool { .. } = t.session {
             reset_signal_dispositions();
@@ -1379,10 +1429,12 @@ pub(crate) struct CallHeader {
     pub payload_len: u32,
     pub in_memfd: u32,
     pub own_ruleset: u32,
+    /// 1: the cwd is not the workspace; the tool checks it is listable under Landlock.
+    pub check_cwd: u32,
 }
 
 impl CallHeader {
-    /// The header as the zygote reads it (`#[repr(C)]`: seven `u32` fields, no padding).
+    /// The header as the zygote reads it (`#[repr(C)]`: eight `u32` fields, no padding).
     pub(crate) fn to_bytes(self) -> [u8; CALL_HDR] {
         let mut out = [0u8; CALL_HDR];
         let fields = [
@@ -1393,6 +1445,7 @@ impl CallHeader {
             self.payload_len,
             self.in_memfd,
             self.own_ruleset,
+            self.check_cwd,
         ];
         for (chunk, v) in out.chunks_exact_mut(4).zip(fields) {
             chunk.copy_from_slice(&v.to_ne_bytes());
@@ -1424,6 +1477,7 @@ struct Call<'a> {
     fds: [RawFd; CALL_FDS],
     exe: *const libc::c_char,
     cwd: *const libc::c_char,
+    check_cwd: bool,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     fault: u32,
@@ -1589,11 +1643,10 @@ fn zygote_main(z: &ZygotePlan) -> ! {
         if libc::recv(FD_CONTROL, b.as_mut_ptr().cast(), 1, 0) != 1 {
             fail(Stage::Sync, libc::ECANCELED);
         }
-        map_ids_and_mount(&z.base);
         // The zygote holds a copy of the runner's memory for the whole session: no core
         // dumps, and its /proc entries closed to the session's uid (extra hardening on top
-        // of Landlock's ptrace scoping, so not a required layer: it cannot fail anyway).
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        // of Landlock's ptrace scoping): not dumpable once its id maps are written.
+        map_ids_and_mount(&z.base);
         // Set up once and inherited by every call: default dispositions for every signal
         // (all stay blocked until the tool unblocks them right before seccomp and execve),
         // and an empty capability bounding set (it can only shrink).
@@ -1881,6 +1934,7 @@ fn zygote_spawn(
             fds: [fds[0], fds[1], fds[2], fds[3], fds[4]],
             exe,
             cwd,
+            check_cwd: hdr.check_cwd == 1,
             argv: ptrs,
             envp: ptrs.add(argc + 1),
             fault: hdr.fault,
@@ -1973,6 +2027,7 @@ fn prepared_tool_main(call: &Call<'_>) -> ! {
     restrict_and_exec(&ToolExec {
         rlimits: &plan.rlimits,
         cwd: call.cwd,
+        check_cwd: call.check_cwd,
         session: SessionSteps::InZygote,
         filters: &plan.filters,
         fault: ChildFault::from_u32(call.fault),
@@ -2134,4 +2189,220 @@ pub(crate) fn fstatfs(fd: &OwnedFd) -> io::Result<FsSpace> {
         total_inodes: st.f_files as u64,
         free_inodes: st.f_ffree as u64,
     })
+}
+
+/// A close-on-exec duplicate of `fd`, owned by the caller. Used for descriptors a process
+/// inherited by number (a server's link, a boot memfd): duplicating instead of adopting
+/// means no other owner of `fd` can be invalidated. Fails with EBADF if `fd` is not open.
+pub(crate) fn dup_cloexec(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` (any int is allowed; bad ones give EBADF).
+    let r = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `r` is a new descriptor that nothing else in this process refers to.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// [`dup_cloexec`] of several inherited descriptors, after checking that every one of them
+/// is open and that none is given twice: a duplicate takes the lowest free number, so
+/// duplicating one before checking the next could make a missing descriptor's number refer
+/// to the first one's copy.
+pub(crate) fn dup_all_cloexec(fds: &[RawFd]) -> io::Result<Vec<OwnedFd>> {
+    for (i, &fd) in fds.iter().enumerate() {
+        if fds[..i].contains(&fd) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("fd {fd} is given twice"),
+            ));
+        }
+        // SAFETY: F_GETFD only reads the descriptor table (bad numbers give EBADF).
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("fd {fd} is not open: {e}"),
+            ));
+        }
+    }
+    fds.iter().map(|&fd| dup_cloexec(fd)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server hardening (`harden.rs`): irreversible changes to the calling process itself, and the
+// side-effect-free probes that check them.
+
+/// `close_range(first, last, 0)`.
+pub(crate) fn close_range(first: u32, last: u32) -> io::Result<()> {
+    // SAFETY: closes fds of this process; the caller (harden_server) documents that no live
+    // owner of those fds may remain.
+    cvt(unsafe { libc::syscall(SYS_CLOSE_RANGE, first, last, 0u32) }).map(drop)
+}
+
+/// `close(fd)` of a raw fd number nothing in this process owns any more (the fallback of
+/// [`close_range`]).
+pub(crate) fn close_raw(fd: RawFd) -> io::Result<()> {
+    // SAFETY: as for close_range: the caller guarantees no live owner of `fd` remains.
+    if unsafe { libc::close(fd) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is an open fd of this process (`fcntl(F_GETFD)`).
+pub(crate) fn fd_is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only reads the fd's flags; the kernel validates the number.
+    unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+}
+
+/// Makes `fd` this process's stdin (`dup3` onto 0, not close-on-exec).
+pub(crate) fn replace_stdin(fd: &OwnedFd) -> io::Result<()> {
+    if fd.as_raw_fd() == 0 {
+        return Ok(());
+    }
+    // SAFETY: dup3 onto fd 0 atomically replaces whatever stdin was; `fd` stays owned.
+    if unsafe { libc::dup3(fd.as_raw_fd(), 0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_SET_DUMPABLE, 0)` on the calling process.
+pub(crate) fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: raw prctl on integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_GET_DUMPABLE)`: whether the calling process is dumpable.
+pub(crate) fn is_dumpable() -> io::Result<bool> {
+    // SAFETY: raw prctl on integer arguments.
+    let r = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r != 0)
+}
+
+/// Sets a resource limit of the calling process (soft = hard = `value`).
+pub(crate) fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    let rl = libc::rlimit64 {
+        rlim_cur: value,
+        rlim_max: value,
+    };
+    // SAFETY: valid pointer to a live struct.
+    if unsafe { libc::setrlimit64(resource, &rl) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_SET_NO_NEW_PRIVS, 1)` on the calling process (irreversible).
+pub(crate) fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: raw prctl on integer arguments.
+    if unsafe { libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `landlock_restrict_self(ruleset)` on the calling thread (irreversible; the caller is
+/// single-threaded).
+pub(crate) fn landlock_restrict_self(ruleset: &OwnedFd) -> io::Result<()> {
+    // SAFETY: the fd is open for the duration of the call; no pointers.
+    cvt(unsafe { libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) }).map(drop)
+}
+
+const SECCOMP_FILTER_FLAG_TSYNC: libc::c_ulong = 1;
+
+/// Attaches a seccomp filter to the calling process (every thread: `TSYNC`), irreversibly.
+/// Needs `no_new_privs` first.
+pub(crate) fn seccomp_attach(program: &[libc::sock_filter]) -> io::Result<()> {
+    let len =
+        u16::try_from(program.len()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `prog` points at `len` live instructions the kernel copies during the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            SECCOMP_FILTER_FLAG_TSYNC,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    match r {
+        0 => Ok(()),
+        // TSYNC: the id of a thread that could not be synchronised.
+        r if r > 0 => Err(io::Error::from_raw_os_error(libc::EBUSY)),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// A close-on-exec socket (`socket(domain, ty | SOCK_CLOEXEC, protocol)`).
+pub(crate) fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Probes whether `ptrace` reaches the kernel, without side effects: an unknown request for
+/// pid -1 (no such process), so ESRCH means the call reached the kernel.
+pub(crate) fn probe_ptrace() -> io::Result<()> {
+    // SAFETY: no pointers are dereferenced (addr and data are 0); pid -1 names no process.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_ptrace,
+            -1 as libc::c_long,
+            -1 as libc::c_long,
+            0,
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// Probes whether `io_uring_setup` reaches the kernel, without side effects: 0 entries and a
+/// NULL parameter block (EINVAL or EFAULT when it does; nothing is created).
+pub(crate) fn probe_io_uring_setup() -> io::Result<()> {
+    // SAFETY: the kernel rejects the NULL pointer / zero size before creating anything.
+    let fd = cvt(unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_setup,
+            0u32,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    })?;
+    // Cannot happen with these arguments; never leak an fd if it does.
+    // SAFETY: a new fd owned by nobody else.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    Ok(())
+}
+
+/// Probes whether `bpf` reaches the kernel, without side effects: an unknown command with a
+/// NULL, zero-sized attribute (EINVAL when it does).
+pub(crate) fn probe_bpf() -> io::Result<()> {
+    // SAFETY: no attribute is read (size 0); the command number is invalid.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            -1 as libc::c_int,
+            std::ptr::null_mut::<libc::c_void>(),
+            0u32,
+        )
+    })
+    .map(drop)
+}
+
+/// Probes whether `socketpair(AF_UNIX, SOCK_STREAM)` works (both ends closed at once).
+pub(crate) fn probe_socketpair() -> io::Result<()> {
+    socketpair().map(drop)
 }

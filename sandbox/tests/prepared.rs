@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::features_ok;
+use common::{features_ok, procs_with, wait_gone};
 
 struct Ws(PathBuf);
 
@@ -52,38 +52,6 @@ impl Drop for Ws {
 
 fn policy(profile: &str, limits: &str) -> Policy {
     common::profile_with_limits(profile, limits)
-}
-
-/// Pids of live (non-zombie) processes whose command line contains `marker`.
-fn procs_with(marker: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let zombie = state
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-        if !zombie && String::from_utf8_lossy(&cmd).contains(marker) {
-            out.push(pid);
-        }
-    }
-    out
-}
-
-fn wait_gone(marker: &str) -> bool {
-    let until = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < until {
-        if procs_with(marker).is_empty() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! What every sandbox test file needs: the kernel-feature gate and visible skips.
-#![allow(dead_code, clippy::panic)]
+#![allow(dead_code, clippy::panic, clippy::unwrap_used)]
 
 /// Prints a SKIP line past libtest's output capture, so skips are always visible. With
 /// `OLLIE_TEST_REQUIRE=all` nothing may be skipped: the test fails instead.
@@ -51,4 +51,39 @@ pub fn profile_with_limits(profile: &str, limits: &str) -> ollie_policy::Policy 
         &base[end..]
     ))
     .unwrap()
+}
+
+/// Pids of live (non-zombie) processes whose command line contains `marker`.
+pub fn procs_with(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmd).contains(marker) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Whether every process whose command line contains `marker` is gone within 5 s (they die
+/// with their pid namespace; the kernel takes a moment to tear it down).
+pub fn wait_gone(marker: &str) -> bool {
+    use std::time::{Duration, Instant};
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        if procs_with(marker).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }

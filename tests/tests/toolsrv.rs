@@ -1,0 +1,2100 @@
+//! Cross-process suite for `toolsrv`: the real binary started with `Toolsrv::spawn` over a
+//! socketpair (the way olliesrv starts it), a temporary workspace, the shipped policies, and
+//! our 9P client speaking Tauth on the link.
+//!
+//! Covers every Tauth refusal, aname isolation (processes, tools, `ctl`, `bypass/`), every
+//! tool through `proc/new`, background processes (`wait`, `out`, `stat`, `complete`, `ctl`),
+//! flushing a blocking `proc/new` read, `ctl load/unload/policy`, the lifetime of tools
+//! (toolsrv killed, link closed), what toolsrv's `/proc` entries reveal, and bad boot input.
+//!
+//! Without Landlock ABI 7 or user namespaces a case prints `SKIP <case>: <reason>`; with
+//! `OLLIE_TEST_REQUIRE=all` it fails instead. No assertion is about time: every wait is a
+//! bounded poll or a bounded 9P call that fails the test when it runs out.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use command_fds::{CommandFdExt, FdMapping};
+use common::{IO_TIMEOUT, STEP, UP_TIMEOUT, bin, text, wait_child, within};
+use ollie_p9::wire::om;
+use ollie_p9::{Client, ClientError, Fid};
+use ollie_toolsrv::auth::{Identity, MasterKey, hex};
+use ollie_toolsrv::boot::{self, Bootstrap};
+use ollie_toolsrv::spawn::{Toolsrv, attach};
+
+const WORKSPACE_TOML: &str = include_str!("../../packaging/policy/workspace.toml");
+const READONLY_TOML: &str = include_str!("../../packaging/policy/readonly.toml");
+const NETWORK_TOML: &str = include_str!("../../packaging/policy/network.toml");
+
+/// The uname every client here uses.
+const UNAME: &str = "ollie";
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+/// Prints a SKIP line past libtest's output capture, so skips are always visible.
+fn skip(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Whether the kernel has what toolsrv and its sandbox need; prints SKIP (or fails under
+/// `OLLIE_TEST_REQUIRE=all`) when it does not.
+fn features_ok(case: &str) -> bool {
+    let p = ollie_sandbox::probe();
+    let missing = if p.landlock_abi < 7 {
+        Some(format!("landlock ABI {} < 7", p.landlock_abi))
+    } else if !p.user_namespaces {
+        Some("user namespaces are disabled".to_string())
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(reason) => {
+            if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+                panic!("{case}: required kernel feature missing: {reason}");
+            }
+            skip(&format!("SKIP {case}: {reason}"));
+            false
+        }
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// The shipped policies, by name.
+fn shipped_policies() -> BTreeMap<String, String> {
+    let mut p = BTreeMap::new();
+    p.insert("workspace".to_owned(), WORKSPACE_TOML.to_owned());
+    p.insert("readonly".to_owned(), READONLY_TOML.to_owned());
+    p.insert("network".to_owned(), NETWORK_TOML.to_owned());
+    p
+}
+
+/// A number unique in this test process (for `sleep` markers and file names).
+fn unique() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(1);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A `sleep` duration that marks the process in `/proc` (`1000.<pid><n>`): GNU sleep takes
+/// any number of fraction digits.
+fn sleep_marker() -> String {
+    format!("1000.{}{:04}", std::process::id(), unique())
+}
+
+/// A session's directories: the workspace `w/` and the home `home/` under one tempdir.
+struct Dirs {
+    dir: tempfile::TempDir,
+    ws: PathBuf,
+    home: PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = dir.path().join("w");
+        let home = dir.path().join("home");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::create_dir(&home).unwrap();
+        // The sandbox user (root or not) must be able to enter the tree.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        Dirs { dir, ws, home }
+    }
+
+    /// A boot configuration with the shipped policies and "workspace" as the default.
+    fn boot(&self) -> Bootstrap {
+        Bootstrap::new(
+            format!("test-{}", unique()),
+            self.ws.clone(),
+            self.home.clone(),
+            shipped_policies(),
+            "workspace",
+        )
+    }
+}
+
+/// A running toolsrv and our connection to it; the child is killed (if still running) and
+/// reaped when dropped.
+struct Ts {
+    ts: Toolsrv,
+    /// Our end of the link (`None` once closed).
+    c: Option<Client>,
+    dirs: Dirs,
+}
+
+impl Drop for Ts {
+    fn drop(&mut self) {
+        let _ = self.ts.child().kill();
+        let _ = self.ts.child().wait();
+    }
+}
+
+impl Ts {
+    /// Starts toolsrv with the default boot configuration.
+    async fn start() -> Ts {
+        let dirs = Dirs::new();
+        let boot = dirs.boot();
+        Ts::start_with(dirs, &boot).await
+    }
+
+    async fn start_with(dirs: Dirs, boot: &Bootstrap) -> Ts {
+        let mut ts = Toolsrv::spawn(&bin("toolsrv"), boot).expect("spawn toolsrv");
+        let c = within("version handshake", ts.connect(1 << 16))
+            .await
+            .expect("version handshake with toolsrv");
+        Ts {
+            ts,
+            c: Some(c),
+            dirs,
+        }
+    }
+
+    fn c(&self) -> &Client {
+        self.c.as_ref().expect("the link was closed")
+    }
+
+    fn key(&self) -> &MasterKey {
+        self.ts.key()
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.ts.pid()).unwrap()
+    }
+
+    /// Attaches as agent `a` (or the operator for "operator").
+    async fn attach(&self, aname: &str) -> Fid {
+        let id = Identity::from_aname(aname).unwrap();
+        within("attach", attach(self.c(), self.key(), &id))
+            .await
+            .unwrap_or_else(|e| panic!("attach as {aname}: {e}"))
+    }
+
+    fn ws(&self) -> &Path {
+        &self.dirs.ws
+    }
+}
+
+/// The server's message of an error (or the client error itself), asserting it is one line.
+fn msg(e: &ClientError) -> String {
+    let m = e
+        .server_message()
+        .map_or_else(|| e.to_string(), str::to_owned);
+    assert!(!m.contains('\n'), "error is not one line: {m:?}");
+    assert!(!m.is_empty(), "empty error");
+    m
+}
+
+async fn open(root: &Fid, path: &str, mode: u8) -> Result<Fid, String> {
+    let mut f = within("walk", root.walk_path(path))
+        .await
+        .map_err(|e| msg(&e))?;
+    within("open", f.open(mode)).await.map_err(|e| msg(&e))?;
+    Ok(f)
+}
+
+/// Reads a whole file through a fresh fid.
+async fn read(root: &Fid, path: &str) -> Result<String, String> {
+    let f = open(root, path, om::OREAD).await?;
+    let d = within("read", f.read_to_end()).await.map_err(|e| msg(&e))?;
+    let _ = within("clunk", f.clunk()).await;
+    Ok(String::from_utf8_lossy(&d).into_owned())
+}
+
+/// One write through a fresh fid.
+async fn write(root: &Fid, path: &str, data: &str) -> Result<(), String> {
+    let f = open(root, path, om::OWRITE).await?;
+    let r = within("write", f.write(0, Bytes::from(data.to_owned())))
+        .await
+        .map(|_| ())
+        .map_err(|e| msg(&e));
+    let _ = within("clunk", f.clunk()).await;
+    r
+}
+
+/// Writes `data` and reads the reply on the same fid (`tools`, `proc/new`, `proc/new.bg`).
+async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
+    let f = open(root, path, om::ORDWR).await?;
+    within("write", f.write(0, Bytes::from(data.to_owned())))
+        .await
+        .map_err(|e| msg(&e))?;
+    let d = within("read", f.read_to_end()).await.map_err(|e| msg(&e))?;
+    let _ = within("clunk", f.clunk()).await;
+    Ok(String::from_utf8_lossy(&d).into_owned())
+}
+
+/// A blocking `proc/new`: the result (header line, then the tool's output).
+async fn run(root: &Fid, payload: &str) -> Result<Run, String> {
+    rdwr(root, "proc/new", payload)
+        .await
+        .map(|s| Run::parse(&s))
+}
+
+/// A `proc/new.bg`: the pid.
+async fn run_bg(root: &Fid, payload: &str) -> Result<u32, String> {
+    let s = rdwr(root, "proc/new.bg", payload).await?;
+    assert!(s.ends_with('\n'), "pid line {s:?}");
+    Ok(s.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a pid: {s:?}")))
+}
+
+/// An `execute_code` payload.
+fn code(language: &str, code: &str) -> String {
+    let args = serde_json::json!({ "language": language, "code": code });
+    format!("tool=execute_code\nargs={args}\n")
+}
+
+/// A payload for `tool` with JSON `args`.
+fn tool(tool: &str, args: serde_json::Value) -> String {
+    format!("tool={tool}\nargs={args}\n")
+}
+
+/// A `proc/new` result.
+#[derive(Debug)]
+struct Run {
+    header: BTreeMap<String, String>,
+    body: String,
+    raw: String,
+}
+
+impl Run {
+    fn parse(s: &str) -> Run {
+        let (head, body) = s.split_once('\n').unwrap_or((s, ""));
+        let mut header = BTreeMap::new();
+        for w in head.split(' ') {
+            let (k, v) = w
+                .split_once('=')
+                .unwrap_or_else(|| panic!("header word {w:?} is not key=value in {s:?}"));
+            header.insert(k.to_owned(), v.to_owned());
+        }
+        for k in ["pid", "time"] {
+            assert!(header.contains_key(k), "header has no {k}=: {head:?}");
+        }
+        assert!(header["time"].ends_with('s'), "time= {head:?}");
+        Run {
+            header,
+            body: body.to_owned(),
+            raw: s.to_owned(),
+        }
+    }
+
+    fn exit(&self) -> Option<i32> {
+        self.header.get("exit").map(|e| e.parse().unwrap())
+    }
+
+    fn pid(&self) -> u32 {
+        self.header["pid"].parse().unwrap()
+    }
+}
+
+/// `key=value` lines as a map.
+fn kv(s: &str) -> BTreeMap<String, String> {
+    s.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `proc/list` as pid → (state, tool).
+async fn list(root: &Fid) -> BTreeMap<u32, (String, String)> {
+    let s = read(root, "proc/list").await.expect("read proc/list");
+    s.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 3, "proc/list line {l:?}");
+            (f[0].parse().unwrap(), (f[1].to_owned(), f[2].to_owned()))
+        })
+        .collect()
+}
+
+/// Names in a directory.
+async fn ls(root: &Fid, path: &str) -> BTreeSet<String> {
+    let d = open(root, path, om::OREAD).await.expect("open dir");
+    let e = within("readdir", d.read_dir()).await.expect("read dir");
+    let _ = within("clunk", d.clunk()).await;
+    e.into_iter().map(|s| s.name).collect()
+}
+
+/// Processes whose command line contains `marker` (zombies have none, so they never match).
+fn procs_with(marker: &str) -> Vec<i32> {
+    let mut v = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return v;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(marker) {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
+/// Polls until `f` holds (bounded by `timeout`); false if it never did.
+async fn poll(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(STEP).await;
+    }
+}
+
+/// Waits (bounded) until a process carrying `marker` exists.
+async fn wait_marker_up(marker: &str) {
+    assert!(
+        poll(IO_TIMEOUT, || !procs_with(marker).is_empty()).await,
+        "no process with {marker} appeared"
+    );
+}
+
+/// Waits (bounded) until no process carries `marker`.
+async fn wait_marker_gone(marker: &str) {
+    assert!(
+        poll(IO_TIMEOUT, || procs_with(marker).is_empty()).await,
+        "processes with {marker} remain: {:?}",
+        procs_with(marker)
+    );
+}
+
+/// Waits (bounded) until `out` of `pid` contains `needle`.
+async fn wait_out(root: &Fid, pid: u32, needle: &str) -> String {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let o = read(root, &format!("proc/{pid}/out")).await.expect("out");
+        if o.contains(needle) {
+            return o;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} never appeared in proc/{pid}/out: {o:?}"
+        );
+        tokio::time::sleep(STEP).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tauth
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_attach_without_afid_is_refused() {
+    if !features_ok("auth_attach_without_afid_is_refused") {
+        return;
+    }
+    let t = Ts::start().await;
+    for aname in ["a", "operator"] {
+        let e = within("attach", t.c().attach(None, UNAME, aname))
+            .await
+            .expect_err("attach without auth");
+        let m = msg(&e);
+        assert!(m.contains("authentication required"), "{m}");
+    }
+    // A root fid is not an auth fid either.
+    let root = t.attach("a").await;
+    let e = within("attach", t.c().attach(Some(&root), UNAME, "a"))
+        .await
+        .expect_err("attach with a non-auth afid");
+    assert!(msg(&e).contains("not an authentication fid"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_wrong_secret_kills_the_afid() {
+    if !features_ok("auth_wrong_secret_kills_the_afid") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = Identity::Agent("a".into());
+    let afid = within("auth", t.c().auth(UNAME, "a")).await.expect("auth");
+    let wrong = hex(&[0x5a; 32]);
+    let e = within("write", afid.write(0, Bytes::from(wrong)))
+        .await
+        .expect_err("wrong secret accepted");
+    assert!(msg(&e).contains("authentication failed"), "{e}");
+    let e = within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+        .await
+        .expect_err("attach after a wrong secret");
+    assert!(msg(&e).contains("permission denied"), "{e}");
+    // No second guess on the same afid, even with the right secret.
+    let right = hex(&t.key().secret(&a));
+    let e = within("write", afid.write(0, Bytes::from(right)))
+        .await
+        .expect_err("right secret accepted after a wrong one");
+    assert!(msg(&e).contains("failed authentication"), "{e}");
+    assert!(within("read", afid.read(0, 64)).await.is_err());
+    assert!(
+        within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+            .await
+            .is_err()
+    );
+    // A new afid with the right secret still works.
+    t.attach("a").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_another_identitys_secret_is_refused() {
+    if !features_ok("auth_another_identitys_secret_is_refused") {
+        return;
+    }
+    let t = Ts::start().await;
+    let b = Identity::Agent("b".into());
+    for (aname, wrong) in [
+        ("a", t.key().secret(&b)),
+        ("a", t.key().secret(&Identity::Operator)),
+        ("operator", t.key().secret(&b)),
+    ] {
+        let afid = within("auth", t.c().auth(UNAME, aname))
+            .await
+            .expect("auth");
+        let e = within("write", afid.write(0, Bytes::from(hex(&wrong))))
+            .await
+            .expect_err("another identity's secret accepted");
+        assert!(msg(&e).contains("authentication failed"), "{e}");
+        let e = within("attach", t.c().attach(Some(&afid), UNAME, aname))
+            .await
+            .expect_err("attach after another identity's secret");
+        assert!(msg(&e).contains("permission denied"), "{e}");
+    }
+    // And with that secret on its own aname, b gets in.
+    let afid = within("auth", t.c().auth(UNAME, "b")).await.expect("auth");
+    within(
+        "write",
+        afid.write(0, Bytes::from(hex(&t.key().secret(&b)))),
+    )
+    .await
+    .expect("b's own secret");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_afid_attaches_once() {
+    if !features_ok("auth_afid_attaches_once") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = Identity::Agent("a".into());
+    let afid = within("auth", t.c().auth(UNAME, "a")).await.expect("auth");
+    within(
+        "write",
+        afid.write(0, Bytes::from(hex(&t.key().secret(&a)))),
+    )
+    .await
+    .expect("secret");
+    let root = within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+        .await
+        .expect("first attach");
+    assert!(
+        read(&root, "info")
+            .await
+            .unwrap()
+            .contains("platform=linux")
+    );
+    let e = within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+        .await
+        .expect_err("second attach with the same afid");
+    assert!(msg(&e).contains("already used"), "{e}");
+    // The token cannot be read again either.
+    assert!(within("read", afid.read(0, 64)).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_attach_aname_must_match() {
+    if !features_ok("auth_attach_aname_must_match") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = Identity::Agent("a".into());
+    let afid = within("auth", t.c().auth(UNAME, "a")).await.expect("auth");
+    within(
+        "write",
+        afid.write(0, Bytes::from(hex(&t.key().secret(&a)))),
+    )
+    .await
+    .expect("secret");
+    for (uname, aname) in [
+        (UNAME, "b"),
+        (UNAME, "operator"),
+        (UNAME, ""),
+        ("other", "a"),
+    ] {
+        let e = within("attach", t.c().attach(Some(&afid), uname, aname))
+            .await
+            .expect_err("attach with another aname or uname");
+        let m = msg(&e);
+        assert!(m.contains("differs"), "{uname}/{aname}: {m}");
+    }
+    // The refusals did not use the afid up: the matching attach works.
+    within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+        .await
+        .expect("matching attach");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_write_after_success_is_refused() {
+    if !features_ok("auth_write_after_success_is_refused") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = Identity::Agent("a".into());
+    let secret = hex(&t.key().secret(&a));
+    let afid = within("auth", t.c().auth(UNAME, "a")).await.expect("auth");
+    within("write", afid.write(0, Bytes::from(secret.clone())))
+        .await
+        .expect("secret");
+    let e = within("write", afid.write(0, Bytes::from(secret.clone())))
+        .await
+        .expect_err("second write after success");
+    assert!(msg(&e).contains("already authenticated"), "{e}");
+    within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+        .await
+        .expect("attach after the refused write");
+    let e = within("write", afid.write(0, Bytes::from(secret)))
+        .await
+        .expect_err("write after attach");
+    assert!(msg(&e).contains("permission denied"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_read_before_write_is_refused() {
+    if !features_ok("auth_read_before_write_is_refused") {
+        return;
+    }
+    let t = Ts::start().await;
+    let afid = within("auth", t.c().auth(UNAME, "a")).await.expect("auth");
+    let e = within("read", afid.read(0, 64))
+        .await
+        .expect_err("token before the secret");
+    assert!(msg(&e).contains("write the secret first"), "{e}");
+    let e = within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+        .await
+        .expect_err("attach before the secret");
+    assert!(msg(&e).contains("not authenticated"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_invalid_anames_are_refused() {
+    if !features_ok("auth_invalid_anames_are_refused") {
+        return;
+    }
+    let t = Ts::start().await;
+    let long = "x".repeat(200);
+    for aname in ["a/b", "", ".hidden", "a b", "../a", "é", long.as_str()] {
+        let e = within("auth", t.c().auth(UNAME, aname))
+            .await
+            .expect_err("invalid aname accepted");
+        let m = msg(&e);
+        assert!(m.contains("permission denied"), "{aname:?}: {m}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_secret_as_hex_or_raw_and_the_token() {
+    if !features_ok("auth_secret_as_hex_or_raw_and_the_token") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = Identity::Agent("a".into());
+    let s = t.key().secret(&a);
+    for (what, data) in [
+        ("hex", Bytes::from(hex(&s))),
+        ("hex + newline", Bytes::from(format!("{}\n", hex(&s)))),
+        ("raw", Bytes::copy_from_slice(&s)),
+    ] {
+        let afid = within("auth", t.c().auth(UNAME, "a")).await.expect("auth");
+        within("write", afid.write(0, data))
+            .await
+            .unwrap_or_else(|e| panic!("{what} secret: {e}"));
+        let tok = within("read", afid.read(0, 64)).await.expect("token");
+        let tok = std::str::from_utf8(&tok).expect("utf-8 token");
+        assert_eq!(tok.len(), 33, "{what}: token {tok:?}");
+        assert!(tok.ends_with('\n'), "{what}: token {tok:?}");
+        assert!(
+            tok[..32]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{what}: token {tok:?}"
+        );
+        let root = within("attach", t.c().attach(Some(&afid), UNAME, "a"))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: attach: {e}"));
+        assert!(
+            read(&root, "info")
+                .await
+                .unwrap()
+                .contains("platform=linux")
+        );
+    }
+    // The operator too.
+    let op = t.attach("operator").await;
+    let info = kv(&read(&op, "info").await.unwrap());
+    assert_eq!(info["default_policy"], "workspace");
+    assert_eq!(info["policies"], "network,readonly,workspace");
+}
+
+// ---------------------------------------------------------------------------------------------
+// aname isolation
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_cannot_see_or_control_each_others_processes() {
+    if !features_ok("agents_cannot_see_or_control_each_others_processes") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    let op = t.attach("operator").await;
+    let marker = sleep_marker();
+    let pid = run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+        .await
+        .expect("a starts a background process");
+    let p = pid.to_string();
+
+    // a sees it.
+    assert!(list(&a).await.contains_key(&pid));
+    assert!(ls(&a, "proc").await.contains(&p));
+
+    // b does not: not in the list, not in the directory, no walk to it or into it.
+    assert!(!list(&b).await.contains_key(&pid));
+    assert!(!ls(&b, "proc").await.contains(&p));
+    for f in ["", "/out", "/stat", "/wait", "/ctl"] {
+        let path = format!("proc/{pid}{f}");
+        let e = within("walk", b.walk_path(&path))
+            .await
+            .expect_err("b walked to a's process");
+        msg(&e);
+    }
+    // b cannot change a's tool set or read it, nor run as a.
+    for cmd in ["unload a execute_code", "load a file_read"] {
+        let e = write(&b, "ctl", cmd)
+            .await
+            .expect_err("b changed a's tools");
+        assert!(e.contains("permission denied"), "{cmd}: {e}");
+    }
+    for req in ["a", "a json"] {
+        let e = rdwr(&b, "tools", req).await.expect_err("b read a's tools");
+        assert!(e.contains("permission denied"), "{req}: {e}");
+    }
+    let e = run(&b, "tool=execute_code\nagent=a\ncmd=true\n")
+        .await
+        .expect_err("b ran as a");
+    assert!(e.contains("permission denied"), "{e}");
+    // a's process is untouched by all that.
+    assert_eq!(list(&a).await[&pid].0, "running");
+
+    // The operator sees it and can kill it.
+    assert_eq!(
+        list(&op).await[&pid],
+        ("running".into(), "execute_code".into())
+    );
+    assert!(ls(&op, "proc").await.contains(&p));
+    let st = kv(&read(&op, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["agent"], "a");
+    write(&op, &format!("proc/{pid}/ctl"), "kill")
+        .await
+        .expect("operator kills a's process");
+    let w = read(&op, &format!("proc/{pid}/wait")).await.unwrap();
+    assert_eq!(w, "137\n");
+    assert_eq!(list(&a).await[&pid].0, "killed");
+    wait_marker_gone(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_is_for_the_operator_only() {
+    if !features_ok("bypass_is_for_the_operator_only") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    assert!(ls(&a, "bypass").await.is_empty());
+    for (path, mode) in [
+        ("bypass/pending", om::OREAD),
+        ("bypass/resolve", om::OWRITE),
+    ] {
+        let e = open(&a, path, mode)
+            .await
+            .expect_err("agent opened bypass/");
+        assert!(!e.is_empty());
+    }
+    let e = write(&a, "bypass/resolve", r#"{"id":"x","approved":true}"#)
+        .await
+        .expect_err("agent resolved");
+    assert!(!e.is_empty());
+
+    assert_eq!(
+        ls(&op, "bypass").await,
+        BTreeSet::from(["pending".to_owned(), "resolve".to_owned()])
+    );
+    let pending = open(&op, "bypass/pending", om::OREAD)
+        .await
+        .expect("operator opens bypass/pending");
+    let _ = within("clunk", pending.clunk()).await;
+    let resolve = open(&op, "bypass/resolve", om::OWRITE)
+        .await
+        .expect("operator opens bypass/resolve");
+    for bad in [
+        "not json",
+        r#"{"id":"x"}"#,
+        r#"{"id":"x","approved":true,"error":"no"}"#,
+        r#"{"id":"x","approved":false}"#,
+        r#"{"id":"x","approved":true,"bogus":1}"#,
+        r#"{"id":"x","approved":true,"scope":"forever"}"#,
+    ] {
+        let e = within("write", resolve.write(0, Bytes::from(bad)))
+            .await
+            .expect_err("malformed verdict accepted");
+        let m = msg(&e);
+        assert!(m.contains("resolve: "), "{bad}: {m}");
+        assert!(!m.contains("unknown request id"), "{bad}: {m}");
+    }
+    for good in [
+        r#"{"id":"0123456789abcdef0123456789abcdef","approved":true}"#,
+        r#"{"id":"x","error":"no, thanks"}"#,
+        r#"{"id":"x","approved":true,"scope":"session"}"#,
+    ] {
+        let e = within("write", resolve.write(0, Bytes::from(good)))
+            .await
+            .expect_err("a verdict for an unknown id accepted");
+        assert!(msg(&e).contains("unknown request id"), "{good}: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// proc/new, every tool
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_code_in_bash_sh_and_python3() {
+    if !features_ok("execute_code_in_bash_sh_and_python3") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let r = run(
+        &a,
+        &code(
+            "bash",
+            "echo \"hi from $BASH_VERSINFO\"; echo err >&2; exit 0",
+        ),
+    )
+    .await
+    .expect("bash");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(r.body.contains("hi from "), "{r:?}");
+    assert!(r.body.contains("err\n"), "stderr is in the result: {r:?}");
+
+    let r = run(
+        &a,
+        &code("sh", "printf 'sh says %s\\n' ok; echo oops >&2; exit 3"),
+    )
+    .await
+    .expect("sh");
+    assert_eq!(r.exit(), Some(3), "{r:?}");
+    assert!(r.body.contains("sh says ok\n"), "{r:?}");
+    assert!(r.body.contains("oops\n"), "{r:?}");
+
+    let r = run(
+        &a,
+        &code(
+            "python3",
+            "import sys\nprint(sum(range(10)))\nprint('to stderr', file=sys.stderr)\nsys.exit(5)",
+        ),
+    )
+    .await
+    .expect("python3");
+    assert_eq!(r.exit(), Some(5), "{r:?}");
+    assert!(r.body.contains("45\n"), "{r:?}");
+    assert!(r.body.contains("to stderr\n"), "{r:?}");
+
+    // The runner's working directory is the workspace.
+    let r = run(&a, &code("python3", "import os; print(os.getcwd())"))
+        .await
+        .expect("python3 cwd");
+    let ws = std::fs::canonicalize(t.ws()).unwrap();
+    assert_eq!(r.body.trim(), ws.to_str().unwrap(), "{r:?}");
+    assert_eq!(r.exit(), Some(0));
+    assert!(r.pid() > 0);
+
+    // An unknown language is refused before anything runs.
+    let e = run(&a, &code("cobol", "DISPLAY 'x'"))
+        .await
+        .expect_err("cobol");
+    assert!(e.contains("not available"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cmd_shorthand_runs_bash() {
+    if !features_ok("cmd_shorthand_runs_bash") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let r = run(
+        &a,
+        "tool=execute_code\ncmd=echo one\\necho \"$0\" two; [[ 1 == 1 ]] && exit 4\n",
+    )
+    .await
+    .expect("cmd=");
+    assert_eq!(r.exit(), Some(4), "{r:?}");
+    assert_eq!(r.body, "one\nbash two\n", "{r:?}");
+    // cmd= is for execute_code only, and not together with args=.
+    let e = run(&a, "tool=file_read\ncmd=x\n")
+        .await
+        .expect_err("cmd= for file_read");
+    assert!(e.contains("cmd="), "{e}");
+    let e = run(
+        &a,
+        "tool=execute_code\ncmd=true\nargs={\"language\":\"bash\",\"code\":\"true\"}\n",
+    )
+    .await
+    .expect_err("cmd= and args=");
+    assert!(e.contains("not both"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_tool_runs_scripts_from_the_tools_dir() {
+    if !features_ok("execute_tool_runs_scripts_from_the_tools_dir") {
+        return;
+    }
+    let dirs = Dirs::new();
+    let tools = dirs.dir.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let script = tools.join("greet.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho \"greet: $# args: $1|$2\"\necho \"to stderr\" >&2\nexit 6\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut boot = dirs.boot();
+    boot.tools_dir = Some(tools.clone());
+    let t = Ts::start_with(dirs, &boot).await;
+    let a = t.attach("a").await;
+
+    let r = run(
+        &a,
+        &tool(
+            "execute_tool",
+            serde_json::json!({"name": "greet.sh", "args": ["hello world", "$(x)"]}),
+        ),
+    )
+    .await
+    .expect("execute_tool");
+    assert_eq!(r.exit(), Some(6), "{r:?}");
+    assert!(
+        r.body.contains("greet: 2 args: hello world|$(x)\n"),
+        "{r:?}"
+    );
+    assert!(r.body.contains("to stderr\n"), "{r:?}");
+
+    // The schema lists the script.
+    let schema = rdwr(&a, "tools", "a json").await.unwrap();
+    let v: serde_json::Value = serde_json::from_str(&schema).unwrap();
+    let et = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "execute_tool")
+        .expect("execute_tool schema");
+    assert_eq!(
+        et["parameters"]["properties"]["name"]["enum"],
+        serde_json::json!(["greet.sh"])
+    );
+
+    for bad in [
+        "../greet.sh",
+        "sub/greet.sh",
+        "..",
+        "/bin/sh",
+        ".hidden",
+        "",
+    ] {
+        let e = run(
+            &a,
+            &tool("execute_tool", serde_json::json!({ "name": bad })),
+        )
+        .await
+        .expect_err("bad script name accepted");
+        assert!(e.contains("not a tool name"), "{bad:?}: {e}");
+    }
+    let e = run(
+        &a,
+        &tool("execute_tool", serde_json::json!({"name": "nope.sh"})),
+    )
+    .await
+    .expect_err("missing script");
+    assert!(e.contains("no tool named"), "{e}");
+    let e = run(
+        &a,
+        &tool(
+            "execute_tool",
+            serde_json::json!({"name": "greet.sh", "args": "x"}),
+        ),
+    )
+    .await
+    .expect_err("args as a string");
+    assert!(e.contains("array of strings"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_pipe_feeds_each_step_into_the_next() {
+    if !features_ok("execute_pipe_feeds_each_step_into_the_next") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let r = run(
+        &a,
+        &tool(
+            "execute_pipe",
+            serde_json::json!({"steps": [
+                {"language": "bash", "code": "printf 'a\\nb\\nc\\n'; printf 'd\\n'"},
+                {"language": "python3", "code": "import sys; print('lines=%d' % len(sys.stdin.readlines()))"},
+            ]}),
+        ),
+    )
+    .await
+    .expect("execute_pipe");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body, "lines=4\n", "{r:?}");
+
+    // pipefail: a failing first step fails the pipe.
+    let r = run(
+        &a,
+        &tool(
+            "execute_pipe",
+            serde_json::json!({"steps": [
+                {"language": "sh", "code": "echo x; exit 9"},
+                {"language": "bash", "code": "cat"},
+            ]}),
+        ),
+    )
+    .await
+    .expect("execute_pipe");
+    assert_eq!(r.exit(), Some(9), "{r:?}");
+    assert_eq!(r.body, "x\n", "{r:?}");
+
+    let e = run(&a, &tool("execute_pipe", serde_json::json!({"steps": []})))
+        .await
+        .expect_err("empty pipe");
+    assert!(e.contains("steps"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_read_numbers_lines_and_pages() {
+    if !features_ok("file_read_numbers_lines_and_pages") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let lines: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(t.ws().join("ten.txt"), &lines).unwrap();
+
+    let r = run(
+        &a,
+        &tool(
+            "file_read",
+            serde_json::json!({"path": "ten.txt", "offset": 3, "limit": 2}),
+        ),
+    )
+    .await
+    .expect("file_read");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(
+        r.body,
+        "     3\tline 3\n     4\tline 4\n[more lines follow; continue with offset=5]\n"
+    );
+    // The last page: no notice.
+    let abs = t.ws().join("ten.txt");
+    let r = run(
+        &a,
+        &tool(
+            "file_read",
+            serde_json::json!({"path": abs.to_str().unwrap(), "offset": 9, "limit": 5}),
+        ),
+    )
+    .await
+    .expect("file_read");
+    assert_eq!(r.body, "     9\tline 9\n    10\tline 10\n", "{r:?}");
+    // Everything by default.
+    let r = run(
+        &a,
+        &tool("file_read", serde_json::json!({"path": "ten.txt"})),
+    )
+    .await
+    .expect("file_read");
+    assert_eq!(r.body.lines().count(), 10, "{r:?}");
+    assert!(r.body.starts_with("     1\tline 1\n"), "{r:?}");
+    // Past the end, and a missing file.
+    let r = run(
+        &a,
+        &tool(
+            "file_read",
+            serde_json::json!({"path": "ten.txt", "offset": 50}),
+        ),
+    )
+    .await
+    .expect("file_read");
+    assert!(r.body.contains("shorter"), "{r:?}");
+    let r = run(
+        &a,
+        &tool("file_read", serde_json::json!({"path": "nope.txt"})),
+    )
+    .await
+    .expect("file_read of a missing file");
+    assert_ne!(r.exit(), Some(0), "{r:?}");
+    assert!(r.body.contains("nope.txt"), "{r:?}");
+    // Bad arguments are Twrite errors.
+    for bad in [
+        serde_json::json!({"path": "ten.txt", "offset": 0}),
+        serde_json::json!({"path": "ten.txt", "limit": "2"}),
+        serde_json::json!({"offset": 1}),
+    ] {
+        let e = run(&a, &tool("file_read", bad.clone()))
+            .await
+            .expect_err("bad file_read args");
+        assert!(e.starts_with("file_read: "), "{bad}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_write_writes_replaces_and_inserts() {
+    if !features_ok("file_write_writes_replaces_and_inserts") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let f = t.ws().join("sub/dir/new.txt");
+    let r = run(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "sub/dir/new.txt", "content": "a\nb\nc\n"}),
+        ),
+    )
+    .await
+    .expect("file_write");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body, "wrote 6 bytes to sub/dir/new.txt\n");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nb\nc\n");
+
+    let r = run(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "sub/dir/new.txt", "content": "B1\nB2", "start_line": 2, "end_line": 2}),
+        ),
+    )
+    .await
+    .expect("replace");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(r.body.contains("replaced lines 2-2"), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nB1\nB2\nc\n");
+
+    let r = run(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "sub/dir/new.txt", "content": "top\n", "start_line": 1, "end_line": 0}),
+        ),
+    )
+    .await
+    .expect("insert");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(r.body.contains("inserted 1 lines before line 1"), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "top\na\nB1\nB2\nc\n");
+
+    // Append after the last line.
+    let r = run(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "sub/dir/new.txt", "content": "end\n", "start_line": 6, "end_line": 5}),
+        ),
+    )
+    .await
+    .expect("append");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(&f).unwrap(),
+        "top\na\nB1\nB2\nc\nend\n"
+    );
+    // No temporary files left beside it.
+    let names: Vec<String> = std::fs::read_dir(f.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["new.txt"]);
+
+    // A start past the end fails and leaves the file alone.
+    let r = run(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "sub/dir/new.txt", "content": "x", "start_line": 40, "end_line": 40}),
+        ),
+    )
+    .await
+    .expect("replace past the end");
+    assert_ne!(r.exit(), Some(0), "{r:?}");
+    assert!(r.body.contains("past the end"), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(&f).unwrap(),
+        "top\na\nB1\nB2\nc\nend\n"
+    );
+    // Inconsistent ranges are Twrite errors.
+    let e = run(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "x", "content": "x", "start_line": 3}),
+        ),
+    )
+    .await
+    .expect_err("start_line alone");
+    assert!(e.contains("both start_line and end_line"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_write_outside_the_workspace_is_denied() {
+    if !features_ok("file_write_outside_the_workspace_is_denied") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let etc = PathBuf::from(format!(
+        "/etc/ollie-test-{}-{}",
+        std::process::id(),
+        unique()
+    ));
+    let beside = t.dirs.dir.path().join("x");
+    let home_file = t.dirs.home.join("y");
+    for (path, shown) in [
+        (etc.clone(), etc.to_str().unwrap().to_owned()),
+        (beside.clone(), beside.to_str().unwrap().to_owned()),
+        (beside.clone(), "../x".to_owned()),
+        (home_file.clone(), home_file.to_str().unwrap().to_owned()),
+    ] {
+        let r = run(
+            &a,
+            &tool(
+                "file_write",
+                serde_json::json!({"path": shown, "content": "pwned\n"}),
+            ),
+        )
+        .await
+        .expect("file_write outside (the tool runs and is denied)");
+        let exists = path.exists();
+        if exists {
+            let _ = std::fs::remove_file(&path);
+        }
+        assert!(!exists, "{shown}: file_write escaped the workspace: {r:?}");
+        assert_ne!(r.exit(), Some(0), "{shown}: {r:?}");
+        assert!(
+            !r.body.starts_with("wrote "),
+            "{shown}: reported success: {r:?}"
+        );
+    }
+    // Same for execute_code.
+    let r = run(
+        &a,
+        &code("sh", &format!("echo pwned > {}", beside.to_str().unwrap())),
+    )
+    .await
+    .unwrap();
+    assert_ne!(r.exit(), Some(0), "{r:?}");
+    assert!(!beside.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_read_of_shadow_is_denied() {
+    if !features_ok("file_read_of_shadow_is_denied") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let secret = t.dirs.home.join(".ssh");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::write(secret.join("id_ed25519"), "SECRET-KEY-CANARY\n").unwrap();
+    let shadow_line = std::fs::read_to_string("/etc/shadow")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_owned));
+    for path in [
+        "/etc/shadow".to_owned(),
+        secret.join("id_ed25519").to_str().unwrap().to_owned(),
+    ] {
+        let r = run(&a, &tool("file_read", serde_json::json!({ "path": path })))
+            .await
+            .expect("file_read (the tool runs and is denied)");
+        assert_ne!(r.exit(), Some(0), "{path}: {r:?}");
+        assert!(!r.body.contains("SECRET-KEY-CANARY"), "{path}: {r:?}");
+        assert!(!r.body.contains("root:"), "{path}: {r:?}");
+        if let Some(l) = &shadow_line {
+            assert!(!r.raw.contains(l.as_str()), "{path}: {r:?}");
+        }
+        assert!(
+            r.body.contains("ermission denied") || r.body.contains("No such file"),
+            "{path}: {r:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_beyond_the_policy_limit_is_truncated_with_a_notice() {
+    if !features_ok("output_beyond_the_policy_limit_is_truncated_with_a_notice") {
+        return;
+    }
+    let dirs = Dirs::new();
+    let mut boot = dirs.boot();
+    let small = WORKSPACE_TOML.replace("output_bytes = 1048576", "output_bytes = 1000");
+    assert_ne!(
+        small, WORKSPACE_TOML,
+        "workspace.toml no longer sets output_bytes"
+    );
+    boot.policies.insert("small".into(), small);
+    boot.default_policy = "small".into();
+    let t = Ts::start_with(dirs, &boot).await;
+    let a = t.attach("a").await;
+    let r = run(&a, &code("python3", "print('x' * 4999)"))
+        .await
+        .expect("big output");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(
+        r.header
+            .get("truncated")
+            .is_some_and(|v| v.starts_with("1000/")),
+        "{r:?}"
+    );
+    let (kept, notice) = r
+        .body
+        .split_once("[output truncated: first 1000 of ")
+        .unwrap_or_else(|| panic!("no truncation notice: {r:?}"));
+    assert_eq!(kept.trim_end_matches('\n'), "x".repeat(1000));
+    assert!(notice.ends_with(" bytes shown]\n"), "{notice:?}");
+    // The whole size is reported (what the tool printed: 4999 x + newline).
+    assert_eq!(r.header["truncated"], "1000/5000", "{r:?}");
+    assert!(notice.starts_with("5000 bytes"), "{notice:?}");
+    // Under the limit: no notice.
+    let r = run(&a, &code("python3", "print('y' * 10)")).await.unwrap();
+    assert!(!r.raw.contains("truncated"), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalation_is_refused_and_nothing_runs() {
+    if !features_ok("escalation_is_refused_and_nothing_runs") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    let marker = t.ws().join("ran");
+    let args = serde_json::json!({
+        "language": "bash",
+        "code": format!("touch {}", marker.to_str().unwrap()),
+        "escalate": {"grants": ["net"], "reason": "need the network"},
+    });
+    let e = run(&a, &tool("execute_code", args))
+        .await
+        .expect_err("escalation accepted");
+    assert!(e.contains("escalation refused"), "{e}");
+    assert!(e.contains("nothing was run"), "{e}");
+    let e = run_bg(
+        &a,
+        &tool(
+            "file_write",
+            serde_json::json!({"path": "ran", "content": "", "escalate": {"grants": ["write:/etc"], "reason": "r"}}),
+        ),
+    )
+    .await
+    .expect_err("escalation accepted (bg)");
+    assert!(e.contains("escalation refused"), "{e}");
+    assert!(!marker.exists(), "the escalated call ran");
+    assert!(list(&op).await.is_empty(), "a process was created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_errors_are_one_line_twrite_errors() {
+    if !features_ok("payload_errors_are_one_line_twrite_errors") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    for (payload, want) in [
+        ("tool=no_such_tool\ncmd=true\n", "unknown tool"),
+        (
+            "tool=execute_code\nargs={\"language\":\"bash\",\"code\":\"true\",\"bogus\":1}\n",
+            "unknown argument \"bogus\"",
+        ),
+        ("tool=execute_code\nargs={\"language\":", "not valid JSON"),
+        ("tool=execute_code\nargs=[1]\n", "JSON object"),
+        (
+            "tool=execute_code\ncmd=true\nbogus=1\n",
+            "unknown payload key \"bogus\"",
+        ),
+        ("tool=execute_code\ntool=file_read\n", "twice"),
+        ("tool=execute_code\njust words\n", "key=value"),
+        ("cmd=true\n", "no tool="),
+        ("", "no tool="),
+        (
+            "tool=execute_code\nagent=../x\ncmd=true\n",
+            "permission denied",
+        ),
+    ] {
+        let e = run(&a, payload).await.expect_err("bad payload accepted");
+        assert!(e.contains(want), "{payload:?}: {e}");
+        let e = run_bg(&a, payload)
+            .await
+            .expect_err("bad payload accepted (bg)");
+        assert!(e.contains(want), "{payload:?}: {e}");
+    }
+    // Reading proc/new before any write is an error too.
+    let f = open(&a, "proc/new", om::ORDWR).await.unwrap();
+    let e = within("read", f.read(0, 100))
+        .await
+        .expect_err("read first");
+    assert!(msg(&e).contains("write a payload first"), "{e}");
+    // Nothing was started by any of it.
+    assert!(list(&op).await.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Background processes
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_process_wait_out_stat_complete_dismiss() {
+    if !features_ok("background_process_wait_out_stat_complete_dismiss") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    // b starts waiting for completions before a's process even exists.
+    let bc = open(&b, "proc/complete", om::OREAD).await.unwrap();
+    let b_first = bc.read_call(0, 8192).unwrap();
+
+    let ac = open(&a, "proc/complete", om::OREAD).await.unwrap();
+    let pid = run_bg(
+        &a,
+        "tool=execute_code\ncmd=echo out-line; echo err-line >&2; exit 3\n",
+    )
+    .await
+    .expect("bg");
+    let w = read(&a, &format!("proc/{pid}/wait")).await.expect("wait");
+    assert_eq!(w, "3\n");
+    // wait again on a fresh fid: the same answer at once.
+    assert_eq!(read(&a, &format!("proc/{pid}/wait")).await.unwrap(), "3\n");
+    let out = read(&a, &format!("proc/{pid}/out")).await.unwrap();
+    assert!(
+        out.contains("out-line\n") && out.contains("err-line\n"),
+        "{out:?}"
+    );
+    let st = kv(&read(&a, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["state"], "exited", "{st:?}");
+    assert_eq!(st["exit"], "3", "{st:?}");
+    assert_eq!(st["pid"], pid.to_string());
+    assert_eq!(st["agent"], "a");
+    assert_eq!(st["tool"], "execute_code");
+    assert_eq!(st["policy"], "workspace");
+    assert_eq!(st["truncated"], "false");
+    assert_eq!(list(&a).await[&pid].0, "exited");
+
+    let m = within("complete", ac.read(0, 8192))
+        .await
+        .expect("complete");
+    let m = String::from_utf8(m.to_vec()).unwrap();
+    assert!(
+        m.starts_with(&format!(
+            "<system-proc-complete id=\"{pid}\" cmd=\"echo out-line; echo err-line &gt;&amp;2; exit 3\" exit=\"3\">\n"
+        )),
+        "{m}"
+    );
+    assert!(m.contains("out-line\n"), "{m}");
+    assert!(m.ends_with("</system-proc-complete>\n"), "{m}");
+
+    // b's first completion is b's own process, never a's (a's ended first).
+    let bpid = run_bg(&b, "tool=execute_code\ncmd=exit 0\n").await.unwrap();
+    let got = within("b complete", b_first).await.expect("b's completion");
+    let got = match got {
+        ollie_p9::wire::Rmsg::Read { data } => String::from_utf8(data.to_vec()).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        got.starts_with(&format!("<system-proc-complete id=\"{bpid}\" ")),
+        "b got {got}"
+    );
+    assert!(!got.contains("out-line"), "b got a's completion: {got}");
+
+    // dismiss removes it.
+    write(&a, &format!("proc/{pid}/ctl"), "dismiss")
+        .await
+        .expect("dismiss");
+    let e = within("walk", a.walk_path(&format!("proc/{pid}")))
+        .await
+        .expect_err("dismissed process still there");
+    msg(&e);
+    assert!(!list(&a).await.contains_key(&pid));
+    let _ = within("clunk", ac.clunk()).await;
+    let _ = within("clunk", bc.clunk()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dismissing_a_running_process_is_an_error() {
+    if !features_ok("dismissing_a_running_process_is_an_error") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let marker = sleep_marker();
+    let pid = run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+        .await
+        .unwrap();
+    let ctl = format!("proc/{pid}/ctl");
+    let e = write(&a, &ctl, "dismiss")
+        .await
+        .expect_err("dismissed a running process");
+    assert!(e.contains("still running"), "{e}");
+    for bad in ["bogus", "signal x", "signal", "term now"] {
+        let e = write(&a, &ctl, bad).await.expect_err("bad ctl accepted");
+        assert!(!e.is_empty(), "{bad}");
+    }
+    // A signal outside the allowed set is refused and the process goes on.
+    let e = write(&a, &ctl, "signal 11")
+        .await
+        .expect_err("SIGSEGV sent");
+    assert!(e.starts_with("signal: "), "{e}");
+    assert_eq!(list(&a).await[&pid].0, "running");
+    write(&a, &ctl, "kill").await.unwrap();
+    assert_eq!(
+        read(&a, &format!("proc/{pid}/wait")).await.unwrap(),
+        "137\n"
+    );
+    write(&a, &ctl, "dismiss")
+        .await
+        .expect("dismiss after the end");
+    wait_marker_gone(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_reaches_a_trapping_script() {
+    if !features_ok("signal_reaches_a_trapping_script") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let pid = run_bg(
+        &a,
+        &code(
+            "bash",
+            "trap 'echo got-usr1; exit 42' USR1\necho ready\nwhile :; do sleep 0.05; done",
+        ),
+    )
+    .await
+    .unwrap();
+    wait_out(&a, pid, "ready\n").await;
+    write(&a, &format!("proc/{pid}/ctl"), "signal 10")
+        .await
+        .expect("signal 10");
+    assert_eq!(read(&a, &format!("proc/{pid}/wait")).await.unwrap(), "42\n");
+    let out = read(&a, &format!("proc/{pid}/out")).await.unwrap();
+    assert!(out.contains("got-usr1"), "{out:?}");
+    let st = kv(&read(&a, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["state"], "exited");
+    assert!(
+        !st.contains_key("stopped_by"),
+        "a signal is not a cancel: {st:?}"
+    );
+    // After the end, signalling is an error.
+    let e = write(&a, &format!("proc/{pid}/ctl"), "signal 10")
+        .await
+        .expect_err("signal after the end");
+    assert!(e.contains("already ended"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_ends_a_sleep_with_137() {
+    if !features_ok("kill_ends_a_sleep_with_137") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let marker = sleep_marker();
+    let pid = run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+        .await
+        .unwrap();
+    wait_marker_up(&marker).await;
+    // A blocked wait is answered when the kill lands.
+    let wf = open(&a, &format!("proc/{pid}/wait"), om::OREAD)
+        .await
+        .unwrap();
+    let pending = wf.read_call(0, 64).unwrap();
+    write(&a, &format!("proc/{pid}/ctl"), "kill").await.unwrap();
+    match within("wait", pending).await.expect("wait") {
+        ollie_p9::wire::Rmsg::Read { data } => assert_eq!(&data[..], b"137\n"),
+        other => panic!("{other:?}"),
+    }
+    let st = kv(&read(&a, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["state"], "killed", "{st:?}");
+    assert_eq!(st["signal"], "9", "{st:?}");
+    wait_marker_gone(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn term_ends_a_sleep_with_143_or_the_traps_code() {
+    if !features_ok("term_ends_a_sleep_with_143_or_the_traps_code") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let marker = sleep_marker();
+    let pid = run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+        .await
+        .unwrap();
+    wait_marker_up(&marker).await;
+    write(&a, &format!("proc/{pid}/ctl"), "term").await.unwrap();
+    assert_eq!(
+        read(&a, &format!("proc/{pid}/wait")).await.unwrap(),
+        "143\n"
+    );
+    let st = kv(&read(&a, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["state"], "killed", "{st:?}");
+    assert_eq!(st["signal"], "15", "{st:?}");
+    wait_marker_gone(&marker).await;
+
+    let pid = run_bg(
+        &a,
+        &code(
+            "bash",
+            "trap 'echo got-term; exit 7' TERM\necho ready\nwhile :; do sleep 0.05; done",
+        ),
+    )
+    .await
+    .unwrap();
+    wait_out(&a, pid, "ready\n").await;
+    write(&a, &format!("proc/{pid}/ctl"), "term").await.unwrap();
+    assert_eq!(read(&a, &format!("proc/{pid}/wait")).await.unwrap(), "7\n");
+    assert!(
+        read(&a, &format!("proc/{pid}/out"))
+            .await
+            .unwrap()
+            .contains("got-term")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flush
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushing_a_blocking_proc_new_read_stops_the_process() {
+    if !features_ok("flushing_a_blocking_proc_new_read_stops_the_process") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    let marker = sleep_marker();
+    let f = open(&a, "proc/new", om::ORDWR).await.unwrap();
+    within(
+        "write",
+        f.write(
+            0,
+            Bytes::from(format!("tool=execute_code\ncmd=sleep {marker}\n")),
+        ),
+    )
+    .await
+    .expect("payload");
+    let call = f.read_call(0, 8192).unwrap();
+    wait_marker_up(&marker).await;
+    let l = list(&op).await;
+    assert_eq!(l.len(), 1, "{l:?}");
+    let (&pid, (state, _)) = l.iter().next().unwrap();
+    assert_eq!(state, "running");
+    // The client gives up: dropping the call sends Tflush.
+    drop(call);
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let st = list(&op).await[&pid].0.clone();
+        if st != "running" {
+            assert_eq!(st, "killed", "state after the flush");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process still running after the flush"
+        );
+        tokio::time::sleep(STEP).await;
+    }
+    wait_marker_gone(&marker).await;
+    let st = kv(&read(&op, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["stopped_by"], "cancel", "{st:?}");
+    // The connection and the fid still work.
+    let r = run(&a, "tool=execute_code\ncmd=echo after\n")
+        .await
+        .unwrap();
+    assert_eq!(r.body, "after\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ctl
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_load_and_unload_change_an_agents_tools() {
+    if !features_ok("ctl_load_and_unload_change_an_agents_tools") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    let all = [
+        "execute_code",
+        "execute_tool",
+        "execute_pipe",
+        "file_read",
+        "file_write",
+    ];
+    let names = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| l.split_whitespace().next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&read(&a, "tools").await.unwrap()), all);
+    std::fs::write(t.ws().join("f.txt"), "hello\n").unwrap();
+
+    write(&a, "ctl", "unload a file_read\n")
+        .await
+        .expect("unload");
+    let now = names(&read(&a, "tools").await.unwrap());
+    assert!(!now.contains(&"file_read".to_owned()), "{now:?}");
+    assert_eq!(now.len(), 4);
+    // The operator sees the change too, in text and JSON.
+    assert_eq!(names(&rdwr(&op, "tools", "a").await.unwrap()), now);
+    let js: serde_json::Value =
+        serde_json::from_str(&rdwr(&op, "tools", "a json").await.unwrap()).unwrap();
+    assert_eq!(js.as_array().unwrap().len(), 4);
+    // Another agent is unaffected.
+    assert_eq!(names(&rdwr(&op, "tools", "b").await.unwrap()), all);
+    let e = run(&a, &tool("file_read", serde_json::json!({"path": "f.txt"})))
+        .await
+        .expect_err("unloaded tool ran");
+    assert!(e.contains("not loaded"), "{e}");
+
+    // The operator loads it back for a; a unloads two at once.
+    write(&op, "ctl", "load a file_read").await.expect("load");
+    let r = run(&a, &tool("file_read", serde_json::json!({"path": "f.txt"})))
+        .await
+        .expect("loaded again");
+    assert_eq!(r.body, "     1\thello\n");
+    write(&a, "ctl", "unload a execute_code\nunload a execute_pipe\n")
+        .await
+        .unwrap();
+    let e = run(&a, "tool=execute_code\ncmd=true\n")
+        .await
+        .expect_err("unloaded execute_code ran");
+    assert!(e.contains("not loaded"), "{e}");
+    assert_eq!(
+        names(&read(&a, "tools").await.unwrap()),
+        ["execute_tool", "file_read", "file_write"]
+    );
+    // Bad commands.
+    for (cmd, want) in [
+        ("load a no_such_tool", "unknown tool"),
+        ("frob a execute_code", "unknown command"),
+        ("load a", "wrong arguments"),
+        ("load operator execute_code", "reserved"),
+    ] {
+        let e = write(&a, "ctl", cmd).await.expect_err("bad ctl accepted");
+        assert!(e.contains(want), "{cmd}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_policy_is_the_operators_and_readonly_denies_writes() {
+    if !features_ok("ctl_policy_is_the_operators_and_readonly_denies_writes") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    let op = t.attach("operator").await;
+    let write_args = |name: &str| {
+        tool(
+            "file_write",
+            serde_json::json!({"path": name, "content": "data\n"}),
+        )
+    };
+    // Under the default policy the write works.
+    let r = run(&a, &write_args("one.txt")).await.unwrap();
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(t.ws().join("one.txt").exists());
+
+    // Agents cannot change policies, not even their own.
+    for who in [&a, &b] {
+        let e = write(who, "ctl", "policy a readonly")
+            .await
+            .expect_err("agent set a policy");
+        assert!(e.contains("permission denied"), "{e}");
+    }
+    let e = write(&a, "ctl", "policy a workspace")
+        .await
+        .expect_err("agent set a policy");
+    assert!(e.contains("only the operator"), "{e}");
+    let e = write(&op, "ctl", "policy a nonesuch")
+        .await
+        .expect_err("unknown policy");
+    assert!(e.contains("unknown policy"), "{e}");
+
+    write(&op, "ctl", "policy a readonly")
+        .await
+        .expect("operator sets the policy");
+    let r = run(&a, &write_args("two.txt")).await.unwrap();
+    assert_ne!(r.exit(), Some(0), "{r:?}");
+    assert!(
+        !t.ws().join("two.txt").exists(),
+        "readonly agent wrote into the workspace"
+    );
+    let r = run(&a, &code("sh", "echo x > three.txt")).await.unwrap();
+    assert_ne!(r.exit(), Some(0), "{r:?}");
+    assert!(!t.ws().join("three.txt").exists());
+    // Reading still works.
+    let r = run(
+        &a,
+        &tool("file_read", serde_json::json!({"path": "one.txt"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.body, "     1\tdata\n");
+    // A bg process records the policy.
+    let pid = run_bg(&a, "tool=execute_code\ncmd=true\n").await.unwrap();
+    read(&a, &format!("proc/{pid}/wait")).await.unwrap();
+    let st = kv(&read(&a, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["policy"], "readonly");
+    // b is unaffected.
+    let r = run(&b, &write_args("four.txt")).await.unwrap();
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(t.ws().join("four.txt").exists());
+    // And back.
+    write(&op, "ctl", "policy a workspace").await.unwrap();
+    let r = run(&a, &write_args("five.txt")).await.unwrap();
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(t.ws().join("five.txt").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifetime
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_toolsrv_kills_its_tools() {
+    if !features_ok("killing_toolsrv_kills_its_tools") {
+        return;
+    }
+    let mut t = Ts::start().await;
+    let a = t.attach("a").await;
+    let marker = sleep_marker();
+    run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+        .await
+        .unwrap();
+    let marker2 = sleep_marker();
+    // A setsid'd, double-forked one as well.
+    run_bg(
+        &a,
+        &format!("tool=execute_code\ncmd=(setsid sleep {marker2} &) ; sleep {marker2}\n"),
+    )
+    .await
+    .unwrap();
+    wait_marker_up(&marker).await;
+    assert!(
+        poll(IO_TIMEOUT, || procs_with(&marker2).len() >= 2).await,
+        "the double-forked sleep did not start"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(t.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let st = wait_child(t.ts.child(), UP_TIMEOUT, "toolsrv");
+    assert!(!st.success());
+    wait_marker_gone(&marker).await;
+    wait_marker_gone(&marker2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_link_ends_toolsrv_and_its_tools() {
+    if !features_ok("closing_the_link_ends_toolsrv_and_its_tools") {
+        return;
+    }
+    let mut t = Ts::start().await;
+    let marker = sleep_marker();
+    {
+        let a = t.attach("a").await;
+        let op = t.attach("operator").await;
+        run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+            .await
+            .unwrap();
+        // One for the operator under another policy (a second prepared sandbox).
+        write(&op, "ctl", "policy c readonly").await.unwrap();
+        run_bg(
+            &op,
+            &format!("tool=execute_code\nagent=c\ncmd=sleep {marker}\n"),
+        )
+        .await
+        .unwrap();
+        assert!(
+            poll(IO_TIMEOUT, || procs_with(&marker).len() >= 2).await,
+            "the sleeps did not start"
+        );
+        let _ = within("clunk", a.clunk()).await;
+        let _ = within("clunk", op.clunk()).await;
+    }
+    // Closing our end of the link (the only client) ends toolsrv with status 0.
+    drop(t.c.take());
+    let st = wait_child(t.ts.child(), UP_TIMEOUT, "toolsrv");
+    assert_eq!(st.code(), Some(0), "toolsrv exit status {st}");
+    wait_marker_gone(&marker).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What toolsrv reveals
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secrets_in_proc_and_no_stray_fds() {
+    if !features_ok("no_secrets_in_proc_and_no_stray_fds") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let _op = t.attach("operator").await;
+    // A tool has run, so a prepared sandbox exists too.
+    let r = run(&a, "tool=execute_code\ncmd=echo hi\n").await.unwrap();
+    assert_eq!(r.body, "hi\n");
+    let pid = t.pid();
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let key = *t.key().as_bytes();
+    let mut needles: Vec<(String, Vec<u8>)> = vec![
+        ("master key (raw)".into(), key.to_vec()),
+        ("master key (hex)".into(), hex(&key).into_bytes()),
+        (
+            "master key (HEX)".into(),
+            hex(&key).to_uppercase().into_bytes(),
+        ),
+    ];
+    for id in ["a", "b", "operator"] {
+        let s = t.key().secret(&Identity::from_aname(id).unwrap());
+        needles.push((format!("{id}'s secret (hex)"), hex(&s).into_bytes()));
+        needles.push((format!("{id}'s secret (raw)"), s.to_vec()));
+    }
+    let check = |what: &str, data: &[u8]| {
+        for (name, n) in &needles {
+            assert!(
+                !data.windows(n.len()).any(|w| w == n.as_slice()),
+                "{what} contains the {name}"
+            );
+        }
+    };
+    let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap();
+    check("cmdline", &cmdline);
+    let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmd.trim_end().ends_with("toolsrv"), "cmdline {cmd:?}");
+
+    if is_root() {
+        let env = std::fs::read(proc_dir.join("environ")).unwrap();
+        check("environ", &env);
+        for var in env.split(|b| *b == 0).filter(|v| !v.is_empty()) {
+            assert!(
+                var.starts_with(b"RUST_LOG="),
+                "unexpected variable in toolsrv's environment: {}",
+                String::from_utf8_lossy(var)
+            );
+        }
+        let mut fds = BTreeMap::new();
+        for e in std::fs::read_dir(proc_dir.join("fd")).unwrap().flatten() {
+            let n: i32 = e.file_name().to_str().unwrap().parse().unwrap();
+            let target = std::fs::read_link(e.path())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            fds.insert(n, target);
+        }
+        assert_eq!(
+            fds.get(&0).map(String::as_str),
+            Some("/dev/null"),
+            "{fds:?}"
+        );
+        assert_eq!(
+            fds.get(&1).map(String::as_str),
+            Some("/dev/null"),
+            "{fds:?}"
+        );
+        // What the prepared sandbox holds: the workspace and its protected islands (pinned).
+        let ws = std::fs::canonicalize(t.ws()).unwrap();
+        for (n, target) in &fds {
+            assert!(
+                !target.contains("ollie-toolsrv-boot") && !target.starts_with("/memfd:"),
+                "fd {n} is the boot memfd ({target}): {fds:?}"
+            );
+            if *n == 2 {
+                continue; // our stderr, inherited
+            }
+            let ok = target.starts_with("socket:[")
+                || target.starts_with("anon_inode:")
+                || target == "/dev/null"
+                || Path::new(target).starts_with(&ws);
+            assert!(ok, "unexpected fd {n} -> {target}: {fds:?}");
+        }
+        // The link is there: at least one socket.
+        assert!(fds.values().any(|t| t.starts_with("socket:[")), "{fds:?}");
+    } else {
+        // Not root: toolsrv is non-dumpable, so even its own user cannot read these.
+        for f in ["environ", "fd", "mem"] {
+            let r = if f == "fd" {
+                std::fs::read_dir(proc_dir.join(f)).map(|_| ())
+            } else {
+                std::fs::read(proc_dir.join(f)).map(|_| ())
+            };
+            let e = r.expect_err("toolsrv is dumpable");
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied,
+                "/proc/{pid}/{f}: {e}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad boot input
+
+/// Runs toolsrv with `boot` on fd 4 (if given) and a socketpair end on fd 3; returns its
+/// status and stderr.
+fn run_boot(boot: Option<&[u8]>) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ours, theirs) = UnixStream::pair().unwrap();
+    let mut maps = vec![FdMapping {
+        parent_fd: OwnedFd::from(theirs),
+        child_fd: 3,
+    }];
+    if let Some(b) = boot {
+        let p = dir.path().join("boot");
+        std::fs::write(&p, b).unwrap();
+        maps.push(FdMapping {
+            parent_fd: OwnedFd::from(std::fs::File::open(&p).unwrap()),
+            child_fd: 4,
+        });
+    }
+    let mut cmd = Command::new(bin("toolsrv"));
+    cmd.env_clear();
+    cmd.fd_mappings(maps).unwrap();
+    let out = common::run(&mut cmd, b"");
+    (out.status, text(&out.stderr))
+}
+
+/// A boot message with `json` as its configuration.
+fn boot_with_json(json: &[u8]) -> Vec<u8> {
+    let mut m = boot::MAGIC.to_vec();
+    m.extend_from_slice(&[7; 32]);
+    m.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    m.extend_from_slice(json);
+    m
+}
+
+fn assert_fails_with(case: &str, boot: Option<&[u8]>, wants: &[&str]) {
+    let (st, err) = run_boot(boot);
+    assert_eq!(st.code(), Some(2), "{case}: status {st}, stderr {err:?}");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{case}: stderr is not one line: {err:?}"
+    );
+    assert!(err.starts_with("toolsrv: "), "{case}: {err:?}");
+    for w in wants {
+        assert!(err.contains(w), "{case}: {w:?} not in {err:?}");
+    }
+}
+
+#[test]
+fn bad_boot_input_exits_2_with_one_line() {
+    let dirs = Dirs::new();
+    let good = dirs.boot();
+    let key = MasterKey::from_bytes([9; 32]);
+
+    assert_fails_with(
+        "garbage",
+        Some(&[b'x'; 200]),
+        &["not a toolsrv boot message"],
+    );
+    assert_fails_with("empty", Some(b""), &["boot"]);
+    let mut truncated = boot::encode(&key, &good).unwrap();
+    truncated.truncate(truncated.len() - 3);
+    assert_fails_with("truncated", Some(&truncated), &["boot"]);
+    assert_fails_with("no boot fd", None, &["fd 4 is not open"]);
+
+    let mut v = serde_json::to_value(&good).unwrap();
+    v["bogus_key"] = serde_json::json!(1);
+    assert_fails_with(
+        "unknown key",
+        Some(&boot_with_json(v.to_string().as_bytes())),
+        &["bogus_key"],
+    );
+    assert_fails_with("not json", Some(&boot_with_json(b"{nope")), &["boot"]);
+
+    let mut bad = good.clone();
+    bad.policies.insert(
+        "broken".into(),
+        WORKSPACE_TOML.replace("[network]", "[network]\nbogus_setting = 1"),
+    );
+    assert_fails_with(
+        "policy with an unknown key",
+        Some(&boot::encode(&key, &bad).unwrap()),
+        &["\"broken\"", "bogus_setting"],
+    );
+    let mut bad = good.clone();
+    bad.policies.insert(
+        "broken".into(),
+        WORKSPACE_TOML.replace("output_bytes = 1048576", "output_bytes = -5"),
+    );
+    assert_fails_with(
+        "policy failing validation",
+        Some(&boot::encode(&key, &bad).unwrap()),
+        &["\"broken\"", "limits.output_bytes"],
+    );
+    let mut bad = good.clone();
+    bad.default_policy = "nonesuch".into();
+    assert_fails_with(
+        "missing default policy",
+        Some(&boot::encode(&key, &bad).unwrap()),
+        &["default_policy", "nonesuch"],
+    );
+    let mut bad = good.clone();
+    bad.workdir = dirs.dir.path().join("does-not-exist");
+    assert_fails_with(
+        "missing workspace",
+        Some(&boot::encode(&key, &bad).unwrap()),
+        &["workdir"],
+    );
+    let mut bad = good;
+    bad.home = "relative/home".into();
+    assert_fails_with(
+        "relative home",
+        Some(&boot::encode(&key, &bad).unwrap()),
+        &["home", "not absolute"],
+    );
+}

@@ -1,0 +1,157 @@
+//! The `proc/new` payload: `key=value` lines.
+//!
+//! Keys: `tool=` (required), `agent=`, `cmd=`, `args=` (a JSON object), `cwd=`. In every
+//! value except `args` a newline is written `\n` and a backslash that precedes `n` or
+//! another backslash is written `\\`; any other backslash is kept as it is (shell code is
+//! full of them). `args` is JSON taken verbatim — JSON already escapes its newlines.
+//! Blank lines are ignored; a key given twice, an unknown key or a line without `=` is an
+//! error naming it.
+
+use std::collections::BTreeMap;
+
+/// The keys a payload may carry.
+pub const KEYS: &[&str] = &["tool", "agent", "cmd", "args", "cwd"];
+
+/// A parsed payload.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Payload {
+    pub tool: String,
+    pub agent: Option<String>,
+    pub cmd: Option<String>,
+    pub args: Option<serde_json::Map<String, serde_json::Value>>,
+    pub cwd: Option<String>,
+}
+
+/// Undoes the value escaping (`\n` → newline, `\\` → backslash).
+pub fn unescape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    let mut it = v.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.peek() {
+                Some('n') => {
+                    it.next();
+                    out.push('\n');
+                    continue;
+                }
+                Some('\\') => {
+                    it.next();
+                    out.push('\\');
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Escapes a value for a payload line (the inverse of [`unescape`]).
+pub fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Parses a payload.
+pub fn parse(text: &str) -> Result<Payload, String> {
+    let mut seen: BTreeMap<&str, String> = BTreeMap::new();
+    for line in text.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!(
+                "payload line {:?} is not key=value (keys: {})",
+                clip(line),
+                KEYS.join(", ")
+            ));
+        };
+        let k = k.trim();
+        let Some(&key) = KEYS.iter().find(|x| **x == k) else {
+            return Err(format!(
+                "unknown payload key {:?} (valid: {})",
+                clip(k),
+                KEYS.join(", ")
+            ));
+        };
+        let v = if key == "args" {
+            v.to_owned()
+        } else {
+            unescape(v)
+        };
+        if seen.insert(key, v).is_some() {
+            return Err(format!("payload key {key:?} given twice"));
+        }
+    }
+    let tool = seen
+        .remove("tool")
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| "payload has no tool= line".to_owned())?;
+    let args = match seen.remove("args") {
+        None => None,
+        Some(a) => match serde_json::from_str::<serde_json::Value>(&a) {
+            Ok(serde_json::Value::Object(m)) => Some(m),
+            Ok(_) => return Err("args= must be a JSON object".into()),
+            Err(e) => return Err(format!("args= is not valid JSON: {e}")),
+        },
+    };
+    Ok(Payload {
+        tool: tool.trim().to_owned(),
+        agent: seen.remove("agent").map(|a| a.trim().to_owned()),
+        cmd: seen.remove("cmd"),
+        args,
+        cwd: seen.remove("cwd"),
+    })
+}
+
+/// At most 60 characters of `s`, for error messages.
+pub fn clip(s: &str) -> String {
+    let mut out: String = s.chars().take(60).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_seed_example() {
+        let p = parse("tool=execute_code\nagent=a1\ncmd=go test ./...\n").unwrap();
+        assert_eq!(p.tool, "execute_code");
+        assert_eq!(p.agent.as_deref(), Some("a1"));
+        assert_eq!(p.cmd.as_deref(), Some("go test ./..."));
+        let p = parse(
+            r#"tool=file_read
+args={"path":"a\nb","limit":3}"#,
+        )
+        .unwrap();
+        assert_eq!(p.args.unwrap()["path"], "a\nb");
+    }
+
+    #[test]
+    fn escapes_round_trip() {
+        for v in ["a\nb", "back\\slash", "\\n literally", "x\\", "tab\\t"] {
+            assert_eq!(unescape(&escape(v)), v);
+        }
+        assert_eq!(unescape(r"printf 'a\tb'"), r"printf 'a\tb'");
+        assert_eq!(unescape(r"echo a\nb"), "echo a\nb");
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        assert!(parse("").unwrap_err().contains("no tool="));
+        assert!(parse("tool=x\nbogus=1").unwrap_err().contains("bogus"));
+        assert!(parse("tool=x\ntool=y").unwrap_err().contains("twice"));
+        assert!(
+            parse("tool=x\nno equals")
+                .unwrap_err()
+                .contains("key=value")
+        );
+        assert!(parse("tool=x\nargs=[1]").unwrap_err().contains("object"));
+        assert!(parse("tool=x\nargs={").unwrap_err().contains("JSON"));
+    }
+}

@@ -1,0 +1,165 @@
+//! The spawning side, for olliesrv and tests: start a toolsrv over a socketpair, and
+//! authenticate to it.
+
+use std::io::{Seek, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use command_fds::{CommandFdExt, FdMapping};
+use ollie_p9::{Client, Fid};
+
+use crate::auth::{Identity, MasterKey, hex};
+use crate::boot::{self, Bootstrap};
+
+/// The fd number of the link in toolsrv.
+pub const LINK_FD: i32 = 3;
+/// The fd number of the boot memfd in toolsrv.
+pub const BOOT_FD: i32 = 4;
+
+/// A running toolsrv.
+#[derive(Debug)]
+pub struct Toolsrv {
+    child: Child,
+    key: MasterKey,
+    link: Option<UnixStream>,
+}
+
+/// The toolsrv binary next to the current executable (or the one named by
+/// `$OLLIE_TOOLSRV`), else `toolsrv` from `PATH`.
+pub fn default_program() -> PathBuf {
+    if let Some(p) = std::env::var_os("OLLIE_TOOLSRV") {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        for d in [Some(dir), dir.parent()].into_iter().flatten() {
+            let c = d.join("toolsrv");
+            if c.is_file() {
+                return c;
+            }
+        }
+    }
+    PathBuf::from("toolsrv")
+}
+
+fn boot_memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+    use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
+    let fd = memfd_create(
+        c"ollie-toolsrv-boot",
+        MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+    )?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(bytes)?;
+    f.rewind()?;
+    let fd = OwnedFd::from(f);
+    use std::os::fd::AsRawFd;
+    fcntl(
+        fd.as_raw_fd(),
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_WRITE
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_SEAL,
+        ),
+    )?;
+    Ok(fd)
+}
+
+impl Toolsrv {
+    /// Starts `program` for a session with a fresh master key. The child gets an empty
+    /// environment (plus `RUST_LOG` if set), stdin and stdout on /dev/null, stderr inherited
+    /// (its log), the link as fd 3 and the boot memfd as fd 4.
+    pub fn spawn(program: &Path, boot: &Bootstrap) -> std::io::Result<Toolsrv> {
+        Self::spawn_with_key(program, MasterKey::generate()?, boot)
+    }
+
+    /// Like [`Toolsrv::spawn`] with a given key.
+    pub fn spawn_with_key(
+        program: &Path,
+        key: MasterKey,
+        boot: &Bootstrap,
+    ) -> std::io::Result<Toolsrv> {
+        let msg = boot::encode(&key, boot).map_err(std::io::Error::other)?;
+        let memfd = boot_memfd(&msg)?;
+        let (ours, theirs) = UnixStream::pair()?;
+        let mut cmd = Command::new(program);
+        cmd.env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(v) = std::env::var_os("RUST_LOG") {
+            cmd.env("RUST_LOG", v);
+        }
+        cmd.fd_mappings(vec![
+            FdMapping {
+                parent_fd: OwnedFd::from(theirs),
+                child_fd: LINK_FD,
+            },
+            FdMapping {
+                parent_fd: memfd,
+                child_fd: BOOT_FD,
+            },
+        ])
+        .map_err(std::io::Error::other)?;
+        let child = cmd.spawn()?;
+        // The Command holds the child's ends; dropping it closes ours of them.
+        drop(cmd);
+        Ok(Toolsrv {
+            child,
+            key,
+            link: Some(ours),
+        })
+    }
+
+    /// toolsrv's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The master key (to derive identities' secrets).
+    pub fn key(&self) -> &MasterKey {
+        &self.key
+    }
+
+    /// Takes the link (once).
+    pub fn take_link(&mut self) -> Option<UnixStream> {
+        self.link.take()
+    }
+
+    /// Takes the link and does the 9P version handshake on it.
+    pub async fn connect(&mut self, msize: u32) -> Result<Client, ollie_p9::ClientError> {
+        let link = self.take_link().ok_or_else(|| {
+            ollie_p9::ClientError::from(std::io::Error::other("the link was already taken"))
+        })?;
+        link.set_nonblocking(true)?;
+        let s = tokio::net::UnixStream::from_std(link)?;
+        let (r, w) = s.into_split();
+        Client::handshake(r, w, msize).await
+    }
+
+    /// The child process (to wait for or kill it).
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+/// Authenticates as `id` on a toolsrv connection and attaches: Tauth, write the secret,
+/// read the token, Tattach with the afid. Returns the root fid.
+pub async fn attach(
+    client: &Client,
+    key: &MasterKey,
+    id: &Identity,
+) -> Result<Fid, ollie_p9::ClientError> {
+    let uname = "ollie";
+    let afid = client.auth(uname, id.aname()).await?;
+    let secret = hex(&key.secret(id));
+    afid.write(0, bytes::Bytes::from(secret)).await?;
+    let _token = afid.read(0, 64).await?;
+    let root = client.attach(Some(&afid), uname, id.aname()).await;
+    let _ = afid.clunk().await;
+    root
+}
