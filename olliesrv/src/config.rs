@@ -1,9 +1,12 @@
-//! `config.toml`: the backends and remotes olliesrv knows about.
+//! The configuration directory: `config.toml` (the backends and remotes olliesrv knows about),
+//! `agents/NAME.toml` (agent profiles) and `policy/NAME.toml` (user policies), all beside the
+//! main file.
 //!
 //! Parsed strictly (unknown keys are errors) from raw serde types into validated ones; every
-//! error names the key path and fits on one line.
+//! error names the file and the key path and fits on one line.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -28,6 +31,15 @@ pub enum ConfigError {
         path: PathBuf,
         key: String,
         message: String,
+    },
+    /// A file a key refers to (e.g. `system_prompt_file`) could not be read.
+    #[error("config {path}: {key}: cannot read {file}")]
+    ReadReferenced {
+        path: PathBuf,
+        key: String,
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -82,14 +94,97 @@ pub struct Remote {
     pub command: Vec<String>,
 }
 
+/// The tools a profile may enable (toolsrv's tool names; olliesrv does not depend on toolsrv,
+/// so they are listed here).
+pub const TOOL_NAMES: &[&str] = &[
+    "execute_code",
+    "execute_tool",
+    "execute_pipe",
+    "file_read",
+    "file_write",
+];
+
+/// The escalation kinds a profile may ask for (the names `ollie_policy` uses for
+/// `EscalationKind` in policy files).
+pub const ESCALATION_NAMES: &[&str] = &["net", "read", "write", "unsandboxed"];
+
+/// The name of the profile that always exists (`agents/default.toml` replaces it).
+pub const DEFAULT_PROFILE: &str = "default";
+
+/// The largest `system_prompt_file` accepted.
+pub const MAX_PROMPT_FILE_BYTES: u64 = 256 * 1024;
+
+const DEFAULT_MAX_STEPS: u32 = 50;
+
+/// A validated agent profile (`agents/NAME.toml`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// The file stem.
+    pub name: String,
+    /// A backend in `config.toml` (`None`: the session's or the config's default).
+    pub backend: Option<String>,
+    /// The model (`None`: the backend's).
+    pub model: Option<String>,
+    /// The system prompt, read from `system_prompt_file` at load time if that was used.
+    pub system_prompt: Option<String>,
+    /// Enabled tools, from [`TOOL_NAMES`] (default: all of them).
+    pub tools: Vec<String>,
+    /// A key of [`Config::policies`] (default: `ollie_policy::DEFAULT_PROFILE`).
+    pub policy: String,
+    /// The most model turns per prompt (1..=1000, default 50).
+    pub max_steps: u32,
+    /// Escalation kinds the agent may ask for, from [`ESCALATION_NAMES`] (default: none).
+    pub escalations: Vec<String>,
+    /// Sampling temperature (0.0..=2.0).
+    pub temperature: Option<f64>,
+    /// Most tokens per model reply (1..=1_000_000).
+    pub max_tokens: Option<u32>,
+    /// Nucleus sampling (0.0..=1.0).
+    pub top_p: Option<f64>,
+    /// The context window in tokens (1..=10_000_000).
+    pub context_limit: Option<u64>,
+}
+
+impl Profile {
+    /// The built-in `default` profile: all tools, the default policy, the session's or the
+    /// config's backend and model, 50 steps.
+    pub fn builtin_default() -> Profile {
+        Profile {
+            name: DEFAULT_PROFILE.to_owned(),
+            backend: None,
+            model: None,
+            system_prompt: None,
+            tools: TOOL_NAMES.iter().map(|t| (*t).to_owned()).collect(),
+            policy: ollie_policy::DEFAULT_PROFILE.to_owned(),
+            max_steps: DEFAULT_MAX_STEPS,
+            escalations: Vec::new(),
+            temperature: None,
+            max_tokens: None,
+            top_p: None,
+            context_limit: None,
+        }
+    }
+}
+
 /// The whole validated configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Where it was read from (`None`: built-in defaults, no file).
     pub path: Option<PathBuf>,
     pub default_backend: Option<String>,
     pub backends: BTreeMap<String, Backend>,
     pub remotes: BTreeMap<String, Remote>,
+    /// Agent profiles by name; always holds [`DEFAULT_PROFILE`].
+    pub profiles: BTreeMap<String, Profile>,
+    /// The TOML text of every available policy by name: the shipped profiles
+    /// (`ollie_policy::SHIPPED_PROFILES`) and the user's `policy/NAME.toml`, each validated.
+    pub policies: BTreeMap<String, String>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config::builtin()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,13 +213,44 @@ struct RawRemote {
     command: Vec<String>,
 }
 
-/// The default config file: `$XDG_CONFIG_HOME/ollie/config.toml` (or `~/.config/...`).
-pub fn default_path() -> Option<PathBuf> {
+/// Integers are read wide so range errors carry our message and the key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    backend: Option<String>,
+    model: Option<String>,
+    system_prompt: Option<String>,
+    system_prompt_file: Option<PathBuf>,
+    tools: Option<Vec<String>>,
+    policy: Option<String>,
+    max_steps: Option<i64>,
+    escalations: Option<Vec<String>>,
+    temperature: Option<f64>,
+    max_tokens: Option<i64>,
+    top_p: Option<f64>,
+    context_limit: Option<i64>,
+}
+
+/// The default config directory: `$XDG_CONFIG_HOME/ollie` (or `~/.config/ollie`).
+pub fn default_dir() -> Option<PathBuf> {
     let base = match std::env::var_os("XDG_CONFIG_HOME") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => PathBuf::from(std::env::var_os("HOME")?).join(".config"),
     };
-    Some(base.join("ollie").join("config.toml"))
+    Some(base.join("ollie"))
+}
+
+/// The default config file: `$XDG_CONFIG_HOME/ollie/config.toml` (or `~/.config/...`).
+pub fn default_path() -> Option<PathBuf> {
+    Some(default_dir()?.join("config.toml"))
+}
+
+/// The directory holding `agents/` and `policy/` for a main config file: the file's directory.
+pub fn dir_of(file: &Path) -> PathBuf {
+    match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    }
 }
 
 fn valid_name(s: &str) -> bool {
@@ -136,40 +262,384 @@ fn valid_name(s: &str) -> bool {
         && s != ".."
 }
 
+/// Names of profile and policy files: 1-64 letters, digits, '.', '_', '-', no leading '.'.
+fn valid_file_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('.')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
+/// A decoder error as one line: the line number and, when that line is `KEY = …` and the
+/// decoder did not name the key itself, the key.
+fn syntax_error(text: &str, path: &Path, e: &toml::de::Error) -> ConfigError {
+    let mut message = e.message().replace('\n', " ");
+    let line = match e.span() {
+        Some(s) => {
+            let bytes = text.as_bytes();
+            let before = &bytes[..s.start.min(bytes.len())];
+            let line_start = before
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |i| i + 1);
+            let line_text = bytes[line_start..].split(|b| *b == b'\n').next();
+            if let Some(key) = line_text
+                .and_then(|l| std::str::from_utf8(l).ok())
+                .and_then(leading_key)
+                && !message.contains(&format!("`{key}`"))
+            {
+                message = format!("{key}: {message}");
+            }
+            before.iter().filter(|b| **b == b'\n').count() + 1
+        }
+        None => 0,
+    };
+    ConfigError::Syntax {
+        path: path.to_owned(),
+        line,
+        message,
+    }
+}
+
+/// `KEY` of a `KEY = value` line (bare or dotted keys only).
+fn leading_key(line: &str) -> Option<&str> {
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim();
+    let bare = key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    (!key.is_empty() && bare).then_some(key)
+}
+
+fn read_error(path: &Path, source: std::io::Error) -> ConfigError {
+    ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn invalid_at(path: &Path, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        path: path.to_owned(),
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+fn list_or_none<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let v: Vec<&str> = names.collect();
+    if v.is_empty() {
+        "none".to_owned()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// The `NAME.toml` files of `dir`, sorted by name, as (NAME, path). A missing directory has
+/// none; files not ending in `.toml`, directories and other non-regular files are skipped; a
+/// `.toml` file with an invalid NAME is an error.
+fn toml_files(dir: &Path, what: &str) -> Result<Vec<(String, PathBuf)>, ConfigError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(read_error(dir, e)),
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| read_error(dir, e))?;
+        let file_name = entry.file_name();
+        let lossy = file_name.to_string_lossy();
+        let Some(stem) = lossy.strip_suffix(".toml") else {
+            continue;
+        };
+        let path = entry.path();
+        // Follows symlinks: a link to a profile is a profile.
+        let meta = std::fs::metadata(&path).map_err(|e| read_error(&path, e))?;
+        if !meta.is_file() {
+            continue;
+        }
+        if file_name.to_str().is_none() || !valid_file_name(stem) {
+            return Err(invalid_at(
+                dir,
+                lossy.to_string(),
+                format!(
+                    "bad {what} name {stem:?}: use 1-64 letters, digits, '.', '_' or '-', \
+                     not starting with '.'"
+                ),
+            ));
+        }
+        files.push((stem.to_owned(), path));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Reads a referenced text file: a regular file, UTF-8, at most [`MAX_PROMPT_FILE_BYTES`].
+fn read_prompt_file(profile: &Path, key: &str, file: &Path) -> Result<String, ConfigError> {
+    let unreadable = |source| ConfigError::ReadReferenced {
+        path: profile.to_owned(),
+        key: key.to_owned(),
+        file: file.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(file).map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(invalid_at(
+            profile,
+            key,
+            format!("{} is not a regular file", file.display()),
+        ));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(MAX_PROMPT_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_PROMPT_FILE_BYTES {
+        return Err(invalid_at(
+            profile,
+            key,
+            format!(
+                "{} is larger than {} KiB",
+                file.display(),
+                MAX_PROMPT_FILE_BYTES / 1024
+            ),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        invalid_at(
+            profile,
+            key,
+            format!("{} is not utf-8 text", file.display()),
+        )
+    })
+}
+
+/// Checks that every entry of a list is one of `valid` and appears once.
+fn check_names(
+    path: &Path,
+    key: &str,
+    list: &[String],
+    valid: &[&str],
+    what: &str,
+) -> Result<(), ConfigError> {
+    for (i, item) in list.iter().enumerate() {
+        if !valid.contains(&item.as_str()) {
+            return Err(invalid_at(
+                path,
+                format!("{key}[{i}]"),
+                format!("unknown {what} {item:?} (valid: {})", valid.join(", ")),
+            ));
+        }
+        if list[..i].contains(item) {
+            return Err(invalid_at(
+                path,
+                format!("{key}[{i}]"),
+                format!("{item:?} is listed twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn int_in(
+    path: &Path,
+    key: &str,
+    v: Option<i64>,
+    lo: i64,
+    hi: i64,
+) -> Result<Option<i64>, ConfigError> {
+    match v {
+        Some(n) if !(lo..=hi).contains(&n) => Err(invalid_at(
+            path,
+            key,
+            format!("{n} is out of range (valid: {lo} to {hi})"),
+        )),
+        _ => Ok(v),
+    }
+}
+
+fn float_in(
+    path: &Path,
+    key: &str,
+    v: Option<f64>,
+    lo: f64,
+    hi: f64,
+) -> Result<Option<f64>, ConfigError> {
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(invalid_at(
+            path,
+            key,
+            format!("{x} is out of range (valid: {lo:?} to {hi:?})"),
+        )),
+        _ => Ok(v),
+    }
+}
+
 impl Config {
+    /// The configuration without any file: no backends or remotes, the built-in `default`
+    /// profile and the shipped policies.
+    pub fn builtin() -> Config {
+        Config {
+            path: None,
+            default_backend: None,
+            backends: BTreeMap::new(),
+            remotes: BTreeMap::new(),
+            profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
+            policies: ollie_policy::SHIPPED_PROFILES
+                .iter()
+                .map(|(name, text)| ((*name).to_owned(), (*text).to_owned()))
+                .collect(),
+        }
+    }
+
     /// Loads `explicit` if given (it must exist), else the default path if it exists, else the
-    /// empty configuration.
+    /// built-in configuration; then the profiles and policies beside the main file (for no file,
+    /// in [`default_dir`]).
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         match explicit {
             Some(p) => Config::load_file(p),
-            None => match default_path() {
-                Some(p) if p.exists() => Config::load_file(&p),
-                _ => Ok(Config::default()),
+            None => match default_dir() {
+                Some(dir) => {
+                    let file = dir.join("config.toml");
+                    if file.exists() {
+                        Config::load_file(&file)
+                    } else {
+                        Config::builtin().load_dir(&dir)
+                    }
+                }
+                None => Ok(Config::builtin()),
             },
         }
     }
 
-    /// Reads and validates one file.
+    /// Reads and validates one main file, then the `policy/` and `agents/` directories beside
+    /// it (see [`Config::load_dir`]).
     pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Config::parse(&text, path)
+        let text = std::fs::read_to_string(path).map_err(|source| read_error(path, source))?;
+        Config::parse(&text, path)?.load_dir(&dir_of(path))
     }
 
-    /// Validates config text (`path` is for messages).
-    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |s| {
-                text[..s.start.min(text.len())].lines().count().max(1)
-            });
-            ConfigError::Syntax {
-                path: path.to_owned(),
-                line,
-                message: e.message().replace('\n', " "),
+    /// Adds the user policies in `dir/policy/` and the agent profiles in `dir/agents/` (a
+    /// missing directory adds nothing). Policies come first: profiles may name them.
+    pub fn load_dir(mut self, dir: &Path) -> Result<Config, ConfigError> {
+        for (name, path) in toml_files(&dir.join("policy"), "policy")? {
+            let text = std::fs::read_to_string(&path).map_err(|e| read_error(&path, e))?;
+            self.policies
+                .insert(name.clone(), parse_user_policy(&name, &text, &path)?);
+        }
+        let agents = dir.join("agents");
+        for (name, path) in toml_files(&agents, "profile")? {
+            let text = std::fs::read_to_string(&path).map_err(|e| read_error(&path, e))?;
+            let profile = self.parse_profile(&name, &text, &path, &agents)?;
+            self.profiles.insert(name, profile);
+        }
+        Ok(self)
+    }
+
+    /// Validates one profile's text against this configuration's backends and policies.
+    /// `name` was checked by the caller; `path` is for messages; a relative
+    /// `system_prompt_file` is read from `agents_dir`.
+    fn parse_profile(
+        &self,
+        name: &str,
+        text: &str,
+        path: &Path,
+        agents_dir: &Path,
+    ) -> Result<Profile, ConfigError> {
+        let raw: RawProfile = toml::from_str(text).map_err(|e| syntax_error(text, path, &e))?;
+        if let Some(b) = &raw.backend
+            && !self.backends.contains_key(b)
+        {
+            return Err(invalid_at(
+                path,
+                "backend",
+                format!(
+                    "no backend named {b:?} in config.toml (defined: {})",
+                    list_or_none(self.backends.keys().map(String::as_str))
+                ),
+            ));
+        }
+        if raw.model.as_deref() == Some("") {
+            return Err(invalid_at(path, "model", "must not be empty"));
+        }
+        let system_prompt = match (raw.system_prompt, raw.system_prompt_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid_at(
+                    path,
+                    "system_prompt_file",
+                    "set system_prompt or system_prompt_file, not both",
+                ));
             }
-        })?;
+            (Some(p), None) => Some(p),
+            (None, Some(f)) => {
+                if f.as_os_str().is_empty() {
+                    return Err(invalid_at(path, "system_prompt_file", "must name a file"));
+                }
+                Some(read_prompt_file(
+                    path,
+                    "system_prompt_file",
+                    &agents_dir.join(f),
+                )?)
+            }
+            (None, None) => None,
+        };
+        let tools = match raw.tools {
+            Some(t) => {
+                check_names(path, "tools", &t, TOOL_NAMES, "tool")?;
+                t
+            }
+            None => TOOL_NAMES.iter().map(|t| (*t).to_owned()).collect(),
+        };
+        let policy = raw
+            .policy
+            .unwrap_or_else(|| ollie_policy::DEFAULT_PROFILE.to_owned());
+        if !self.policies.contains_key(&policy) {
+            return Err(invalid_at(
+                path,
+                "policy",
+                format!(
+                    "unknown policy {policy:?} (valid: {})",
+                    list_or_none(self.policies.keys().map(String::as_str))
+                ),
+            ));
+        }
+        let escalations = raw.escalations.unwrap_or_default();
+        check_names(
+            path,
+            "escalations",
+            &escalations,
+            ESCALATION_NAMES,
+            "escalation",
+        )?;
+        let max_steps = int_in(path, "max_steps", raw.max_steps, 1, 1000)?
+            .map_or(DEFAULT_MAX_STEPS, |n| n as u32);
+        let temperature = float_in(path, "temperature", raw.temperature, 0.0, 2.0)?;
+        let max_tokens =
+            int_in(path, "max_tokens", raw.max_tokens, 1, 1_000_000)?.map(|n| n as u32);
+        let top_p = float_in(path, "top_p", raw.top_p, 0.0, 1.0)?;
+        let context_limit =
+            int_in(path, "context_limit", raw.context_limit, 1, 10_000_000)?.map(|n| n as u64);
+        Ok(Profile {
+            name: name.to_owned(),
+            backend: raw.backend,
+            model: raw.model,
+            system_prompt,
+            tools,
+            policy,
+            max_steps,
+            escalations,
+            temperature,
+            max_tokens,
+            top_p,
+            context_limit,
+        })
+    }
+
+    /// Validates config text (`path` is for messages). The result has the built-in profile and
+    /// the shipped policies; [`Config::load_dir`] adds the user's.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| syntax_error(text, path, &e))?;
         let invalid = |key: String, message: String| ConfigError::Invalid {
             path: path.to_owned(),
             key,
@@ -271,7 +741,39 @@ impl Config {
             default_backend: raw.default_backend,
             backends,
             remotes,
+            ..Config::builtin()
         })
+    }
+}
+
+/// Validates a user policy (`policy/NAME.toml`) and returns its text.
+fn parse_user_policy(name: &str, text: &str, path: &Path) -> Result<String, ConfigError> {
+    if ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .any(|(n, _)| *n == name)
+    {
+        return Err(invalid_at(
+            path.parent().unwrap_or(path),
+            format!("{name}.toml"),
+            format!(
+                "{name:?} is a shipped policy and cannot be redefined; use another name (shipped: {})",
+                list_or_none(ollie_policy::SHIPPED_PROFILES.iter().map(|(n, _)| *n))
+            ),
+        ));
+    }
+    match ollie_policy::Policy::from_toml(text) {
+        Ok(_) => Ok(text.to_owned()),
+        Err(ollie_policy::PolicyError::Parse { line, message }) => Err(ConfigError::Syntax {
+            path: path.to_owned(),
+            line,
+            message,
+        }),
+        Err(ollie_policy::PolicyError::Invalid { key, reason }) => {
+            Err(invalid_at(path, key, reason))
+        }
+        Err(e @ ollie_policy::PolicyError::UnknownProfile { .. }) => {
+            Err(invalid_at(path, "policy", e.to_string()))
+        }
     }
 }
 
@@ -330,12 +832,356 @@ command = ["ssh", "buildbox", "toolsrv", "--stdio"]
             ),
             ("[remotes.r]\ncommand = []", "remotes.r.command"),
             ("[backends.\"a/b\"]\nkind = \"openai\"", "backends.a/b"),
-            ("default_backend = ", "line 1"),
+            ("default_backend = ", "line 1: default_backend: "),
+            (
+                "\n\n[remotes.r]\ncommand = 1",
+                "line 4: command: invalid type",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    /// A config directory with a config.toml defining backends `local` and `demo`.
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("config.toml"),
+            "[backends.local]\nkind = \"openai\"\n[backends.demo]\nkind = \"replay\"\nfile = \"/t.jsonl\"\n",
+        )
+        .unwrap();
+        for (name, text) in files {
+            let p = d.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        d
+    }
+
+    fn load(d: &tempfile::TempDir) -> Result<Config, ConfigError> {
+        Config::load_file(&d.path().join("config.toml"))
+    }
+
+    fn load_err(files: &[(&str, &str)]) -> String {
+        let d = dir_with(files);
+        let e = load(&d).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e}");
+        e
+    }
+
+    const USER_POLICY: &str = "[network]\nmode = \"off\"\n";
+
+    #[test]
+    fn profile_with_every_key() {
+        let d = dir_with(&[
+            ("agents/prompts/coder.md", "You write code.\n"),
+            ("policy/strict.toml", USER_POLICY),
+            (
+                "agents/coder.toml",
+                r#"
+backend = "local"
+model = "big-model"
+system_prompt_file = "prompts/coder.md"
+tools = ["file_read", "execute_code"]
+policy = "strict"
+max_steps = 1000
+escalations = ["net", "write"]
+temperature = 0.2
+max_tokens = 4096
+top_p = 1
+context_limit = 128000
+"#,
+            ),
+            (
+                "agents/inline.toml",
+                "system_prompt = \"hi\"\npolicy = \"network\"\ntemperature = 2\n",
+            ),
+        ]);
+        let c = load(&d).unwrap();
+        assert_eq!(
+            c.profiles.keys().collect::<Vec<_>>(),
+            ["coder", "default", "inline"]
+        );
+        assert_eq!(
+            c.profiles["coder"],
+            Profile {
+                name: "coder".into(),
+                backend: Some("local".into()),
+                model: Some("big-model".into()),
+                system_prompt: Some("You write code.\n".into()),
+                tools: vec!["file_read".into(), "execute_code".into()],
+                policy: "strict".into(),
+                max_steps: 1000,
+                escalations: vec!["net".into(), "write".into()],
+                temperature: Some(0.2),
+                max_tokens: Some(4096),
+                top_p: Some(1.0),
+                context_limit: Some(128_000),
+            }
+        );
+        let inline = &c.profiles["inline"];
+        assert_eq!(inline.system_prompt.as_deref(), Some("hi"));
+        assert_eq!(inline.policy, "network");
+        assert_eq!(inline.temperature, Some(2.0));
+        // Unset keys take the defaults.
+        assert_eq!(inline.tools, TOOL_NAMES);
+        assert_eq!(inline.max_steps, 50);
+        assert!(inline.escalations.is_empty() && inline.backend.is_none());
+    }
+
+    #[test]
+    fn absolute_prompt_file() {
+        let other = tempfile::tempdir().unwrap();
+        let prompt = other.path().join("p.txt");
+        std::fs::write(&prompt, "abs").unwrap();
+        let text = format!("system_prompt_file = {:?}\n", prompt.to_str().unwrap());
+        let d = dir_with(&[("agents/a.toml", &text)]);
+        assert_eq!(
+            load(&d).unwrap().profiles["a"].system_prompt.as_deref(),
+            Some("abs")
+        );
+    }
+
+    #[test]
+    fn profile_errors_name_the_file_and_key() {
+        let cases: &[(&str, &str)] = &[
+            ("colour = 1", "unknown field `colour`"),
+            (
+                "backend = \"nope\"",
+                "backend: no backend named \"nope\" in config.toml (defined: demo, local)",
+            ),
+            ("model = \"\"", "model: must not be empty"),
+            (
+                "system_prompt = \"a\"\nsystem_prompt_file = \"p.md\"",
+                "system_prompt_file: set system_prompt or system_prompt_file, not both",
+            ),
+            (
+                "system_prompt_file = \"missing.md\"",
+                "system_prompt_file: cannot read ",
+            ),
+            (
+                "system_prompt_file = \"\"",
+                "system_prompt_file: must name a file",
+            ),
+            ("system_prompt_file = \".\"", "is not a regular file"),
+            (
+                "tools = [\"file_read\", \"rm_rf\"]",
+                "tools[1]: unknown tool \"rm_rf\" (valid: execute_code, execute_tool, execute_pipe, file_read, file_write)",
+            ),
+            (
+                "tools = [\"file_read\", \"file_read\"]",
+                "tools[1]: \"file_read\" is listed twice",
+            ),
+            (
+                "policy = \"lax\"",
+                "policy: unknown policy \"lax\" (valid: network, readonly, workspace)",
+            ),
+            (
+                "max_steps = 0",
+                "max_steps: 0 is out of range (valid: 1 to 1000)",
+            ),
+            ("max_steps = 1001", "max_steps: 1001 is out of range"),
+            (
+                "escalations = [\"root\"]",
+                "escalations[0]: unknown escalation \"root\" (valid: net, read, write, unsandboxed)",
+            ),
+            (
+                "temperature = 3",
+                "temperature: 3 is out of range (valid: 0.0 to 2.0)",
+            ),
+            ("temperature = nan", "temperature: NaN is out of range"),
+            (
+                "top_p = -0.1",
+                "top_p: -0.1 is out of range (valid: 0.0 to 1.0)",
+            ),
+            (
+                "max_tokens = 0",
+                "max_tokens: 0 is out of range (valid: 1 to 1000000)",
+            ),
+            (
+                "context_limit = 10000001",
+                "context_limit: 10000001 is out of range",
+            ),
+            ("\nmax_steps = \"ten\"", "line 2: max_steps: invalid type"),
+            ("tools = \"file_read\"", "line 1: tools: invalid type"),
+            ("tools = [\n  1,\n]", "line 2: invalid type"),
+        ];
+        for (text, want) in cases {
+            let e = load_err(&[("agents/p.toml", text)]);
+            assert!(e.contains("agents/p.toml"), "{text:?}: {e}");
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn prompt_file_must_be_small_utf8() {
+        let big = "x".repeat(MAX_PROMPT_FILE_BYTES as usize + 1);
+        let e = load_err(&[
+            ("agents/big.md", &big),
+            ("agents/p.toml", "system_prompt_file = \"big.md\""),
+        ]);
+        assert!(e.contains("agents/p.toml: system_prompt_file: "), "{e}");
+        assert!(e.contains("big.md is larger than 256 KiB"), "{e}");
+        let exact = "x".repeat(MAX_PROMPT_FILE_BYTES as usize);
+        let d = dir_with(&[
+            ("agents/ok.md", &exact),
+            ("agents/p.toml", "system_prompt_file = \"ok.md\""),
+        ]);
+        assert_eq!(load(&d).unwrap().profiles["p"].system_prompt, Some(exact));
+
+        let d = dir_with(&[("agents/p.toml", "system_prompt_file = \"bin.md\"")]);
+        std::fs::write(d.path().join("agents/bin.md"), [0xff, 0xfe]).unwrap();
+        let e = load(&d).unwrap_err().to_string();
+        assert!(e.contains("agents/p.toml: system_prompt_file: "), "{e}");
+        assert!(e.contains("bin.md is not utf-8 text"), "{e}");
+    }
+
+    #[test]
+    fn bad_profile_names_are_errors() {
+        for name in [".hidden", "a b", "x".repeat(65).as_str(), ""] {
+            let file = format!("agents/{name}.toml");
+            let e = load_err(&[(&file, "")]);
+            assert!(e.contains(&format!("{name}.toml: bad profile name")), "{e}");
+            assert!(e.contains("not starting with '.'"), "{e}");
+        }
+        let ok = "A-z_0.9".to_owned() + &"x".repeat(57);
+        let d = dir_with(&[(&format!("agents/{ok}.toml"), "")]);
+        assert!(load(&d).unwrap().profiles.contains_key(&ok));
+    }
+
+    #[test]
+    fn other_files_and_directories_are_ignored() {
+        let d = dir_with(&[
+            ("agents/notes.txt", "colour = 1"),
+            ("agents/bad name.md", ""),
+            ("agents/sub.toml/x.toml", "colour = 1"),
+            ("agents/nested/y.toml", "colour = 1"),
+            ("agents/.swp", ""),
+            ("policy/README", "not toml"),
+        ]);
+        let c = load(&d).unwrap();
+        assert_eq!(c.profiles.keys().collect::<Vec<_>>(), ["default"]);
+        assert_eq!(c.policies.len(), ollie_policy::SHIPPED_PROFILES.len());
+    }
+
+    #[test]
+    fn default_profile_exists_without_files() {
+        let want = Profile::builtin_default();
+        assert_eq!(want.tools, TOOL_NAMES);
+        assert_eq!(want.policy, "workspace");
+        assert_eq!(want.max_steps, 50);
+        assert!(want.backend.is_none() && want.model.is_none());
+        // No agents/ or policy/ directory at all.
+        let d = dir_with(&[]);
+        let c = load(&d).unwrap();
+        assert_eq!(c.profiles.len(), 1);
+        assert_eq!(c.profiles[DEFAULT_PROFILE], want);
+        // No file at all.
+        assert_eq!(Config::builtin().profiles[DEFAULT_PROFILE], want);
+        assert_eq!(Config::default(), Config::builtin());
+        // Text only.
+        assert_eq!(parse("").unwrap().profiles[DEFAULT_PROFILE], want);
+    }
+
+    #[test]
+    fn default_profile_is_replaceable() {
+        let d = dir_with(&[(
+            "agents/default.toml",
+            "policy = \"readonly\"\nmax_steps = 5",
+        )]);
+        let c = load(&d).unwrap();
+        let p = &c.profiles[DEFAULT_PROFILE];
+        assert_eq!((p.policy.as_str(), p.max_steps), ("readonly", 5));
+        assert_eq!(p.tools, TOOL_NAMES);
+    }
+
+    #[test]
+    fn shipped_policies_are_present() {
+        let want: BTreeMap<String, String> = ollie_policy::SHIPPED_PROFILES
+            .iter()
+            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+            .collect();
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            ["network", "readonly", "workspace"]
+        );
+        assert_eq!(Config::builtin().policies, want);
+        assert_eq!(parse("").unwrap().policies, want);
+        assert_eq!(load(&dir_with(&[])).unwrap().policies, want);
+        for text in want.values() {
+            ollie_policy::Policy::from_toml(text).unwrap();
+        }
+    }
+
+    #[test]
+    fn user_policy_is_validated_and_kept_as_text() {
+        let d = dir_with(&[
+            ("policy/strict.toml", USER_POLICY),
+            ("agents/a.toml", "policy = \"strict\""),
+        ]);
+        let c = load(&d).unwrap();
+        assert_eq!(c.policies["strict"], USER_POLICY);
+        assert_eq!(c.policies.len(), ollie_policy::SHIPPED_PROFILES.len() + 1);
+        assert_eq!(c.profiles["a"].policy, "strict");
+    }
+
+    #[test]
+    fn invalid_user_policy_names_file_and_key() {
+        let e = load_err(&[("policy/bad.toml", "[fs]\nwrite = [\"relative\"]\n")]);
+        assert!(e.contains("policy/bad.toml: fs.write[0]: "), "{e}");
+        let e = load_err(&[("policy/bad.toml", "colour = 1\n")]);
+        assert!(
+            e.contains("policy/bad.toml: line 1: unknown field `colour`"),
+            "{e}"
+        );
+        let e = load_err(&[("policy/.x.toml", USER_POLICY)]);
+        assert!(e.contains(".x.toml: bad policy name"), "{e}");
+    }
+
+    #[test]
+    fn user_policy_cannot_use_a_shipped_name() {
+        for (name, _) in ollie_policy::SHIPPED_PROFILES {
+            let e = load_err(&[(&format!("policy/{name}.toml"), USER_POLICY)]);
+            assert!(
+                e.contains(&format!(
+                    "policy: {name}.toml: \"{name}\" is a shipped policy"
+                )),
+                "{e}"
+            );
+            assert!(e.contains("shipped: readonly, workspace, network"), "{e}");
+        }
+    }
+
+    #[test]
+    fn profiles_and_policies_load_without_a_main_file() {
+        let d = dir_with(&[
+            ("policy/strict.toml", USER_POLICY),
+            ("agents/a.toml", "policy = \"strict\""),
+        ]);
+        let c = Config::builtin().load_dir(d.path()).unwrap();
+        assert!(c.path.is_none());
+        assert_eq!(c.profiles["a"].policy, "strict");
+        // Backends come from config.toml; without one, none are valid.
+        std::fs::write(d.path().join("agents/b.toml"), "backend = \"local\"").unwrap();
+        let e = Config::builtin()
+            .load_dir(d.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("backend: no backend named \"local\" in config.toml (defined: none)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dir_of_a_bare_file_name_is_the_current_directory() {
+        assert_eq!(dir_of(Path::new("config.toml")), Path::new("."));
+        assert_eq!(
+            dir_of(Path::new("/etc/ollie/config.toml")),
+            Path::new("/etc/ollie")
+        );
     }
 }

@@ -1,13 +1,18 @@
 //! `olliesrv`: the 9P2000 server people and scripts talk to.
 //!
-//! Guarantees (so far): it serves the root files `help`, `backends`, `ctl` and `eventwait`
-//! on a private unix socket (directory 0700, socket 0600, plan9port's namespace convention);
-//! it replaces a stale socket but never a live one; a client may attach only as its own user
-//! (checked with SO_PEERCRED; root too) or as `agent`, and everyone but the owner gets the group bits;
-//! SIGTERM, SIGINT or `kill` on `ctl` stop it cleanly, after a `server-stopping` event.
-//! It never runs a tool or a command.
+//! It serves the tree in [`fs`] (root files, sessions and agents as files, each session's
+//! toolsrv tree) on a private unix socket (directory 0700, socket 0600, plan9port's
+//! namespace convention) and optionally on TCP, where every connection must authenticate
+//! with Tauth and the key in `<state>/tcp.key`. It replaces a stale socket but never a live
+//! one; a unix client may attach only as its own user (checked with SO_PEERCRED; root too)
+//! or as `agent`, and everyone but the owner gets the group bits. Sessions and agents
+//! ([`model`]) persist in the state directory ([`store`]) and are restored on start; each
+//! session has its own toolsrv ([`link`]), restarted when it dies. SIGTERM, SIGINT or `kill`
+//! on `ctl` stop it cleanly, after a `server-stopping` event. It never runs a tool or a
+//! command itself.
 //!
-//! Not yet: sessions, agents, toolsrv, backends, persistence, TCP (which will require Tauth).
+//! Not yet: model calls (every turn ends with "no backend configured"), the bypass broker,
+//! remote sessions.
 //!
 //! Tested by unit tests here, and by cross-process tests in `tests/` that start the real
 //! binary and drive it with our client, the `ninep` crate's client and py9p.
@@ -16,7 +21,11 @@
 pub mod config;
 pub mod events;
 pub mod fs;
+pub mod link;
 pub mod listen;
+pub mod model;
+pub mod store;
+pub mod turn;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,8 +49,13 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 pub struct Options {
     /// `--config FILE`; otherwise the default location, if it exists.
     pub config: Option<PathBuf>,
-    /// Listen addresses; empty means `unix!$NAMESPACE/ollie`.
+    /// Listen addresses; empty means `unix!$NAMESPACE/ollie`. TCP addresses require Tauth
+    /// with the key in `<state>/tcp.key`.
     pub addrs: Vec<Addr>,
+    /// `--state-dir`; otherwise [`store::default_dir`].
+    pub state_dir: Option<PathBuf>,
+    /// The toolsrv binary; otherwise `$OLLIE_TOOLSRV`, next to this executable, or `PATH`.
+    pub toolsrv: Option<PathBuf>,
 }
 
 /// Why the server could not run.
@@ -51,10 +65,19 @@ pub enum RunError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Listen(#[from] ListenError),
-    #[error(
-        "{addr}: tcp listeners must authenticate clients, and authentication is not available yet; use a unix socket"
-    )]
-    TcpUnsupported { addr: String },
+    #[error("no state directory: set XDG_STATE_HOME or HOME, or give --state-dir")]
+    NoStateDir,
+    #[error("state directory")]
+    State {
+        #[source]
+        source: Box<store::StoreError>,
+    },
+    #[error("tcp key {path}")]
+    Key {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("serving {addr} failed")]
     Serve {
         addr: String,
@@ -80,6 +103,56 @@ pub fn default_addr() -> Addr {
     Addr::Unix(dial::namespace_dir().join("ollie"))
 }
 
+/// Where the state lives: `--state-dir`, else `$STATE_DIRECTORY` (systemd), else
+/// `$XDG_STATE_HOME/ollie`, else `~/.local/state/ollie`.
+fn state_dir(opts: &Options) -> Result<PathBuf, RunError> {
+    opts.state_dir
+        .clone()
+        .or_else(store::default_dir)
+        .ok_or(RunError::NoStateDir)
+}
+
+/// The key TCP clients authenticate with (created 0600 with 32 random bytes on first use).
+pub fn tcp_key(dir: &std::path::Path) -> Result<Vec<u8>, RunError> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = dir.join("tcp.key");
+    let io = |source| RunError::Key {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let meta = std::fs::metadata(&path).map_err(io)?;
+            if meta.permissions().mode() & 0o077 != 0 {
+                return Err(io(std::io::Error::other(
+                    "readable by others; chmod 600 it",
+                )));
+            }
+            let key = text.trim();
+            if key.len() != 64 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(io(std::io::Error::other("not 64 hex digits")));
+            }
+            Ok(key.as_bytes().to_vec())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut b = [0u8; 32];
+            getrandom::fill(&mut b).map_err(|e| io(std::io::Error::other(e.to_string())))?;
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(io)?;
+            f.write_all(format!("{hex}\n").as_bytes()).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            Ok(hex.into_bytes())
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
 /// Runs the server until `stop` is set (by the caller, a signal handler, or `ctl kill`).
 pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunError> {
     let config = Config::load(opts.config.as_deref())?;
@@ -88,24 +161,50 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
     } else {
         opts.addrs.clone()
     };
+    let dir = state_dir(&opts)?;
+    let store = Arc::new(store::Store::open(&dir).map_err(|source| RunError::State {
+        source: Box::new(source),
+    })?);
     // Bind everything before announcing anything, so a bad address fails fast.
     let mut sockets = Vec::new();
+    let mut tcps = Vec::new();
     for a in &addrs {
         match a {
             Addr::Unix(p) => sockets.push(listen::bind_unix(p)?),
-            Addr::Tcp { .. } => {
-                return Err(RunError::TcpUnsupported {
-                    addr: a.to_string(),
-                });
+            Addr::Tcp { host, port } => {
+                let l = tokio::net::TcpListener::bind((host.as_str(), *port))
+                    .await
+                    .map_err(|source| RunError::Serve {
+                        addr: a.to_string(),
+                        source,
+                    })?;
+                tcps.push((a.to_string(), l));
             }
         }
     }
+    let key = if tcps.is_empty() {
+        None
+    } else {
+        Some(tcp_key(&dir)?)
+    };
     let events = Arc::new(Events::new());
+    let config = Arc::new(std::sync::RwLock::new(Arc::new(config)));
+    let reg = Arc::new(model::Registry::new(
+        Arc::clone(&events),
+        Arc::clone(&store),
+        Arc::clone(&config),
+        opts.toolsrv
+            .clone()
+            .unwrap_or_else(ollie_link::spawn::default_program),
+    ));
+    reg.restore();
     let shared = Arc::new(Shared::new(
         config,
         opts.config.clone(),
         Arc::clone(&events),
+        Arc::clone(&reg),
         stop.clone(),
+        key,
     ));
     let server = Server::new(Arc::new(OllieFs::new(Arc::clone(&shared))));
 
@@ -115,9 +214,10 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
         "addresses".into(),
         Value::from(addrs.iter().map(ToString::to_string).collect::<Vec<_>>()),
     );
+    f.insert("state".into(), Value::from(dir.display().to_string()));
     events.emit("server-started", f);
     for a in &addrs {
-        tracing::info!(addr = %a, "serving");
+        tracing::info!(addr = %a, state = %dir.display(), "serving");
     }
 
     // When told to stop: tell eventwait readers, end the log (their next read is EOF), then
@@ -151,6 +251,17 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
             r.map_err(|source| RunError::Serve { addr, source })
         });
     }
+    for (addr, listener) in tcps {
+        let server = Arc::clone(&server);
+        let mut down = down_rx.clone();
+        tasks.spawn(async move {
+            let shutdown = async move {
+                let _ = down.wait_for(|d| *d).await;
+            };
+            let r = server.serve_tcp(listener, shutdown, SHUTDOWN_GRACE).await;
+            r.map_err(|source| RunError::Serve { addr, source })
+        });
+    }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
         if let Ok(Err(e)) = r {
@@ -158,6 +269,10 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
         }
     }
     announcer.abort();
+    // Every session's toolsrv ends with the server (their state stays on disk).
+    for s in reg.sessions() {
+        s.link.stop();
+    }
     tracing::info!("stopped");
     result
 }

@@ -21,9 +21,17 @@ struct Args {
     /// The main configuration file (default: $XDG_CONFIG_HOME/ollie/config.toml if it exists).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Listen address: unix!/path (repeatable).
+    /// Listen address: unix!/path or tcp!host!port (repeatable). TCP clients must
+    /// authenticate with Tauth and the key in STATE/tcp.key (created 0600 on first start).
     #[arg(short = 'a', long = "addr", value_name = "ADDR")]
     addr: Vec<String>,
+    /// The state directory (default: $STATE_DIRECTORY, else $XDG_STATE_HOME/ollie, else
+    /// ~/.local/state/ollie).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// The toolsrv binary (default: $OLLIE_TOOLSRV, else next to olliesrv, else PATH).
+    #[arg(long, value_name = "FILE")]
+    toolsrv: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -69,6 +77,8 @@ fn main() -> ExitCode {
     let opts = Options {
         config: args.config,
         addrs,
+        state_dir: args.state_dir,
+        toolsrv: args.toolsrv,
     };
     let result = rt.block_on(async move {
         let (stop, _) = tokio::sync::watch::channel(false);
@@ -93,7 +103,8 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("olliesrv: {}", error_chain(&e));
             ExitCode::from(match e {
-                RunError::Config(_) | RunError::TcpUnsupported { .. } => 2,
+                RunError::Config(_) | RunError::NoStateDir | RunError::Key { .. } => 2,
+                RunError::State { .. } => 1,
                 RunError::Listen(_) => 3,
                 RunError::Serve { .. } => 1,
             })

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use command_fds::{CommandFdExt, FdMapping};
 use common::{IO_TIMEOUT, STEP, UP_TIMEOUT, bin, text, wait_child, within};
+use ollie_link::auth::{Identity, MasterKey, hex};
+use ollie_link::boot::{self, Bootstrap};
+use ollie_link::spawn::{Toolsrv, attach};
 use ollie_p9::wire::om;
 use ollie_p9::{Client, ClientError, Fid};
-use ollie_toolsrv::auth::{Identity, MasterKey, hex};
-use ollie_toolsrv::boot::{self, Bootstrap};
-use ollie_toolsrv::spawn::{Toolsrv, attach};
 
 const WORKSPACE_TOML: &str = include_str!("../../packaging/policy/workspace.toml");
 const READONLY_TOML: &str = include_str!("../../packaging/policy/readonly.toml");

@@ -20,11 +20,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ollie_link::auth::Identity;
+use ollie_link::boot::Bootstrap;
+use ollie_link::spawn::{Toolsrv, attach};
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
-use ollie_toolsrv::auth::Identity;
-use ollie_toolsrv::boot::Bootstrap;
-use ollie_toolsrv::spawn::{Toolsrv, attach};
 
 const WORKSPACE_TOML: &str = include_str!("../../packaging/policy/workspace.toml");
 const PAYLOAD: &str = "tool=execute_code\ncmd=true\n";

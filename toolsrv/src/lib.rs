@@ -1,8 +1,8 @@
 //! toolsrv: the per-session tool server, and the only place ollie ever runs a tool.
 //!
-//! One toolsrv process per session, started by olliesrv ([`spawn::Toolsrv::spawn`]) with one
+//! One toolsrv process per session, started by olliesrv (`ollie_link::spawn::Toolsrv::spawn`) with one
 //! end of a socketpair as its link (fd 3) and its boot message — the per-session master key
-//! and the session's configuration ([`boot`]) — on a sealed memfd (fd 4); never in argv or
+//! and the session's configuration (`ollie_link::boot`) — on a sealed memfd (fd 4); never in argv or
 //! the environment. Before any thread exists it takes both, closes every other fd, makes
 //! itself non-dumpable and applies its own restrictions (`ollie_sandbox::harden`: seccomp
 //! deny-list, Landlock scopes and no TCP unless a policy grants it, no_new_privs), then
@@ -17,13 +17,13 @@
 //! - [`payload`]: the `proc/new` key=value payload.
 
 pub mod auth;
-pub mod boot;
 pub mod fs;
 pub mod payload;
 pub mod procs;
 pub mod session;
-pub mod spawn;
 pub mod tools;
+
+pub use ollie_link::boot;
 
 /// An error and its causes on one line (`a: b: c`).
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use bytes::Bytes;
+use ollie_link::auth::Identity;
+use ollie_link::boot::Bootstrap;
+use ollie_link::spawn::{Toolsrv, attach};
 use ollie_p9::wire::om;
-use ollie_toolsrv::auth::Identity;
-use ollie_toolsrv::boot::Bootstrap;
-use ollie_toolsrv::spawn::{Toolsrv, attach};
 
 /// A workspace and a home (separate temporary directories) and a boot configuration with
 /// one shipped policy.
@@ -92,7 +92,7 @@ async fn stdio_mode_takes_the_boot_message_then_serves_9p() {
     }
     use tokio::io::AsyncWriteExt;
     let (dir, _home, boot) = session("readonly");
-    let key = ollie_toolsrv::auth::MasterKey::generate().unwrap();
+    let key = ollie_link::auth::MasterKey::generate().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_toolsrv"))
         .arg("--stdio")
         .env_clear()
@@ -103,7 +103,7 @@ async fn stdio_mode_takes_the_boot_message_then_serves_9p() {
         .unwrap();
     let mut w = child.stdin.take().unwrap();
     let r = child.stdout.take().unwrap();
-    w.write_all(&ollie_toolsrv::boot::encode(&key, &boot).unwrap())
+    w.write_all(&ollie_link::boot::encode(&key, &boot).unwrap())
         .await
         .unwrap();
     let c = ollie_p9::Client::handshake(r, w, 8192).await.unwrap();

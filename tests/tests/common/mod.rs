@@ -186,6 +186,8 @@ impl Srv {
                 xdg.unwrap_or_else(|| dir.path().join("xdg-empty")),
             )
             .env("OLLIE_LOG", "info")
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);

@@ -1,0 +1,27 @@
+//! The link between olliesrv and a session's toolsrv, as both ends need it: the boot message
+//! (master key and configuration) toolsrv reads on start, the identities and secrets of Tauth,
+//! the tool names, and the spawning side — start a toolsrv over a socketpair and
+//! authenticate to it.
+//!
+//! olliesrv and toolsrv never depend on each other (STYLE.md); both depend on this crate, and
+//! olliesrv starts the `toolsrv` binary by path.
+
+pub mod auth;
+pub mod boot;
+pub mod spawn;
+pub mod tools;
+
+/// An error and its causes on one line (`a: b: c`).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s.replace('\n', " ")
+}

@@ -1,0 +1,1669 @@
+//! Sessions and agents: the live objects behind `session/…`, their state, and the rules for
+//! changing them (names, cfg, prompts, feed, chat). Every change that must survive a restart
+//! goes to the [`Store`] before it is acknowledged.
+//!
+//! Fids hold `Arc`s of these objects, so a rename never invalidates an open fid; a killed
+//! object answers "file does not exist" and ends its blocking reads.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, watch};
+
+use crate::config::Config;
+use crate::events::Events;
+use crate::link::ToolLink;
+use crate::store::{AgentRecord, SessionRecord, Store};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn read<T: Clone>(m: &RwLock<T>) -> T {
+    m.read()
+        .map_or_else(|p| p.into_inner().clone(), |g| g.clone())
+}
+
+fn write<T>(m: &RwLock<T>, v: T) {
+    match m.write() {
+        Ok(mut g) => *g = v,
+        Err(p) => *p.into_inner() = v,
+    }
+}
+
+pub(crate) fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A new random (v4) UUID.
+pub fn new_uuid() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // No randomness is not worth dying for here: ids only need to be unique.
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = t.to_le_bytes();
+        b[15] ^= std::process::id() as u8;
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Names that cannot be a session or agent name (they are files beside them).
+const RESERVED: &[&str] = &["new", "idx", ".", ".."];
+
+/// Session and agent names: 1–64 bytes of `A-Z a-z 0-9 . _ -`, not starting with `.` or
+/// `-`, not a reserved file name.
+pub fn validate_name(n: &str) -> Result<(), String> {
+    if n.is_empty() || n.len() > 64 {
+        return Err(format!(
+            "invalid name {:?}: 1 to 64 characters of A-Z a-z 0-9 . _ -",
+            clip(n)
+        ));
+    }
+    if RESERVED.contains(&n)
+        || n.starts_with('.')
+        || n.starts_with('-')
+        || !n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(format!(
+            "invalid name {:?}: use A-Z a-z 0-9 . _ -, not starting with . or -, not new or idx",
+            clip(n)
+        ));
+    }
+    Ok(())
+}
+
+/// At most 60 characters of `s`, escaped, for error messages.
+pub fn clip(s: &str) -> String {
+    let mut out: String = s.chars().take(60).collect();
+    if out.len() < s.len() {
+        out.push('…');
+    }
+    out.escape_debug().to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// Chat
+
+/// The kinds of chat block (`[[[kind` … `]]]` in `chat.raw`).
+pub const BLOCK_KINDS: &[&str] = &[
+    "user",
+    "assistant",
+    "reasoning",
+    "tool_call",
+    "tool_result",
+    "error",
+    "info",
+];
+
+#[derive(Debug, Default)]
+struct ChatInner {
+    raw: Vec<u8>,
+    text: Vec<u8>,
+    closed: bool,
+}
+
+/// An agent's conversation as two append-only streams: `chat.raw` (with block markers) and
+/// `chat` (the same without marker lines). Reads at the end wait for more; EOF once closed.
+#[derive(Debug)]
+pub struct Chat {
+    inner: Mutex<ChatInner>,
+    tick: watch::Sender<u64>,
+}
+
+/// Which chat stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatKind {
+    Raw,
+    Text,
+}
+
+impl Chat {
+    fn new() -> Chat {
+        Chat {
+            inner: Mutex::new(ChatInner::default()),
+            tick: watch::Sender::new(0),
+        }
+    }
+
+    /// Restores from `chat.raw` bytes.
+    fn restore(&self, raw: Vec<u8>) {
+        let text = strip_markers(&raw);
+        let mut c = lock(&self.inner);
+        c.raw = raw;
+        c.text = text;
+    }
+
+    /// One whole block: `[[[kind attrs` / body / `]]]`. Returns the raw bytes appended.
+    pub fn block_bytes(kind: &str, attrs: &str, body: &str) -> (Vec<u8>, Vec<u8>) {
+        let mut body = body.to_owned();
+        if !body.ends_with('\n') {
+            body.push('\n');
+        }
+        // A body line that looks like a marker would be misread: indent it by one space.
+        let body: String = body
+            .split_inclusive('\n')
+            .map(|l| {
+                if is_marker(l.trim_end_matches('\n').as_bytes()) {
+                    format!(" {l}")
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect();
+        let head = if attrs.is_empty() {
+            format!("[[[{kind}\n")
+        } else {
+            format!("[[[{kind} {attrs}\n")
+        };
+        let raw = format!("{head}{body}]]]\n").into_bytes();
+        (raw, body.into_bytes())
+    }
+
+    fn append(&self, raw: &[u8], text: &[u8]) {
+        let mut c = lock(&self.inner);
+        if c.closed {
+            return;
+        }
+        c.raw.extend_from_slice(raw);
+        c.text.extend_from_slice(text);
+        let n = c.raw.len() as u64;
+        drop(c);
+        self.tick.send_replace(n);
+    }
+
+    fn close(&self) {
+        lock(&self.inner).closed = true;
+        self.tick.send_modify(|v| *v += 1);
+    }
+
+    /// Current length of a stream.
+    pub fn len(&self, kind: ChatKind) -> u64 {
+        let c = lock(&self.inner);
+        match kind {
+            ChatKind::Raw => c.raw.len() as u64,
+            ChatKind::Text => c.text.len() as u64,
+        }
+    }
+
+    /// Whether nothing was ever said.
+    pub fn is_empty(&self) -> bool {
+        self.len(ChatKind::Raw) == 0
+    }
+
+    /// Up to `count` bytes at `offset`; at the end, waits for more (empty = EOF, closed).
+    pub async fn read(&self, kind: ChatKind, offset: u64, count: u32) -> Bytes {
+        let mut rx = self.tick.subscribe();
+        loop {
+            rx.borrow_and_update();
+            {
+                let c = lock(&self.inner);
+                let buf = match kind {
+                    ChatKind::Raw => &c.raw,
+                    ChatKind::Text => &c.text,
+                };
+                let off = usize::try_from(offset).unwrap_or(usize::MAX);
+                if off < buf.len() {
+                    let end = off.saturating_add(count as usize).min(buf.len());
+                    return Bytes::copy_from_slice(&buf[off..end]);
+                }
+                if c.closed {
+                    return Bytes::new();
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Bytes::new();
+            }
+        }
+    }
+
+    /// The last `n` bytes of the raw stream, starting at a line boundary where possible.
+    pub fn tail(&self, n: usize) -> Bytes {
+        let c = lock(&self.inner);
+        let start = c.raw.len().saturating_sub(n);
+        let mut s = start;
+        if start > 0
+            && let Some(p) = c.raw[start..].iter().position(|b| *b == b'\n')
+        {
+            s = start + p + 1;
+        }
+        Bytes::copy_from_slice(&c.raw[s..])
+    }
+}
+
+fn is_marker(line: &[u8]) -> bool {
+    line.starts_with(b"[[[") || line == b"]]]"
+}
+
+/// `chat.raw` without its marker lines.
+pub fn strip_markers(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len());
+    for line in raw.split_inclusive(|b| *b == b'\n') {
+        let bare = line.strip_suffix(b"\n").unwrap_or(line);
+        if !is_marker(bare) {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Agents
+
+/// What an agent is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentState {
+    /// Waiting for a prompt.
+    Idle,
+    /// A turn is running.
+    Running,
+    /// The session is paused; queued prompts wait.
+    Paused,
+    /// The agent was killed.
+    Killed,
+}
+
+impl AgentState {
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentState::Idle => "idle",
+            AgentState::Running => "running",
+            AgentState::Paused => "paused",
+            AgentState::Killed => "killed",
+        }
+    }
+}
+
+/// The keys of an agent's `cfg` (besides `name`, which has its own file).
+pub const CFG_KEYS: &[&str] = &[
+    "backend",
+    "model",
+    "profile",
+    "cwd",
+    "temperature",
+    "max_tokens",
+    "top_p",
+    "max_steps",
+    "context_limit",
+];
+
+/// Mutable settings of an agent.
+#[derive(Debug, Clone, Default)]
+pub struct AgentSettings {
+    pub cwd: PathBuf,
+    pub backend: Option<String>,
+    pub model: Option<String>,
+    pub profile: Option<String>,
+    /// Other cfg keys (`temperature`, `max_tokens`, …), validated.
+    pub cfg: BTreeMap<String, String>,
+    /// The agent's tool set, if changed from its profile's.
+    pub tools: Option<Vec<String>>,
+}
+
+/// Token and cost counters (`stats`).
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    pub requests: u64,
+    pub cost_usd: f64,
+    pub context_tokens: u64,
+    pub context_limit: u64,
+    pub tool_calls: u64,
+    pub turns: u64,
+    pub errors: u64,
+}
+
+impl Stats {
+    pub fn text(&self) -> String {
+        format!(
+            "tokens_in={}\ntokens_out={}\nrequests={}\ncost_usd={:.6}\ncontext_tokens={}\ncontext_limit={}\ntool_calls={}\nturns={}\nerrors={}\n",
+            self.tokens_in,
+            self.tokens_out,
+            self.requests,
+            self.cost_usd,
+            self.context_tokens,
+            self.context_limit,
+            self.tool_calls,
+            self.turns,
+            self.errors
+        )
+    }
+
+    fn to_map(&self) -> BTreeMap<String, String> {
+        self.text()
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    fn from_map(m: &BTreeMap<String, String>) -> Stats {
+        let u = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        Stats {
+            tokens_in: u("tokens_in"),
+            tokens_out: u("tokens_out"),
+            requests: u("requests"),
+            cost_usd: m
+                .get("cost_usd")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0),
+            context_tokens: u("context_tokens"),
+            context_limit: u("context_limit"),
+            tool_calls: u("tool_calls"),
+            turns: u("turns"),
+            errors: u("errors"),
+        }
+    }
+}
+
+/// How a turn ended (for `agent/new … prompt=`).
+#[derive(Debug, Clone)]
+pub struct TurnEnd {
+    pub seq: u64,
+    pub result: Result<String, String>,
+}
+
+/// One agent.
+#[derive(Debug)]
+pub struct Agent {
+    /// Small number unique in this process (qid paths).
+    pub handle: u32,
+    pub id: String,
+    pub session: Weak<Session>,
+    pub session_id: String,
+    pub created: u64,
+    order: u64,
+    name: RwLock<String>,
+    settings: Mutex<AgentSettings>,
+    pub stats: Mutex<Stats>,
+    queue: Mutex<VecDeque<String>>,
+    queue_bell: Notify,
+    feed: watch::Sender<Option<Bytes>>,
+    state: watch::Sender<(u64, AgentState)>,
+    pub chat: Chat,
+    plan: Mutex<Vec<u8>>,
+    killed: watch::Sender<bool>,
+    /// Bumped by `stop`: the running turn ends.
+    stop: watch::Sender<u64>,
+    /// The last finished turn.
+    turns: watch::Sender<Option<TurnEnd>>,
+    store: Arc<Store>,
+}
+
+/// Largest `plan`.
+pub const MAX_PLAN: usize = 1 << 20;
+/// Largest prompt.
+pub const MAX_PROMPT: usize = 1 << 20;
+/// Largest `feed` value.
+pub const MAX_FEED: usize = 1 << 20;
+/// Prompts an agent may have queued.
+pub const MAX_QUEUE: usize = 256;
+
+impl Agent {
+    pub fn name(&self) -> String {
+        read(&self.name)
+    }
+
+    pub fn settings(&self) -> AgentSettings {
+        lock(&self.settings).clone()
+    }
+
+    pub fn state(&self) -> (u64, AgentState) {
+        *self.state.borrow()
+    }
+
+    pub fn is_killed(&self) -> bool {
+        *self.killed.borrow()
+    }
+
+    fn record(&self) -> AgentRecord {
+        let s = self.settings();
+        AgentRecord {
+            id: self.id.clone(),
+            session: self.session_id.clone(),
+            name: self.name(),
+            cwd: s.cwd,
+            backend: s.backend,
+            model: s.model,
+            profile: s.profile,
+            cfg: s.cfg,
+            created: self.created,
+            order: self.order,
+            stats: lock(&self.stats).to_map(),
+            tools: s.tools,
+            queue: lock(&self.queue).iter().cloned().collect(),
+        }
+    }
+
+    /// Writes the agent's record to disk.
+    pub fn save(&self) -> Result<(), String> {
+        self.store
+            .save_agent(&self.record())
+            .map_err(|e| crate::error_chain(&e))
+    }
+
+    fn set_state(&self, st: AgentState) {
+        self.state.send_modify(|(seq, s)| {
+            if *s != st {
+                *seq += 1;
+                *s = st;
+            }
+        });
+    }
+
+    /// Appends a whole block to the chat, durably first.
+    pub fn say(&self, kind: &str, attrs: &str, body: &str) -> Result<(), String> {
+        let (raw, text) = Chat::block_bytes(kind, attrs, body);
+        self.store
+            .append_chat(&self.session_id, &self.id, &raw)
+            .map_err(|e| crate::error_chain(&e))?;
+        self.chat.append(&raw, &text);
+        Ok(())
+    }
+
+    /// Queues a prompt (durably: the queue is part of the agent's record).
+    pub fn enqueue(&self, prompt: String) -> Result<(), String> {
+        if prompt.trim().is_empty() {
+            return Err("empty prompt".into());
+        }
+        if prompt.len() > MAX_PROMPT {
+            return Err(format!(
+                "prompt is {} bytes; at most {MAX_PROMPT}",
+                prompt.len()
+            ));
+        }
+        if self.is_killed() {
+            return Err("file does not exist: the agent was killed".into());
+        }
+        {
+            let mut q = lock(&self.queue);
+            if q.len() >= MAX_QUEUE {
+                return Err(format!("too many queued prompts (limit {MAX_QUEUE})"));
+            }
+            q.push_back(prompt);
+        }
+        if let Err(e) = self.save() {
+            lock(&self.queue).pop_back();
+            return Err(e);
+        }
+        self.queue_bell.notify_one();
+        Ok(())
+    }
+
+    /// `fifo` read: takes the next queued prompt out of the queue (empty when none).
+    pub fn dequeue(&self) -> Result<Option<String>, String> {
+        let p = lock(&self.queue).pop_front();
+        if let Some(p) = &p
+            && let Err(e) = self.save()
+        {
+            lock(&self.queue).push_front(p.clone());
+            return Err(e);
+        }
+        Ok(p)
+    }
+
+    /// Queued prompts.
+    pub fn queued(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
+    /// `feed` write: replaces the value; readers wake only if it differs.
+    pub fn set_feed(&self, v: Bytes) -> Result<(), String> {
+        if v.len() > MAX_FEED {
+            return Err(format!(
+                "feed value is {} bytes; at most {MAX_FEED}",
+                v.len()
+            ));
+        }
+        self.feed.send_if_modified(|cur| {
+            if cur.as_ref() == Some(&v) {
+                false
+            } else {
+                *cur = Some(v);
+                true
+            }
+        });
+        Ok(())
+    }
+
+    /// `feed` read: the value once it differs from `last` (what this fid read before);
+    /// `None` when the agent is killed.
+    pub async fn next_feed(&self, last: Option<&Bytes>) -> Option<Bytes> {
+        let mut rx = self.feed.subscribe();
+        let mut killed = self.killed.subscribe();
+        loop {
+            {
+                let cur = rx.borrow_and_update();
+                if let Some(v) = cur.as_ref()
+                    && Some(v) != last
+                {
+                    return Some(v.clone());
+                }
+            }
+            if *killed.borrow_and_update() {
+                return None;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return None; },
+                r = killed.changed() => if r.is_err() { return None; },
+            }
+        }
+    }
+
+    /// `statewait` read: the state once its sequence passes `seen`; `None` after the
+    /// killed state has been reported.
+    pub async fn next_state(&self, seen: u64) -> (u64, AgentState) {
+        let mut rx = self.state.subscribe();
+        loop {
+            let cur = *rx.borrow_and_update();
+            if cur.0 > seen {
+                return cur;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> Bytes {
+        Bytes::copy_from_slice(&lock(&self.plan))
+    }
+
+    /// Writes into the plan at `offset` (`truncate` first empties it), durably.
+    pub fn write_plan(&self, offset: u64, data: &[u8], truncate: bool) -> Result<(), String> {
+        let mut p = lock(&self.plan);
+        let mut next = if truncate { Vec::new() } else { p.clone() };
+        let off = usize::try_from(offset).map_err(|_| "offset too large".to_owned())?;
+        let end = off
+            .checked_add(data.len())
+            .filter(|e| *e <= MAX_PLAN)
+            .ok_or_else(|| format!("plan may hold at most {MAX_PLAN} bytes"))?;
+        if next.len() < off {
+            next.resize(off, b' ');
+        }
+        if next.len() < end {
+            next.resize(end, 0);
+        }
+        next[off..end].copy_from_slice(data);
+        self.store
+            .save_plan(&self.session_id, &self.id, &next)
+            .map_err(|e| crate::error_chain(&e))?;
+        *p = next;
+        Ok(())
+    }
+
+    /// Empties the plan (truncation on open).
+    pub fn clear_plan(&self) -> Result<(), String> {
+        self.write_plan(0, &[], true)
+    }
+
+    /// `cfg` read.
+    pub fn cfg_text(&self) -> String {
+        let s = self.settings();
+        let mut out = format!("name={}\nid={}\n", self.name(), self.id);
+        out.push_str(&format!("cwd={}\n", s.cwd.display()));
+        for (k, v) in [
+            ("backend", &s.backend),
+            ("model", &s.model),
+            ("profile", &s.profile),
+        ] {
+            out.push_str(&format!("{k}={}\n", v.as_deref().unwrap_or("")));
+        }
+        for k in &CFG_KEYS[4..] {
+            out.push_str(&format!(
+                "{k}={}\n",
+                s.cfg.get(*k).map(String::as_str).unwrap_or("")
+            ));
+        }
+        out
+    }
+
+    /// `cfg` write: `key=value` lines, all validated before any is applied.
+    pub fn set_cfg(&self, text: &str, config: &Config) -> Result<Vec<(String, String)>, String> {
+        let mut next = self.settings();
+        let mut changed = Vec::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let (k, v) = line.split_once('=').ok_or_else(|| {
+                format!(
+                    "cfg line {:?} is not key=value (keys: {})",
+                    clip(line),
+                    CFG_KEYS.join(", ")
+                )
+            })?;
+            let (k, v) = (k.trim(), v.trim());
+            apply_setting(&mut next, k, v, config)?;
+            changed.push((k.to_owned(), v.to_owned()));
+        }
+        if changed.is_empty() {
+            return Err(format!(
+                "nothing to set: write key=value lines (keys: {})",
+                CFG_KEYS.join(", ")
+            ));
+        }
+        let old = std::mem::replace(&mut *lock(&self.settings), next);
+        if let Err(e) = self.save() {
+            *lock(&self.settings) = old;
+            return Err(e);
+        }
+        Ok(changed)
+    }
+
+    /// Changes settings through a closure (used by `ctl`), durably.
+    pub fn update_settings(&self, f: impl FnOnce(&mut AgentSettings)) -> Result<(), String> {
+        let old = self.settings();
+        f(&mut lock(&self.settings));
+        if let Err(e) = self.save() {
+            *lock(&self.settings) = old;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Bumps `stop`: a running turn ends.
+    pub fn stop_turn(&self) -> bool {
+        let running = self.state().1 == AgentState::Running;
+        self.stop.send_modify(|v| *v += 1);
+        running
+    }
+
+    /// Waits for a turn ending after `after`.
+    pub async fn next_turn_end(&self, after: u64) -> Option<TurnEnd> {
+        let mut rx = self.turns.subscribe();
+        let mut killed = self.killed.subscribe();
+        loop {
+            if let Some(t) = rx.borrow_and_update().as_ref()
+                && t.seq > after
+            {
+                return Some(t.clone());
+            }
+            if *killed.borrow_and_update() {
+                return None;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return None; },
+                r = killed.changed() => if r.is_err() { return None; },
+            }
+        }
+    }
+
+    /// Sequence of the last finished turn.
+    pub fn turn_seq(&self) -> u64 {
+        self.turns.borrow().as_ref().map_or(0, |t| t.seq)
+    }
+
+    /// Marks the agent killed: blocking reads end, chat readers get EOF.
+    fn mark_killed(&self) {
+        self.killed.send_replace(true);
+        self.set_state(AgentState::Killed);
+        self.chat.close();
+        self.queue_bell.notify_waiters();
+    }
+
+    /// Renames (the caller checks uniqueness), durably.
+    fn rename(&self, to: &str) -> Result<(), String> {
+        let old = self.name();
+        write(&self.name, to.to_owned());
+        if let Err(e) = self.save() {
+            write(&self.name, old);
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Validates and applies one cfg key.
+pub fn apply_setting(
+    s: &mut AgentSettings,
+    k: &str,
+    v: &str,
+    config: &Config,
+) -> Result<(), String> {
+    let opt = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+    match k {
+        "backend" => {
+            if !v.is_empty() && !config.backends.contains_key(v) {
+                return Err(format!(
+                    "unknown backend {:?} (configured: {})",
+                    clip(v),
+                    list_or_none(config.backends.keys())
+                ));
+            }
+            s.backend = opt(v);
+        }
+        "model" => {
+            if v.len() > 200 || v.contains(char::is_control) {
+                return Err("model: at most 200 printable characters".into());
+            }
+            s.model = opt(v);
+        }
+        "profile" => {
+            if !v.is_empty() && !config.profiles.contains_key(v) {
+                return Err(format!(
+                    "unknown profile {:?} (available: {})",
+                    clip(v),
+                    list_or_none(config.profiles.keys())
+                ));
+            }
+            s.profile = opt(v);
+        }
+        "cwd" => s.cwd = existing_dir(v)?,
+        "temperature" | "top_p" => {
+            let max = if k == "temperature" { 2.0 } else { 1.0 };
+            if !v.is_empty() {
+                let x: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|x: &f64| (0.0..=max).contains(x))
+                    .ok_or_else(|| format!("{k}: {:?} is not a number from 0 to {max}", clip(v)))?;
+                s.cfg.insert(k.to_owned(), x.to_string());
+            } else {
+                s.cfg.remove(k);
+            }
+        }
+        "max_tokens" | "max_steps" | "context_limit" => {
+            let max: u64 = match k {
+                "max_tokens" => 1_000_000,
+                "max_steps" => 1000,
+                _ => 10_000_000,
+            };
+            if !v.is_empty() {
+                let x: u64 = v
+                    .parse()
+                    .ok()
+                    .filter(|x| (1..=max).contains(x))
+                    .ok_or_else(|| format!("{k}: {:?} is not a number from 1 to {max}", clip(v)))?;
+                s.cfg.insert(k.to_owned(), x.to_string());
+            } else {
+                s.cfg.remove(k);
+            }
+        }
+        other => {
+            return Err(format!(
+                "unknown key {:?} (valid: {})",
+                clip(other),
+                CFG_KEYS.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn list_or_none<'a>(it: impl Iterator<Item = &'a String>) -> String {
+    let v: Vec<&str> = it.map(String::as_str).collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// An existing absolute directory, canonicalised.
+pub fn existing_dir(v: &str) -> Result<PathBuf, String> {
+    let p = Path::new(v);
+    if !p.is_absolute() {
+        return Err(format!("cwd {:?} must be an absolute path", clip(v)));
+    }
+    let c = std::fs::canonicalize(p).map_err(|e| format!("cwd {:?}: {e}", clip(v)))?;
+    if !c.is_dir() {
+        return Err(format!("cwd {:?} is not a directory", clip(v)));
+    }
+    Ok(c)
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions
+
+/// One session.
+#[derive(Debug)]
+pub struct Session {
+    pub handle: u32,
+    pub id: String,
+    pub created: u64,
+    order: u64,
+    name: RwLock<String>,
+    pub cwd: PathBuf,
+    pub backend: Option<String>,
+    pub model: Option<String>,
+    pub profile: Option<String>,
+    pub remote: Option<String>,
+    paused: watch::Sender<bool>,
+    agents: RwLock<Vec<Arc<Agent>>>,
+    killed: watch::Sender<bool>,
+    pub link: ToolLink,
+    store: Arc<Store>,
+}
+
+impl Session {
+    pub fn name(&self) -> String {
+        read(&self.name)
+    }
+
+    pub fn paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    pub fn is_killed(&self) -> bool {
+        *self.killed.borrow()
+    }
+
+    pub fn agents(&self) -> Vec<Arc<Agent>> {
+        read(&self.agents)
+    }
+
+    /// An agent by name or id.
+    pub fn agent(&self, key: &str) -> Option<Arc<Agent>> {
+        self.agents()
+            .into_iter()
+            .find(|a| a.id == key || a.name() == key)
+    }
+
+    fn record(&self) -> SessionRecord {
+        SessionRecord {
+            id: self.id.clone(),
+            name: self.name(),
+            cwd: self.cwd.clone(),
+            backend: self.backend.clone(),
+            model: self.model.clone(),
+            profile: self.profile.clone(),
+            remote: self.remote.clone(),
+            paused: self.paused(),
+            created: self.created,
+            order: self.order,
+        }
+    }
+
+    pub fn save(&self) -> Result<(), String> {
+        self.store
+            .save_session(&self.record())
+            .map_err(|e| crate::error_chain(&e))
+    }
+
+    /// `env`: `OLLIE_SESSION_ID`, other non-secret session facts, and the server's own
+    /// non-secret `OLLIE_*` variables.
+    pub fn env_text(&self) -> String {
+        let mut out = format!(
+            "OLLIE_SESSION_ID={}\nOLLIE_SESSION_NAME={}\nOLLIE_SESSION_CWD={}\n",
+            self.id,
+            self.name(),
+            self.cwd.display()
+        );
+        let mut extra: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("OLLIE_") && !k.starts_with("OLLIE_SESSION_"))
+            .filter(|(k, _)| !looks_secret(k))
+            .filter(|(_, v)| !v.contains('\n'))
+            .collect();
+        extra.sort();
+        for (k, v) in extra {
+            out.push_str(&format!("{k}={v}\n"));
+        }
+        out
+    }
+
+    /// `paused` changes, durably.
+    pub fn set_paused(&self, p: bool) -> Result<bool, String> {
+        let was = self.paused();
+        if was == p {
+            return Ok(false);
+        }
+        self.paused.send_replace(p);
+        if let Err(e) = self.save() {
+            self.paused.send_replace(was);
+            return Err(e);
+        }
+        for a in self.agents() {
+            if a.state().1 != AgentState::Running && !a.is_killed() {
+                a.set_state(if p {
+                    AgentState::Paused
+                } else {
+                    AgentState::Idle
+                });
+            }
+            a.queue_bell.notify_one();
+        }
+        Ok(true)
+    }
+}
+
+/// Names of variables that must never be shown.
+pub fn looks_secret(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    [
+        "KEY",
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "AUTH",
+    ]
+    .iter()
+    .any(|w| n.contains(w))
+}
+
+/// What `session/new` and `agent/new` accept.
+#[derive(Debug, Default, Clone)]
+pub struct NewSpec {
+    pub name: Option<String>,
+    pub cwd: Option<String>,
+    pub backend: Option<String>,
+    pub model: Option<String>,
+    pub profile: Option<String>,
+    pub remote: Option<String>,
+    pub prompt: Option<String>,
+}
+
+/// Parses `key=value` pairs (whitespace- or newline-separated; a `prompt=` value runs to the
+/// end of its line, and a `\n` in it is a newline). `valid` lists the keys accepted.
+pub fn parse_spec(text: &str, valid: &[&str]) -> Result<NewSpec, String> {
+    let mut spec = NewSpec::default();
+    let mut seen: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let mut rest = line.trim();
+        while !rest.is_empty() {
+            let (k, after) = rest.split_once('=').ok_or_else(|| {
+                format!(
+                    "{:?} is not key=value (valid: {})",
+                    clip(rest),
+                    valid.join(", ")
+                )
+            })?;
+            let k = k.trim();
+            if !valid.contains(&k) {
+                return Err(format!(
+                    "unknown key {:?} (valid: {})",
+                    clip(k),
+                    valid.join(", ")
+                ));
+            }
+            if seen.iter().any(|s| s == k) {
+                return Err(format!("key {k:?} given twice"));
+            }
+            seen.push(k.to_owned());
+            let (v, next) = if k == "prompt" {
+                (after.replace("\\n", "\n"), "")
+            } else {
+                match after.find(char::is_whitespace) {
+                    Some(i) => (after[..i].to_owned(), after[i..].trim_start()),
+                    None => (after.to_owned(), ""),
+                }
+            };
+            let v = Some(v);
+            match k {
+                "name" => spec.name = v,
+                "cwd" => spec.cwd = v,
+                "backend" => spec.backend = v,
+                "model" => spec.model = v,
+                "profile" => spec.profile = v,
+                "remote" => spec.remote = v,
+                "prompt" => spec.prompt = v,
+                _ => {}
+            }
+            rest = next;
+        }
+    }
+    Ok(spec)
+}
+
+// ---------------------------------------------------------------------------------------
+// The registry
+
+/// Every session, and what creating and killing them needs.
+#[derive(Debug)]
+pub struct Registry {
+    pub events: Arc<Events>,
+    pub store: Arc<Store>,
+    pub config: Arc<RwLock<Arc<Config>>>,
+    sessions: RwLock<Vec<Arc<Session>>>,
+    handles: AtomicU32,
+    order: AtomicU64,
+    /// Serialises creations, renames and kills (name uniqueness).
+    naming: Mutex<()>,
+    /// The toolsrv binary.
+    pub toolsrv: PathBuf,
+    /// Bumped whenever the set or names of sessions/agents change (`aliases`, `idx`).
+    pub version: AtomicU32,
+}
+
+fn ev(pairs: &[(&str, Value)]) -> Map<String, Value> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect()
+}
+
+impl Registry {
+    pub fn new(
+        events: Arc<Events>,
+        store: Arc<Store>,
+        config: Arc<RwLock<Arc<Config>>>,
+        toolsrv: PathBuf,
+    ) -> Registry {
+        Registry {
+            events,
+            store,
+            config,
+            sessions: RwLock::new(Vec::new()),
+            handles: AtomicU32::new(1),
+            order: AtomicU64::new(1),
+            naming: Mutex::new(()),
+            toolsrv,
+            version: AtomicU32::new(0),
+        }
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        read(&self.config)
+    }
+
+    fn handle(&self) -> u32 {
+        self.handles.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn bump(&self) {
+        self.version.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        read(&self.sessions)
+    }
+
+    /// A session by name or id.
+    pub fn session(&self, key: &str) -> Option<Arc<Session>> {
+        self.sessions()
+            .into_iter()
+            .find(|s| s.id == key || s.name() == key)
+    }
+
+    /// Restores what the store has. Problems are logged and announced, never fatal.
+    pub fn restore(self: &Arc<Self>) {
+        let loaded = self.store.load();
+        for p in &loaded.problems {
+            tracing::warn!(path = %p.path.display(), reason = %p.reason, "state skipped");
+            self.events.emit(
+                "state-skipped",
+                ev(&[
+                    ("path", Value::from(p.path.display().to_string())),
+                    ("reason", Value::from(p.reason.clone())),
+                ]),
+            );
+        }
+        let mut max_order = 0;
+        for ls in loaded.sessions {
+            let r = ls.record;
+            max_order = max_order.max(r.order);
+            let s = self.build_session(
+                r.id.clone(),
+                r.name.clone(),
+                r.cwd.clone(),
+                (r.backend.clone(), r.model.clone(), r.profile.clone()),
+                r.remote.clone(),
+                r.created,
+                r.order,
+                r.paused,
+            );
+            for la in ls.agents {
+                let a = la.record;
+                max_order = max_order.max(a.order);
+                let agent = self.build_agent(&s, &a);
+                agent.chat.restore(
+                    self.store
+                        .read_chat(&s.id, &agent.id, 0, la.chat_raw_len as usize)
+                        .unwrap_or_default(),
+                );
+                *lock(&agent.plan) = la.plan;
+                if let Ok(mut v) = s.agents.write() {
+                    v.push(Arc::clone(&agent));
+                }
+            }
+            if let Ok(mut v) = self.sessions.write() {
+                v.push(Arc::clone(&s));
+            }
+            s.link.start(Arc::clone(&s), Arc::clone(self));
+            for a in s.agents() {
+                crate::turn::start_worker(Arc::clone(&a), Arc::clone(self));
+            }
+        }
+        self.order.fetch_max(max_order + 1, Ordering::Relaxed);
+        self.bump();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_session(
+        &self,
+        id: String,
+        name: String,
+        cwd: PathBuf,
+        (backend, model, profile): (Option<String>, Option<String>, Option<String>),
+        remote: Option<String>,
+        created: u64,
+        order: u64,
+        paused: bool,
+    ) -> Arc<Session> {
+        Arc::new(Session {
+            handle: self.handle(),
+            id,
+            created,
+            order,
+            name: RwLock::new(name),
+            cwd,
+            backend,
+            model,
+            profile,
+            remote,
+            paused: watch::Sender::new(paused),
+            agents: RwLock::new(Vec::new()),
+            killed: watch::Sender::new(false),
+            link: ToolLink::new(),
+            store: Arc::clone(&self.store),
+        })
+    }
+
+    fn build_agent(&self, s: &Arc<Session>, r: &AgentRecord) -> Arc<Agent> {
+        let initial = if s.paused() {
+            AgentState::Paused
+        } else {
+            AgentState::Idle
+        };
+        Arc::new(Agent {
+            handle: self.handle(),
+            id: r.id.clone(),
+            session: Arc::downgrade(s),
+            session_id: s.id.clone(),
+            created: r.created,
+            order: r.order,
+            name: RwLock::new(r.name.clone()),
+            settings: Mutex::new(AgentSettings {
+                cwd: r.cwd.clone(),
+                backend: r.backend.clone(),
+                model: r.model.clone(),
+                profile: r.profile.clone(),
+                cfg: r.cfg.clone(),
+                tools: r.tools.clone(),
+            }),
+            stats: Mutex::new(Stats::from_map(&r.stats)),
+            queue: Mutex::new(r.queue.iter().cloned().collect()),
+            queue_bell: Notify::new(),
+            feed: watch::Sender::new(None),
+            state: watch::Sender::new((0, initial)),
+            chat: Chat::new(),
+            plan: Mutex::new(Vec::new()),
+            killed: watch::Sender::new(false),
+            stop: watch::Sender::new(0),
+            turns: watch::Sender::new(None),
+            store: Arc::clone(&self.store),
+        })
+    }
+
+    fn unique_session_name(&self, base: &str) -> String {
+        let taken = |n: &str| self.sessions().iter().any(|s| s.name() == n);
+        if !taken(base) {
+            return base.to_owned();
+        }
+        (2..)
+            .map(|i| format!("{base}{i}"))
+            .find(|n| !taken(n))
+            .unwrap_or_default()
+    }
+
+    /// `session/new`.
+    pub fn create_session(self: &Arc<Self>, spec: NewSpec) -> Result<Arc<Session>, String> {
+        let config = self.config();
+        if let Some(p) = &spec.prompt {
+            return Err(format!(
+                "unknown key \"prompt\" for a session ({})",
+                clip(p)
+            ));
+        }
+        if let Some(b) = &spec.backend
+            && !config.backends.contains_key(b)
+        {
+            return Err(format!(
+                "unknown backend {:?} (configured: {})",
+                clip(b),
+                list_or_none(config.backends.keys())
+            ));
+        }
+        if let Some(p) = &spec.profile
+            && !config.profiles.contains_key(p)
+        {
+            return Err(format!(
+                "unknown profile {:?} (available: {})",
+                clip(p),
+                list_or_none(config.profiles.keys())
+            ));
+        }
+        if let Some(r) = &spec.remote {
+            return Err(if config.remotes.contains_key(r) {
+                format!(
+                    "remote {:?}: remote sessions are not implemented yet",
+                    clip(r)
+                )
+            } else {
+                format!(
+                    "unknown remote {:?} (configured: {})",
+                    clip(r),
+                    list_or_none(config.remotes.keys())
+                )
+            });
+        }
+        let cwd = match &spec.cwd {
+            Some(c) => existing_dir(c)?,
+            None => existing_dir(&std::env::var("HOME").unwrap_or_else(|_| "/".to_owned()))?,
+        };
+        let _g = lock(&self.naming);
+        let name = match &spec.name {
+            Some(n) => {
+                validate_name(n)?;
+                if self.session(n).is_some() {
+                    return Err(format!("file already exists: a session is named {n:?}"));
+                }
+                n.clone()
+            }
+            None => self.unique_session_name(
+                cwd.file_name()
+                    .and_then(|n| n.to_str())
+                    .filter(|n| validate_name(n).is_ok())
+                    .unwrap_or("session"),
+            ),
+        };
+        let s = self.build_session(
+            new_uuid(),
+            name,
+            cwd,
+            (spec.backend, spec.model, spec.profile),
+            None,
+            now(),
+            self.order.fetch_add(1, Ordering::Relaxed),
+            false,
+        );
+        s.save()?;
+        if let Ok(mut v) = self.sessions.write() {
+            v.push(Arc::clone(&s));
+        }
+        self.bump();
+        s.link.start(Arc::clone(&s), Arc::clone(self));
+        self.events.emit(
+            "session-created",
+            ev(&[
+                ("session", Value::from(s.id.clone())),
+                ("name", Value::from(s.name())),
+            ]),
+        );
+        Ok(s)
+    }
+
+    /// Renames a session.
+    pub fn rename_session(&self, s: &Session, to: &str) -> Result<(), String> {
+        validate_name(to)?;
+        let _g = lock(&self.naming);
+        let old = s.name();
+        if old == to {
+            return Ok(());
+        }
+        if self.session(to).is_some() {
+            return Err(format!("file already exists: a session is named {to:?}"));
+        }
+        write(&s.name, to.to_owned());
+        if let Err(e) = s.save() {
+            write(&s.name, old);
+            return Err(e);
+        }
+        self.bump();
+        self.events.emit(
+            "session-renamed",
+            ev(&[
+                ("session", Value::from(s.id.clone())),
+                ("from", Value::from(old)),
+                ("name", Value::from(to)),
+            ]),
+        );
+        Ok(())
+    }
+
+    /// Kills a session: its agents, its toolsrv (and every tool), its state on disk.
+    pub fn kill_session(&self, s: &Arc<Session>) -> Result<(), String> {
+        {
+            let _g = lock(&self.naming);
+            if s.is_killed() {
+                return Ok(());
+            }
+            s.killed.send_replace(true);
+            if let Ok(mut v) = self.sessions.write() {
+                v.retain(|x| !Arc::ptr_eq(x, s));
+            }
+        }
+        for a in s.agents() {
+            a.mark_killed();
+        }
+        s.link.stop();
+        self.bump();
+        let r = self
+            .store
+            .remove_session(&s.id)
+            .map_err(|e| crate::error_chain(&e));
+        self.events.emit(
+            "session-killed",
+            ev(&[
+                ("session", Value::from(s.id.clone())),
+                ("name", Value::from(s.name())),
+            ]),
+        );
+        r
+    }
+
+    /// `agent/new`.
+    pub fn create_agent(
+        self: &Arc<Self>,
+        s: &Arc<Session>,
+        spec: &NewSpec,
+    ) -> Result<Arc<Agent>, String> {
+        if s.is_killed() {
+            return Err("file does not exist: the session was killed".into());
+        }
+        if spec.remote.is_some() {
+            return Err("unknown key \"remote\" for an agent (remote is a session key)".into());
+        }
+        let config = self.config();
+        let mut settings = AgentSettings {
+            cwd: s.cwd.clone(),
+            backend: s.backend.clone(),
+            model: s.model.clone(),
+            profile: s.profile.clone(),
+            ..AgentSettings::default()
+        };
+        for (k, v) in [
+            ("cwd", &spec.cwd),
+            ("backend", &spec.backend),
+            ("model", &spec.model),
+            ("profile", &spec.profile),
+        ] {
+            if let Some(v) = v {
+                apply_setting(&mut settings, k, v, &config)?;
+            }
+        }
+        let _g = lock(&self.naming);
+        let name = match &spec.name {
+            Some(n) => {
+                validate_name(n)?;
+                if s.agent(n).is_some() {
+                    return Err(format!(
+                        "file already exists: session {} has an agent named {n:?}",
+                        s.name()
+                    ));
+                }
+                n.clone()
+            }
+            None => {
+                let taken = |n: &str| s.agents().iter().any(|a| a.name() == n);
+                (1..)
+                    .map(|i| format!("a{i}"))
+                    .find(|n| !taken(n))
+                    .unwrap_or_default()
+            }
+        };
+        let rec = AgentRecord {
+            id: new_uuid(),
+            session: s.id.clone(),
+            name,
+            cwd: settings.cwd.clone(),
+            backend: settings.backend.clone(),
+            model: settings.model.clone(),
+            profile: settings.profile.clone(),
+            cfg: BTreeMap::new(),
+            created: now(),
+            order: self.order.fetch_add(1, Ordering::Relaxed),
+            stats: BTreeMap::new(),
+            tools: None,
+            queue: Vec::new(),
+        };
+        let a = self.build_agent(s, &rec);
+        a.save()?;
+        if let Ok(mut v) = s.agents.write() {
+            v.push(Arc::clone(&a));
+        }
+        self.bump();
+        drop(_g);
+        s.link.agent_added(&a, config);
+        crate::turn::start_worker(Arc::clone(&a), Arc::clone(self));
+        self.events.emit(
+            "agent-created",
+            ev(&[
+                ("session", Value::from(s.id.clone())),
+                ("agent", Value::from(a.id.clone())),
+                ("name", Value::from(a.name())),
+            ]),
+        );
+        Ok(a)
+    }
+
+    /// Renames an agent.
+    pub fn rename_agent(&self, a: &Agent, to: &str) -> Result<(), String> {
+        validate_name(to)?;
+        let s = a
+            .session
+            .upgrade()
+            .ok_or("file does not exist: the session was killed")?;
+        let _g = lock(&self.naming);
+        let old = a.name();
+        if old == to {
+            return Ok(());
+        }
+        if s.agent(to).is_some() {
+            return Err(format!(
+                "file already exists: session {} has an agent named {to:?}",
+                s.name()
+            ));
+        }
+        a.rename(to)?;
+        self.bump();
+        self.events.emit(
+            "agent-renamed",
+            ev(&[
+                ("session", Value::from(s.id.clone())),
+                ("agent", Value::from(a.id.clone())),
+                ("from", Value::from(old)),
+                ("name", Value::from(to)),
+            ]),
+        );
+        Ok(())
+    }
+
+    /// Kills an agent: its turn, its blocking readers, its state on disk.
+    pub fn kill_agent(&self, a: &Arc<Agent>) -> Result<(), String> {
+        let s = a.session.upgrade();
+        {
+            let _g = lock(&self.naming);
+            if a.is_killed() {
+                return Ok(());
+            }
+            if let Some(s) = &s
+                && let Ok(mut v) = s.agents.write()
+            {
+                v.retain(|x| !Arc::ptr_eq(x, a));
+            }
+        }
+        a.stop_turn();
+        a.mark_killed();
+        if let Some(s) = &s {
+            s.link.agent_removed(a);
+        }
+        self.bump();
+        let r = self
+            .store
+            .remove_agent(&a.session_id, &a.id)
+            .map_err(|e| crate::error_chain(&e));
+        self.events.emit(
+            "agent-killed",
+            ev(&[
+                ("session", Value::from(a.session_id.clone())),
+                ("agent", Value::from(a.id.clone())),
+                ("name", Value::from(a.name())),
+            ]),
+        );
+        r
+    }
+
+    /// Announces an agent state change.
+    pub fn state_changed(&self, a: &Agent, st: AgentState) {
+        a.set_state(st);
+        self.events.emit(
+            "agent-state",
+            ev(&[
+                ("session", Value::from(a.session_id.clone())),
+                ("agent", Value::from(a.id.clone())),
+                ("state", Value::from(st.name())),
+            ]),
+        );
+    }
+
+    /// Records the end of a turn.
+    pub fn turn_ended(&self, a: &Agent, result: Result<String, String>) {
+        a.turns.send_modify(|t| {
+            let seq = t.as_ref().map_or(1, |t| t.seq + 1);
+            *t = Some(TurnEnd { seq, result });
+        });
+    }
+
+    /// `aliases`: `id<TAB>path` for every session and agent.
+    pub fn aliases_text(&self) -> String {
+        let mut out = String::new();
+        for s in self.sessions() {
+            out.push_str(&format!("{}\t/session/{}\n", s.id, s.name()));
+            for a in s.agents() {
+                out.push_str(&format!(
+                    "{}\t/session/{}/agent/{}\n",
+                    a.id,
+                    s.name(),
+                    a.name()
+                ));
+            }
+        }
+        out
+    }
+
+    /// Waits for the next queued prompt of `a` (or its death); honours `paused`.
+    pub async fn next_prompt(&self, a: &Agent) -> Option<String> {
+        let mut killed = a.killed.subscribe();
+        loop {
+            let notified = a.queue_bell.notified();
+            if a.is_killed() {
+                return None;
+            }
+            let paused = a.session.upgrade().is_none_or(|s| s.paused());
+            if !paused && let Some(p) = lock(&a.queue).front().cloned() {
+                return Some(p);
+            }
+            tokio::select! {
+                _ = notified => {}
+                r = killed.changed() => if r.is_err() { return None; },
+            }
+        }
+    }
+
+    /// Removes the prompt `next_prompt` returned, durably.
+    pub fn consume_prompt(&self, a: &Agent) {
+        lock(&a.queue).pop_front();
+        if let Err(e) = a.save() {
+            tracing::warn!(agent = %a.id, error = %e, "cannot save the agent's queue");
+        }
+    }
+
+    /// A subscription that fires when `stop` is written.
+    pub fn stop_signal(&self, a: &Agent) -> watch::Receiver<u64> {
+        a.stop.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_v4_and_distinct() {
+        let a = new_uuid();
+        let b = new_uuid();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("proj-1.x_y").is_ok());
+        for bad in [
+            "",
+            "new",
+            "idx",
+            ".x",
+            "-x",
+            "a/b",
+            "a b",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn blocks_and_marker_stripping() {
+        let (raw, text) = Chat::block_bytes("user", "", "hi\n]]]\n[[[x");
+        let raw = String::from_utf8(raw).unwrap();
+        assert_eq!(raw, "[[[user\nhi\n ]]]\n [[[x\n]]]\n");
+        assert_eq!(strip_markers(raw.as_bytes()), text);
+        assert_eq!(String::from_utf8(text).unwrap(), "hi\n ]]]\n [[[x\n");
+    }
+
+    #[test]
+    fn specs() {
+        let valid = &["name", "cwd", "prompt"];
+        let s = parse_spec("name=x cwd=/tmp\nprompt=fix it now\\nplease", valid).unwrap();
+        assert_eq!(s.name.as_deref(), Some("x"));
+        assert_eq!(s.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(s.prompt.as_deref(), Some("fix it now\nplease"));
+        let e = parse_spec("colour=red", valid).unwrap_err();
+        assert!(
+            e.contains("unknown key \"colour\" (valid: name, cwd, prompt)"),
+            "{e}"
+        );
+        assert!(
+            parse_spec("name=a name=b", valid)
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(parse_spec("junk", valid).is_err());
+    }
+
+    #[test]
+    fn secret_looking_names() {
+        assert!(looks_secret("OLLIE_API_KEY"));
+        assert!(looks_secret("OLLIE_TOKEN"));
+        assert!(!looks_secret("OLLIE_LOG"));
+    }
+}
