@@ -398,6 +398,8 @@ pub struct Agent {
     settings: Mutex<AgentSettings>,
     pub stats: Mutex<Stats>,
     queue: Mutex<VecDeque<String>>,
+    /// The prompt of the turn in flight.
+    in_turn: Mutex<Option<String>>,
     queue_bell: Notify,
     feed: watch::Sender<Option<Bytes>>,
     state: watch::Sender<(u64, AgentState)>,
@@ -453,6 +455,7 @@ impl Agent {
             stats: lock(&self.stats).to_map(),
             tools: s.tools,
             queue: lock(&self.queue).iter().cloned().collect(),
+            in_turn: lock(&self.in_turn).clone(),
         }
     }
 
@@ -1137,6 +1140,16 @@ impl Registry {
                         .unwrap_or_default(),
                 );
                 *lock(&agent.plan) = la.plan;
+                let interrupted = lock(&agent.in_turn).take();
+                if let Some(p) = interrupted {
+                    let msg = format!(
+                        "interrupted: olliesrv stopped during the turn for {:?}; tools that were running were stopped",
+                        clip(&p)
+                    );
+                    if let Err(e) = agent.say("error", "", &msg).and_then(|()| agent.save()) {
+                        tracing::warn!(agent = %agent.id, error = %e, "cannot record the interrupted turn");
+                    }
+                }
                 if let Ok(mut v) = s.agents.write() {
                     v.push(Arc::clone(&agent));
                 }
@@ -1208,6 +1221,7 @@ impl Registry {
             }),
             stats: Mutex::new(Stats::from_map(&r.stats)),
             queue: Mutex::new(r.queue.iter().cloned().collect()),
+            in_turn: Mutex::new(r.in_turn.clone()),
             queue_bell: Notify::new(),
             feed: watch::Sender::new(None),
             state: watch::Sender::new((0, initial)),
@@ -1441,6 +1455,7 @@ impl Registry {
             stats: BTreeMap::new(),
             tools: None,
             queue: Vec::new(),
+            in_turn: None,
         };
         let a = self.build_agent(s, &rec);
         a.save()?;
@@ -1586,11 +1601,26 @@ impl Registry {
         }
     }
 
-    /// Removes the prompt `next_prompt` returned, durably.
-    pub fn consume_prompt(&self, a: &Agent) {
-        lock(&a.queue).pop_front();
+    /// Takes the prompt `next_prompt` returned out of the queue and marks its turn as in
+    /// flight, durably (a crash from here on reports the turn as interrupted on restart
+    /// instead of running it twice).
+    pub fn take_prompt(&self, a: &Agent) -> Option<String> {
+        let p = lock(&a.queue).pop_front()?;
+        *lock(&a.in_turn) = Some(p.clone());
         if let Err(e) = a.save() {
             tracing::warn!(agent = %a.id, error = %e, "cannot save the agent's queue");
+        }
+        Some(p)
+    }
+
+    /// The turn in flight is over (its outcome is in the chat).
+    pub fn finish_turn(&self, a: &Agent) {
+        *lock(&a.in_turn) = None;
+        if a.is_killed() {
+            return;
+        }
+        if let Err(e) = a.save() {
+            tracing::warn!(agent = %a.id, error = %e, "cannot save the agent");
         }
     }
 

@@ -167,6 +167,10 @@ pub struct AgentRecord {
     /// once it is here).
     #[serde(default)]
     pub queue: Vec<String>,
+    /// The prompt of the turn in flight, if one was running when this was written (on
+    /// restore the turn is reported as interrupted).
+    #[serde(default)]
+    pub in_turn: Option<String>,
 }
 
 /// Everything [`Store::load`] found.
@@ -1130,6 +1134,7 @@ mod tests {
             stats: BTreeMap::from([("tokens_in".into(), "12".into())]),
             tools: Some(vec!["shell".into()]),
             queue: vec!["queued prompt".into()],
+            in_turn: None,
         }
     }
 

@@ -15,10 +15,12 @@ pub const NO_BACKEND: &str = "no backend configured: this olliesrv cannot call a
 /// Starts the worker of `a` (it ends when the agent is killed).
 pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
     tokio::spawn(async move {
-        while let Some(prompt) = reg.next_prompt(&a).await {
+        while reg.next_prompt(&a).await.is_some() {
+            let Some(prompt) = reg.take_prompt(&a) else {
+                continue;
+            };
             reg.state_changed(&a, AgentState::Running);
             let result = run_turn(&a, &prompt).await;
-            reg.consume_prompt(&a);
             if let Err(e) = &result
                 && let Err(w) = a.say("error", "", e)
             {
@@ -32,6 +34,7 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
                 }
             }
             reg.turn_ended(&a, result);
+            reg.finish_turn(&a);
             if a.is_killed() {
                 break;
             }
@@ -44,9 +47,6 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
                     AgentState::Idle
                 },
             );
-            if let Err(e) = a.save() {
-                tracing::warn!(agent = %a.id, error = %e, "cannot save the agent");
-            }
         }
     });
 }

@@ -47,9 +47,10 @@ def read_all(c, path, mode=py9p.OREAD):
     return out
 
 
-def rdwr(c, cmd):
-    """Opens ctl ORDWR, writes cmd, reads the reply from offset 0 on the same fid."""
-    c.open("ctl", py9p.ORDWR)
+def rdwr(c, cmd, path="ctl"):
+    """Opens path (ctl by default) ORDWR, writes cmd, reads the reply from offset 0 on the
+    same fid."""
+    c.open(path, py9p.ORDWR)
     n = c.write(cmd)
     check(n == len(cmd), "short write %d of %d" % (n, len(cmd)))
     c.pos = 0

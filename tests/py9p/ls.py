@@ -8,7 +8,9 @@ def s(x):
 
 c = connect(socket_arg())
 short = sorted(s(n) for n in c.ls())
-check(short == ["backends", "ctl", "eventwait", "help"], "short ls: %r" % short)
+ROOT = ["agents", "aliases", "backends", "ctl", "eventwait", "generate", "help", "models",
+        "session", "tools"]
+check(short == ROOT, "short ls: %r" % short)
 for name in short:
     print("short " + name)
 c.open()
@@ -25,7 +27,7 @@ check(long_["ctl"].startswith("-rw------- "), "ctl line: %r" % long_["ctl"])
 check(long_["help"].startswith("-r--r--r-- "), "help line: %r" % long_["help"])
 # ls -l through the library's own formatting, too
 lib = c.ls(long=1)
-check(len(lib) == 4, "ls(long=1): %r" % lib)
+check(len(lib) == len(ROOT), "ls(long=1): %r" % lib)
 # ls of one file by name
 one = c.ls(long=0, args=["help"])
 check(one == ["help"], "ls help: %r" % one)

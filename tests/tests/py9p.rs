@@ -146,3 +146,18 @@ fn py9p_two_processes_at_once() {
         assert!(b.join().unwrap().contains("backends alpha beta"));
     });
 }
+
+/// Sessions and agents driven by py9p: create, prompt, chat markers, cfg, plan, statewait
+/// woken by a second py9p client, rename, kill.
+#[test]
+fn py9p_sessions_and_agents() {
+    if !have_py9p("py9p_sessions_and_agents") {
+        return;
+    }
+    let srv = Srv::start(CONFIG);
+    let out = py(&srv, "sessions");
+    assert!(out.contains("session py\n"), "{out}");
+    assert!(out.contains("chat.raw ok\n"), "{out}");
+    assert!(out.contains("cfg error unknown key \"colour\""), "{out}");
+    assert!(out.contains("statewait paused\n"), "{out}");
+}

@@ -25,17 +25,4 @@ pub mod tools;
 
 pub use ollie_link::boot;
 
-/// An error and its causes on one line (`a: b: c`).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s.replace('\n', " ")
-}
+pub use ollie_link::error_chain;

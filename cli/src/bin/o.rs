@@ -8,6 +8,15 @@
 //! (new git hooks, risky git config, `.envrc`, editor settings; see SECURITY.md).
 //! When the run itself is refused, it prints one line to stderr and exits 125 (126: the
 //! program cannot be executed, 127: not found).
+//!
+//! `o ls`, `o new`, `o attach`, `o prompt`, `o ctl`, `o kill` and `o logs` talk to olliesrv
+//! over 9P (`-a ADDR`, default `unix!$NAMESPACE/ollie`), attached as the current user; see
+//! the `sessions` module.
+
+#[path = "o/render.rs"]
+mod render;
+#[path = "o/sessions.rs"]
+mod sessions;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -17,8 +26,27 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Debug, Parser)]
-#[command(name = "o", about = "ollie command line")]
+#[command(
+    name = "o",
+    about = "ollie command line",
+    after_help = "EXAMPLES:\n  \
+        o new proj --cwd ~/src/proj        create a session\n  \
+        o attach proj                      talk to its first agent (created as \"main\")\n  \
+        o prompt proj 'fix the build'      one prompt, wait, print the reply\n  \
+        o ls                               sessions and agents\n  \
+        o -a unix!/run/ollie/ollie ls      another server\n  \
+        o sandbox -- make test             run a command in the tool sandbox\n\n\
+        The default address is unix!$NAMESPACE/ollie, NAMESPACE defaulting to /tmp/ns.$USER.$DISPLAY.\n\
+        EXIT STATUS (session commands): 0 ok, 1 the server refused or the turn failed, 2 usage, \
+        3 cannot connect."
+)]
 struct Cli {
+    /// olliesrv's address: unix!/path/to/socket or tcp!host!port (session commands).
+    #[arg(short = 'a', long = "addr", value_name = "ADDR")]
+    addr: Option<String>,
+    /// Authenticate with the key in FILE (olliesrv's TCP listeners require it: STATE/tcp.key).
+    #[arg(short = 'k', long = "key", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -27,6 +55,8 @@ struct Cli {
 enum Cmd {
     /// Run one command in the tool sandbox.
     Sandbox(SandboxArgs),
+    #[command(flatten)]
+    Session(sessions::Command),
 }
 
 #[derive(Debug, clap::Args)]
@@ -187,6 +217,11 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Sandbox(_) if cli.addr.is_some() || cli.key.is_some() => {
+            eprintln!("o sandbox: -a and -k apply to the session commands, not to o sandbox");
+            ExitCode::from(2)
+        }
         Cmd::Sandbox(args) => sandbox(args),
+        Cmd::Session(cmd) => sessions::main(cli.addr, cli.key, cmd),
     }
 }

@@ -24,7 +24,7 @@ const EXIT_CONNECT: u8 = 3;
         echo name=myproj | ollie-9p write session/new\n  \
         printf 'name=a\\n' | ollie-9p rdwr session/myproj/agent/new\n  \
         ollie-9p read session/myproj/agent/coding/chat\n  \
-        ollie-9p -a tcp!127.0.0.1!5640 ls -l /\n\n\
+        ollie-9p -a tcp!127.0.0.1!5640 -k ~/.local/state/ollie/tcp.key ls -l /\n\n\
         EXIT STATUS: 0 ok, 1 the server refused (its error is printed), 2 usage, 3 cannot connect.\n\
         The default address is unix!$NAMESPACE/ollie, NAMESPACE defaulting to /tmp/ns.$USER.$DISPLAY."
 )]
@@ -38,6 +38,10 @@ struct Args {
     /// User name to attach as (default: the current user).
     #[arg(short = 'u', long = "user")]
     user: Option<String>,
+    /// Authenticate with the key in FILE (Tauth, then write the key to the auth fid): what
+    /// olliesrv's TCP listeners require (its key is STATE/tcp.key).
+    #[arg(short = 'k', long = "key", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -153,8 +157,25 @@ async fn run(args: Args) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::Connect(chain(&e)))?;
     let user = args.user.clone().unwrap_or_else(dial::current_user);
+    let afid = match &args.key {
+        None => None,
+        Some(path) => {
+            let key = std::fs::read(path).map_err(|e| {
+                Failure::Usage(format!("cannot read key file {}: {e}", path.display()))
+            })?;
+            let afid = client
+                .auth(&user, &args.aname)
+                .await
+                .map_err(|e| Failure::Server(format!("auth: {}", chain(&e))))?;
+            let key = key.strip_suffix(b"\n").unwrap_or(&key).to_vec();
+            afid.write(0, Bytes::from(key))
+                .await
+                .map_err(|e| Failure::Server(format!("auth: {}", chain(&e))))?;
+            Some(afid)
+        }
+    };
     let root = client
-        .attach(None, &user, &args.aname)
+        .attach(afid.as_ref(), &user, &args.aname)
         .await
         .map_err(|e| match e {
             ClientError::Server(m) => Failure::Server(format!("attach: {m}")),

@@ -1,0 +1,980 @@
+//! The session and agent commands of `o` (`ls`, `new`, `attach`, `prompt`, `ctl`, `kill`,
+//! `logs`): thin clients of olliesrv's files over 9P, as a person would use them with
+//! `ollie-9p`, but resolving names, waiting for turns and rendering chat.
+//!
+//! Exit statuses: 0 ok, 1 the server refused or the turn failed (its message is printed as
+//! `o: …`), 2 usage, 3 cannot connect, 130 interrupted (`attach`, second Ctrl-C).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Subcommand;
+use ollie_p9::client::{Client, ClientError, Fid};
+use ollie_p9::dial::{self, Addr};
+use ollie_p9::wire::om;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::watch;
+
+use crate::render::{self, Block, Renderer, Stats, Target};
+
+const EXIT_SERVER: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_CONNECT: u8 = 3;
+const EXIT_INTERRUPTED: u8 = 130;
+/// A second Ctrl-C within this long after the first ends `o attach`.
+const DOUBLE_INTERRUPT: Duration = Duration::from_secs(1);
+
+/// The session and agent commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List sessions and their agents.
+    #[command(
+        after_help = "One line per session (name, id, agent count, toolsrv state, paused), \
+        and under it one indented line per agent (name, id, state, tokens in+out, cost, context \
+        window use; \"-\" when the context limit is unknown).\n\n\
+        EXAMPLES:\n  o ls\n  o ls --json | jq '.[].agents[].state'"
+    )]
+    Ls {
+        /// Print one JSON array of sessions, each with its agents.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a session (NAME), or an agent in a session (SESSION/AGENT).
+    #[command(
+        after_help = "Prints the new session's name, or the new agent's id.\n\n\
+        EXAMPLES:\n  o new proj --cwd ~/src/proj\n  o new proj/reviewer --profile readonly\n  \
+        o new proj/fast --backend local --model small"
+    )]
+    New {
+        /// NAME for a session, SESSION/AGENT for an agent.
+        target: String,
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Talk to an agent: stream its chat, send each input line as a prompt.
+    #[command(
+        after_help = "AGENT defaults to the session's first agent; a session without \
+        agents gets one named \"main\". Output starts at the current end of the chat (use \
+        --history for all of it); on a terminal, chat blocks are coloured and their markers \
+        shown as [kind]. State changes go to standard error (· running, · idle).\n\
+        Ctrl-C stops the running turn; a second Ctrl-C within a second quits. End of input \
+        (Ctrl-D) quits once the agent is idle.\n\n\
+        EXAMPLES:\n  o attach proj\n  o attach proj/reviewer --history\n  \
+        echo 'run the tests' | o attach proj"
+    )]
+    Attach {
+        /// SESSION or SESSION/AGENT.
+        target: String,
+        /// Show the whole conversation first, not only what comes next.
+        #[arg(long)]
+        history: bool,
+    },
+    /// Send one prompt, wait for the turn to end, print what it added to the chat.
+    #[command(
+        after_help = "AGENT defaults to the session's first agent (one named \"main\" \
+        is created if there is none). The words of TEXT are joined by spaces.\n\
+        EXIT STATUS: 0 the turn ended normally, 1 it ended with an error (printed to standard \
+        error), or the server refused.\n\n\
+        EXAMPLES:\n  o prompt proj 'summarise README.md'\n  o prompt proj/reviewer review the last commit"
+    )]
+    Prompt {
+        /// SESSION or SESSION/AGENT.
+        target: String,
+        /// The prompt.
+        #[arg(required = true, num_args = 1..)]
+        text: Vec<String>,
+    },
+    /// Write a command to a session's or agent's ctl and print the reply.
+    #[command(after_help = "EXAMPLES:\n  o ctl proj help\n  o ctl proj pause\n  \
+        o ctl proj/main help\n  o ctl proj/main model some-model\n  o ctl proj/main proc top")]
+    Ctl {
+        /// SESSION or SESSION/AGENT.
+        target: String,
+        /// The command and its arguments (`help` lists them).
+        #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Kill a session (its agents, toolsrv and tools) or one agent.
+    #[command(
+        after_help = "Prints nothing on success.\n\nEXAMPLES:\n  o kill proj/reviewer\n  o kill proj"
+    )]
+    Kill {
+        /// SESSION or SESSION/AGENT.
+        target: String,
+    },
+    /// Print an agent's chat.
+    #[command(
+        after_help = "Without -f, prints the conversation so far and exits; with -f, \
+        keeps printing as it grows until the agent is killed. AGENT defaults to the session's \
+        first agent.\n\n\
+        EXAMPLES:\n  o logs proj/main\n  o logs -f proj/main\n  o logs --raw proj/main | grep -c '^\\[\\[\\[user'"
+    )]
+    Logs {
+        /// SESSION or SESSION/AGENT.
+        target: String,
+        /// Follow: keep streaming.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Print chat.raw, with its [[[kind … ]]] block markers.
+        #[arg(long)]
+        raw: bool,
+    },
+}
+
+/// What `session/new` and `agent/new` take besides the name.
+#[derive(Debug, clap::Args)]
+pub struct SpecArgs {
+    /// Working directory (made absolute against the current directory).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// A configured backend.
+    #[arg(long, value_name = "B")]
+    backend: Option<String>,
+    /// The model.
+    #[arg(long, value_name = "M")]
+    model: Option<String>,
+    /// An agent profile.
+    #[arg(long, value_name = "P")]
+    profile: Option<String>,
+}
+
+/// Why a command failed; each has its exit status.
+#[derive(Debug)]
+enum Fail {
+    Usage(String),
+    Connect(String),
+    Server(String),
+    /// Standard output went away (`| head`).
+    BrokenPipe,
+}
+
+impl Fail {
+    fn exit(self) -> ExitCode {
+        let (code, msg) = match self {
+            Fail::Usage(m) => (EXIT_USAGE, m),
+            Fail::Connect(m) => (EXIT_CONNECT, m),
+            Fail::Server(m) => (EXIT_SERVER, m),
+            Fail::BrokenPipe => return ExitCode::from(141),
+        };
+        eprintln!("o: {}", msg.replace('\n', " "));
+        ExitCode::from(code)
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A 9P failure: the server's own message, or what went wrong with the connection.
+fn remote(e: ClientError) -> Fail {
+    match e {
+        ClientError::Server(m) => Fail::Server(m),
+        other => Fail::Server(format!("olliesrv connection: {}", chain(&other))),
+    }
+}
+
+fn is_gone(e: &ClientError) -> bool {
+    e.server_message()
+        .is_some_and(|m| m.starts_with("file does not exist"))
+}
+
+fn stdout_write(data: &[u8]) -> Result<(), Fail> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(data)
+        .and_then(|()| out.flush())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => Fail::BrokenPipe,
+            _ => Fail::Server(format!("writing standard output: {e}")),
+        })
+}
+
+/// Runs one session command against the server at `addr` (default `unix!$NAMESPACE/ollie`).
+pub fn main(addr: Option<String>, key: Option<std::path::PathBuf>, cmd: Command) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return Fail::Connect(format!("cannot start the runtime: {e}")).exit(),
+    };
+    let r = rt.block_on(run(addr, key, cmd));
+    // A task may still be blocked reading standard input; do not wait for it.
+    rt.shutdown_background();
+    match r {
+        Ok(code) => code,
+        Err(f) => f.exit(),
+    }
+}
+
+async fn run(
+    addr: Option<String>,
+    key: Option<std::path::PathBuf>,
+    cmd: Command,
+) -> Result<ExitCode, Fail> {
+    // Parse what can be checked before dialling.
+    let target = match &cmd {
+        Command::Ls { .. } => None,
+        Command::New { target, .. }
+        | Command::Attach { target, .. }
+        | Command::Prompt { target, .. }
+        | Command::Ctl { target, .. }
+        | Command::Kill { target }
+        | Command::Logs { target, .. } => Some(Target::parse(target).map_err(Fail::Usage)?),
+    };
+    let conn = Conn::connect(addr.as_deref(), key.as_deref()).await?;
+    let ok = Ok(ExitCode::SUCCESS);
+    match (cmd, target) {
+        (Command::Ls { json }, _) => ls(&conn, json).await.and(ok),
+        (Command::New { spec, .. }, Some(t)) => new(&conn, &t, &spec).await.and(ok),
+        (Command::Attach { history, .. }, Some(t)) => attach(&conn, &t, history).await,
+        (Command::Prompt { text, .. }, Some(t)) => prompt(&conn, &t, &text.join(" ")).await,
+        (Command::Ctl { command, .. }, Some(t)) => {
+            let dir = conn.target_dir(&t).await?;
+            let reply = request(&dir, &["ctl"], &command.join(" ")).await?;
+            stdout_write(reply.as_bytes()).and(ok)
+        }
+        (Command::Kill { .. }, Some(t)) => {
+            let dir = conn.target_dir(&t).await?;
+            request(&dir, &["ctl"], "kill").await.and(ok)
+        }
+        (Command::Logs { follow, raw, .. }, Some(t)) => {
+            let a = conn.agent(&t, false).await?;
+            logs(&a, follow, raw).await.and(ok)
+        }
+        (_, None) => Err(Fail::Usage("missing NAME".into())),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 9P glue
+
+async fn walk(dir: &Fid, path: &[&str]) -> Result<Fid, Fail> {
+    dir.walk(path).await.map_err(remote)
+}
+
+async fn open(dir: &Fid, path: &[&str], mode: u8) -> Result<Fid, Fail> {
+    let mut f = walk(dir, path).await?;
+    f.open(mode).await.map_err(remote)?;
+    Ok(f)
+}
+
+/// A snapshot file, whole.
+async fn read_all(dir: &Fid, path: &[&str]) -> Result<String, Fail> {
+    let f = open(dir, path, om::OREAD).await?;
+    let b = f.read_to_end().await.map_err(remote)?;
+    Ok(String::from_utf8_lossy(&b).into_owned())
+}
+
+/// One Twrite of `data` (one request, one prompt); refused when it does not fit one message.
+async fn write_one(f: &Fid, data: &str) -> Result<(), Fail> {
+    if data.len() > f.iounit() as usize {
+        return Err(Fail::Usage(format!(
+            "{} bytes do not fit in one 9P message (at most {})",
+            data.len(),
+            f.iounit()
+        )));
+    }
+    f.write(0, Bytes::copy_from_slice(data.as_bytes()))
+        .await
+        .map_err(remote)?;
+    Ok(())
+}
+
+/// A request/response file: write `req`, read the reply on the same fid.
+async fn request(dir: &Fid, path: &[&str], req: &str) -> Result<String, Fail> {
+    let f = open(dir, path, om::ORDWR).await?;
+    write_one(&f, req).await?;
+    let b = f.read_to_end().await.map_err(remote)?;
+    Ok(String::from_utf8_lossy(&b).into_owned())
+}
+
+/// The current length of a chat stream (its stat length).
+async fn stream_len(dir: &Fid, name: &str) -> Result<u64, Fail> {
+    let f = walk(dir, &[name]).await?;
+    Ok(f.stat().await.map_err(remote)?.length)
+}
+
+/// A chat stream from `from` to its current end, without waiting for more.
+async fn read_range(dir: &Fid, name: &str, from: u64) -> Result<Vec<u8>, Fail> {
+    let mut f = walk(dir, &[name]).await?;
+    let len = f.stat().await.map_err(remote)?.length;
+    if len <= from {
+        return Ok(Vec::new());
+    }
+    f.open(om::OREAD).await.map_err(remote)?;
+    f.read_bulk(from, len - from, 4).await.map_err(remote)
+}
+
+/// A connection, attached as the current user.
+struct Conn {
+    root: Fid,
+}
+
+/// An agent's directory, held by fid (so a rename does not lose it).
+#[derive(Debug)]
+struct AgentRef {
+    dir: Fid,
+    id: String,
+    /// `SESSION/AGENT`, for messages.
+    label: String,
+}
+
+impl Conn {
+    async fn connect(addr: Option<&str>, key: Option<&std::path::Path>) -> Result<Conn, Fail> {
+        let addr = match addr {
+            Some(a) => Addr::parse(a).map_err(|e| Fail::Usage(e.to_string()))?,
+            None => Addr::Unix(dial::namespace_dir().join("ollie")),
+        };
+        let client = Client::dial(&addr)
+            .await
+            .map_err(|e| Fail::Connect(format!("{} (is olliesrv running?)", chain(&e))))?;
+        let user = dial::current_user();
+        let afid = match key {
+            None => None,
+            Some(path) => {
+                let k = std::fs::read(path).map_err(|e| {
+                    Fail::Usage(format!("cannot read key file {}: {e}", path.display()))
+                })?;
+                let k = k.strip_suffix(b"\n").unwrap_or(&k).to_vec();
+                let afid = client
+                    .auth(&user, "")
+                    .await
+                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", chain(&e))))?;
+                afid.write(0, bytes::Bytes::from(k))
+                    .await
+                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", chain(&e))))?;
+                Some(afid)
+            }
+        };
+        let root = client
+            .attach(afid.as_ref(), &user, "")
+            .await
+            .map_err(|e| Fail::Connect(format!("attach to {addr}: {}", chain(&e))))?;
+        Ok(Conn { root })
+    }
+
+    async fn session(&self, name: &str) -> Result<Fid, Fail> {
+        let missing = || Fail::Server(format!("no session named {name:?} (o ls lists them)"));
+        match self.root.walk(&["session", name]).await {
+            Ok(f) if f.qid().is_dir() => Ok(f),
+            Ok(_) => Err(missing()),
+            Err(e) if is_gone(&e) => Err(missing()),
+            Err(e) => Err(remote(e)),
+        }
+    }
+
+    /// The session's or the agent's directory, for `ctl` and `kill`.
+    async fn target_dir(&self, t: &Target) -> Result<Fid, Fail> {
+        match &t.agent {
+            None => self.session(&t.session).await,
+            Some(_) => Ok(self.agent(t, false).await?.dir),
+        }
+    }
+
+    /// The agent `t` names; without an agent part, the session's first agent, created as
+    /// "main" when there is none and `create` is set.
+    async fn agent(&self, t: &Target, create: bool) -> Result<AgentRef, Fail> {
+        let s = self.session(&t.session).await?;
+        let key = match &t.agent {
+            Some(a) => a.clone(),
+            None => {
+                let idx = render::parse_agent_idx(&read_all(&s, &["agent", "idx"]).await?);
+                match idx.first() {
+                    Some(a) => a.id.clone(),
+                    None if create => request(&s, &["agent", "new"], "name=main")
+                        .await?
+                        .trim()
+                        .to_owned(),
+                    None => {
+                        return Err(Fail::Server(format!(
+                            "session {:?} has no agents (o new {}/NAME creates one)",
+                            t.session, t.session
+                        )));
+                    }
+                }
+            }
+        };
+        let missing = || {
+            Fail::Server(format!(
+                "session {:?} has no agent named {key:?} (o ls lists them)",
+                t.session
+            ))
+        };
+        let dir = match s.walk(&["agent", key.as_str()]).await {
+            Ok(f) if f.qid().is_dir() => f,
+            Ok(_) => return Err(missing()),
+            Err(e) if is_gone(&e) => return Err(missing()),
+            Err(e) => return Err(remote(e)),
+        };
+        let id = read_all(&dir, &["id"]).await?.trim().to_owned();
+        let name = read_all(&dir, &["name"]).await?.trim().to_owned();
+        Ok(AgentRef {
+            dir,
+            id,
+            label: format!("{}/{name}", t.session),
+        })
+    }
+}
+
+impl AgentRef {
+    /// The agent's state now (from `agent/idx`, which is fresh on every open).
+    async fn state(&self) -> Result<String, Fail> {
+        let idx = match self.dir.walk(&["..", "idx"]).await {
+            Ok(mut f) => {
+                f.open(om::OREAD).await.map_err(remote)?;
+                f.read_to_end().await.map_err(remote)?
+            }
+            Err(e) if is_gone(&e) => return Ok("killed".into()),
+            Err(e) => return Err(remote(e)),
+        };
+        Ok(render::parse_agent_idx(&String::from_utf8_lossy(&idx))
+            .into_iter()
+            .find(|a| a.id == self.id)
+            .map_or_else(|| "killed".to_owned(), |a| a.state))
+    }
+
+    fn killed(&self) -> Fail {
+        Fail::Server(format!("agent {} was killed", self.label))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ls
+
+#[derive(Debug, Serialize)]
+struct SessionInfo {
+    name: String,
+    id: String,
+    toolsrv: String,
+    paused: bool,
+    agents: Vec<AgentInfo>,
+}
+
+#[derive(Debug, Serialize)]
+struct AgentInfo {
+    name: String,
+    id: String,
+    state: String,
+    /// tokens_in + tokens_out.
+    tokens: u64,
+    tokens_in: u64,
+    tokens_out: u64,
+    cost_usd: f64,
+    context_tokens: u64,
+    context_limit: u64,
+    /// context_tokens / context_limit in percent; null when the limit is unknown.
+    context_percent: Option<f64>,
+}
+
+/// Reads a file, or `None` if what holds it went away meanwhile.
+async fn read_if_there(dir: &Fid, path: &[&str]) -> Result<Option<String>, Fail> {
+    let mut f = match dir.walk(path).await {
+        Ok(f) => f,
+        Err(e) if is_gone(&e) => return Ok(None),
+        Err(e) => return Err(remote(e)),
+    };
+    match f.open(om::OREAD).await {
+        Ok(_) => {}
+        Err(e) if is_gone(&e) => return Ok(None),
+        Err(e) => return Err(remote(e)),
+    }
+    match f.read_to_end().await {
+        Ok(b) => Ok(Some(String::from_utf8_lossy(&b).into_owned())),
+        Err(e) if is_gone(&e) => Ok(None),
+        Err(e) => Err(remote(e)),
+    }
+}
+
+async fn collect(conn: &Conn) -> Result<Vec<SessionInfo>, Fail> {
+    let idx = read_all(&conn.root, &["session", "idx"]).await?;
+    let mut out = Vec::new();
+    for s in render::parse_session_idx(&idx) {
+        let Some(agents) = read_if_there(&conn.root, &["session", &s.id, "agent", "idx"]).await?
+        else {
+            continue;
+        };
+        let mut info = SessionInfo {
+            name: s.name,
+            id: s.id.clone(),
+            toolsrv: s.toolsrv,
+            paused: s.paused,
+            agents: Vec::new(),
+        };
+        for a in render::parse_agent_idx(&agents) {
+            let path = ["session", s.id.as_str(), "agent", a.id.as_str(), "stats"];
+            let Some(stats) = read_if_there(&conn.root, &path).await? else {
+                continue;
+            };
+            let st = Stats::parse(&stats);
+            info.agents.push(AgentInfo {
+                name: a.name,
+                id: a.id,
+                state: a.state,
+                tokens: st.tokens(),
+                tokens_in: st.tokens_in,
+                tokens_out: st.tokens_out,
+                cost_usd: st.cost_usd,
+                context_tokens: st.context_tokens,
+                context_limit: st.context_limit,
+                context_percent: st.context_percent(),
+            });
+        }
+        out.push(info);
+    }
+    Ok(out)
+}
+
+fn ls_text(sessions: &[SessionInfo]) -> String {
+    let w = sessions
+        .iter()
+        .flat_map(|s| {
+            std::iter::once(s.name.len()).chain(s.agents.iter().map(|a| a.name.len() + 2))
+        })
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for s in sessions {
+        out.push_str(&format!(
+            "{:<w$}  {}  agents {}  toolsrv {}  paused {}\n",
+            s.name,
+            s.id,
+            s.agents.len(),
+            s.toolsrv,
+            if s.paused { "yes" } else { "no" },
+        ));
+        for a in &s.agents {
+            let ctx = a
+                .context_percent
+                .map_or_else(|| "-".to_owned(), |p| format!("{p:.0}%"));
+            out.push_str(&format!(
+                "  {:<aw$}  {}  {:<7}  tokens {}  cost ${:.4}  context {ctx}\n",
+                a.name,
+                a.id,
+                a.state,
+                a.tokens,
+                a.cost_usd,
+                aw = w.saturating_sub(2),
+            ));
+        }
+    }
+    out
+}
+
+async fn ls(conn: &Conn, json: bool) -> Result<(), Fail> {
+    let sessions = collect(conn).await?;
+    let text = if json {
+        let mut j = serde_json::to_string_pretty(&sessions)
+            .map_err(|e| Fail::Server(format!("cannot encode JSON: {e}")))?;
+        j.push('\n');
+        j
+    } else {
+        ls_text(&sessions)
+    };
+    stdout_write(text.as_bytes())
+}
+
+// ---------------------------------------------------------------------------------------
+// new
+
+/// `key=value …` for `session/new` / `agent/new`. Values cannot hold whitespace (the server
+/// splits on it), so such values are refused here rather than misread there.
+fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
+    if name.contains(|c: char| c.is_whitespace() || c == '=') {
+        return Err(Fail::Usage(format!(
+            "invalid name {name:?}: use A-Z a-z 0-9 . _ -"
+        )));
+    }
+    let cwd = match &spec.cwd {
+        Some(d) if d.is_relative() => Some(
+            std::env::current_dir()
+                .map_err(|e| Fail::Usage(format!("cannot determine the current directory: {e}")))?
+                .join(d),
+        ),
+        other => other.clone(),
+    };
+    let cwd = cwd
+        .map(|p| {
+            p.into_os_string()
+                .into_string()
+                .map_err(|_| Fail::Usage("--cwd: the path is not UTF-8".into()))
+        })
+        .transpose()?;
+    let mut parts = vec![format!("name={name}")];
+    for (k, v) in [
+        ("cwd", &cwd),
+        ("backend", &spec.backend),
+        ("model", &spec.model),
+        ("profile", &spec.profile),
+    ] {
+        if let Some(v) = v {
+            if v.is_empty() || v.contains(char::is_whitespace) {
+                return Err(Fail::Usage(format!(
+                    "--{k} {v:?}: give a non-empty value without whitespace"
+                )));
+            }
+            parts.push(format!("{k}={v}"));
+        }
+    }
+    Ok(parts.join(" "))
+}
+
+async fn new(conn: &Conn, t: &Target, spec: &SpecArgs) -> Result<(), Fail> {
+    let reply = match &t.agent {
+        None => {
+            request(
+                &conn.root,
+                &["session", "new"],
+                &spec_line(&t.session, spec)?,
+            )
+            .await?
+        }
+        Some(a) => {
+            let s = conn.session(&t.session).await?;
+            request(&s, &["agent", "new"], &spec_line(a, spec)?).await?
+        }
+    };
+    stdout_write(format!("{}\n", reply.trim()).as_bytes())
+}
+
+// ---------------------------------------------------------------------------------------
+// Turns
+
+/// The agent's states as `statewait` reports them, from a fid opened now (so no change after
+/// this point is missed); `print` shows each on standard error.
+struct StateFeed {
+    rx: watch::Receiver<Option<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StateFeed {
+    async fn start(a: &AgentRef, print: bool) -> Result<StateFeed, Fail> {
+        let f = open(&a.dir, &["statewait"], om::OREAD).await?;
+        let (tx, rx) = watch::channel(None);
+        let task = tokio::spawn(async move {
+            // One state per read at offset 0 on the same fid: its cursor moves with each.
+            while let Ok(d) = f.read(0, 256).await {
+                if d.is_empty() {
+                    break;
+                }
+                let st = String::from_utf8_lossy(&d).trim().to_owned();
+                if print {
+                    eprintln!("· {st}");
+                }
+                let killed = st == "killed";
+                tx.send_replace(Some(st));
+                if killed {
+                    break;
+                }
+            }
+        });
+        Ok(StateFeed { rx, task })
+    }
+}
+
+/// A prompt as its `[[[user` block's body shows it (lines that look like markers indented).
+fn user_body(prompt: &str) -> String {
+    prompt
+        .lines()
+        .map(|l| {
+            if render::is_marker(l.as_bytes()) {
+                format!(" {l}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}
+
+/// Whether the turn of `sent` (the chat.raw length before a prompt, and the prompt) has
+/// ended: its user block is in the chat and the agent is not running. The chat is read
+/// before the state, so an idle seen before the turn started cannot count.
+async fn turn_done(a: &AgentRef, sent: Option<&(u64, String)>) -> Result<bool, Fail> {
+    if let Some((off, prompt)) = sent {
+        let raw = read_range(&a.dir, "chat.raw", *off).await?;
+        let want = user_body(prompt);
+        let seen = render::parse_blocks(&raw).iter().any(|b| {
+            b.kind == "user" && b.attrs.is_empty() && b.body.trim_end() == want.trim_end()
+        });
+        if !seen {
+            return Ok(false);
+        }
+    }
+    Ok(a.state().await? != "running")
+}
+
+/// Waits until the turn of `sent` has ended (with no prompt: until the agent is not running).
+async fn wait_turn(
+    a: &AgentRef,
+    sent: Option<&(u64, String)>,
+    rx: &mut watch::Receiver<Option<String>>,
+) -> Result<(), Fail> {
+    loop {
+        if rx.borrow_and_update().as_deref() == Some("killed") {
+            return Err(a.killed());
+        }
+        match turn_done(a, sent).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            // Its files went away: it was killed.
+            Err(Fail::Server(m)) if m.starts_with("file does not exist") => {
+                return Err(a.killed());
+            }
+            Err(e) => return Err(e),
+        }
+        if rx.changed().await.is_err() {
+            return Err(if rx.borrow().as_deref() == Some("killed") {
+                a.killed()
+            } else {
+                Fail::Server(format!("lost the state of agent {}", a.label))
+            });
+        }
+    }
+}
+
+/// Queues `text` as one prompt.
+async fn send_prompt(prompt_fid: &Fid, text: &str) -> Result<(), Fail> {
+    write_one(prompt_fid, text).await
+}
+
+async fn prompt(conn: &Conn, t: &Target, text: &str) -> Result<ExitCode, Fail> {
+    if text.trim().is_empty() {
+        return Err(Fail::Usage("empty prompt".into()));
+    }
+    let a = conn.agent(t, true).await?;
+    let mut states = StateFeed::start(&a, false).await?;
+    let off = stream_len(&a.dir, "chat.raw").await?;
+    let pf = open(&a.dir, &["prompt"], om::OWRITE).await?;
+    send_prompt(&pf, text).await?;
+    let sent = (off, text.to_owned());
+    wait_turn(&a, Some(&sent), &mut states.rx).await?;
+    states.task.abort();
+    let blocks = render::parse_blocks(&read_range(&a.dir, "chat.raw", off).await?);
+    let mut text_out = String::new();
+    for b in &blocks {
+        if b.kind == "error" {
+            // Flush what came before, so the two streams keep their order on a terminal.
+            stdout_write(std::mem::take(&mut text_out).as_bytes())?;
+            eprintln!("o: {}", b.body.trim_end());
+        } else {
+            text_out.push_str(&b.body);
+        }
+    }
+    stdout_write(text_out.as_bytes())?;
+    Ok(match blocks.last() {
+        Some(Block { kind, .. }) if kind == "error" => ExitCode::from(EXIT_SERVER),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// logs and attach
+
+/// Copies a chat stream from `from` to standard output as it grows, through `renderer` when
+/// there is one; reports how far it got on `printed`. Ends at end of file (the agent killed).
+async fn stream_chat(
+    f: Fid,
+    from: u64,
+    mut renderer: Option<Renderer>,
+    printed: watch::Sender<u64>,
+) -> Result<(), Fail> {
+    let mut off = from;
+    let mut buf = Vec::new();
+    loop {
+        let d = f.read(off, f.iounit()).await.map_err(remote)?;
+        if d.is_empty() {
+            return Ok(());
+        }
+        off += d.len() as u64;
+        match &mut renderer {
+            Some(r) => {
+                buf.clear();
+                r.feed(&d, &mut buf);
+                stdout_write(&buf)?;
+            }
+            None => stdout_write(&d)?,
+        }
+        printed.send_replace(off);
+    }
+}
+
+async fn logs(a: &AgentRef, follow: bool, raw: bool) -> Result<(), Fail> {
+    let name = if raw { "chat.raw" } else { "chat" };
+    if !follow {
+        return stdout_write(&read_range(&a.dir, name, 0).await?);
+    }
+    let f = open(&a.dir, &[name], om::OREAD).await?;
+    let (tx, _rx) = watch::channel(0);
+    stream_chat(f, 0, None, tx).await
+}
+
+/// Reads prompts from standard input, one per line, until end of input; then waits for the
+/// last one's turn (or a running one) to end.
+async fn read_prompts(
+    a: Arc<AgentRef>,
+    mut rx: watch::Receiver<Option<String>>,
+) -> Result<(), Fail> {
+    let pf = open(&a.dir, &["prompt"], om::OWRITE).await?;
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut last: Option<(u64, String)> = None;
+    loop {
+        let line = match lines.next_line().await {
+            Ok(Some(l)) => l,
+            Ok(None) => break,
+            Err(e) => return Err(Fail::Usage(format!("reading standard input: {e}"))),
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let off = stream_len(&a.dir, "chat.raw").await?;
+        match send_prompt(&pf, &line).await {
+            Ok(()) => last = Some((off, line)),
+            Err(Fail::Server(m)) | Err(Fail::Usage(m)) => eprintln!("o: {m}"),
+            Err(e) => return Err(e),
+        }
+    }
+    wait_turn(&a, last.as_ref(), &mut rx).await
+}
+
+async fn attach(conn: &Conn, t: &Target, history: bool) -> Result<ExitCode, Fail> {
+    let a = Arc::new(conn.agent(t, true).await?);
+    let tty = std::io::stdout().is_terminal();
+    let colour = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    // On a terminal the blocks are rendered from chat.raw; otherwise chat goes out as it is.
+    let stream = if tty { "chat.raw" } else { "chat" };
+    let mut chat = walk(&a.dir, &[stream]).await?;
+    let start = if history {
+        0
+    } else {
+        chat.stat().await.map_err(remote)?.length
+    };
+    chat.open(om::OREAD).await.map_err(remote)?;
+    let states = StateFeed::start(&a, true).await?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| Fail::Server(format!("cannot handle Ctrl-C: {e}")))?;
+    if std::io::stdin().is_terminal() {
+        eprintln!(
+            "· attached to {} (Ctrl-C stops a turn, twice quits; Ctrl-D quits when idle)",
+            a.label
+        );
+    }
+    let (printed_tx, mut printed) = watch::channel(start);
+    let mut chat_task = tokio::spawn(stream_chat(
+        chat,
+        start,
+        tty.then(|| Renderer::new(colour)),
+        printed_tx,
+    ));
+    let mut input_task = tokio::spawn(read_prompts(Arc::clone(&a), states.rx.clone()));
+    let mut last_interrupt: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            r = &mut chat_task => {
+                let r = r.map_err(|e| Fail::Server(format!("chat reader failed: {e}")))?;
+                if r.is_ok() {
+                    // End of the chat: the agent was killed; let its last state show.
+                    let _ = states.task.await;
+                }
+                return r.map(|()| ExitCode::SUCCESS);
+            }
+            r = &mut input_task => {
+                r.map_err(|e| Fail::Server(format!("input reader failed: {e}")))??;
+                // Show the end of the turn before leaving.
+                let end = stream_len(&a.dir, stream).await?;
+                let _ = printed.wait_for(|p| *p >= end).await;
+                return Ok(ExitCode::SUCCESS);
+            }
+            _ = sigint.recv() => {
+                if last_interrupt.is_some_and(|t| t.elapsed() < DOUBLE_INTERRUPT) {
+                    return Ok(ExitCode::from(EXIT_INTERRUPTED));
+                }
+                last_interrupt = Some(Instant::now());
+                match request(&a.dir, &["ctl"], "stop").await {
+                    Ok(r) => eprintln!("· {}", r.trim()),
+                    Err(Fail::Server(m)) => eprintln!("o: {m}"),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_lines() {
+        let spec = SpecArgs {
+            cwd: Some(PathBuf::from("/tmp")),
+            backend: None,
+            model: Some("m1".into()),
+            profile: None,
+        };
+        assert_eq!(spec_line("p", &spec).unwrap(), "name=p cwd=/tmp model=m1");
+        let rel = SpecArgs {
+            cwd: Some(PathBuf::from("sub")),
+            backend: None,
+            model: None,
+            profile: None,
+        };
+        let line = spec_line("p", &rel).unwrap();
+        assert!(line.starts_with("name=p cwd=/"), "{line}");
+        assert!(line.ends_with("/sub"), "{line}");
+        let bad = SpecArgs {
+            cwd: None,
+            backend: Some("a b".into()),
+            model: None,
+            profile: None,
+        };
+        assert!(matches!(spec_line("p", &bad), Err(Fail::Usage(m)) if m.contains("--backend")));
+        assert!(
+            matches!(spec_line("a b", &rel), Err(Fail::Usage(m)) if m.contains("invalid name"))
+        );
+    }
+
+    #[test]
+    fn user_bodies_match_the_servers_blocks() {
+        assert_eq!(user_body("hi"), "hi\n");
+        assert_eq!(user_body("a\n]]]\n[[[x"), "a\n ]]]\n [[[x\n");
+    }
+
+    #[test]
+    fn ls_lines() {
+        let s = vec![SessionInfo {
+            name: "proj".into(),
+            id: "sid".into(),
+            toolsrv: "up".into(),
+            paused: false,
+            agents: vec![AgentInfo {
+                name: "main".into(),
+                id: "aid".into(),
+                state: "idle".into(),
+                tokens: 15,
+                tokens_in: 10,
+                tokens_out: 5,
+                cost_usd: 0.5,
+                context_tokens: 1,
+                context_limit: 4,
+                context_percent: Some(25.0),
+            }],
+        }];
+        assert_eq!(
+            ls_text(&s),
+            "proj    sid  agents 1  toolsrv up  paused no\n  \
+             main  aid  idle     tokens 15  cost $0.5000  context 25%\n"
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! Load test for olliesrv (not a timed assertion; it prints figures):
+//!
+//! - starts the real `olliesrv` (which starts one real `toolsrv` per session),
+//! - creates SESSIONS sessions with one agent each,
+//! - parks READERS blocked reads (statewait, feed and chat at its end, spread over the
+//!   agents, on a few connections),
+//! - then prints olliesrv's RSS, the RSS of each toolsrv (min / median / max), and the
+//!   latency of a `stats` read (open + read + clunk on a fresh fid) under that load, against
+//!   the same read before the load.
+//!
+//! Build the binaries first (the bench looks for them next to itself, in `target/release`):
+//!
+//! ```text
+//! cargo build --release --bins && cargo bench -p ollie-tests --bench load
+//! ```
+//!
+//! `LOAD_SESSIONS` and `LOAD_READERS` override the defaults (200 and 1000).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ollie_p9::dial::Addr;
+use ollie_p9::wire::om;
+use ollie_p9::{Client, Fid};
+
+fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("OLLIE_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Direct children of `pid` named `name`.
+fn children_named(pid: u32, name: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let comm = stat[..close].split_once('(').map_or("", |x| x.1);
+        let ppid: u32 = stat[close + 2..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if ppid == pid && comm == name {
+            out.push(p);
+        }
+    }
+    out
+}
+
+async fn rdwr(root: &Fid, path: &str, data: &str) -> String {
+    let mut f = root.walk_path(path).await.unwrap();
+    f.open(om::ORDWR).await.unwrap();
+    f.write(0, Bytes::from(data.to_owned())).await.unwrap();
+    String::from_utf8(f.read_to_end().await.unwrap()).unwrap()
+}
+
+async fn read_all(root: &Fid, path: &str) -> String {
+    let mut f = root.walk_path(path).await.unwrap();
+    f.open(om::OREAD).await.unwrap();
+    String::from_utf8(f.read_to_end().await.unwrap()).unwrap()
+}
+
+async fn stats_read(root: &Fid, path: &str) -> Duration {
+    let t = Instant::now();
+    let mut f = root.walk_path(path).await.unwrap();
+    f.open(om::OREAD).await.unwrap();
+    let b = f.read_to_end().await.unwrap();
+    assert!(String::from_utf8_lossy(&b).contains("tokens_in="));
+    f.clunk().await.unwrap();
+    t.elapsed()
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let sessions: usize = std::env::var("LOAD_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let readers: usize = std::env::var("LOAD_READERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let dir = bin_dir();
+    for b in ["olliesrv", "toolsrv"] {
+        if !dir.join(b).is_file() {
+            eprintln!(
+                "load: {} not found; run `cargo build --release --bins` first (or set OLLIE_BIN_DIR)",
+                dir.join(b).display()
+            );
+            std::process::exit(2);
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let sock = tmp.path().join("ns").join("ollie");
+    let mut srv = Command::new(dir.join("olliesrv"))
+        .arg("-a")
+        .arg(format!("unix!{}", sock.display()))
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .env("XDG_CONFIG_HOME", tmp.path().join("cfg"))
+        .env("OLLIE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = srv.id();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "olliesrv did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let addr = Addr::Unix(sock.clone());
+        let user = ollie_p9::dial::current_user();
+        let c = Client::dial(&addr).await.unwrap();
+        let root = c.attach(None, &user, "").await.unwrap();
+        let rss_empty = status_kib(pid, "VmRSS").unwrap_or(0);
+        let t = Instant::now();
+        for i in 0..sessions {
+            rdwr(
+                &root,
+                "session/new",
+                &format!("name=s{i} cwd={}", work.display()),
+            )
+            .await;
+            rdwr(&root, &format!("session/s{i}/agent/new"), "name=a").await;
+        }
+        let created = t.elapsed();
+        // Every toolsrv up.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let idx = read_all(&root, "session/idx").await;
+            let up = idx.lines().filter(|l| l.contains("\tup\t")).count();
+            if up >= sessions {
+                break;
+            }
+            assert!(Instant::now() < deadline, "only {up} of {sessions} toolsrv up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut base = Vec::new();
+        for i in 0..100 {
+            base.push(stats_read(&root, &format!("session/s{}/agent/a/stats", i % sessions)).await);
+        }
+        // The blocked readers, on 4 connections.
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            let c = Client::dial(&addr).await.unwrap();
+            let r = c.attach(None, &user, "").await.unwrap();
+            conns.push((c, r));
+        }
+        let mut parked = Vec::new();
+        for i in 0..readers {
+            let (_, r) = &conns[i % conns.len()];
+            let s = i % sessions;
+            let (file, off) = match i % 3 {
+                0 => ("statewait", 0),
+                1 => ("feed", 0),
+                _ => ("chat", 1 << 40),
+            };
+            let mut f = r
+                .walk_path(&format!("session/s{s}/agent/a/{file}"))
+                .await
+                .unwrap();
+            f.open(om::OREAD).await.unwrap();
+            let call = f.read_call(off, 4096).unwrap();
+            parked.push((f, call));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut loaded = Vec::new();
+        for i in 0..200 {
+            loaded.push(stats_read(&root, &format!("session/s{}/agent/a/stats", i % sessions)).await);
+        }
+        let rss_loaded = status_kib(pid, "VmRSS").unwrap_or(0);
+        let mut tool_rss: Vec<u64> = children_named(pid, "toolsrv")
+            .into_iter()
+            .filter_map(|p| status_kib(p, "VmRSS"))
+            .collect();
+        tool_rss.sort();
+        println!("olliesrv load test: {sessions} sessions (one agent each), {readers} blocked readers");
+        println!(
+            "created {sessions} sessions + agents in {:.2} s ({:.1} ms each)",
+            created.as_secs_f64(),
+            created.as_secs_f64() * 1000.0 / sessions as f64
+        );
+        println!(
+            "olliesrv RSS: {rss_empty} KiB empty, {rss_loaded} KiB with {sessions} sessions and {readers} blocked readers"
+        );
+        if tool_rss.is_empty() {
+            println!("toolsrv RSS: no toolsrv children found");
+        } else {
+            println!(
+                "toolsrv RSS ({} processes): min {} KiB, median {} KiB, max {} KiB",
+                tool_rss.len(),
+                tool_rss[0],
+                tool_rss[tool_rss.len() / 2],
+                tool_rss[tool_rss.len() - 1]
+            );
+        }
+        let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
+        let (l50, l99) = (pct(&mut loaded, 0.5), pct(&mut loaded, 0.99));
+        println!(
+            "stats read (walk+open+read+clunk): idle p50 {:.0} µs p99 {:.0} µs; under load p50 {:.0} µs p99 {:.0} µs ({:.2}x p50)",
+            b50.as_secs_f64() * 1e6,
+            b99.as_secs_f64() * 1e6,
+            l50.as_secs_f64() * 1e6,
+            l99.as_secs_f64() * 1e6,
+            l50.as_secs_f64() / b50.as_secs_f64().max(1e-9)
+        );
+        drop(parked);
+        drop(conns);
+    });
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = srv.wait();
+}
