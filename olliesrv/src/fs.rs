@@ -1004,7 +1004,7 @@ impl OllieFs {
                 Ok("config reloaded\n".into())
             }
             "pause" => {
-                let changed = s.set_paused(true).map_err(err)?;
+                let changed = self.reg().set_paused(s, true).map_err(err)?;
                 Ok(if changed {
                     "paused\n"
                 } else {
@@ -1013,7 +1013,7 @@ impl OllieFs {
                 .into())
             }
             "resume" => {
-                let changed = s.set_paused(false).map_err(err)?;
+                let changed = self.reg().set_paused(s, false).map_err(err)?;
                 Ok(if changed { "resumed\n" } else { "not paused\n" }.into())
             }
             other => Err(err(format!(
@@ -1040,7 +1040,7 @@ impl OllieFs {
     async fn tools_fid(&self, a: &Agent) -> Result<Arc<RemoteFid>> {
         let s = a.session.upgrade().ok_or_else(gone)?;
         let c = s.link.conn(LINK_WAIT).await.map_err(err)?;
-        c.agent_root(&a.id).await.map_err(err)
+        c.agent_root(a, &self.shared.config()).await.map_err(err)
     }
 
     async fn remote_rdwr(&self, a: &Agent, path: &[&str], data: Option<&str>) -> Result<String> {
@@ -1302,7 +1302,7 @@ impl OllieFs {
     ) -> Result<Arc<RemoteFid>> {
         let c = s.link.conn(LINK_WAIT).await.map_err(err)?;
         match agent {
-            Some(a) => c.agent_root(&a.id).await.map_err(err),
+            Some(a) => c.agent_root(a, &self.shared.config()).await.map_err(err),
             None => {
                 let f = c
                     .operator
@@ -1975,7 +1975,41 @@ impl Filesystem for OllieFs {
             }
             Node::A(a, AFile::Cfg) => {
                 let config = self.shared.config();
-                let changed = a.set_cfg(text(&data)?, &config).map_err(err)?;
+                // `name=` and `id=` are shown too, so `cat cfg > f; cat f > cfg` works: the id
+                // must be the agent's own, the name renames.
+                let mut rest = String::new();
+                let mut rename = None;
+                let mut named = false;
+                for line in text(&data)?.lines() {
+                    match line.trim().split_once('=') {
+                        Some(("id", v)) if v.trim() != a.id => {
+                            return Err(err(format!(
+                                "id is immutable ({} is not {})",
+                                clip(v.trim()),
+                                a.id
+                            )));
+                        }
+                        Some(("id", _)) => named = true,
+                        Some(("name", v)) if v.trim() != a.name() => {
+                            crate::model::validate_name(v.trim()).map_err(err)?;
+                            rename = Some(v.trim().to_owned());
+                            named = true;
+                        }
+                        Some(("name", _)) => named = true,
+                        _ => {
+                            rest.push_str(line);
+                            rest.push('\n');
+                        }
+                    }
+                }
+                let changed = if rest.trim().is_empty() && named {
+                    Vec::new()
+                } else {
+                    a.set_cfg(&rest, &config).map_err(err)?
+                };
+                if let Some(to) = rename {
+                    reg.rename_agent(a, &to).map_err(err)?;
+                }
                 if changed.iter().any(|(k, _)| k == "profile")
                     && let Some(s) = a.session.upgrade()
                     && let LinkState::Up(c) = s.link.state()

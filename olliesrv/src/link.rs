@@ -36,18 +36,26 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// The root fid of `agent`'s identity (attached on first use).
-    pub async fn agent_root(&self, agent: &str) -> Result<Arc<Fid>, String> {
+    /// The root fid of `a`'s identity. On first use the agent is configured in toolsrv
+    /// (its profile's policy and tools) before it is attached, so nothing can ever run for
+    /// it under toolsrv's default policy.
+    pub async fn agent_root(&self, a: &Agent, config: &Config) -> Result<Arc<Fid>, String> {
         let mut m = self.agents.lock().await;
-        if let Some(f) = m.get(agent) {
+        if let Some(f) = m.get(&a.id) {
             return Ok(Arc::clone(f));
         }
-        let f = attach(&self.client, &self.key, &Identity::Agent(agent.to_owned()))
+        configure_agent(self, a, config).await?;
+        let f = attach(&self.client, &self.key, &Identity::Agent(a.id.clone()))
             .await
             .map_err(|e| format!("toolsrv: {e}"))?;
         let f = Arc::new(f);
-        m.insert(agent.to_owned(), Arc::clone(&f));
+        m.insert(a.id.clone(), Arc::clone(&f));
         Ok(f)
+    }
+
+    /// The root fid of an agent that was attached before, if any.
+    async fn attached(&self, agent: &str) -> Option<Arc<Fid>> {
+        self.agents.lock().await.get(agent).cloned()
     }
 
     /// Writes one command to toolsrv's `ctl` as the operator.
@@ -163,18 +171,6 @@ impl ToolLink {
         self.stop.send_replace(true);
     }
 
-    /// A new agent: configure it in toolsrv if it is up.
-    pub fn agent_added(&self, a: &Arc<Agent>, config: Arc<Config>) {
-        if let LinkState::Up(c) = self.state() {
-            let a = Arc::clone(a);
-            tokio::spawn(async move {
-                if let Err(e) = configure_agent(&c, &a, &config).await {
-                    tracing::warn!(agent = %a.id, error = %e, "cannot configure the agent in toolsrv");
-                }
-            });
-        }
-    }
-
     /// An agent was killed: stop its processes.
     pub fn agent_removed(&self, a: &Arc<Agent>) {
         if let LinkState::Up(c) = self.state() {
@@ -216,7 +212,10 @@ pub async fn configure_agent(c: &Conn, a: &Agent, config: &Config) -> Result<(),
 }
 
 async fn kill_agent_procs(c: &Conn, agent: &str) -> Result<(), String> {
-    let root = c.agent_root(agent).await?;
+    // Never attached: it has no processes.
+    let Some(root) = c.attached(agent).await else {
+        return Ok(());
+    };
     let mut l = root
         .walk(&["proc", "list"])
         .await
@@ -332,12 +331,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
                 continue;
             }
         };
-        let config = reg.config();
-        for a in s.agents() {
-            if let Err(e) = configure_agent(&conn, &a, &config).await {
-                tracing::warn!(agent = %a.id, error = %e, "cannot configure the agent in toolsrv");
-            }
-        }
+        // Agents are configured in this toolsrv on first use (`Conn::agent_root`).
         link.state.send_replace(LinkState::Up(Arc::clone(&conn)));
         reg.events.emit(
             "toolsrv-started",

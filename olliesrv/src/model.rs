@@ -466,13 +466,16 @@ impl Agent {
             .map_err(|e| crate::error_chain(&e))
     }
 
-    fn set_state(&self, st: AgentState) {
-        self.state.send_modify(|(seq, s)| {
-            if *s != st {
-                *seq += 1;
-                *s = st;
+    /// Sets the state; whether it changed.
+    fn set_state(&self, st: AgentState) -> bool {
+        self.state.send_if_modified(|(seq, s)| {
+            if *s == st {
+                return false;
             }
-        });
+            *seq += 1;
+            *s = st;
+            true
+        })
     }
 
     /// Appends a whole block to the chat, durably first.
@@ -938,16 +941,6 @@ impl Session {
         if let Err(e) = self.save() {
             self.paused.send_replace(was);
             return Err(e);
-        }
-        for a in self.agents() {
-            if a.state().1 != AgentState::Running && !a.is_killed() {
-                a.set_state(if p {
-                    AgentState::Paused
-                } else {
-                    AgentState::Idle
-                });
-            }
-            a.queue_bell.notify_one();
         }
         Ok(true)
     }
@@ -1464,7 +1457,6 @@ impl Registry {
         }
         self.bump();
         drop(_g);
-        s.link.agent_added(&a, config);
         crate::turn::start_worker(Arc::clone(&a), Arc::clone(self));
         self.events.emit(
             "agent-created",
@@ -1544,9 +1536,44 @@ impl Registry {
         r
     }
 
+    /// Pauses or resumes a session, durably: idle agents become paused (queued prompts
+    /// wait) or idle again, each announced; a running turn finishes first.
+    pub fn set_paused(&self, s: &Session, p: bool) -> Result<bool, String> {
+        if !s.set_paused(p)? {
+            return Ok(false);
+        }
+        self.events.emit(
+            if p {
+                "session-paused"
+            } else {
+                "session-resumed"
+            },
+            ev(&[
+                ("session", Value::from(s.id.clone())),
+                ("name", Value::from(s.name())),
+            ]),
+        );
+        for a in s.agents() {
+            if a.state().1 != AgentState::Running && !a.is_killed() {
+                self.state_changed(
+                    &a,
+                    if p {
+                        AgentState::Paused
+                    } else {
+                        AgentState::Idle
+                    },
+                );
+            }
+            a.queue_bell.notify_one();
+        }
+        Ok(true)
+    }
+
     /// Announces an agent state change.
     pub fn state_changed(&self, a: &Agent, st: AgentState) {
-        a.set_state(st);
+        if !a.set_state(st) {
+            return;
+        }
         self.events.emit(
             "agent-state",
             ev(&[

@@ -16,7 +16,18 @@ use nix::sys::signal::Signal;
 use ollie_p9::wire::{NOFID, NOTAG, Rmsg, Stat, Tmsg, dm, om};
 use ollie_p9::{Client, Fid};
 
-const ROOT_NAMES: [&str; 4] = ["backends", "ctl", "eventwait", "help"];
+const ROOT_NAMES: [&str; 10] = [
+    "agents",
+    "aliases",
+    "backends",
+    "ctl",
+    "eventwait",
+    "generate",
+    "help",
+    "models",
+    "session",
+    "tools",
+];
 
 fn names(entries: &[Stat]) -> BTreeSet<String> {
     entries.iter().map(|s| s.name.clone()).collect()
@@ -121,7 +132,10 @@ fn cli_ls_read_write_rdwr() {
 
     let o = ollie9p(&a, &["ls"], b"");
     assert!(o.status.success(), "{}", text(&o.stderr));
-    assert_eq!(text(&o.stdout), "backends\nctl\neventwait\nhelp\n");
+    assert_eq!(
+        text(&o.stdout),
+        "agents\naliases\nbackends\nctl\neventwait\ngenerate\nhelp\nmodels\nsession/\ntools\n"
+    );
 
     let o = ollie9p(&a, &["ls", "-l"], b"");
     assert!(o.status.success(), "{}", text(&o.stderr));
@@ -828,26 +842,133 @@ async fn another_name_never_gets_owner_rights() {
 // ---------------------------------------------------------------------------------------------
 // help and the listing
 
+/// Every `path mode` line of `help` (directories as `dNNN`, with [`dm::DIR`] set), with the
+/// trailing `/` of directory paths dropped. `/` itself is included.
+fn help_tree(help: &str) -> BTreeSet<(String, u32)> {
+    let mut out = BTreeSet::new();
+    for line in help.lines() {
+        if !line.starts_with("  ") {
+            continue;
+        }
+        let mut w = line.split_whitespace();
+        let (Some(name), Some(mode)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let m = match mode.strip_prefix('d') {
+            Some(bits) if bits.len() == 3 => u32::from_str_radix(bits, 8).ok().map(|b| dm::DIR | b),
+            None if mode.len() == 4 => u32::from_str_radix(mode, 8).ok(),
+            _ => None,
+        };
+        if let Some(m) = m {
+            let name = if name == "/" {
+                name
+            } else {
+                name.trim_end_matches('/')
+            };
+            out.insert((name.to_owned(), m));
+        }
+    }
+    out
+}
+
+/// Walks the whole served tree from `root` (not into `session/NAME/toolsrv/`, which is
+/// toolsrv's own tree): every path with its mode (directory bit and permission bits), session
+/// and agent names replaced by `NAME`, process ids by `N`.
+async fn served_tree(root: &Fid, sessions: &[&str], agents: &[&str]) -> BTreeSet<(String, u32)> {
+    let st = within("stat /", root.stat()).await.expect("stat /");
+    let mut out = BTreeSet::from([("/".to_owned(), st.mode & (dm::DIR | 0o777))]);
+    let mut todo: Vec<(Vec<String>, Vec<String>)> = vec![(Vec::new(), Vec::new())];
+    while let Some((path, shown)) = todo.pop() {
+        let mut d = within("walk", root.walk(&path))
+            .await
+            .unwrap_or_else(|e| panic!("walk {path:?}: {e}"));
+        within("open dir", d.open(om::OREAD))
+            .await
+            .unwrap_or_else(|e| panic!("open {path:?}: {e}"));
+        let entries = within("read dir", d.read_dir())
+            .await
+            .unwrap_or_else(|e| panic!("read {path:?}: {e}"));
+        assert!(!entries.is_empty(), "{path:?} is empty");
+        for e in entries {
+            let parent = path.last().map(String::as_str);
+            let placeholder = match parent {
+                Some("session") if sessions.contains(&e.name.as_str()) => "NAME".to_owned(),
+                Some("agent") if agents.contains(&e.name.as_str()) => "NAME".to_owned(),
+                Some("proc") if e.name.parse::<u32>().is_ok() => "N".to_owned(),
+                _ => e.name.clone(),
+            };
+            let mut p = path.clone();
+            p.push(e.name.clone());
+            let mut s = shown.clone();
+            s.push(placeholder);
+            let mode = e.mode & (dm::DIR | 0o777);
+            assert_eq!(
+                mode & dm::DIR != 0,
+                e.qid.is_dir(),
+                "{p:?}: the mode's directory bit and the qid disagree"
+            );
+            out.insert((s.join("/"), mode));
+            let into_toolsrv = s.len() == 3 && s[2] == "toolsrv";
+            if e.qid.is_dir() && !into_toolsrv {
+                todo.push((p, s));
+            }
+        }
+    }
+    out
+}
+
+/// `help` and the served tree agree: with a session and an agent created, every file and
+/// directory served (root, `session/`, `session/NAME/`, `…/agent/`, `…/agent/NAME/`,
+/// `…/proc/`) is in `help` with the same mode, and every path `help` names is served —
+/// except the process directories `…/proc/N/`, which exist only while a process does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn help_and_the_root_listing_agree() {
     let srv = Srv::start(CONFIG);
     let (_c, root) = attach(&srv, &me()).await;
+    let new = open(&root, "session/new", om::ORDWR).await;
+    within(
+        "session/new",
+        new.write(0, Bytes::from_static(b"name=walked")),
+    )
+    .await
+    .expect("session/new");
+    let anew = open(&root, "session/walked/agent/new", om::ORDWR).await;
+    within(
+        "agent/new",
+        anew.write(0, Bytes::from_static(b"name=walker")),
+    )
+    .await
+    .expect("agent/new");
+
     let help = read_all(&root, "help").await;
-    let listed: BTreeSet<(String, u32)> = help_files(&help).into_iter().collect();
-    let mut d = root.clone_fid().await.unwrap();
-    d.open(om::OREAD).await.unwrap();
-    let dir: BTreeSet<(String, u32)> = d
-        .read_dir()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| (s.name, s.mode & 0o777))
-        .collect();
-    assert!(!listed.is_empty(), "help lists no files:\n{help}");
-    assert_eq!(
-        listed, dir,
-        "help's files (with modes) vs the root directory"
+    let helped = help_tree(&help);
+    assert!(
+        helped.contains(&("/".to_owned(), dm::DIR | 0o555)),
+        "help lists / as d555:\n{help}"
     );
+    let served = served_tree(&root, &["walked"], &["walker"]).await;
+    let missing_from_help: Vec<_> = served.difference(&helped).collect();
+    assert!(
+        missing_from_help.is_empty(),
+        "served but not in help (or with another mode): {missing_from_help:?}\n{help}"
+    );
+    let not_served: Vec<_> = helped
+        .difference(&served)
+        .filter(|(p, _)| !p.starts_with("session/NAME/agent/NAME/proc/N/"))
+        .collect();
+    assert!(
+        not_served.is_empty(),
+        "in help but not served (or with another mode): {not_served:?}"
+    );
+    // The walk reached every level.
+    for p in [
+        "session/NAME/agent/NAME/proc/top",
+        "session/NAME/toolsrv",
+        "session/new",
+        "generate",
+    ] {
+        assert!(served.iter().any(|(s, _)| s == p), "{p} not reached");
+    }
     // Every command ctl's own help lists is described in help.
     let reply = rdwr(&root, "help").await.unwrap();
     for line in reply.lines() {

@@ -139,6 +139,10 @@ pub struct Srv {
     stderr_path: PathBuf,
     child: Option<Child>,
     status: Option<ExitStatus>,
+    /// Whether `--config` is passed (see [`Srv::start_without_config_flag`]).
+    flag: bool,
+    /// `XDG_CONFIG_HOME`, if not the default empty one.
+    xdg: Option<PathBuf>,
 }
 
 impl Srv {
@@ -174,35 +178,68 @@ impl Srv {
     ) -> Srv {
         let sock = dir.path().join("ns").join("ollie");
         let stderr_path = dir.path().join("olliesrv.stderr");
-        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
-        let mut cmd = Command::new(bin("olliesrv"));
-        if flag {
-            cmd.arg("--config").arg(&cfg);
-        }
-        cmd.arg("-a")
-            .arg(format!("unix!{}", sock.display()))
-            .env(
-                "XDG_CONFIG_HOME",
-                xdg.unwrap_or_else(|| dir.path().join("xdg-empty")),
-            )
-            .env("OLLIE_LOG", "info")
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
-        tweak(&mut cmd);
-        let child = cmd.spawn().expect("spawn olliesrv");
         let mut srv = Srv {
             dir,
             sock,
             config: cfg,
             stderr_path,
-            child: Some(child),
+            child: None,
             status: None,
+            flag,
+            xdg,
         };
-        srv.wait_up();
+        srv.spawn(tweak);
         srv
+    }
+
+    /// Spawns the server process (with a fresh stderr file) and waits until it serves.
+    fn spawn(&mut self, tweak: impl FnOnce(&mut Command)) {
+        let stderr = std::fs::File::create(&self.stderr_path).expect("stderr file");
+        let mut cmd = Command::new(bin("olliesrv"));
+        if self.flag {
+            cmd.arg("--config").arg(&self.config);
+        }
+        cmd.arg("-a")
+            .arg(format!("unix!{}", self.sock.display()))
+            .env(
+                "XDG_CONFIG_HOME",
+                self.xdg
+                    .clone()
+                    .unwrap_or_else(|| self.dir.path().join("xdg-empty")),
+            )
+            .env("OLLIE_LOG", "info")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        tweak(&mut cmd);
+        self.child = Some(cmd.spawn().expect("spawn olliesrv"));
+        self.status = None;
+        self.wait_up();
+    }
+
+    /// The `--state-dir` (`<dir>/state`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// SIGKILLs the server (no clean shutdown) and reaps it.
+    pub fn kill9(&mut self) {
+        let mut c = self.child.take().expect("no server process");
+        let _ = c.kill();
+        self.status = Some(c.wait().expect("wait olliesrv"));
+    }
+
+    /// Starts the server again in the same directory (same config, socket and state
+    /// directory) after it exited or was killed; `tweak` as for [`Srv::start_with`]. Its
+    /// stderr file starts afresh.
+    pub fn relaunch(&mut self, tweak: impl FnOnce(&mut Command)) {
+        assert!(
+            self.child.is_none(),
+            "relaunch: the server is still running (kill9 or wait_exit first)"
+        );
+        self.spawn(tweak);
     }
 
     /// Waits until the socket accepts connections (bounded; fails with the server's stderr).
