@@ -72,7 +72,9 @@ pub enum RunError {
         #[source]
         source: Box<store::StoreError>,
     },
-    #[error("tcp key {path}")]
+    #[error("state directory {path} is in use by another olliesrv ({reason})")]
+    StateInUse { path: PathBuf, reason: String },
+    #[error("{path}")]
     Key {
         path: PathBuf,
         #[source]
@@ -110,6 +112,36 @@ fn state_dir(opts: &Options) -> Result<PathBuf, RunError> {
         .clone()
         .or_else(store::default_dir)
         .ok_or(RunError::NoStateDir)
+}
+
+/// Takes `<dir>/lock` (flock, held while the server runs): two servers on one state
+/// directory would both run its sessions.
+fn lock_state(dir: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs::File>, RunError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let path = dir.join("lock");
+    let io = |source| RunError::Key {
+        path: path.clone(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        RunError::StateInUse {
+            path: dir.to_path_buf(),
+            reason: e.desc().to_owned(),
+        }
+    })
 }
 
 /// The key TCP clients authenticate with (created 0600 with 32 random bytes on first use).
@@ -162,6 +194,7 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
         opts.addrs.clone()
     };
     let dir = state_dir(&opts)?;
+    let _lock = lock_state(&dir)?;
     let store = Arc::new(store::Store::open(&dir).map_err(|source| RunError::State {
         source: Box::new(source),
     })?);

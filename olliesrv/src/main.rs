@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             ExitCode::from(match e {
                 RunError::Config(_) | RunError::NoStateDir | RunError::Key { .. } => 2,
                 RunError::State { .. } => 1,
-                RunError::Listen(_) => 3,
+                RunError::Listen(_) | RunError::StateInUse { .. } => 3,
                 RunError::Serve { .. } => 1,
             })
         }

@@ -61,23 +61,59 @@ fn missing_config_file_and_bad_addresses() {
     let out = olliesrv().args(["-a", "udp!x!1"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown network"));
-    // TCP needs authentication, which does not exist yet: refused, never served open.
+    // TCP always authenticates with the state directory's key: a key file others can read
+    // is refused at start (and nothing is served).
+    let state = d.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("tcp.key"), format!("{}\n", "ab".repeat(32))).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        state.join("tcp.key"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp = format!("tcp!127.0.0.1!{port}");
     let out = olliesrv()
-        .args(["-a", "tcp!127.0.0.1!5640"])
-        .arg("-a")
-        .arg(format!("unix!{}", d.join("ns/ollie").display()))
+        .args(["-a", &tcp])
+        .arg("--state-dir")
+        .arg(&state)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("must authenticate"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tcp.key") && err.contains("chmod 600"),
+        "{err}"
+    );
+    // A key that is not 64 hex digits is refused too.
+    std::fs::write(state.join("tcp.key"), "short\n").unwrap();
+    std::fs::set_permissions(
+        state.join("tcp.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let out = olliesrv()
+        .args(["-a", &tcp])
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not 64 hex digits"));
     // A socket directory that others can enter is refused.
     let open_dir = d.join("open");
     std::fs::create_dir(&open_dir).unwrap();
-    use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = olliesrv()
         .arg("-a")
         .arg(format!("unix!{}", open_dir.join("ollie").display()))
+        .arg("--state-dir")
+        .arg(&state)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));

@@ -604,13 +604,37 @@ fn a_stale_socket_is_replaced() {
 }
 
 #[test]
+fn a_second_server_on_the_same_state_directory_exits_3() {
+    let srv = Srv::start(CONFIG);
+    let mut cmd = Command::new(bin("olliesrv"));
+    cmd.arg("--config")
+        .arg(&srv.config)
+        .arg("-a")
+        .arg(format!(
+            "unix!{}",
+            srv.dir.path().join("ns2").join("ollie").display()
+        ))
+        .arg("--state-dir")
+        .arg(srv.state_dir());
+    let o = run(&mut cmd, b"");
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("in use by another olliesrv"), "{err}");
+    // The first keeps serving.
+    let o = ollie9p(&srv.addr(), &["read", "backends"], b"");
+    assert_eq!(text(&o.stdout), "alpha\nbeta\n");
+}
+
+#[test]
 fn a_second_server_on_a_live_socket_exits_3() {
     let srv = Srv::start(CONFIG);
     let mut cmd = Command::new(bin("olliesrv"));
     cmd.arg("--config")
         .arg(&srv.config)
         .arg("-a")
-        .arg(srv.addr());
+        .arg(srv.addr())
+        .arg("--state-dir")
+        .arg(srv.dir.path().join("state2"));
     let o = run(&mut cmd, b"");
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
     let err = text(&o.stderr);
@@ -1519,6 +1543,8 @@ fn olliesrv_in(dir: &std::path::Path, config: &str) -> std::process::Output {
         .arg(&cfg)
         .arg("-a")
         .arg(format!("unix!{}", dir.join("ns").join("ollie").display()))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .env("XDG_CONFIG_HOME", dir);
     run(&mut cmd, b"")
 }
