@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::events::Events;
 use crate::link::LinkState;
-use crate::model::{Agent, AgentState, ChatKind, Registry, Session, clip, parse_spec};
+use crate::model::{Agent, ChatKind, Registry, Session, clip, parse_spec};
 
 /// The group every file belongs to; everyone but the owner gets its bits.
 pub const GROUP: &str = "agent";
@@ -1711,7 +1711,6 @@ impl Filesystem for OllieFs {
             }
             return r.read(offset, count).await.map_err(|e| err(e.to_string()));
         }
-        let reg = Arc::clone(self.reg());
         let node = fid.node.clone();
         let frozen = |fid: &OllieFid| {
             Ok(fid
@@ -1852,10 +1851,7 @@ impl Filesystem for OllieFs {
             | Node::A(
                 _,
                 AFile::Log | AFile::Cfg | AFile::Stats | AFile::Name | AFile::Id | AFile::ProcTop,
-            ) => {
-                let _ = &reg;
-                frozen(fid)
-            }
+            ) => frozen(fid),
             _ => Err(Error::permission_denied()),
         }
     }
@@ -2081,19 +2077,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The states an agent reports, for `help` and tests.
-pub fn agent_states() -> Vec<&'static str> {
-    [
-        AgentState::Idle,
-        AgentState::Running,
-        AgentState::Paused,
-        AgentState::Killed,
-    ]
-    .iter()
-    .map(|s| s.name())
-    .collect()
 }
 
 #[cfg(test)]
