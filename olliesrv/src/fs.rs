@@ -1031,7 +1031,7 @@ impl OllieFs {
     fn agents_idx(s: &Session) -> String {
         s.agents()
             .iter()
-            .map(|a| format!("{}\t{}\t{}\n", a.name(), a.id, a.state().1.name()))
+            .map(|a| format!("{}\t{}\t{}\n", a.name(), a.id, a.state_text()))
             .collect()
     }
 
@@ -1812,9 +1812,9 @@ impl Filesystem for OllieFs {
                     if a.is_killed() && fid.cursor >= a.state().0 {
                         return Ok(Bytes::new());
                     }
-                    let (seq, st) = a.next_state(fid.cursor).await;
+                    let (seq, _) = a.next_state(fid.cursor).await;
                     fid.cursor = seq;
-                    fid.pending = Bytes::from(format!("{}\n", st.name()));
+                    fid.pending = Bytes::from(format!("{}\n", a.state_text()));
                 }
                 let n = fid.pending.len().min(count as usize);
                 Ok(fid.pending.split_to(n))
@@ -1897,23 +1897,30 @@ impl Filesystem for OllieFs {
                 if t.trim().is_empty() {
                     return Err(Error::invalid("empty prompt"));
                 }
-                if t.trim_start().starts_with('{') {
+                let (prompt, backend) = if t.trim_start().starts_with('{') {
                     #[derive(serde::Deserialize)]
                     #[serde(deny_unknown_fields)]
-                    #[allow(dead_code)]
                     struct Gen {
                         prompt: String,
                         #[serde(default)]
                         backend: Option<String>,
-                        #[serde(default)]
-                        model: Option<String>,
-                        #[serde(default)]
-                        system: Option<String>,
                     }
-                    serde_json::from_str::<Gen>(t)
+                    let g: Gen = serde_json::from_str(t)
                         .map_err(|e| Error::invalid(format!("generate: {e}")))?;
+                    (g.prompt, g.backend)
+                } else {
+                    (t.to_owned(), None)
+                };
+                let config = self.shared.config();
+                let reply = crate::turn::generate(&config, &prompt, backend.as_deref())
+                    .await
+                    .map_err(err)?;
+                let mut r = reply;
+                if !r.ends_with('\n') {
+                    r.push('\n');
                 }
-                Err(err(crate::turn::NO_BACKEND))
+                fid.reply = Some(Bytes::from(r));
+                Ok(n)
             }
             Node::R(RootFile::SessionNew) => {
                 fid.reply = None;

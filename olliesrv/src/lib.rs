@@ -18,6 +18,7 @@
 //! binary and drive it with our client, the `ninep` crate's client and py9p.
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod config;
 pub mod events;
 pub mod fs;

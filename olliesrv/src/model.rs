@@ -377,6 +377,17 @@ impl Stats {
     }
 }
 
+/// A chat block being streamed.
+#[derive(Debug)]
+pub struct Block {
+    kind: String,
+    raw: Vec<u8>,
+    /// The start of the current line while it could still be a marker.
+    line: String,
+    decided: bool,
+    ends_line: bool,
+}
+
 /// How a turn ended (for `agent/new … prompt=`).
 #[derive(Debug, Clone)]
 pub struct TurnEnd {
@@ -400,6 +411,12 @@ pub struct Agent {
     queue: Mutex<VecDeque<String>>,
     /// The prompt of the turn in flight.
     in_turn: Mutex<Option<String>>,
+    /// While running: what the turn is doing (`thinking`, `calling: TOOL`, `limitretry`, …).
+    detail: Mutex<String>,
+    /// The chat block being streamed, if any.
+    streaming: Mutex<Option<Block>>,
+    /// The backend this agent talks to, by name (created on first use).
+    pub backend: tokio::sync::Mutex<Option<(String, Arc<dyn crate::backend::Backend>)>>,
     queue_bell: Notify,
     feed: watch::Sender<Option<Bytes>>,
     state: watch::Sender<(u64, AgentState)>,
@@ -437,6 +454,99 @@ impl Agent {
 
     pub fn is_killed(&self) -> bool {
         *self.killed.borrow()
+    }
+
+    /// The state as `statewait` shows it: while a turn runs, what it is doing.
+    pub fn state_text(&self) -> String {
+        match self.state().1 {
+            AgentState::Running => {
+                let d = lock(&self.detail).clone();
+                if d.is_empty() { "thinking".into() } else { d }
+            }
+            s => s.name().to_owned(),
+        }
+    }
+
+    /// Streams text into a `kind` block of the chat (one block is open at a time: a
+    /// different kind closes the open one first). [`Agent::stream_end`] closes it.
+    pub fn stream(&self, kind: &str, text: &str) -> Result<(), String> {
+        let mut open = lock(&self.streaming);
+        if open.as_ref().is_some_and(|b| b.kind != kind)
+            && let Some(b) = open.take()
+        {
+            self.close_block(b)?;
+        }
+        let b = open.get_or_insert_with(|| {
+            let head = format!("[[[{kind}\n");
+            self.chat.append(head.as_bytes(), b"");
+            Block {
+                kind: kind.to_owned(),
+                raw: head.into_bytes(),
+                line: String::new(),
+                decided: false,
+                ends_line: true,
+            }
+        });
+        // A body line that would read as a marker is indented by one space, as in whole
+        // blocks.
+        let mut out = String::new();
+        for c in text.chars() {
+            if b.decided {
+                out.push(c);
+                if c == '\n' {
+                    b.decided = false;
+                }
+                continue;
+            }
+            b.line.push(c);
+            if c == '\n' {
+                let l = std::mem::take(&mut b.line);
+                if l == "]]]\n" {
+                    out.push(' ');
+                }
+                out.push_str(&l);
+            } else if b.line.chars().count() == 3 {
+                if b.line == "[[[" || b.line == "]]]" {
+                    out.push(' ');
+                }
+                out.push_str(&std::mem::take(&mut b.line));
+                b.decided = true;
+            }
+        }
+        if !out.is_empty() {
+            b.ends_line = out.ends_with('\n');
+            b.raw.extend_from_slice(out.as_bytes());
+            self.chat.append(out.as_bytes(), out.as_bytes());
+        }
+        Ok(())
+    }
+
+    /// Closes the streamed block, if one is open, and makes it durable.
+    pub fn stream_end(&self) -> Result<(), String> {
+        match lock(&self.streaming).take() {
+            Some(b) => self.close_block(b),
+            None => Ok(()),
+        }
+    }
+
+    fn close_block(&self, mut b: Block) -> Result<(), String> {
+        let mut out = std::mem::take(&mut b.line);
+        if out == "]]]" || out == "[[[" {
+            out.insert(0, ' ');
+        }
+        if !out.is_empty() {
+            b.ends_line = out.ends_with('\n');
+        }
+        if !b.ends_line {
+            out.push('\n');
+        }
+        b.raw.extend_from_slice(out.as_bytes());
+        b.raw.extend_from_slice(b"]]]\n");
+        self.chat
+            .append(format!("{out}]]]\n").as_bytes(), out.as_bytes());
+        self.store
+            .append_chat(&self.session_id, &self.id, &b.raw)
+            .map_err(|e| crate::error_chain(&e))
     }
 
     fn record(&self) -> AgentRecord {
@@ -1215,6 +1325,9 @@ impl Registry {
             stats: Mutex::new(Stats::from_map(&r.stats)),
             queue: Mutex::new(r.queue.iter().cloned().collect()),
             in_turn: Mutex::new(r.in_turn.clone()),
+            detail: Mutex::new(String::new()),
+            streaming: Mutex::new(None),
+            backend: tokio::sync::Mutex::new(None),
             queue_bell: Notify::new(),
             feed: watch::Sender::new(None),
             state: watch::Sender::new((0, initial)),
@@ -1569,8 +1682,27 @@ impl Registry {
         Ok(true)
     }
 
+    /// While a turn runs: what it is doing now (a change `statewait` reports).
+    pub fn detail(&self, a: &Agent, d: &str) {
+        let shown = a.state_text();
+        *lock(&a.detail) = d.to_owned();
+        if shown == d {
+            return;
+        }
+        a.state.send_modify(|(seq, _)| *seq += 1);
+        self.events.emit(
+            "agent-state",
+            ev(&[
+                ("session", Value::from(a.session_id.clone())),
+                ("agent", Value::from(a.id.clone())),
+                ("state", Value::from(d)),
+            ]),
+        );
+    }
+
     /// Announces an agent state change.
     pub fn state_changed(&self, a: &Agent, st: AgentState) {
+        lock(&a.detail).clear();
         if !a.set_state(st) {
             return;
         }
@@ -1579,7 +1711,7 @@ impl Registry {
             ev(&[
                 ("session", Value::from(a.session_id.clone())),
                 ("agent", Value::from(a.id.clone())),
-                ("state", Value::from(st.name())),
+                ("state", Value::from(a.state_text())),
             ]),
         );
     }

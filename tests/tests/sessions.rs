@@ -1151,12 +1151,12 @@ async fn statewait_reports_changes_and_is_flushed() {
     assert_eq!(&data(within("idle", next).await)[..], b"idle\n");
     assert_eq!(&data(within("late idle", late_call).await)[..], b"idle\n");
 
-    // A turn: running, then idle (the read returns the state current when it wakes).
+    // A turn: thinking, then idle (the read returns the state current when it wakes).
     let next = sw.read_call(0, 64).unwrap();
     write(&root, &format!("{a}/prompt"), "go").await.unwrap();
-    let got = data(within("running", next).await);
+    let got = data(within("thinking", next).await);
     match &got[..] {
-        b"running\n" => {
+        b"thinking\n" => {
             assert_eq!(
                 &within("idle", sw.read(0, 64)).await.unwrap()[..],
                 b"idle\n"
@@ -1436,7 +1436,7 @@ async fn eventwait_reports_session_and_agent_changes() {
         .await
         .unwrap();
     let v = ev.until_kind("agent-state", "agent", &aid).await;
-    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(v["state"], "thinking", "{v}");
     let v = ev.until_kind("agent-state", "agent", &aid).await;
     assert_eq!(v["state"], "idle", "{v}");
 

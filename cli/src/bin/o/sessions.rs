@@ -712,7 +712,10 @@ async fn turn_done(a: &AgentRef, sent: Option<&(u64, String)>) -> Result<bool, F
             return Ok(false);
         }
     }
-    Ok(a.state().await? != "running")
+    Ok(matches!(
+        a.state().await?.as_str(),
+        "idle" | "paused" | "killed"
+    ))
 }
 
 /// Waits until the turn of `sent` has ended (with no prompt: until the agent is not running).

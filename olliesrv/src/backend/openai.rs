@@ -1,0 +1,1633 @@
+//! The `openai` backend: OpenAI-compatible Chat Completions, streamed.
+//!
+//! Speaks `POST {base_url}/chat/completions` with `stream: true` and
+//! `stream_options.include_usage`, as OpenAI, OpenRouter, llama.cpp's server, vLLM, LM Studio
+//! and Ollama's `/v1` do, and `GET {base_url}/models` ([`OpenAi::list_models`]). The base URL
+//! defaults to [`DEFAULT_BASE_URL`].
+//!
+//! The reply arrives as server-sent events, each `data:` a `chat.completion.chunk`:
+//! `choices[0].delta.content` (text; `delta.refusal` counts as text too),
+//! `delta.reasoning_content` or `delta.reasoning` (reasoning; servers use either name, and when
+//! a delta carries both only the first is used), `delta.tool_calls[]` (fragments accumulated per `index`: `id` and `function.name`
+//! once, `function.arguments` in pieces), `finish_reason`, a last chunk with `usage` (and
+//! OpenRouter's `usage.cost`), then `data: [DONE]`. Text and reasoning are handed to the sink
+//! as they arrive; tool calls and usage once the stream has ended.
+//!
+//! Tool call arguments are parsed as JSON when complete: an empty string or `null` is `{}`, an
+//! object is used as is (also when double-encoded as a JSON string), and anything else (not
+//! JSON, or not an object) becomes `{"_raw": "<the text as received>"}` so that the agent
+//! loop can tell the model its arguments were malformed instead of failing the turn. A call
+//! without an id gets a generated `call_<hex>` one.
+//!
+//! Errors: HTTP 429 is [`BackendError::RateLimited`] (with `Retry-After` or `retry-after-ms`
+//! in whole seconds, rounded up) unless the body says `insufficient_quota` (fatal); 408, 409,
+//! 5xx, connection and read errors, undecodable chunks and a stream that ends without
+//! `[DONE]` or a `finish_reason` are [`BackendError::Transient`]; an error whose body talks
+//! about the context length (`context_length_exceeded`, "maximum context length", llama.cpp's
+//! `exceed_context_size_error`, …) is [`BackendError::ContextOverflow`]; other 4xx are
+//! [`BackendError::Fatal`]. Messages are one line: the backend name, the status and the
+//! server's `error.message` cut to about 200 characters. Errors a server sends inside the
+//! stream (`data: {"error": …}` or llama.cpp's `error:` lines) are classified the same way by
+//! their `code`.
+//!
+//! The API key is read from the variable named by `api_key_env` at each call (no variable
+//! configured: no `Authorization` header, as local servers want). It is never stored, logged
+//! or put in an error: server messages are scrubbed of it, the header is marked sensitive and
+//! `Debug` shows only the variable's name. Base URLs with credentials in them are refused.
+//!
+//! Requests send `max_tokens` (not `max_completion_tokens`: the local servers know the
+//! former). Loopback base URLs bypass any configured HTTP proxy.
+//!
+//! Tested below against a hand-written HTTP/1.1 server on 127.0.0.1 serving recorded-style
+//! SSE fixtures.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::{Response, Url};
+use serde_json::{Map, Value, json};
+
+use super::{
+    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
+};
+
+/// The base URL when the configuration names none.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest silence while waiting for response bytes (a stalled stream).
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// The whole of a `/models` request.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most of an error body read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// The largest `/models` reply.
+const MAX_LIST_BODY: usize = 8 << 20;
+/// The largest single server-sent event.
+const MAX_EVENT: usize = 8 << 20;
+/// Server messages in errors are cut to this many characters.
+const MAX_MESSAGE_CHARS: usize = 200;
+
+/// Phrases (lowercase) with which servers say the request does not fit the context.
+const CONTEXT_PHRASES: &[&str] = &[
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context_length",
+    "exceed_context_size",
+    "context size",
+    "context window",
+    "prompt is too long",
+];
+
+/// An OpenAI-compatible chat backend.
+pub struct OpenAi {
+    /// The backend's name in the configuration (prefixes every error).
+    name: String,
+    /// Without a trailing `/`.
+    base_url: String,
+    /// The variable holding the API key (`None`: send no key).
+    api_key_env: Option<String>,
+    /// The model when the request names none.
+    model: Option<String>,
+    client: reqwest::Client,
+    /// Reads an environment variable (`std::env::var`; tests substitute their own, since the
+    /// crate forbids the `unsafe` that `set_var` needs).
+    lookup: fn(&str) -> Option<String>,
+}
+
+impl fmt::Debug for OpenAi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAi")
+            .field("name", &self.name)
+            .field("base_url", &self.base_url)
+            .field("api_key_env", &self.api_key_env)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An API key; `Debug` never shows it.
+struct ApiKey(String);
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+fn env_lookup(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+impl OpenAi {
+    /// A backend for config entry `name`. Fails (one line, naming the key) when `base_url` is
+    /// not an `http`/`https` URL with a host, or carries credentials, a query or a fragment.
+    pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<OpenAi, String> {
+        let raw = cfg.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL);
+        let url = Url::parse(raw)
+            .map_err(|e| format!("backends.{name}.base_url: {raw:?} is not a url ({e})"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "backends.{name}.base_url: scheme {:?} is not supported (valid: http, https)",
+                url.scheme()
+            ));
+        }
+        let Some(host) = url.host_str() else {
+            return Err(format!("backends.{name}.base_url: {raw:?} has no host"));
+        };
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "backends.{name}.base_url: must not contain credentials (name the key's variable in api_key_env)"
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!(
+                "backends.{name}.base_url: must not have a query or fragment"
+            ));
+        }
+        let loopback = host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .user_agent(concat!("ollie/", env!("CARGO_PKG_VERSION")));
+        if loopback {
+            builder = builder.no_proxy();
+        }
+        let client = builder
+            .build()
+            .map_err(|e| format!("backend {name}: cannot make an http client: {e}"))?;
+        Ok(OpenAi {
+            name: name.to_owned(),
+            base_url: url.as_str().trim_end_matches('/').to_owned(),
+            api_key_env: cfg.api_key_env.clone(),
+            model: cfg.model.clone(),
+            client,
+            lookup: env_lookup,
+        })
+    }
+
+    /// The models the server offers (`GET {base_url}/models`, each `data[].id`), in its order.
+    pub async fn list_models(&self) -> Result<Vec<String>, BackendError> {
+        let key = self.api_key()?;
+        let mut rb = self
+            .client
+            .get(format!("{}/models", self.base_url))
+            .timeout(LIST_TIMEOUT);
+        if let Some(k) = &key {
+            rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
+        }
+        let resp = rb.send().await.map_err(|e| self.transport("request", e))?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp, key.as_ref()).await);
+        }
+        let body = read_capped(resp, MAX_LIST_BODY)
+            .await
+            .map_err(|e| self.transport("reading /models", e))?;
+        if body.len() >= MAX_LIST_BODY {
+            return Err(BackendError::Fatal(format!(
+                "{}: /models reply is larger than {} MiB",
+                self.name,
+                MAX_LIST_BODY >> 20
+            )));
+        }
+        let v: Value = serde_json::from_slice(&body).map_err(|e| {
+            BackendError::Fatal(format!("{}: /models reply is not json: {e}", self.name))
+        })?;
+        let Some(data) = v.get("data").and_then(Value::as_array) else {
+            return Err(BackendError::Fatal(format!(
+                "{}: /models reply has no data array",
+                self.name
+            )));
+        };
+        Ok(data
+            .iter()
+            .filter_map(|m| m.get("id").and_then(Value::as_str))
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// The key, if a variable is configured; a configured variable that is unset or empty is
+    /// an error.
+    fn api_key(&self) -> Result<Option<ApiKey>, BackendError> {
+        let Some(var) = &self.api_key_env else {
+            return Ok(None);
+        };
+        match (self.lookup)(var) {
+            Some(k) if !k.trim().is_empty() => Ok(Some(ApiKey(k.trim().to_owned()))),
+            _ => Err(BackendError::Fatal(format!(
+                "{}: environment variable {var} (api_key_env) is not set or empty",
+                self.name
+            ))),
+        }
+    }
+
+    fn auth_header(&self, key: &ApiKey) -> Result<HeaderValue, BackendError> {
+        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.0)).map_err(|_| {
+            BackendError::Fatal(format!(
+                "{}: the api key in {} has characters not allowed in an http header",
+                self.name,
+                self.api_key_env.as_deref().unwrap_or("?")
+            ))
+        })?;
+        v.set_sensitive(true);
+        Ok(v)
+    }
+
+    /// A connection or read failure: worth a retry.
+    fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
+        let kind = if e.is_timeout() {
+            "timed out"
+        } else if e.is_connect() {
+            "cannot connect"
+        } else {
+            "failed"
+        };
+        let e = e.without_url();
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(": ");
+            chain.push_str(&s.to_string());
+            source = s.source();
+        }
+        let chain = one_line(&chain, MAX_MESSAGE_CHARS);
+        BackendError::Transient(format!("{}: {what} {kind}: {chain}", self.name))
+    }
+
+    /// An unsuccessful HTTP status, classified.
+    async fn status_error(&self, resp: Response, key: Option<&ApiKey>) -> BackendError {
+        let status = resp.status().as_u16();
+        let retry = retry_after(resp.headers());
+        // A body that cannot be read is classified by its status alone.
+        let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
+        let mut body = String::from_utf8_lossy(&body).into_owned();
+        if let Some(k) = key {
+            body = body.replace(&k.0, "<redacted>");
+        }
+        classify_http(&self.name, status, retry, &body)
+    }
+
+    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+        let Some(model) = req.model.as_deref().or(self.model.as_deref()) else {
+            return Err(BackendError::Fatal(format!(
+                "{}: no model (set model in the backend or the agent profile)",
+                self.name
+            )));
+        };
+        let key = self.api_key()?;
+        let body = request_body(model, req).to_string();
+        tracing::debug!(
+            backend = %self.name,
+            model,
+            messages = req.messages.len(),
+            tools = req.tools.len(),
+            "chat request"
+        );
+        let mut rb = self
+            .client
+            .post(format!("{}/chat/completions", self.base_url))
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .body(body);
+        if let Some(k) = &key {
+            rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
+        }
+        let mut resp = rb.send().await.map_err(|e| self.transport("request", e))?;
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp, key.as_ref()).await);
+        }
+        let mut parser = SseParser::default();
+        let mut state = StreamState::default();
+        let mut frames = Vec::new();
+        loop {
+            let chunk = resp
+                .chunk()
+                .await
+                .map_err(|e| self.transport("reading the stream", e))?;
+            let end = chunk.is_none();
+            match chunk {
+                Some(bytes) => parser.feed(&bytes, &mut frames),
+                None => parser.finish(&mut frames),
+            }
+            .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
+            for frame in frames.drain(..) {
+                state.frame(&self.name, frame, sink)?;
+                if state.done {
+                    return state.finish(&self.name, sink);
+                }
+            }
+            if end {
+                return state.finish(&self.name, sink);
+            }
+        }
+    }
+}
+
+impl Backend for OpenAi {
+    fn call<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: Sink<'a>,
+    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
+        Box::pin(self.chat(req, sink))
+    }
+}
+
+/// Reads at most `cap` bytes of a body (the rest is dropped with the connection).
+async fn read_capped(mut resp: Response, cap: usize) -> Result<Vec<u8>, reqwest::Error> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = cap.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= cap {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// `Retry-After` in seconds (integer or decimal, rounded up), else `retry-after-ms`. HTTP
+/// dates are not understood.
+fn retry_after(headers: &HeaderMap) -> Option<u64> {
+    let secs = |v: &HeaderValue, scale: f64| {
+        let f: f64 = v.to_str().ok()?.trim().parse().ok()?;
+        (f.is_finite() && f >= 0.0).then(|| (f / scale).ceil() as u64)
+    };
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| secs(v, 1.0))
+        .or_else(|| headers.get("retry-after-ms").and_then(|v| secs(v, 1000.0)))
+}
+
+/// `s` on one line (whitespace runs collapsed), cut to `max` characters with a `…`.
+fn one_line(s: &str, max: usize) -> String {
+    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if joined.chars().count() <= max {
+        return joined;
+    }
+    let mut out: String = joined.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+/// The server's message, `code` and `type` from an error body in any of the shapes seen:
+/// `{"error": {"message", "code", "type"}}`, `{"error": "text"}`, `{"message": …}`,
+/// `{"detail": …}`, or plain text.
+fn error_fields(body: &str) -> (String, Option<Value>, Option<String>) {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return (body.to_owned(), None, None);
+    };
+    let obj = match v.get("error") {
+        Some(e @ Value::Object(_)) => e,
+        Some(Value::String(s)) => return (s.clone(), None, None),
+        _ => &v,
+    };
+    let message = ["message", "detail", "error"]
+        .iter()
+        .find_map(|k| match obj.get(*k) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other @ (Value::Object(_) | Value::Array(_))) => Some(other.to_string()),
+            _ => None,
+        })
+        .unwrap_or_else(|| body.to_owned());
+    let code = obj.get("code").filter(|c| !c.is_null()).cloned();
+    let kind = obj.get("type").and_then(Value::as_str).map(str::to_owned);
+    (message, code, kind)
+}
+
+fn mentions_context(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    CONTEXT_PHRASES.iter().any(|p| lower.contains(p))
+}
+
+/// An unsuccessful HTTP reply as a [`BackendError`].
+fn classify_http(name: &str, status: u16, retry_after: Option<u64>, body: &str) -> BackendError {
+    let (message, code, kind) = error_fields(body);
+    let mut message = one_line(&message, MAX_MESSAGE_CHARS);
+    if message.is_empty() {
+        message = reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("no message")
+            .to_lowercase();
+    }
+    let text = format!("{name}: http {status}: {message}");
+    let quota = |v: &str| v == "insufficient_quota";
+    if status == 429 {
+        if code.as_ref().and_then(Value::as_str).is_some_and(quota)
+            || kind.as_deref().is_some_and(quota)
+        {
+            return BackendError::Fatal(text);
+        }
+        return BackendError::RateLimited { retry_after };
+    }
+    if mentions_context(body) {
+        return BackendError::ContextOverflow(text);
+    }
+    match status {
+        408 | 409 | 500..=599 => BackendError::Transient(text),
+        _ => BackendError::Fatal(text),
+    }
+}
+
+/// An error the server sent inside the stream, classified by its `code` (an HTTP status).
+fn classify_stream_error(name: &str, error: &Value) -> BackendError {
+    let body = error.to_string();
+    let (message, code, _) = error_fields(&body);
+    let text = format!(
+        "{name}: error in stream: {}",
+        one_line(&message, MAX_MESSAGE_CHARS)
+    );
+    if mentions_context(&body) {
+        return BackendError::ContextOverflow(text);
+    }
+    let status = code.and_then(|c| match c {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    });
+    match status {
+        Some(429) => BackendError::RateLimited { retry_after: None },
+        Some(408 | 409) => BackendError::Transient(text),
+        Some(s) if (400..500).contains(&s) => BackendError::Fatal(text),
+        _ => BackendError::Transient(text),
+    }
+}
+
+/// The JSON body of a streamed chat request.
+fn request_body(model: &str, req: &ModelRequest) -> Value {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.extend(req.messages.iter().map(message_json));
+    let mut body = Map::new();
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                }})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(t) = req.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(m) = req.max_tokens {
+        body.insert("max_tokens".into(), json!(m));
+    }
+    body.insert("stream".into(), Value::Bool(true));
+    body.insert("stream_options".into(), json!({"include_usage": true}));
+    Value::Object(body)
+}
+
+fn message_json(m: &Message) -> Value {
+    match m.role {
+        Role::User => json!({"role": "user", "content": m.content}),
+        Role::Tool => json!({
+            "role": "tool",
+            "tool_call_id": m.tool_call_id.as_deref().unwrap_or_default(),
+            "content": m.content,
+        }),
+        Role::Assistant => {
+            let mut o = Map::new();
+            o.insert("role".into(), json!("assistant"));
+            // `null` content is how the API spells "only tool calls".
+            let content = if m.content.is_empty() && !m.tool_calls.is_empty() {
+                Value::Null
+            } else {
+                json!(m.content)
+            };
+            o.insert("content".into(), content);
+            if !m.tool_calls.is_empty() {
+                let calls = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function", "function": {
+                            "name": c.name,
+                            "arguments": c.arguments.to_string(),
+                        }})
+                    })
+                    .collect();
+                o.insert("tool_calls".into(), Value::Array(calls));
+            }
+            Value::Object(o)
+        }
+    }
+}
+
+/// Tool call arguments as received, as a JSON object (see the module comment).
+fn parse_arguments(raw: &str) -> Value {
+    let trimmed = raw.trim();
+    let wrap = || json!({ "_raw": raw });
+    if trimmed.is_empty() {
+        return Value::Object(Map::new());
+    }
+    match serde_json::from_str::<Value>(trimmed) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(Value::Null) => Value::Object(Map::new()),
+        Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => wrap(),
+        },
+        _ => wrap(),
+    }
+}
+
+/// A fresh tool call id for servers that send none.
+fn generated_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = getrandom::u64().unwrap_or_else(|_| COUNTER.fetch_add(1, Ordering::Relaxed));
+    format!("call_{n:016x}")
+}
+
+/// One dispatched server-sent event.
+#[derive(Debug, PartialEq)]
+enum Frame {
+    /// The (joined) `data:` lines of an event.
+    Data(String),
+    /// An `error:` line (llama.cpp's way of failing a started stream).
+    Error(String),
+}
+
+/// Splits a byte stream into server-sent events. Never panics on input.
+#[derive(Debug, Default)]
+struct SseParser {
+    /// The unfinished line.
+    line: Vec<u8>,
+    /// The data lines of the current event.
+    data: Option<String>,
+}
+
+impl SseParser {
+    fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
+        while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
+            self.line.extend_from_slice(&bytes[..pos]);
+            bytes = &bytes[pos + 1..];
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line, out)?;
+        }
+        self.line.extend_from_slice(bytes);
+        if self.line.len() > MAX_EVENT {
+            return Err(format!(
+                "a stream line is longer than {} MiB",
+                MAX_EVENT >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    /// The end of the stream. The standard drops an event cut off by the end; we keep one
+    /// that is nevertheless whole (`[DONE]` or a complete JSON value), since some servers
+    /// close without the final blank line.
+    fn finish(&mut self, out: &mut Vec<Frame>) -> Result<(), String> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line, out)?;
+        }
+        if let Some(d) = self.data.take() {
+            let t = d.trim();
+            if t == "[DONE]" || serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok() {
+                out.push(Frame::Data(d));
+            }
+        }
+        Ok(())
+    }
+
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            if let Some(d) = self.data.take() {
+                out.push(Frame::Data(d));
+            }
+            return Ok(());
+        }
+        if line.starts_with(b":") {
+            return Ok(());
+        }
+        let line = String::from_utf8_lossy(line);
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line.as_ref(), ""),
+        };
+        match field {
+            "data" => {
+                let data = match &mut self.data {
+                    Some(d) => {
+                        // A further data line of the same event.
+                        d.push('\n');
+                        d
+                    }
+                    None => self.data.insert(String::new()),
+                };
+                data.push_str(value);
+                if data.len() > MAX_EVENT {
+                    return Err(format!(
+                        "a stream event is longer than {} MiB",
+                        MAX_EVENT >> 20
+                    ));
+                }
+            }
+            "error" => out.push(Frame::Error(value.to_owned())),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A tool call being assembled from fragments.
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// What a stream has said so far.
+#[derive(Debug, Default)]
+struct StreamState {
+    text: String,
+    reasoning: String,
+    /// By the server's `index`.
+    calls: BTreeMap<u64, PartialCall>,
+    /// The index of the last fragment (for servers that omit `index`).
+    last_index: Option<u64>,
+    usage: Option<Usage>,
+    finish_reason: Option<String>,
+    /// `[DONE]` was seen.
+    done: bool,
+}
+
+impl StreamState {
+    fn frame(&mut self, name: &str, frame: Frame, sink: Sink<'_>) -> Result<(), BackendError> {
+        let data = match frame {
+            Frame::Data(d) => d,
+            Frame::Error(e) => {
+                let v = serde_json::from_str::<Value>(&e).unwrap_or(Value::String(e));
+                let err = v.get("error").cloned().unwrap_or(v);
+                return Err(classify_stream_error(name, &err));
+            }
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let chunk: Value = serde_json::from_str(data).map_err(|e| {
+            BackendError::Transient(format!(
+                "{name}: undecodable stream chunk ({e}): {}",
+                one_line(data, MAX_MESSAGE_CHARS)
+            ))
+        })?;
+        if let Some(err) = chunk.get("error").filter(|e| !e.is_null()) {
+            return Err(classify_stream_error(name, err));
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+            self.usage = Some(Usage {
+                input_tokens: n("prompt_tokens"),
+                output_tokens: n("completion_tokens"),
+                cost_usd: u.get("cost").and_then(Value::as_f64),
+            });
+        }
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        for choice in choices.into_iter().flatten() {
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.get("delta") {
+                self.delta(delta, sink);
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                if reason == "error" {
+                    return Err(BackendError::Transient(format!(
+                        "{name}: the server ended the reply with finish_reason \"error\""
+                    )));
+                }
+                self.finish_reason = Some(reason.to_owned());
+            }
+        }
+        Ok(())
+    }
+
+    fn delta(&mut self, delta: &Value, sink: Sink<'_>) {
+        let text = |k: &str| {
+            delta
+                .get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        if let Some(r) = text("reasoning_content").or_else(|| text("reasoning")) {
+            self.reasoning.push_str(r);
+            sink(Event::Reasoning(r.to_owned()));
+        }
+        for key in ["content", "refusal"] {
+            if let Some(t) = text(key) {
+                self.text.push_str(t);
+                sink(Event::Text(t.to_owned()));
+            }
+        }
+        let calls = delta.get("tool_calls").and_then(Value::as_array);
+        for call in calls.into_iter().flatten() {
+            let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+            let index = match call.get("index").and_then(Value::as_u64) {
+                Some(i) => i,
+                // No index: a new id starts a new call, anything else continues the last.
+                None => match self.last_index {
+                    Some(last)
+                        if id.is_empty() || self.calls.get(&last).is_some_and(|c| c.id == id) =>
+                    {
+                        last
+                    }
+                    _ => self.calls.len() as u64,
+                },
+            };
+            self.last_index = Some(index);
+            let pc = self.calls.entry(index).or_default();
+            if pc.id.is_empty() {
+                pc.id = id.to_owned();
+            }
+            let function = call.get("function");
+            let field = |k: &str| function.and_then(|f| f.get(k)).and_then(Value::as_str);
+            if let Some(n) = field("name").filter(|n| !n.is_empty()) {
+                // Some servers repeat the whole name in every fragment.
+                if pc.name != n {
+                    pc.name.push_str(n);
+                }
+            }
+            if let Some(a) = field("arguments") {
+                pc.arguments.push_str(a);
+            }
+        }
+    }
+
+    /// The end of the stream: complete tool calls and usage go to the sink.
+    fn finish(self, name: &str, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+        if !self.done && self.finish_reason.is_none() {
+            return Err(BackendError::Transient(format!(
+                "{name}: the stream ended before the reply was complete"
+            )));
+        }
+        let mut tool_calls = Vec::with_capacity(self.calls.len());
+        for (index, pc) in self.calls {
+            if pc.name.is_empty() {
+                return Err(BackendError::Transient(format!(
+                    "{name}: tool call {index} came without a function name"
+                )));
+            }
+            let call = ToolCall {
+                id: if pc.id.is_empty() {
+                    generated_id()
+                } else {
+                    pc.id
+                },
+                name: pc.name,
+                arguments: parse_arguments(&pc.arguments),
+            };
+            sink(Event::ToolCall(call.clone()));
+            tool_calls.push(call);
+        }
+        let usage = self.usage.unwrap_or_default();
+        if self.usage.is_some() {
+            sink(Event::Usage(usage));
+        }
+        Ok(ModelReply {
+            text: self.text,
+            reasoning: self.reasoning,
+            tool_calls,
+            usage,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ToolSpec;
+    use crate::config::{Backend as BackendCfg, BackendKind};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    /// The key every `OLLIE_TEST_KEY_*` variable holds (see [`fake_env`]).
+    const KEY: &str = "sk-test-0123456789abcdef";
+
+    /// Stands in for the environment: the crate forbids the `unsafe` that `set_var` needs.
+    fn fake_env(name: &str) -> Option<String> {
+        name.starts_with("OLLIE_TEST_KEY_").then(|| KEY.to_owned())
+    }
+
+    /// A canned HTTP reply: the head, then the body in separately written pieces.
+    struct Reply {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        chunks: Vec<Vec<u8>>,
+    }
+
+    impl Reply {
+        fn sse(chunks: &[&str]) -> Reply {
+            Reply {
+                status: 200,
+                headers: vec![("Content-Type", "text/event-stream".into())],
+                chunks: chunks.iter().map(|c| c.as_bytes().to_vec()).collect(),
+            }
+        }
+
+        fn json(status: u16, body: &str) -> Reply {
+            Reply {
+                status,
+                headers: vec![("Content-Type", "application/json".into())],
+                chunks: vec![body.as_bytes().to_vec()],
+            }
+        }
+    }
+
+    /// What the server received.
+    #[derive(Debug)]
+    struct Got {
+        head: String,
+        body: Vec<u8>,
+    }
+
+    impl Got {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then(|| v.trim())
+            })
+        }
+
+        fn json(&self) -> Value {
+            serde_json::from_slice(&self.body).unwrap()
+        }
+    }
+
+    /// Serves `replies` in order, one per connection, on 127.0.0.1; bodies end by closing the
+    /// connection.
+    async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for reply in replies {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                let head_end = loop {
+                    let mut b = [0u8; 4096];
+                    let n = sock.read(&mut b).await.unwrap();
+                    assert!(n > 0, "client closed before sending a request");
+                    buf.extend_from_slice(&b[..n]);
+                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break p + 4;
+                    }
+                };
+                let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().unwrap())
+                    })
+                    .unwrap_or(0);
+                let mut body = buf[head_end..].to_vec();
+                while body.len() < len {
+                    let mut b = [0u8; 4096];
+                    let n = sock.read(&mut b).await.unwrap();
+                    assert!(n > 0);
+                    body.extend_from_slice(&b[..n]);
+                }
+                tx.send(Got { head, body }).unwrap();
+                let mut out = format!("HTTP/1.1 {} X\r\n", reply.status);
+                for (k, v) in &reply.headers {
+                    out.push_str(&format!("{k}: {v}\r\n"));
+                }
+                out.push_str("Connection: close\r\n\r\n");
+                sock.write_all(out.as_bytes()).await.unwrap();
+                for c in &reply.chunks {
+                    sock.write_all(c).await.unwrap();
+                    sock.flush().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let _ = sock.shutdown().await;
+            }
+        });
+        (format!("http://{addr}/v1"), rx)
+    }
+
+    fn backend(base_url: &str, key_var: Option<&str>) -> OpenAi {
+        let cfg = BackendCfg {
+            kind: BackendKind::OpenAi,
+            base_url: Some(base_url.to_owned()),
+            api_key_env: key_var.map(str::to_owned),
+            model: Some("test-model".into()),
+            file: None,
+        };
+        let mut b = OpenAi::new("local", &cfg).unwrap();
+        b.lookup = fake_env;
+        b
+    }
+
+    fn request() -> ModelRequest {
+        ModelRequest {
+            messages: vec![Message::user("hi")],
+            ..ModelRequest::default()
+        }
+    }
+
+    async fn run(b: &OpenAi, req: &ModelRequest) -> (Result<ModelReply, BackendError>, Vec<Event>) {
+        let mut events = Vec::new();
+        let mut sink = |e: Event| events.push(e);
+        let r = b.call(req, &mut sink).await;
+        (r, events)
+    }
+
+    /// One chunk with a delta for choice 0.
+    fn delta(d: Value) -> String {
+        let c = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            "model": "test-model", "choices": [{"index": 0, "delta": d, "finish_reason": null}]});
+        format!("data: {c}\n\n")
+    }
+
+    fn finish(reason: &str) -> String {
+        let c = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            "model": "test-model", "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]});
+        format!("data: {c}\n\n")
+    }
+
+    const USAGE: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5,\"total_tokens\":17,\"cost\":0.0015}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    #[tokio::test]
+    async fn text_split_over_chunks_with_usage() {
+        let text = format!(
+            "{}: OPENROUTER PROCESSING\n\n{}{}{}{}{USAGE}{DONE}",
+            delta(json!({"role": "assistant", "content": ""})),
+            delta(json!({"content": "Hel"})),
+            delta(json!({"content": "lo, wörld"})).replace("\n\n", "\r\n\r\n"),
+            delta(json!({"content": "!"})),
+            finish("stop"),
+        );
+        // Cut everywhere awkward: mid-line, mid-"data:", inside the two bytes of 'ö'.
+        let bytes = text.as_bytes();
+        let o = text.find('ö').unwrap() + 1;
+        let cuts = [0, 7, 40, o, o + 30, bytes.len() - 3, bytes.len()];
+        let mut chunks = Vec::new();
+        for w in cuts.windows(2) {
+            chunks.push(bytes[w[0]..w[1]].to_vec());
+        }
+        let reply = Reply {
+            status: 200,
+            headers: vec![("Content-Type", "text/event-stream".into())],
+            chunks,
+        };
+        let (url, mut rx) = serve(vec![reply]).await;
+        let b = backend(&url, Some("OLLIE_TEST_KEY_TEXT"));
+        let req = ModelRequest {
+            temperature: Some(0.5),
+            max_tokens: Some(100),
+            ..request()
+        };
+        let (r, events) = run(&b, &req).await;
+        let r = r.unwrap();
+        assert_eq!(r.text, "Hello, wörld!");
+        let usage = Usage {
+            input_tokens: 12,
+            output_tokens: 5,
+            cost_usd: Some(0.0015),
+        };
+        assert_eq!(r.usage, usage);
+        assert!(r.tool_calls.is_empty() && r.reasoning.is_empty());
+        assert_eq!(
+            events,
+            vec![
+                Event::Text("Hel".into()),
+                Event::Text("lo, wörld".into()),
+                Event::Text("!".into()),
+                Event::Usage(usage),
+            ]
+        );
+
+        let got = rx.recv().await.unwrap();
+        assert!(
+            got.head
+                .starts_with("POST /v1/chat/completions HTTP/1.1\r\n")
+        );
+        assert_eq!(got.header("authorization"), Some(&*format!("Bearer {KEY}")));
+        assert_eq!(got.header("content-type"), Some("application/json"));
+        let body = got.json();
+        assert_eq!(
+            body,
+            json!({
+                "model": "test-model",
+                "messages": [{"role": "user", "content": "hi"}],
+                "temperature": 0.5,
+                "max_tokens": 100,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn reasoning_under_either_name() {
+        let (url, _rx) = serve(vec![Reply::sse(&[
+            &delta(json!({"role": "assistant", "reasoning_content": "Let me "})),
+            &delta(json!({"reasoning_content": "think.", "content": null})),
+            // vLLM sends both names with the same text: counted once.
+            &delta(json!({"reasoning_content": " Both", "reasoning": " Both"})),
+            &delta(json!({"reasoning": " And more."})),
+            &delta(json!({"content": "Answer."})),
+            &finish("stop"),
+            DONE,
+        ])])
+        .await;
+        let b = backend(&url, None);
+        let (r, events) = run(&b, &request()).await;
+        let r = r.unwrap();
+        assert_eq!(r.reasoning, "Let me think. Both And more.");
+        assert_eq!(r.text, "Answer.");
+        assert_eq!(r.usage, Usage::default());
+        assert_eq!(
+            events,
+            vec![
+                Event::Reasoning("Let me ".into()),
+                Event::Reasoning("think.".into()),
+                Event::Reasoning(" Both".into()),
+                Event::Reasoning(" And more.".into()),
+                Event::Text("Answer.".into()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn one_tool_call_in_three_fragments() {
+        let first = json!({"tool_calls": [{"index": 0, "id": "call_abc", "type": "function",
+            "function": {"name": "file_read", "arguments": ""}}]});
+        let frag = |a: &str| json!({"tool_calls": [{"index": 0, "function": {"arguments": a}}]});
+        let (url, mut rx) = serve(vec![Reply::sse(&[
+            &delta(json!({"role": "assistant", "content": null})),
+            &delta(first),
+            &delta(frag("{\"pa")),
+            &delta(frag("th\": \"src/ma")),
+            &delta(frag("in.rs\"}")),
+            &finish("tool_calls"),
+            USAGE,
+            DONE,
+        ])])
+        .await;
+        let b = backend(&url, None);
+        let (r, events) = run(&b, &request()).await;
+        let r = r.unwrap();
+        let call = ToolCall {
+            id: "call_abc".into(),
+            name: "file_read".into(),
+            arguments: json!({"path": "src/main.rs"}),
+        };
+        assert_eq!(r.tool_calls, vec![call.clone()]);
+        assert_eq!(r.text, "");
+        assert_eq!(events[0], Event::ToolCall(call));
+        assert!(matches!(events[1], Event::Usage(_)));
+        assert_eq!(events.len(), 2);
+        // No key variable configured: no Authorization header.
+        assert_eq!(rx.recv().await.unwrap().header("authorization"), None);
+    }
+
+    #[tokio::test]
+    async fn two_parallel_tool_calls_interleaved() {
+        let start = |i: u64, id: &str, name: &str| {
+            json!({"tool_calls": [{"index": i, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""}}]})
+        };
+        let frag =
+            |i: u64, a: &str| json!({"tool_calls": [{"index": i, "function": {"arguments": a}}]});
+        let (url, _rx) = serve(vec![Reply::sse(&[
+            &delta(json!({"content": "Reading both."})),
+            &delta(start(0, "call_0", "file_read")),
+            &delta(start(1, "call_1", "execute_code")),
+            &delta(frag(1, "{\"language\":\"sh\",")),
+            &delta(frag(0, "{\"path\":")),
+            &delta(frag(1, "\"code\":\"ls\"}")),
+            &delta(frag(0, "\"a.txt\"}")),
+            &finish("tool_calls"),
+            DONE,
+        ])])
+        .await;
+        let b = backend(&url, None);
+        let (r, events) = run(&b, &request()).await;
+        let r = r.unwrap();
+        let want = vec![
+            ToolCall {
+                id: "call_0".into(),
+                name: "file_read".into(),
+                arguments: json!({"path": "a.txt"}),
+            },
+            ToolCall {
+                id: "call_1".into(),
+                name: "execute_code".into(),
+                arguments: json!({"language": "sh", "code": "ls"}),
+            },
+        ];
+        assert_eq!(r.tool_calls, want);
+        assert_eq!(r.text, "Reading both.");
+        assert_eq!(
+            events,
+            vec![
+                Event::Text("Reading both.".into()),
+                Event::ToolCall(want[0].clone()),
+                Event::ToolCall(want[1].clone()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn whole_calls_without_index_or_id() {
+        // Ollama-style: each call complete in one delta, no index, no id.
+        let (url, _rx) = serve(vec![Reply::sse(&[
+            &delta(json!({"tool_calls": [
+                {"function": {"name": "file_read", "arguments": "{\"path\":\"x\"}"}}]})),
+            &delta(json!({"tool_calls": [
+                {"id": "b", "function": {"name": "file_read", "arguments": "{\"path\":\"y\"}"}}]})),
+            &finish("tool_calls"),
+            DONE,
+        ])])
+        .await;
+        let (r, _) = run(&backend(&url, None), &request()).await;
+        let calls = r.unwrap().tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert!(calls[0].id.starts_with("call_") && calls[0].id.len() == 21);
+        assert_eq!(calls[0].arguments, json!({"path": "x"}));
+        assert_eq!(
+            (calls[1].id.as_str(), &calls[1].arguments),
+            ("b", &json!({"path": "y"}))
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_arguments_are_wrapped() {
+        let (url, _rx) = serve(vec![Reply::sse(&[
+            &delta(json!({"tool_calls": [{"index": 0, "id": "c", "function":
+                {"name": "file_read", "arguments": "{\"path\": \"a"}}]})),
+            &finish("tool_calls"),
+            DONE,
+        ])])
+        .await;
+        let (r, _) = run(&backend(&url, None), &request()).await;
+        assert_eq!(
+            r.unwrap().tool_calls[0].arguments,
+            json!({"_raw": "{\"path\": \"a"})
+        );
+    }
+
+    #[test]
+    fn arguments_parsing() {
+        assert_eq!(parse_arguments(""), json!({}));
+        assert_eq!(parse_arguments("  null "), json!({}));
+        assert_eq!(parse_arguments("{\"a\":1}"), json!({"a": 1}));
+        assert_eq!(parse_arguments("\"{\\\"a\\\":1}\""), json!({"a": 1}));
+        assert_eq!(parse_arguments("[1]"), json!({"_raw": "[1]"}));
+        assert_eq!(parse_arguments("\"x\""), json!({"_raw": "\"x\""}));
+        assert_eq!(parse_arguments("{oops"), json!({"_raw": "{oops"}));
+    }
+
+    #[tokio::test]
+    async fn rate_limited_with_retry_after() {
+        let mut r = Reply::json(
+            429,
+            r#"{"error":{"message":"slow down","type":"requests"}}"#,
+        );
+        r.headers.push(("Retry-After", "7".into()));
+        let mut ms = Reply::json(429, "{}");
+        ms.headers.push(("retry-after-ms", "1500".into()));
+        let quota = Reply::json(
+            429,
+            r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+        );
+        let (url, _rx) = serve(vec![r, ms, Reply::json(429, ""), quota]).await;
+        let b = backend(&url, None);
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::RateLimited {
+                retry_after: Some(7)
+            }
+        );
+        assert_eq!(e.to_string(), "rate limited (retry after 7 s)");
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::RateLimited {
+                retry_after: Some(2)
+            }
+        );
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(e, BackendError::RateLimited { retry_after: None });
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Fatal("local: http 429: You exceeded your current quota".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn server_errors_are_transient() {
+        let (url, _rx) = serve(vec![
+            Reply::json(500, r#"{"error":{"message":"The server had an error"}}"#),
+            Reply::json(503, ""),
+        ])
+        .await;
+        let b = backend(&url, None);
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Transient("local: http 500: The server had an error".into())
+        );
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Transient("local: http 503: service unavailable".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn stream_cut_mid_message_is_transient() {
+        // Closed without [DONE] or finish_reason, once between events and once mid-event.
+        let a = delta(json!({"content": "Hel"}));
+        let b2 = delta(json!({"content": "lo"}));
+        let (url, _rx) = serve(vec![Reply::sse(&[&a, &b2]), Reply::sse(&[&a, &b2[..20]])]).await;
+        let b = backend(&url, None);
+        for _ in 0..2 {
+            let (r, events) = run(&b, &request()).await;
+            assert_eq!(
+                r.unwrap_err(),
+                BackendError::Transient(
+                    "local: the stream ended before the reply was complete".into()
+                )
+            );
+            assert_eq!(events[0], Event::Text("Hel".into()));
+        }
+    }
+
+    #[tokio::test]
+    async fn chunked_body_cut_is_transient() {
+        let mut r = Reply::sse(&["40\r\n", &delta(json!({"content": "x"}))[..30]]);
+        r.headers.push(("Transfer-Encoding", "chunked".into()));
+        let (url, _rx) = serve(vec![r]).await;
+        let e = run(&backend(&url, None), &request()).await.0.unwrap_err();
+        assert!(
+            matches!(&e, BackendError::Transient(m) if m.starts_with("local: reading the stream failed")),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn finish_reason_without_done_is_complete() {
+        let (url, _rx) = serve(vec![Reply::sse(&[
+            &delta(json!({"content": "ok"})),
+            &finish("stop"),
+        ])])
+        .await;
+        let (r, _) = run(&backend(&url, None), &request()).await;
+        assert_eq!(r.unwrap().text, "ok");
+    }
+
+    #[tokio::test]
+    async fn context_overflow() {
+        let (url, _rx) = serve(vec![
+            Reply::json(
+                400,
+                r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+            ),
+            // llama.cpp (older versions answered 500).
+            Reply::json(
+                500,
+                r#"{"error":{"code":500,"message":"the request exceeds the available context size. try increasing the context size or enable context shift","type":"exceed_context_size_error","n_prompt_tokens":1407,"n_ctx":256}}"#,
+            ),
+        ])
+        .await;
+        let b = backend(&url, None);
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::ContextOverflow(
+                "local: http 400: This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.".into()
+            )
+        );
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert!(matches!(e, BackendError::ContextOverflow(_)), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn client_errors_are_fatal_one_line_and_never_show_the_key() {
+        let long = format!(
+            r#"{{"error":{{"message":"Incorrect API key provided: {KEY}.\nYou can find your API key at https://example.invalid/{}","type":"invalid_request_error","code":"invalid_api_key"}}}}"#,
+            "x".repeat(400)
+        );
+        let (url, _rx) = serve(vec![
+            Reply::json(401, &long),
+            Reply::json(404, "404 page not found"),
+        ])
+        .await;
+        let b = backend(&url, Some("OLLIE_TEST_KEY_FATAL"));
+        let e = run(&b, &request()).await.0.unwrap_err();
+        let BackendError::Fatal(m) = &e else {
+            panic!("{e:?}")
+        };
+        assert!(
+            m.starts_with("local: http 401: Incorrect API key provided: <redacted>. You can"),
+            "{m}"
+        );
+        assert!(!m.contains(KEY) && !m.contains('\n'), "{m}");
+        assert!(m.chars().count() < 240 && m.ends_with('…'), "{m}");
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Fatal("local: http 404: 404 page not found".into())
+        );
+        assert!(!format!("{b:?}").contains(KEY));
+        assert_eq!(format!("{:?}", ApiKey(KEY.into())), "ApiKey(<redacted>)");
+    }
+
+    #[tokio::test]
+    async fn errors_inside_the_stream() {
+        let (url, _rx) = serve(vec![
+            Reply::sse(&[
+                &delta(json!({"content": "a"})),
+                "data: {\"error\":{\"code\":502,\"message\":\"Provider returned error\"}}\n\n",
+            ]),
+            Reply::sse(&["error: {\"code\":500,\"message\":\"the request exceeds the available context size\",\"type\":\"exceed_context_size_error\"}\n\n"]),
+            Reply::sse(&["data: {\"error\":{\"code\":429,\"message\":\"busy\"}}\n\n"]),
+            Reply::sse(&["data: not json\n\n"]),
+        ])
+        .await;
+        let b = backend(&url, None);
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Transient("local: error in stream: Provider returned error".into())
+        );
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert!(matches!(e, BackendError::ContextOverflow(_)), "{e:?}");
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(e, BackendError::RateLimited { retry_after: None });
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert!(
+            matches!(&e, BackendError::Transient(m) if m.contains("undecodable stream chunk")),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn full_conversation_request_body() {
+        let (url, mut rx) = serve(vec![Reply::sse(&[&finish("stop"), DONE])]).await;
+        let b = backend(&url, Some("OLLIE_TEST_KEY_BODY"));
+        let req = ModelRequest {
+            model: Some("other-model".into()),
+            system: Some("You are terse.".into()),
+            messages: vec![
+                Message::user("list files"),
+                Message {
+                    role: Role::Assistant,
+                    content: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: "call_1".into(),
+                        name: "execute_code".into(),
+                        arguments: json!({"language": "sh", "code": "ls"}),
+                    }],
+                    tool_call_id: None,
+                },
+                Message {
+                    role: Role::Tool,
+                    content: "a.txt\n".into(),
+                    tool_calls: Vec::new(),
+                    tool_call_id: Some("call_1".into()),
+                },
+                Message {
+                    role: Role::Assistant,
+                    content: "One file.".into(),
+                    tool_calls: Vec::new(),
+                    tool_call_id: None,
+                },
+            ],
+            tools: vec![ToolSpec {
+                name: "execute_code".into(),
+                description: "Run code.".into(),
+                parameters: json!({"type": "object", "properties": {"code": {"type": "string"}}}),
+            }],
+            temperature: None,
+            top_p: Some(0.9),
+            max_tokens: None,
+        };
+        let (r, events) = run(&b, &req).await;
+        assert_eq!(r.unwrap(), ModelReply::default());
+        assert!(events.is_empty());
+        let got = rx.recv().await.unwrap();
+        assert_eq!(got.header("authorization"), Some(&*format!("Bearer {KEY}")));
+        let body = got.json();
+        assert_eq!(
+            body,
+            json!({
+                "model": "other-model",
+                "messages": [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "list files"},
+                    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                        "type": "function", "function": {"name": "execute_code",
+                        "arguments": "{\"code\":\"ls\",\"language\":\"sh\"}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "a.txt\n"},
+                    {"role": "assistant", "content": "One file."},
+                ],
+                "tools": [{"type": "function", "function": {"name": "execute_code",
+                    "description": "Run code.", "parameters":
+                    {"type": "object", "properties": {"code": {"type": "string"}}}}}],
+                "top_p": 0.9,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn list_models() {
+        let (url, mut rx) = serve(vec![
+            Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"gpt-a","object":"model"},{"id":"gpt-b","object":"model"}]}"#,
+            ),
+            Reply::json(500, "oops"),
+        ])
+        .await;
+        let b = backend(&url, Some("OLLIE_TEST_KEY_MODELS"));
+        assert_eq!(b.list_models().await.unwrap(), ["gpt-a", "gpt-b"]);
+        let got = rx.recv().await.unwrap();
+        assert!(got.head.starts_with("GET /v1/models HTTP/1.1\r\n"));
+        assert_eq!(got.header("authorization"), Some(&*format!("Bearer {KEY}")));
+        assert_eq!(
+            b.list_models().await.unwrap_err(),
+            BackendError::Transient("local: http 500: oops".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn missing_key_or_model_fails_before_connecting() {
+        // The real environment: this variable is not set.
+        let cfg = BackendCfg {
+            kind: BackendKind::OpenAi,
+            base_url: Some("http://127.0.0.1:9/v1".into()),
+            api_key_env: Some("OLLIE_TEST_UNSET_VARIABLE_7f3a".into()),
+            model: None,
+            file: None,
+        };
+        let b = OpenAi::new("remote", &cfg).unwrap();
+        let req = ModelRequest {
+            model: Some("m".into()),
+            ..request()
+        };
+        assert_eq!(
+            run(&b, &req).await.0.unwrap_err(),
+            BackendError::Fatal(
+                "remote: environment variable OLLIE_TEST_UNSET_VARIABLE_7f3a (api_key_env) is not set or empty".into()
+            )
+        );
+        assert!(matches!(b.list_models().await, Err(BackendError::Fatal(_))));
+        assert_eq!(
+            run(&b, &request()).await.0.unwrap_err(),
+            BackendError::Fatal(
+                "remote: no model (set model in the backend or the agent profile)".into()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_transient() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let b = backend(&format!("http://{addr}/v1"), None);
+        let e = run(&b, &request()).await.0.unwrap_err();
+        let BackendError::Transient(m) = &e else {
+            panic!("{e:?}")
+        };
+        assert!(m.starts_with("local: request cannot connect: "), "{m}");
+        assert!(!m.contains('\n'), "{m}");
+    }
+
+    #[test]
+    fn base_url_validation() {
+        let cfg = |u: Option<&str>| BackendCfg {
+            kind: BackendKind::OpenAi,
+            base_url: u.map(str::to_owned),
+            api_key_env: None,
+            model: None,
+            file: None,
+        };
+        assert_eq!(
+            OpenAi::new("x", &cfg(None)).unwrap().base_url,
+            DEFAULT_BASE_URL
+        );
+        assert_eq!(
+            OpenAi::new("x", &cfg(Some("http://[::1]:8080/v1/")))
+                .unwrap()
+                .base_url,
+            "http://[::1]:8080/v1"
+        );
+        let cases = [
+            (
+                "ftp://host/v1",
+                "backends.x.base_url: scheme \"ftp\" is not supported",
+            ),
+            (
+                "not a url",
+                "backends.x.base_url: \"not a url\" is not a url",
+            ),
+            ("https://user:pw@host/v1", "must not contain credentials"),
+            ("https://host/v1?x=1", "must not have a query"),
+            ("unix:/run/sock", "scheme \"unix\""),
+        ];
+        for (u, want) in cases {
+            let e = OpenAi::new("x", &cfg(Some(u))).unwrap_err();
+            assert!(e.contains(want), "{u}: {e}");
+            assert!(!e.contains("pw"), "{e}");
+        }
+    }
+
+    #[test]
+    fn sse_parser_is_indifferent_to_chunking() {
+        let text = b": comment\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata: line1\ndata: line2\n\nid: 3\ndata:[DONE]\n\nerror: {\"code\":1}\ndata: {\"t\":1}";
+        let mut whole = Vec::new();
+        let mut p = SseParser::default();
+        p.feed(text, &mut whole).unwrap();
+        p.finish(&mut whole).unwrap();
+        assert_eq!(
+            whole,
+            vec![
+                Frame::Data("{\"a\":1}".into()),
+                Frame::Data("line1\nline2".into()),
+                Frame::Data("[DONE]".into()),
+                Frame::Error("{\"code\":1}".into()),
+                Frame::Data("{\"t\":1}".into()),
+            ]
+        );
+        let mut bytewise = Vec::new();
+        let mut p = SseParser::default();
+        for b in text {
+            p.feed(std::slice::from_ref(b), &mut bytewise).unwrap();
+        }
+        p.finish(&mut bytewise).unwrap();
+        assert_eq!(bytewise, whole);
+        // Garbage never panics.
+        let mut out = Vec::new();
+        let mut p = SseParser::default();
+        p.feed(&[0xff, 0xfe, b'\n', b':', 0xc3, b'\n', b'\n'], &mut out)
+            .unwrap();
+        p.finish(&mut out).unwrap();
+        assert!(out.is_empty());
+        // An event cut off by the end of the stream is dropped.
+        let mut p = SseParser::default();
+        p.feed(b"data: {\"choices\":[{", &mut out).unwrap();
+        p.finish(&mut out).unwrap();
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let h = |k: &'static str, v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(k, HeaderValue::from_str(v).unwrap());
+            retry_after(&m)
+        };
+        assert_eq!(h("retry-after", "7"), Some(7));
+        assert_eq!(h("retry-after", "0.2"), Some(1));
+        assert_eq!(h("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(h("retry-after", "-3"), None);
+        assert_eq!(h("retry-after-ms", "20"), Some(1));
+    }
+}

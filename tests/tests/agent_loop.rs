@@ -1,0 +1,243 @@
+//! The agent loop with the `replay` backend, end to end through the real olliesrv and the
+//! session's real toolsrv: prompt → model turn asking for a tool → the tool runs sandboxed in
+//! toolsrv → its result goes back → the final answer; sub-agents (`agent/new … prompt=`);
+//! `generate` on two fids at once; a script that runs out; `stop` during a long tool.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use ollie_p9::Fid;
+use ollie_p9::wire::om;
+
+async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
+    let mut f = root.walk_path(path).await.map_err(|e| e.to_string())?;
+    f.open(om::ORDWR).await.map_err(|e| e.to_string())?;
+    f.write(0, Bytes::from(data.to_owned()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let b = f.read_to_end().await.map_err(|e| e.to_string())?;
+    Ok(String::from_utf8(b).unwrap())
+}
+
+async fn read(root: &Fid, path: &str) -> String {
+    let mut f = root.walk_path(path).await.unwrap();
+    f.open(om::OREAD).await.unwrap();
+    String::from_utf8(f.read_to_end().await.unwrap()).unwrap()
+}
+
+async fn write(root: &Fid, path: &str, data: &str) {
+    let mut f = root.walk_path(path).await.unwrap();
+    f.open(om::OWRITE).await.unwrap();
+    f.write(0, Bytes::from(data.to_owned())).await.unwrap();
+}
+
+/// A server whose default backend `demo` replays `turns` (and `other` replays `other`).
+fn server(turns: &str, other: &str) -> (Srv, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(dir.path().join("turns.jsonl"), turns).unwrap();
+    std::fs::write(dir.path().join("other.jsonl"), other).unwrap();
+    let config = format!(
+        "default_backend = \"demo\"\n\n[backends.demo]\nkind = \"replay\"\nfile = \"{}\"\n\n[backends.other]\nkind = \"replay\"\nfile = \"{}\"\n",
+        dir.path().join("turns.jsonl").display(),
+        dir.path().join("other.jsonl").display()
+    );
+    let srv = Srv::start_with(dir, &config, |_| {});
+    (srv, work)
+}
+
+/// Waits (bounded) until `path` contains `needle`; returns the content.
+async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = read(root, path).await;
+        if t.contains(needle) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never contained {needle:?}:\n{t}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn kv(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_round_trip_runs_sandboxed_and_ends_with_the_answer() {
+    let turns = concat!(
+        r#"{"reasoning": "Look first.", "tool_calls": [{"name": "execute_code", "arguments": {"language": "bash", "code": "echo made > made.txt; cat /etc/shadow; echo end"}}]}"#,
+        "\n",
+        r#"{"text": "Made made.txt; the shadow file stayed closed."}"#,
+        "\n"
+    );
+    let (srv, work) = server(turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(&root, "session/s/agent/new", "name=a").await.unwrap();
+    let mut ev = root.walk_path("eventwait").await.unwrap();
+    ev.open(om::OREAD).await.unwrap();
+    write(&root, "session/s/agent/a/prompt", "make a file").await;
+    let raw = wait_for(&root, "session/s/agent/a/log", "[[[assistant\n").await;
+    // The blocks, in order.
+    let kinds: Vec<&str> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("[[["))
+        .map(|l| l.split(' ').next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["user", "reasoning", "tool_call", "tool_result", "assistant"],
+        "{raw}"
+    );
+    assert!(raw.contains("[[[tool_call name=execute_code id="), "{raw}");
+    // The tool ran in the sandbox: the file exists, the shadow file was denied.
+    assert_eq!(
+        std::fs::read_to_string(work.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert!(raw.contains("cat: /etc/shadow: Permission denied"), "{raw}");
+    assert!(raw.contains("pid=1 exit=0"), "{raw}");
+    // chat streams (a read at its end waits): one read of what is there.
+    let mut cf = root.walk_path("session/s/agent/a/chat").await.unwrap();
+    cf.open(om::OREAD).await.unwrap();
+    let chat = String::from_utf8(cf.read(0, 65536).await.unwrap().to_vec()).unwrap();
+    assert!(!chat.contains("[[["), "{chat}");
+    assert!(chat.contains("Made made.txt; the shadow file stayed closed.\n"));
+    let stats = read(&root, "session/s/agent/a/stats").await;
+    assert_eq!(kv(&stats, "requests"), "2", "{stats}");
+    assert_eq!(kv(&stats, "tool_calls"), "1", "{stats}");
+    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+    // The states the turn went through, from eventwait.
+    let mut states = Vec::new();
+    while !states.iter().any(|s| s == "idle") {
+        let d = ev.read(0, 8192).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&d).unwrap();
+        if v["event"] == "agent-state" {
+            states.push(v["state"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(
+        states,
+        ["thinking", "calling: execute_code", "thinking", "idle"],
+        "{states:?}"
+    );
+    // The agent's process is visible in its proc/ view, exited.
+    let top = read(&root, "session/s/agent/a/proc/top").await;
+    assert!(
+        top.contains("exited") && top.contains("execute_code"),
+        "{top}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_returns_its_final_reply_on_the_same_fid() {
+    let turns = concat!(r#"{"text": "the tests pass"}"#, "\n");
+    let (srv, work) = server(turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    let reply = rdwr(
+        &root,
+        "session/s/agent/new",
+        "name=sub\nprompt=run the tests",
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply, "the tests pass");
+    // Each agent plays the script from its start: a second sub-agent gets the same reply.
+    let again = rdwr(&root, "session/s/agent/new", "name=sub2\nprompt=again")
+        .await
+        .unwrap();
+    assert_eq!(again, "the tests pass");
+    // The first agent has used its script up: its next turn fails, in the chat and stats.
+    write(&root, "session/s/agent/sub/prompt", "once more").await;
+    let raw = wait_for(&root, "session/s/agent/sub/log", "the script has no turn 2").await;
+    assert!(
+        raw.contains("[[[error\nmodel call failed: replay backend demo"),
+        "{raw}"
+    );
+    let stats = wait_for(&root, "session/s/agent/sub/stats", "errors=1").await;
+    assert_eq!(kv(&stats, "turns"), "2", "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_answers_each_fid_with_its_own_reply() {
+    let (srv, _work) = server(
+        concat!(r#"{"text": "from demo"}"#, "\n"),
+        concat!(r#"{"text": "from other"}"#, "\n"),
+    );
+    let (_c, root) = attach(&srv, &me()).await;
+    let mut a = root.walk_path("generate").await.unwrap();
+    a.open(om::ORDWR).await.unwrap();
+    let mut b = root.walk_path("generate").await.unwrap();
+    b.open(om::ORDWR).await.unwrap();
+    let (ra, rb) = tokio::join!(
+        a.write(0, Bytes::from_static(b"say something")),
+        b.write(
+            0,
+            Bytes::from_static(br#"{"prompt": "say something", "backend": "other"}"#)
+        )
+    );
+    ra.unwrap();
+    rb.unwrap();
+    assert_eq!(&a.read_to_end().await.unwrap()[..], b"from demo\n");
+    assert_eq!(&b.read_to_end().await.unwrap()[..], b"from other\n");
+    let e = b
+        .write(0, Bytes::from_static(br#"{"prompt": "x", "colour": 1}"#))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("colour"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_during_a_long_tool_kills_it_and_ends_the_turn() {
+    let turns = concat!(
+        r#"{"tool_calls": [{"name": "execute_code", "arguments": {"language": "bash", "code": "sleep 1000"}}]}"#,
+        "\n"
+    );
+    let (srv, work) = server(turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(&root, "session/s/agent/new", "name=a").await.unwrap();
+    write(&root, "session/s/agent/a/prompt", "sleep").await;
+    wait_for(&root, "session/s/agent/a/proc/top", "running").await;
+    assert_eq!(
+        rdwr(&root, "session/s/agent/a/ctl", "stop").await.unwrap(),
+        "stopping\n"
+    );
+    let raw = wait_for(&root, "session/s/agent/a/log", "stopped by ctl stop").await;
+    assert!(raw.contains("[[[error\nstopped\n]]]"), "{raw}");
+    // The tool's process in toolsrv was stopped too.
+    let top = wait_for(&root, "session/s/agent/a/proc/top", "killed").await;
+    assert!(!top.contains("running"), "{top}");
+    wait_for(&root, "session/s/agent/idx", "\tidle\n").await;
+}
