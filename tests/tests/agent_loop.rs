@@ -51,6 +51,18 @@ fn server(turns: &str, other: &str) -> (Srv, std::path::PathBuf) {
     (srv, work)
 }
 
+/// Session `s` in `work` with agent `a`.
+async fn session_with_agent(root: &Fid, work: &std::path::Path) {
+    rdwr(
+        root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(root, "session/s/agent/new", "name=a").await.unwrap();
+}
+
 /// Waits (bounded) until `path` contains `needle`; returns the content.
 async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -84,14 +96,7 @@ async fn a_tool_round_trip_runs_sandboxed_and_ends_with_the_answer() {
     );
     let (srv, work) = server(turns, "");
     let (_c, root) = attach(&srv, &me()).await;
-    rdwr(
-        &root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(&root, "session/s/agent/new", "name=a").await.unwrap();
+    session_with_agent(&root, &work).await;
     let mut ev = root.walk_path("eventwait").await.unwrap();
     ev.open(om::OREAD).await.unwrap();
     write(&root, "session/s/agent/a/prompt", "make a file").await;
@@ -220,14 +225,7 @@ async fn stop_during_a_long_tool_kills_it_and_ends_the_turn() {
     );
     let (srv, work) = server(turns, "");
     let (_c, root) = attach(&srv, &me()).await;
-    rdwr(
-        &root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(&root, "session/s/agent/new", "name=a").await.unwrap();
+    session_with_agent(&root, &work).await;
     write(&root, "session/s/agent/a/prompt", "sleep").await;
     wait_for(&root, "session/s/agent/a/proc/top", "running").await;
     assert_eq!(
