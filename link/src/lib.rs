@@ -11,6 +11,12 @@ pub mod boot;
 pub mod spawn;
 pub mod tools;
 
+/// Escapes a value of a `proc/new` payload line: a backslash becomes `\\`, a newline `\n`
+/// (toolsrv's `payload::unescape` undoes it).
+pub fn escape_value(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
 /// An error and its causes on one line (`a: b: c`).
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -89,17 +89,8 @@ pub enum RunError {
     },
 }
 
-/// An error and its causes on one line (`outer: cause: cause`), for logs and 9P errors.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s.replace('\n', " ")
-}
+/// An error and its causes on one line, for logs and 9P errors.
+pub use ollie_link::error_chain;
 
 /// The default listen address: `unix!$NAMESPACE/ollie`.
 pub fn default_addr() -> Addr {

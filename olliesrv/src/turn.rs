@@ -196,7 +196,7 @@ fn remember(reg: &Registry, a: &Agent, m: &Message) -> Result<(), String> {
 }
 
 /// The tool schemas toolsrv offers this agent.
-async fn tool_specs(reg: &Registry, a: &Agent, config: &Config) -> Result<Vec<ToolSpec>, String> {
+async fn tool_specs(a: &Agent, config: &Config) -> Result<Vec<ToolSpec>, String> {
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
     let root = c.agent_root(a, config).await?;
@@ -212,7 +212,6 @@ async fn tool_specs(reg: &Registry, a: &Agent, config: &Config) -> Result<Vec<To
         .map_err(|e| format!("toolsrv: {e}"))?;
     let b = f.read_to_end().await.map_err(|e| format!("toolsrv: {e}"))?;
     let v: Value = serde_json::from_slice(&b).map_err(|e| format!("toolsrv tools: {e}"))?;
-    let _ = reg;
     Ok(v.as_array()
         .map(|a| {
             a.iter()
@@ -248,18 +247,13 @@ async fn run_tool(a: &Agent, call: &ToolCall, config: &Config) -> Result<String,
         "tool={}\nargs={}\ncwd={}\n",
         call.name,
         call.arguments,
-        ollie_link_escape(&a.settings().cwd.display().to_string())
+        ollie_link::escape_value(&a.settings().cwd.display().to_string())
     );
     f.write(0, Bytes::from(payload))
         .await
         .map_err(|e| e.to_string())?;
     let b = f.read_to_end().await.map_err(|e| e.to_string())?;
     Ok(String::from_utf8_lossy(&b).into_owned())
-}
-
-/// Escapes a payload value (newlines as `\n`, backslashes doubled before `n` and `\`).
-fn ollie_link_escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('\n', "\\n")
 }
 
 /// One model call, streamed into the chat, with retries.
@@ -384,7 +378,7 @@ async fn steps(
             backend_name(a, config)
                 .and_then(|n| config.backends.get(&n).and_then(|b| b.model.clone()))
         });
-    let tools = tool_specs(reg, a, config).await?;
+    let tools = tool_specs(a, config).await?;
     let parse = |k: &str| settings.cfg.get(k).and_then(|v| v.parse().ok());
     for _ in 0..max_steps {
         let (history, problems) = reg.store.read_history(&a.session_id, &a.id);

@@ -48,9 +48,7 @@ pub fn unescape(v: &str) -> String {
 }
 
 /// Escapes a value for a payload line (the inverse of [`unescape`]).
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('\n', "\\n")
-}
+pub use ollie_link::escape_value as escape;
 
 /// Parses a payload.
 pub fn parse(text: &str) -> Result<Payload, String> {
