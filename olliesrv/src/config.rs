@@ -83,10 +83,26 @@ pub struct Backend {
     pub base_url: Option<String>,
     /// The environment variable holding the API key (keys never live in the config).
     pub api_key_env: Option<String>,
+    /// A file holding the API key (absolute; owned by this user, mode 0600 or stricter;
+    /// checked when the key is read). `api_key_env` wins when both are set.
+    pub api_key_file: Option<PathBuf>,
     pub model: Option<String>,
     /// Replay backends: the JSON-lines file of model turns.
     pub file: Option<PathBuf>,
+    /// The context window of this backend's models in tokens (profiles and `cfg` may say
+    /// otherwise).
+    pub context_limit: Option<u64>,
 }
+
+/// The price of a model, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+/// The default fraction of the context window at which a conversation is compacted.
+pub const DEFAULT_COMPACT_AT: f64 = 0.8;
 
 /// A validated remote (a command that speaks 9P on its stdio, e.g. `ssh host toolsrv --stdio`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,6 +195,12 @@ pub struct Config {
     /// The TOML text of every available policy by name: the shipped profiles
     /// (`ollie_policy::SHIPPED_PROFILES`) and the user's `policy/NAME.toml`, each validated.
     pub policies: BTreeMap<String, String>,
+    /// Prices by model name (`[prices."MODEL"]`), for models whose backend reports no cost.
+    pub prices: BTreeMap<String, Price>,
+    /// The most a session may spend, in US dollars, unless its `cfg` says otherwise.
+    pub cost_cap_usd: Option<f64>,
+    /// Compact when the context reaches this fraction of the context limit.
+    pub compact_at: f64,
 }
 
 impl Default for Config {
@@ -195,6 +217,17 @@ struct RawConfig {
     backends: BTreeMap<String, RawBackend>,
     #[serde(default)]
     remotes: BTreeMap<String, RawRemote>,
+    #[serde(default)]
+    prices: BTreeMap<String, RawPrice>,
+    cost_cap_usd: Option<f64>,
+    compact_at: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrice {
+    input_per_mtok: f64,
+    output_per_mtok: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -203,8 +236,10 @@ struct RawBackend {
     kind: String,
     base_url: Option<String>,
     api_key_env: Option<String>,
+    api_key_file: Option<PathBuf>,
     model: Option<String>,
     file: Option<PathBuf>,
+    context_limit: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -485,6 +520,9 @@ impl Config {
             default_backend: None,
             backends: BTreeMap::new(),
             remotes: BTreeMap::new(),
+            prices: BTreeMap::new(),
+            cost_cap_usd: None,
+            compact_at: DEFAULT_COMPACT_AT,
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -692,14 +730,34 @@ impl Config {
                     format!("{v:?} is not an environment variable name"),
                 ));
             }
+            if let Some(f) = &b.api_key_file
+                && !f.is_absolute()
+            {
+                return Err(invalid(
+                    format!("{key}.api_key_file"),
+                    "must be an absolute path".into(),
+                ));
+            }
+            let context_limit = match b.context_limit {
+                None => None,
+                Some(n @ 1..=10_000_000) => Some(n as u64),
+                Some(n) => {
+                    return Err(invalid(
+                        format!("{key}.context_limit"),
+                        format!("{n} is out of range (1..=10000000)"),
+                    ));
+                }
+            };
             backends.insert(
                 name,
                 Backend {
                     kind,
                     base_url: b.base_url,
                     api_key_env: b.api_key_env,
+                    api_key_file: b.api_key_file,
                     model: b.model,
                     file: b.file,
+                    context_limit,
                 },
             );
         }
@@ -736,11 +794,53 @@ impl Config {
                 ),
             ));
         }
+        let mut prices = BTreeMap::new();
+        for (model, p) in raw.prices {
+            for (k, v) in [
+                ("input_per_mtok", p.input_per_mtok),
+                ("output_per_mtok", p.output_per_mtok),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(invalid(
+                        format!("prices.{model:?}.{k}"),
+                        format!("{v} is not a price (dollars per million tokens, >= 0)"),
+                    ));
+                }
+            }
+            prices.insert(
+                model,
+                Price {
+                    input_per_mtok: p.input_per_mtok,
+                    output_per_mtok: p.output_per_mtok,
+                },
+            );
+        }
+        if let Some(c) = raw.cost_cap_usd
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(invalid(
+                "cost_cap_usd".into(),
+                format!("{c} is not a positive amount of dollars"),
+            ));
+        }
+        let compact_at = match raw.compact_at {
+            None => DEFAULT_COMPACT_AT,
+            Some(f) if (0.1..=1.0).contains(&f) => f,
+            Some(f) => {
+                return Err(invalid(
+                    "compact_at".into(),
+                    format!("{f} is out of range (a fraction of the context limit, 0.1..=1.0)"),
+                ));
+            }
+        };
         Ok(Config {
             path: Some(path.to_owned()),
             default_backend: raw.default_backend,
             backends,
             remotes,
+            prices,
+            cost_cap_usd: raw.cost_cap_usd,
+            compact_at,
             ..Config::builtin()
         })
     }

@@ -301,7 +301,7 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "proc",
         AFile::ProcDir,
         dm::DIR | 0o555,
-        "the agent's processes in toolsrv: top, and N/out wait stat ctl",
+        "the agent's processes in toolsrv: top, and N/out wait stat record ctl",
     ),
 ];
 
@@ -318,6 +318,11 @@ pub const PID_FILES: &[(&str, u32, &str)] = &[
     ("out", 0o444, "output captured so far"),
     ("wait", 0o444, "blocks until the process ends; its status"),
     ("stat", 0o444, "key=value status"),
+    (
+        "record",
+        0o444,
+        "the sandbox's run record, one JSON object (an error while it runs)",
+    ),
     ("ctl", 0o222, "term, kill, signal N, dismiss"),
 ];
 
@@ -2113,6 +2118,16 @@ mod tests {
                 d.name
             );
         }
+        for (n, m, _) in PID_FILES {
+            assert!(
+                h.contains(&format!(
+                    "  {:<38} {m:04o}  ",
+                    format!("session/NAME/agent/NAME/proc/N/{n}")
+                )),
+                "{n}"
+            );
+        }
+        assert!(PID_FILES.iter().any(|(n, _, _)| *n == "record"));
         for (c, _) in CTL_COMMANDS.iter().chain(SESSION_CTL).chain(AGENT_CTL) {
             assert!(h.contains(c), "{c}");
         }

@@ -8,6 +8,9 @@
 //! Kinds: `replay` (a JSON-lines script of turns, for offline runs and tests); `openai`,
 //! `anthropic` and `ollama` speak their HTTP streaming APIs.
 
+pub mod anthropic;
+pub(crate) mod http;
+pub mod ollama;
 pub mod openai;
 pub mod replay;
 
@@ -133,4 +136,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         req: &'a ModelRequest,
         sink: Sink<'a>,
     ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>>;
+
+    /// The models the backend offers, as its server lists them (one request; `models` and
+    /// `ctl models` show the result).
+    fn list_models<'a>(
+        &'a self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>>;
 }

@@ -44,15 +44,16 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
-use reqwest::{Response, Url};
+use reqwest::Response;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value, json};
 
+use super::http::{
+    self, ApiKey, Endpoint, Frame, KeySource, LIST_TIMEOUT, MAX_LIST_BODY, MAX_MESSAGE_CHARS,
+    SseParser, classify_stream_error, generated_id, one_line, parse_arguments, read_capped,
+};
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
 };
@@ -60,47 +61,17 @@ use super::{
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
-/// How long connecting may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest silence while waiting for response bytes (a stalled stream).
-const READ_TIMEOUT: Duration = Duration::from_secs(300);
-/// The whole of a `/models` request.
-const LIST_TIMEOUT: Duration = Duration::from_secs(60);
-/// The most of an error body read.
-const MAX_ERROR_BODY: usize = 64 * 1024;
-/// The largest `/models` reply.
-const MAX_LIST_BODY: usize = 8 << 20;
-/// The largest single server-sent event.
-const MAX_EVENT: usize = 8 << 20;
-/// Server messages in errors are cut to this many characters.
-const MAX_MESSAGE_CHARS: usize = 200;
-
-/// Phrases (lowercase) with which servers say the request does not fit the context.
-const CONTEXT_PHRASES: &[&str] = &[
-    "context_length_exceeded",
-    "maximum context length",
-    "context length",
-    "context_length",
-    "exceed_context_size",
-    "context size",
-    "context window",
-    "prompt is too long",
-];
-
 /// An OpenAI-compatible chat backend.
 pub struct OpenAi {
     /// The backend's name in the configuration (prefixes every error).
     name: String,
     /// Without a trailing `/`.
     base_url: String,
-    /// The variable holding the API key (`None`: send no key).
-    api_key_env: Option<String>,
+    /// Where the API key comes from (none configured: send no key).
+    keys: KeySource,
     /// The model when the request names none.
     model: Option<String>,
     client: reqwest::Client,
-    /// Reads an environment variable (`std::env::var`; tests substitute their own, since the
-    /// crate forbids the `unsafe` that `set_var` needs).
-    lookup: fn(&str) -> Option<String>,
 }
 
 impl fmt::Debug for OpenAi {
@@ -108,74 +79,23 @@ impl fmt::Debug for OpenAi {
         f.debug_struct("OpenAi")
             .field("name", &self.name)
             .field("base_url", &self.base_url)
-            .field("api_key_env", &self.api_key_env)
+            .field("keys", &self.keys)
             .field("model", &self.model)
             .finish_non_exhaustive()
     }
-}
-
-/// An API key; `Debug` never shows it.
-struct ApiKey(String);
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
-fn env_lookup(name: &str) -> Option<String> {
-    std::env::var(name).ok()
 }
 
 impl OpenAi {
     /// A backend for config entry `name`. Fails (one line, naming the key) when `base_url` is
     /// not an `http`/`https` URL with a host, or carries credentials, a query or a fragment.
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<OpenAi, String> {
-        let raw = cfg.base_url.as_deref().unwrap_or(DEFAULT_BASE_URL);
-        let url = Url::parse(raw)
-            .map_err(|e| format!("backends.{name}.base_url: {raw:?} is not a url ({e})"))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
-                "backends.{name}.base_url: scheme {:?} is not supported (valid: http, https)",
-                url.scheme()
-            ));
-        }
-        let Some(host) = url.host_str() else {
-            return Err(format!("backends.{name}.base_url: {raw:?} has no host"));
-        };
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(format!(
-                "backends.{name}.base_url: must not contain credentials (name the key's variable in api_key_env)"
-            ));
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err(format!(
-                "backends.{name}.base_url: must not have a query or fragment"
-            ));
-        }
-        let loopback = host == "localhost"
-            || host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(READ_TIMEOUT)
-            .user_agent(concat!("ollie/", env!("CARGO_PKG_VERSION")));
-        if loopback {
-            builder = builder.no_proxy();
-        }
-        let client = builder
-            .build()
-            .map_err(|e| format!("backend {name}: cannot make an http client: {e}"))?;
+        let ep = Endpoint::new(name, cfg.base_url.as_deref(), DEFAULT_BASE_URL)?;
         Ok(OpenAi {
             name: name.to_owned(),
-            base_url: url.as_str().trim_end_matches('/').to_owned(),
-            api_key_env: cfg.api_key_env.clone(),
+            base_url: ep.base_url,
+            keys: KeySource::new(cfg),
             model: cfg.model.clone(),
-            client,
-            lookup: env_lookup,
+            client: ep.client,
         })
     }
 
@@ -219,65 +139,20 @@ impl OpenAi {
             .collect())
     }
 
-    /// The key, if a variable is configured; a configured variable that is unset or empty is
-    /// an error.
     fn api_key(&self) -> Result<Option<ApiKey>, BackendError> {
-        let Some(var) = &self.api_key_env else {
-            return Ok(None);
-        };
-        match (self.lookup)(var) {
-            Some(k) if !k.trim().is_empty() => Ok(Some(ApiKey(k.trim().to_owned()))),
-            _ => Err(BackendError::Fatal(format!(
-                "{}: environment variable {var} (api_key_env) is not set or empty",
-                self.name
-            ))),
-        }
+        self.keys.key(&self.name)
     }
 
     fn auth_header(&self, key: &ApiKey) -> Result<HeaderValue, BackendError> {
-        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.0)).map_err(|_| {
-            BackendError::Fatal(format!(
-                "{}: the api key in {} has characters not allowed in an http header",
-                self.name,
-                self.api_key_env.as_deref().unwrap_or("?")
-            ))
-        })?;
-        v.set_sensitive(true);
-        Ok(v)
+        key.header(&self.name, "Bearer ")
     }
 
-    /// A connection or read failure: worth a retry.
     fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
-        let kind = if e.is_timeout() {
-            "timed out"
-        } else if e.is_connect() {
-            "cannot connect"
-        } else {
-            "failed"
-        };
-        let e = e.without_url();
-        let mut chain = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            chain.push_str(": ");
-            chain.push_str(&s.to_string());
-            source = s.source();
-        }
-        let chain = one_line(&chain, MAX_MESSAGE_CHARS);
-        BackendError::Transient(format!("{}: {what} {kind}: {chain}", self.name))
+        http::transport(&self.name, what, e)
     }
 
-    /// An unsuccessful HTTP status, classified.
     async fn status_error(&self, resp: Response, key: Option<&ApiKey>) -> BackendError {
-        let status = resp.status().as_u16();
-        let retry = retry_after(resp.headers());
-        // A body that cannot be read is classified by its status alone.
-        let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
-        let mut body = String::from_utf8_lossy(&body).into_owned();
-        if let Some(k) = key {
-            body = body.replace(&k.0, "<redacted>");
-        }
-        classify_http(&self.name, status, retry, &body)
+        http::status_error(&self.name, resp, key).await
     }
 
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
@@ -344,126 +219,11 @@ impl Backend for OpenAi {
     ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
         Box::pin(self.chat(req, sink))
     }
-}
 
-/// Reads at most `cap` bytes of a body (the rest is dropped with the connection).
-async fn read_capped(mut resp: Response, cap: usize) -> Result<Vec<u8>, reqwest::Error> {
-    let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await? {
-        let room = cap.saturating_sub(out.len());
-        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if out.len() >= cap {
-            break;
-        }
-    }
-    Ok(out)
-}
-
-/// `Retry-After` in seconds (integer or decimal, rounded up), else `retry-after-ms`. HTTP
-/// dates are not understood.
-fn retry_after(headers: &HeaderMap) -> Option<u64> {
-    let secs = |v: &HeaderValue, scale: f64| {
-        let f: f64 = v.to_str().ok()?.trim().parse().ok()?;
-        (f.is_finite() && f >= 0.0).then(|| (f / scale).ceil() as u64)
-    };
-    headers
-        .get(RETRY_AFTER)
-        .and_then(|v| secs(v, 1.0))
-        .or_else(|| headers.get("retry-after-ms").and_then(|v| secs(v, 1000.0)))
-}
-
-/// `s` on one line (whitespace runs collapsed), cut to `max` characters with a `…`.
-fn one_line(s: &str, max: usize) -> String {
-    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if joined.chars().count() <= max {
-        return joined;
-    }
-    let mut out: String = joined.chars().take(max).collect();
-    out.push('…');
-    out
-}
-
-/// The server's message, `code` and `type` from an error body in any of the shapes seen:
-/// `{"error": {"message", "code", "type"}}`, `{"error": "text"}`, `{"message": …}`,
-/// `{"detail": …}`, or plain text.
-fn error_fields(body: &str) -> (String, Option<Value>, Option<String>) {
-    let Ok(v) = serde_json::from_str::<Value>(body) else {
-        return (body.to_owned(), None, None);
-    };
-    let obj = match v.get("error") {
-        Some(e @ Value::Object(_)) => e,
-        Some(Value::String(s)) => return (s.clone(), None, None),
-        _ => &v,
-    };
-    let message = ["message", "detail", "error"]
-        .iter()
-        .find_map(|k| match obj.get(*k) {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(other @ (Value::Object(_) | Value::Array(_))) => Some(other.to_string()),
-            _ => None,
-        })
-        .unwrap_or_else(|| body.to_owned());
-    let code = obj.get("code").filter(|c| !c.is_null()).cloned();
-    let kind = obj.get("type").and_then(Value::as_str).map(str::to_owned);
-    (message, code, kind)
-}
-
-fn mentions_context(text: &str) -> bool {
-    let lower = text.to_lowercase();
-    CONTEXT_PHRASES.iter().any(|p| lower.contains(p))
-}
-
-/// An unsuccessful HTTP reply as a [`BackendError`].
-fn classify_http(name: &str, status: u16, retry_after: Option<u64>, body: &str) -> BackendError {
-    let (message, code, kind) = error_fields(body);
-    let mut message = one_line(&message, MAX_MESSAGE_CHARS);
-    if message.is_empty() {
-        message = reqwest::StatusCode::from_u16(status)
-            .ok()
-            .and_then(|s| s.canonical_reason())
-            .unwrap_or("no message")
-            .to_lowercase();
-    }
-    let text = format!("{name}: http {status}: {message}");
-    let quota = |v: &str| v == "insufficient_quota";
-    if status == 429 {
-        if code.as_ref().and_then(Value::as_str).is_some_and(quota)
-            || kind.as_deref().is_some_and(quota)
-        {
-            return BackendError::Fatal(text);
-        }
-        return BackendError::RateLimited { retry_after };
-    }
-    if mentions_context(body) {
-        return BackendError::ContextOverflow(text);
-    }
-    match status {
-        408 | 409 | 500..=599 => BackendError::Transient(text),
-        _ => BackendError::Fatal(text),
-    }
-}
-
-/// An error the server sent inside the stream, classified by its `code` (an HTTP status).
-fn classify_stream_error(name: &str, error: &Value) -> BackendError {
-    let body = error.to_string();
-    let (message, code, _) = error_fields(&body);
-    let text = format!(
-        "{name}: error in stream: {}",
-        one_line(&message, MAX_MESSAGE_CHARS)
-    );
-    if mentions_context(&body) {
-        return BackendError::ContextOverflow(text);
-    }
-    let status = code.and_then(|c| match c {
-        Value::Number(n) => n.as_u64(),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
-    });
-    match status {
-        Some(429) => BackendError::RateLimited { retry_after: None },
-        Some(408 | 409) => BackendError::Transient(text),
-        Some(s) if (400..500).contains(&s) => BackendError::Fatal(text),
-        _ => BackendError::Transient(text),
+    fn list_models<'a>(
+        &'a self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
+        Box::pin(OpenAi::list_models(self))
     }
 }
 
@@ -538,125 +298,6 @@ fn message_json(m: &Message) -> Value {
             }
             Value::Object(o)
         }
-    }
-}
-
-/// Tool call arguments as received, as a JSON object (see the module comment).
-fn parse_arguments(raw: &str) -> Value {
-    let trimmed = raw.trim();
-    let wrap = || json!({ "_raw": raw });
-    if trimmed.is_empty() {
-        return Value::Object(Map::new());
-    }
-    match serde_json::from_str::<Value>(trimmed) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(Value::Null) => Value::Object(Map::new()),
-        Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => wrap(),
-        },
-        _ => wrap(),
-    }
-}
-
-/// A fresh tool call id for servers that send none.
-fn generated_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = getrandom::u64().unwrap_or_else(|_| COUNTER.fetch_add(1, Ordering::Relaxed));
-    format!("call_{n:016x}")
-}
-
-/// One dispatched server-sent event.
-#[derive(Debug, PartialEq)]
-enum Frame {
-    /// The (joined) `data:` lines of an event.
-    Data(String),
-    /// An `error:` line (llama.cpp's way of failing a started stream).
-    Error(String),
-}
-
-/// Splits a byte stream into server-sent events. Never panics on input.
-#[derive(Debug, Default)]
-struct SseParser {
-    /// The unfinished line.
-    line: Vec<u8>,
-    /// The data lines of the current event.
-    data: Option<String>,
-}
-
-impl SseParser {
-    fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
-        while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
-            self.line.extend_from_slice(&bytes[..pos]);
-            bytes = &bytes[pos + 1..];
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line, out)?;
-        }
-        self.line.extend_from_slice(bytes);
-        if self.line.len() > MAX_EVENT {
-            return Err(format!(
-                "a stream line is longer than {} MiB",
-                MAX_EVENT >> 20
-            ));
-        }
-        Ok(())
-    }
-
-    /// The end of the stream. The standard drops an event cut off by the end; we keep one
-    /// that is nevertheless whole (`[DONE]` or a complete JSON value), since some servers
-    /// close without the final blank line.
-    fn finish(&mut self, out: &mut Vec<Frame>) -> Result<(), String> {
-        if !self.line.is_empty() {
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line, out)?;
-        }
-        if let Some(d) = self.data.take() {
-            let t = d.trim();
-            if t == "[DONE]" || serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok() {
-                out.push(Frame::Data(d));
-            }
-        }
-        Ok(())
-    }
-
-    fn line_done(&mut self, line: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            if let Some(d) = self.data.take() {
-                out.push(Frame::Data(d));
-            }
-            return Ok(());
-        }
-        if line.starts_with(b":") {
-            return Ok(());
-        }
-        let line = String::from_utf8_lossy(line);
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line.as_ref(), ""),
-        };
-        match field {
-            "data" => {
-                let data = match &mut self.data {
-                    Some(d) => {
-                        // A further data line of the same event.
-                        d.push('\n');
-                        d
-                    }
-                    None => self.data.insert(String::new()),
-                };
-                data.push_str(value);
-                if data.len() > MAX_EVENT {
-                    return Err(format!(
-                        "a stream event is longer than {} MiB",
-                        MAX_EVENT >> 20
-                    ));
-                }
-            }
-            "error" => out.push(Frame::Error(value.to_owned())),
-            _ => {}
-        }
-        Ok(())
     }
 }
 
@@ -832,7 +473,10 @@ impl StreamState {
 mod tests {
     use super::*;
     use crate::backend::ToolSpec;
+    use crate::backend::http::retry_after;
     use crate::config::{Backend as BackendCfg, BackendKind};
+    use reqwest::header::HeaderMap;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
@@ -950,9 +594,11 @@ mod tests {
             api_key_env: key_var.map(str::to_owned),
             model: Some("test-model".into()),
             file: None,
+            api_key_file: None,
+            context_limit: None,
         };
         let mut b = OpenAi::new("local", &cfg).unwrap();
-        b.lookup = fake_env;
+        b.keys.lookup = fake_env;
         b
     }
 
@@ -1505,6 +1151,8 @@ mod tests {
             api_key_env: Some("OLLIE_TEST_UNSET_VARIABLE_7f3a".into()),
             model: None,
             file: None,
+            api_key_file: None,
+            context_limit: None,
         };
         let b = OpenAi::new("remote", &cfg).unwrap();
         let req = ModelRequest {
@@ -1548,6 +1196,8 @@ mod tests {
             api_key_env: None,
             model: None,
             file: None,
+            api_key_file: None,
+            context_limit: None,
         };
         assert_eq!(
             OpenAi::new("x", &cfg(None)).unwrap().base_url,

@@ -128,6 +128,13 @@ impl Backend for Replay {
             Ok(reply)
         })
     }
+
+    /// A script has no models to choose from; it lists the one pseudo-model `replay`.
+    fn list_models<'a>(
+        &'a self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
+        Box::pin(async { Ok(vec!["replay".to_owned()]) })
+    }
 }
 
 #[cfg(test)]

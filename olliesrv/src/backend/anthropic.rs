@@ -1,0 +1,1 @@
+//! The `anthropic` backend (being written).

@@ -1,0 +1,493 @@
+//! What the HTTP backends share: the endpoint (base URL checks, the client, proxy bypass for
+//! loopback), the API key (from an environment variable or a 0600 file, never shown), error
+//! classification of HTTP replies, server-sent event framing and tool-argument parsing.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::{Response, Url};
+use serde_json::{Map, Value, json};
+
+use super::BackendError;
+
+/// How long connecting may take.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest silence while waiting for response bytes (a stalled stream).
+pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(300);
+/// The whole of a model-list request.
+pub(super) const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most of an error body read.
+pub(super) const MAX_ERROR_BODY: usize = 64 * 1024;
+/// The largest model-list reply.
+pub(super) const MAX_LIST_BODY: usize = 8 << 20;
+/// The largest single server-sent event or stream line.
+pub(super) const MAX_EVENT: usize = 8 << 20;
+/// Server messages in errors are cut to this many characters.
+pub(super) const MAX_MESSAGE_CHARS: usize = 200;
+/// The largest API key file.
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// Phrases (lowercase) with which servers say the request does not fit the context.
+const CONTEXT_PHRASES: &[&str] = &[
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context_length",
+    "exceed_context_size",
+    "context size",
+    "context window",
+    "prompt is too long",
+];
+
+/// A checked base URL and an HTTP client for it.
+pub(super) struct Endpoint {
+    /// Without a trailing `/`.
+    pub base_url: String,
+    pub client: reqwest::Client,
+}
+
+impl Endpoint {
+    /// The endpoint of config entry `name`: `base_url` (or `default`) must be an `http`/`https`
+    /// URL with a host and without credentials, query or fragment. Loopback hosts bypass any
+    /// configured proxy.
+    pub fn new(name: &str, base_url: Option<&str>, default: &str) -> Result<Endpoint, String> {
+        let raw = base_url.unwrap_or(default);
+        let url = Url::parse(raw)
+            .map_err(|e| format!("backends.{name}.base_url: {raw:?} is not a url ({e})"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "backends.{name}.base_url: scheme {:?} is not supported (valid: http, https)",
+                url.scheme()
+            ));
+        }
+        let Some(host) = url.host_str() else {
+            return Err(format!("backends.{name}.base_url: {raw:?} has no host"));
+        };
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "backends.{name}.base_url: must not contain credentials (name the key's variable in api_key_env)"
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!(
+                "backends.{name}.base_url: must not have a query or fragment"
+            ));
+        }
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .user_agent(concat!("ollie/", env!("CARGO_PKG_VERSION")));
+        if is_loopback_host(host) {
+            builder = builder.no_proxy();
+        }
+        let client = builder
+            .build()
+            .map_err(|e| format!("backend {name}: cannot make an http client: {e}"))?;
+        Ok(Endpoint {
+            base_url: url.as_str().trim_end_matches('/').to_owned(),
+            client,
+        })
+    }
+}
+
+/// Whether a URL host (name, IPv4 or bracketed IPv6) is this machine.
+pub(super) fn is_loopback_host(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// An API key; `Debug` never shows it.
+pub(super) struct ApiKey(pub String);
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+impl ApiKey {
+    /// `text` with every occurrence of the key replaced.
+    pub fn scrub(&self, text: &str) -> String {
+        text.replace(&self.0, "<redacted>")
+    }
+
+    /// A header value (`prefix` + key), marked sensitive so that it is never logged.
+    pub fn header(&self, name: &str, prefix: &str) -> Result<HeaderValue, BackendError> {
+        let mut v = HeaderValue::from_str(&format!("{prefix}{}", self.0)).map_err(|_| {
+            BackendError::Fatal(format!(
+                "{name}: the api key has characters not allowed in an http header"
+            ))
+        })?;
+        v.set_sensitive(true);
+        Ok(v)
+    }
+}
+
+/// Where a backend's API key comes from: the variable named by `api_key_env`, else the file
+/// named by `api_key_file` (a regular file owned by this user, not readable by group or
+/// others). Read at each call, so a rotated key is picked up without a restart.
+pub(super) struct KeySource {
+    pub env: Option<String>,
+    pub file: Option<PathBuf>,
+    /// Reads an environment variable (`std::env::var`; tests substitute their own, since the
+    /// crate forbids the `unsafe` that `set_var` needs).
+    pub lookup: fn(&str) -> Option<String>,
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeySource")
+            .field("env", &self.env)
+            .field("file", &self.file)
+            .finish_non_exhaustive()
+    }
+}
+
+fn env_lookup(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+impl KeySource {
+    pub fn new(cfg: &crate::config::Backend) -> KeySource {
+        KeySource {
+            env: cfg.api_key_env.clone(),
+            file: cfg.api_key_file.clone(),
+            lookup: env_lookup,
+        }
+    }
+
+    /// The key, if one is configured; a configured source that is unset, empty, unreadable
+    /// or too open is an error naming the source (never the key).
+    pub fn key(&self, name: &str) -> Result<Option<ApiKey>, BackendError> {
+        if let Some(var) = &self.env {
+            return match (self.lookup)(var) {
+                Some(k) if !k.trim().is_empty() => Ok(Some(ApiKey(k.trim().to_owned()))),
+                _ => Err(BackendError::Fatal(format!(
+                    "{name}: environment variable {var} (api_key_env) is not set or empty"
+                ))),
+            };
+        }
+        let Some(path) = &self.file else {
+            return Ok(None);
+        };
+        read_key_file(path).map(|k| Some(ApiKey(k))).map_err(|e| {
+            BackendError::Fatal(format!("{name}: api_key_file {}: {e}", path.display()))
+        })
+    }
+}
+
+/// The key in `path`: trimmed, non-empty, from a regular file this user owns with no group or
+/// other permissions.
+fn read_key_file(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string().to_lowercase())?;
+    let meta = f.metadata().map_err(|e| e.to_string().to_lowercase())?;
+    if !meta.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(format!("owned by uid {}, not by this user", meta.uid()));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!("mode {mode:04o} lets others read it (chmod 600)"));
+    }
+    let mut text = String::new();
+    f.by_ref()
+        .take(MAX_KEY_FILE)
+        .read_to_string(&mut text)
+        .map_err(|_| "not valid utf-8 text".to_owned())?;
+    let key = text.trim();
+    if key.is_empty() {
+        return Err("is empty".to_owned());
+    }
+    Ok(key.to_owned())
+}
+
+/// A connection or read failure: worth a retry.
+pub(super) fn transport(name: &str, what: &str, e: reqwest::Error) -> BackendError {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "failed"
+    };
+    let e = e.without_url();
+    let mut chain = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    let chain = one_line(&chain, MAX_MESSAGE_CHARS);
+    BackendError::Transient(format!("{name}: {what} {kind}: {chain}"))
+}
+
+/// An unsuccessful HTTP status, classified (the key scrubbed from the server's message).
+pub(super) async fn status_error(name: &str, resp: Response, key: Option<&ApiKey>) -> BackendError {
+    let status = resp.status().as_u16();
+    let retry = retry_after(resp.headers());
+    // A body that cannot be read is classified by its status alone.
+    let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
+    let mut body = String::from_utf8_lossy(&body).into_owned();
+    if let Some(k) = key {
+        body = k.scrub(&body);
+    }
+    classify_http(name, status, retry, &body)
+}
+
+/// Reads at most `cap` bytes of a body (the rest is dropped with the connection).
+pub(super) async fn read_capped(mut resp: Response, cap: usize) -> Result<Vec<u8>, reqwest::Error> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = cap.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= cap {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// `Retry-After` in seconds (integer or decimal, rounded up), else `retry-after-ms`. HTTP
+/// dates are not understood.
+pub(super) fn retry_after(headers: &HeaderMap) -> Option<u64> {
+    let secs = |v: &HeaderValue, scale: f64| {
+        let f: f64 = v.to_str().ok()?.trim().parse().ok()?;
+        (f.is_finite() && f >= 0.0).then(|| (f / scale).ceil() as u64)
+    };
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| secs(v, 1.0))
+        .or_else(|| headers.get("retry-after-ms").and_then(|v| secs(v, 1000.0)))
+}
+
+/// `s` on one line (whitespace runs collapsed), cut to `max` characters with a `…`.
+pub(super) fn one_line(s: &str, max: usize) -> String {
+    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if joined.chars().count() <= max {
+        return joined;
+    }
+    let mut out: String = joined.chars().take(max).collect();
+    out.push('…');
+    out
+}
+
+/// The server's message, `code` and `type` from an error body in any of the shapes seen:
+/// `{"error": {"message", "code", "type"}}`, `{"error": "text"}`, `{"message": …}`,
+/// `{"detail": …}`, or plain text.
+pub(super) fn error_fields(body: &str) -> (String, Option<Value>, Option<String>) {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return (body.to_owned(), None, None);
+    };
+    let obj = match v.get("error") {
+        Some(e @ Value::Object(_)) => e,
+        Some(Value::String(s)) => return (s.clone(), None, None),
+        _ => &v,
+    };
+    let message = ["message", "detail", "error"]
+        .iter()
+        .find_map(|k| match obj.get(*k) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other @ (Value::Object(_) | Value::Array(_))) => Some(other.to_string()),
+            _ => None,
+        })
+        .unwrap_or_else(|| body.to_owned());
+    let code = obj.get("code").filter(|c| !c.is_null()).cloned();
+    let kind = obj.get("type").and_then(Value::as_str).map(str::to_owned);
+    (message, code, kind)
+}
+
+pub(super) fn mentions_context(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    CONTEXT_PHRASES.iter().any(|p| lower.contains(p))
+}
+
+/// An unsuccessful HTTP reply as a [`BackendError`].
+pub(super) fn classify_http(
+    name: &str,
+    status: u16,
+    retry_after: Option<u64>,
+    body: &str,
+) -> BackendError {
+    let (message, code, kind) = error_fields(body);
+    let mut message = one_line(&message, MAX_MESSAGE_CHARS);
+    if message.is_empty() {
+        message = reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("no message")
+            .to_lowercase();
+    }
+    let text = format!("{name}: http {status}: {message}");
+    let quota = |v: &str| v == "insufficient_quota";
+    if status == 429 {
+        if code.as_ref().and_then(Value::as_str).is_some_and(quota)
+            || kind.as_deref().is_some_and(quota)
+        {
+            return BackendError::Fatal(text);
+        }
+        return BackendError::RateLimited { retry_after };
+    }
+    if mentions_context(body) {
+        return BackendError::ContextOverflow(text);
+    }
+    match status {
+        408 | 409 | 500..=599 => BackendError::Transient(text),
+        _ => BackendError::Fatal(text),
+    }
+}
+
+/// An error the server sent inside the stream, classified by its `code` (an HTTP status).
+pub(super) fn classify_stream_error(name: &str, error: &Value) -> BackendError {
+    let body = error.to_string();
+    let (message, code, _) = error_fields(&body);
+    let text = format!(
+        "{name}: error in stream: {}",
+        one_line(&message, MAX_MESSAGE_CHARS)
+    );
+    if mentions_context(&body) {
+        return BackendError::ContextOverflow(text);
+    }
+    let status = code.and_then(|c| match c {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    });
+    match status {
+        Some(429) => BackendError::RateLimited { retry_after: None },
+        Some(408 | 409) => BackendError::Transient(text),
+        Some(s) if (400..500).contains(&s) => BackendError::Fatal(text),
+        _ => BackendError::Transient(text),
+    }
+}
+
+/// Tool call arguments as received, as a JSON object (see the module comment).
+pub(super) fn parse_arguments(raw: &str) -> Value {
+    let trimmed = raw.trim();
+    let wrap = || json!({ "_raw": raw });
+    if trimmed.is_empty() {
+        return Value::Object(Map::new());
+    }
+    match serde_json::from_str::<Value>(trimmed) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(Value::Null) => Value::Object(Map::new()),
+        Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => wrap(),
+        },
+        _ => wrap(),
+    }
+}
+
+/// A fresh tool call id for servers that send none.
+pub(super) fn generated_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = getrandom::u64().unwrap_or_else(|_| COUNTER.fetch_add(1, Ordering::Relaxed));
+    format!("call_{n:016x}")
+}
+
+/// One dispatched server-sent event.
+#[derive(Debug, PartialEq)]
+pub(super) enum Frame {
+    /// The (joined) `data:` lines of an event.
+    Data(String),
+    /// An `error:` line (llama.cpp's way of failing a started stream).
+    Error(String),
+}
+
+/// Splits a byte stream into server-sent events. Never panics on input.
+#[derive(Debug, Default)]
+pub(super) struct SseParser {
+    /// The unfinished line.
+    line: Vec<u8>,
+    /// The data lines of the current event.
+    data: Option<String>,
+}
+
+impl SseParser {
+    pub(super) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
+        while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
+            self.line.extend_from_slice(&bytes[..pos]);
+            bytes = &bytes[pos + 1..];
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line, out)?;
+        }
+        self.line.extend_from_slice(bytes);
+        if self.line.len() > MAX_EVENT {
+            return Err(format!(
+                "a stream line is longer than {} MiB",
+                MAX_EVENT >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    /// The end of the stream. The standard drops an event cut off by the end; we keep one
+    /// that is nevertheless whole (`[DONE]` or a complete JSON value), since some servers
+    /// close without the final blank line.
+    pub(super) fn finish(&mut self, out: &mut Vec<Frame>) -> Result<(), String> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line, out)?;
+        }
+        if let Some(d) = self.data.take() {
+            let t = d.trim();
+            if t == "[DONE]" || serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok() {
+                out.push(Frame::Data(d));
+            }
+        }
+        Ok(())
+    }
+
+    fn line_done(&mut self, line: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            if let Some(d) = self.data.take() {
+                out.push(Frame::Data(d));
+            }
+            return Ok(());
+        }
+        if line.starts_with(b":") {
+            return Ok(());
+        }
+        let line = String::from_utf8_lossy(line);
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line.as_ref(), ""),
+        };
+        match field {
+            "data" => {
+                let data = match &mut self.data {
+                    Some(d) => {
+                        // A further data line of the same event.
+                        d.push('\n');
+                        d
+                    }
+                    None => self.data.insert(String::new()),
+                };
+                data.push_str(value);
+                if data.len() > MAX_EVENT {
+                    return Err(format!(
+                        "a stream event is longer than {} MiB",
+                        MAX_EVENT >> 20
+                    ));
+                }
+            }
+            "error" => out.push(Frame::Error(value.to_owned())),
+            _ => {}
+        }
+        Ok(())
+    }
+}

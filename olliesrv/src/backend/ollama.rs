@@ -1,0 +1,1 @@
+//! The `ollama` backend (being written).
