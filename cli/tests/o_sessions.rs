@@ -75,6 +75,11 @@ impl Srv {
             .arg(bin("toolsrv"))
             .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
             .env("OLLIE_LOG", "warn")
+            // No discovered default backend (see tests/tests/common).
+            .env("OLLAMA_HOST", "127.0.0.1:9")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENROUTER_API_KEY")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -250,7 +255,7 @@ fn sessions_agents_prompts_and_kill() {
 
     // prompt: the turn ends in the no-backend error block: exit 1, its text on stderr.
     let out = srv.run(&["prompt", "proj/main", "hello", "there"], b"");
-    fails(&out, 1, "no backend configured");
+    fails(&out, 1, "no backend: start Ollama");
     assert!(out.stdout.contains("hello there\n"), "{out:?}");
     assert!(!out.stdout.contains("[[["), "{out:?}");
 
@@ -258,7 +263,7 @@ fn sessions_agents_prompts_and_kill() {
     let log = srv.run(&["logs", "proj/main"], b"");
     let log = ok(&log);
     assert!(log.contains("hello there\n"), "{log}");
-    assert!(log.contains("no backend configured"), "{log}");
+    assert!(log.contains("no backend: start Ollama"), "{log}");
     assert!(!log.contains("[[["), "{log}");
     let raw = srv.run(&["logs", "--raw", "proj/main"], b"");
     let raw = ok(&raw);
@@ -266,7 +271,7 @@ fn sessions_agents_prompts_and_kill() {
         raw.starts_with("[[[user\nhello there\n]]]\n[[[error\n"),
         "{raw}"
     );
-    assert_eq!(ls_json(&srv)[0]["agents"][0]["state"], "idle");
+    assert_eq!(ls_json(&srv)[0]["agents"][0]["state"], "error");
 
     // kill: an agent, then the session; nothing printed; gone from ls.
     let k = srv.run(&["kill", "proj/main"], b"");
@@ -295,11 +300,11 @@ fn attach_sends_input_lines_and_ends_at_end_of_input() {
     let shown = ok(&out);
     // Piped: the chat as it is, from where it stood at attach.
     assert!(shown.contains("fix the build\n"), "{out:?}");
-    assert!(shown.contains("no backend configured"), "{out:?}");
+    assert!(shown.contains("no backend: start Ollama"), "{out:?}");
     assert!(!shown.contains("[[["), "{out:?}");
     let j = ls_json(&srv);
     assert_eq!(j[0]["agents"][0]["name"], "main", "{j}");
-    assert_eq!(j[0]["agents"][0]["state"], "idle", "{j}");
+    assert_eq!(j[0]["agents"][0]["state"], "error", "{j}");
     let log = srv.run(&["logs", "s/main"], b"");
     assert!(ok(&log).starts_with("fix the build\n"), "{log:?}");
 
@@ -360,7 +365,10 @@ fn attach_on_a_terminal_renders_blocks() {
     assert!(shown.contains("[user]"), "{shown:?}");
     assert!(shown.contains("\x1b[1mhello tty\x1b[0m"), "{shown:?}");
     assert!(shown.contains("[error]"), "{shown:?}");
-    assert!(shown.contains("\x1b[31mno backend configured"), "{shown:?}");
+    assert!(
+        shown.contains("\x1b[31mno backend: start Ollama"),
+        "{shown:?}"
+    );
     assert!(!shown.contains("[[["), "{shown:?}");
     assert!(!shown.contains("]]]"), "{shown:?}");
 }

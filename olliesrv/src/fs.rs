@@ -28,6 +28,8 @@ pub const GROUP: &str = "agent";
 
 /// How long a file that needs toolsrv waits for it to come up.
 const LINK_WAIT: Duration = Duration::from_secs(10);
+/// How long each backend may take to list its models.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Root files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -352,6 +354,14 @@ pub const SESSION_CTL: &[(&str, &str)] = &[
     ),
     ("pause", "queued prompts wait until resume"),
     ("resume", "let queued prompts run again"),
+    (
+        "cost",
+        "what the session's agents spent (cost_usd) and the cap (cost_cap_usd)",
+    ),
+    (
+        "cost_cap",
+        "cost_cap [USD|off]: show or set the session's cost cap (off: the config's cost_cap_usd)",
+    ),
     ("help", "list these commands"),
 ];
 
@@ -889,15 +899,16 @@ impl OllieFs {
 
     // --- root files ---
 
-    fn models_text(&self) -> String {
-        let c = self.shared.config();
-        let mut s = String::new();
-        for (name, b) in &c.backends {
-            if let Some(m) = &b.model {
-                s.push_str(&format!("{name}\t{m}\n"));
-            }
-        }
-        s
+    async fn models_text(&self) -> String {
+        crate::backend::select::models_text(&self.shared.config(), MODELS_TIMEOUT).await
+    }
+
+    async fn backends_text(&self) -> String {
+        crate::backend::select::all(&self.shared.config())
+            .await
+            .into_iter()
+            .map(|(n, _)| format!("{n}\n"))
+            .collect()
     }
 
     fn tools_text() -> String {
@@ -972,6 +983,9 @@ impl OllieFs {
     async fn session_ctl(&self, s: &Arc<Session>, cmd: &str) -> Result<String> {
         let line = one_line(cmd)?;
         let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"cost_cap") {
+            return Self::cost_cap(s, &words[1..]);
+        }
         if words.len() > 1 {
             return Err(err(format!(
                 "{}: takes no arguments (invalid argument)",
@@ -1021,6 +1035,13 @@ impl OllieFs {
                 let changed = self.reg().set_paused(s, false).map_err(err)?;
                 Ok(if changed { "resumed\n" } else { "not paused\n" }.into())
             }
+            "cost" => Ok(format!(
+                "cost_usd={:.6}\ncost_cap_usd={}\n",
+                s.cost_usd(),
+                s.cost_cap()
+                    .or(self.shared.config().cost_cap_usd)
+                    .map_or_else(|| "none".to_owned(), |c| c.to_string())
+            )),
             other => Err(err(format!(
                 "unknown command {:?} (valid: {})",
                 clip(other),
@@ -1030,6 +1051,33 @@ impl OllieFs {
                     .collect::<Vec<_>>()
                     .join(", ")
             ))),
+        }
+    }
+
+    /// `cost_cap` (show), `cost_cap USD` (set), `cost_cap off` (back to the config's).
+    fn cost_cap(s: &Session, args: &[&str]) -> Result<String> {
+        let show = |c: Option<f64>| c.map_or_else(|| "none".to_owned(), |c| c.to_string());
+        match args {
+            [] => Ok(format!("{}\n", show(s.cost_cap()))),
+            ["off"] => {
+                s.set_cost_cap(None).map_err(err)?;
+                Ok("cost_cap off\n".into())
+            }
+            [v] => {
+                let c: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|c: &f64| c.is_finite() && *c > 0.0)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "cost_cap: {:?} is not a positive amount of dollars (or off)",
+                            clip(v)
+                        ))
+                    })?;
+                s.set_cost_cap(Some(c)).map_err(err)?;
+                Ok(format!("cost_cap {c}\n"))
+            }
+            _ => Err(err("cost_cap: takes one amount in dollars, or off")),
         }
     }
 
@@ -1126,7 +1174,7 @@ impl OllieFs {
             }
             "compact" => {
                 no_args(verb)?;
-                Err(err(crate::turn::NO_BACKEND))
+                crate::turn::compact_now(self.reg(), a).await.map_err(err)
             }
             "clear" => {
                 no_args(verb)?;
@@ -1191,22 +1239,29 @@ impl OllieFs {
             }
             "models" => {
                 no_args(verb)?;
-                let m = self.models_text();
-                if m.is_empty() {
-                    Err(err(crate::turn::NO_BACKEND))
-                } else {
-                    Ok(m)
-                }
+                let (name, cfg) =
+                    crate::backend::select::resolve(crate::turn::backend_name(a, &config), &config)
+                        .await
+                        .map_err(err)?;
+                let b = crate::backend::select::make(&name, &cfg).map_err(err)?;
+                let models = tokio::time::timeout(MODELS_TIMEOUT, b.list_models())
+                    .await
+                    .map_err(|_| {
+                        err(format!(
+                            "{name}: no answer within {} s",
+                            MODELS_TIMEOUT.as_secs()
+                        ))
+                    })?
+                    .map_err(|e| err(e.to_string()))?;
+                Ok(models.iter().map(|m| format!("{m}\n")).collect())
             }
             "backend" => {
                 no_args(verb)?;
-                let s = a.settings();
-                Ok(format!(
-                    "{}\n",
-                    s.backend
-                        .or_else(|| config.default_backend.clone())
-                        .unwrap_or_default()
-                ))
+                let (name, cfg) =
+                    crate::backend::select::resolve(crate::turn::backend_name(a, &config), &config)
+                        .await
+                        .map_err(err)?;
+                Ok(format!("{name}\t{}\n", cfg.kind.name()))
             }
             "name" => {
                 if rest.is_empty() {
@@ -1283,13 +1338,7 @@ impl OllieFs {
             }
             "systemprompt" => {
                 no_args(verb)?;
-                let s = a.settings();
-                let p = s.profile.as_deref().unwrap_or("default");
-                Ok(config
-                    .profiles
-                    .get(p)
-                    .and_then(|p| p.system_prompt.clone())
-                    .map_or_else(|| "(no system prompt)\n".to_owned(), |t| format!("{t}\n")))
+                Ok(format!("{}\n", crate::turn::system_prompt(a, &config)))
             }
             other => Err(err(format!(
                 "unknown command {:?} (write help for the list)",
@@ -1638,9 +1687,9 @@ impl Filesystem for OllieFs {
         match &fid.node {
             Node::R(RootFile::Help) => fid.content = Some(Bytes::from(help_text())),
             Node::R(RootFile::Backends) => {
-                fid.content = Some(Bytes::from(lines(self.shared.config().backends.keys())))
+                fid.content = Some(Bytes::from(self.backends_text().await))
             }
-            Node::R(RootFile::Models) => fid.content = Some(Bytes::from(self.models_text())),
+            Node::R(RootFile::Models) => fid.content = Some(Bytes::from(self.models_text().await)),
             Node::R(RootFile::Agents) => {
                 fid.content = Some(Bytes::from(lines(self.shared.config().profiles.keys())))
             }

@@ -279,6 +279,8 @@ pub enum AgentState {
     Running,
     /// The session is paused; queued prompts wait.
     Paused,
+    /// The last turn failed (its error is in the chat); the next prompt runs normally.
+    Error,
     /// The agent was killed.
     Killed,
 }
@@ -289,6 +291,7 @@ impl AgentState {
             AgentState::Idle => "idle",
             AgentState::Running => "running",
             AgentState::Paused => "paused",
+            AgentState::Error => "error",
             AgentState::Killed => "killed",
         }
     }
@@ -417,6 +420,12 @@ pub struct Agent {
     streaming: Mutex<Option<Block>>,
     /// The backend this agent talks to, by name (created on first use).
     pub backend: tokio::sync::Mutex<Option<(String, Arc<dyn crate::backend::Backend>)>>,
+    /// Held while the history is in use by a turn or a compaction.
+    pub history_lock: tokio::sync::Mutex<()>,
+    /// `ctl compact` arrived while a turn was running: compact before its next model call.
+    pub compact_requested: std::sync::atomic::AtomicBool,
+    /// The reader of toolsrv's `proc/complete` for this agent has been started.
+    pub completions_watched: std::sync::atomic::AtomicBool,
     queue_bell: Notify,
     feed: watch::Sender<Option<Bytes>>,
     state: watch::Sender<(u64, AgentState)>,
@@ -454,6 +463,11 @@ impl Agent {
 
     pub fn is_killed(&self) -> bool {
         *self.killed.borrow()
+    }
+
+    /// A subscription to the agent's death.
+    pub fn killed_signal(&self) -> watch::Receiver<bool> {
+        self.killed.subscribe()
     }
 
     /// The state as `statewait` shows it: while a turn runs, what it is doing.
@@ -972,6 +986,8 @@ pub struct Session {
     agents: RwLock<Vec<Arc<Agent>>>,
     killed: watch::Sender<bool>,
     pub link: ToolLink,
+    /// The session's own cost cap in US dollars (`None`: `cost_cap_usd` of the config).
+    cost_cap: Mutex<Option<f64>>,
     store: Arc<Store>,
 }
 
@@ -1011,7 +1027,28 @@ impl Session {
             paused: self.paused(),
             created: self.created,
             order: self.order,
+            cost_cap_usd: self.cost_cap(),
         }
+    }
+
+    /// The session's own cost cap, if set.
+    pub fn cost_cap(&self) -> Option<f64> {
+        *lock(&self.cost_cap)
+    }
+
+    /// Sets (or with `None` clears) the session's cost cap, durably.
+    pub fn set_cost_cap(&self, cap: Option<f64>) -> Result<(), String> {
+        let old = std::mem::replace(&mut *lock(&self.cost_cap), cap);
+        if let Err(e) = self.save() {
+            *lock(&self.cost_cap) = old;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// What the session's agents have spent, in US dollars.
+    pub fn cost_usd(&self) -> f64 {
+        self.agents().iter().map(|a| lock(&a.stats).cost_usd).sum()
     }
 
     pub fn save(&self) -> Result<(), String> {
@@ -1233,6 +1270,7 @@ impl Registry {
                 r.order,
                 r.paused,
             );
+            *lock(&s.cost_cap) = r.cost_cap_usd;
             for la in ls.agents {
                 let a = la.record;
                 max_order = max_order.max(a.order);
@@ -1296,6 +1334,7 @@ impl Registry {
             agents: RwLock::new(Vec::new()),
             killed: watch::Sender::new(false),
             link: ToolLink::new(),
+            cost_cap: Mutex::new(None),
             store: Arc::clone(&self.store),
         })
     }
@@ -1328,6 +1367,9 @@ impl Registry {
             detail: Mutex::new(String::new()),
             streaming: Mutex::new(None),
             backend: tokio::sync::Mutex::new(None),
+            history_lock: tokio::sync::Mutex::new(()),
+            compact_requested: std::sync::atomic::AtomicBool::new(false),
+            completions_watched: std::sync::atomic::AtomicBool::new(false),
             queue_bell: Notify::new(),
             feed: watch::Sender::new(None),
             state: watch::Sender::new((0, initial)),

@@ -133,6 +133,9 @@ pub struct SessionRecord {
     /// Creation sequence number; sessions load in this order.
     #[serde(default)]
     pub order: u64,
+    /// The most the session may spend, in US dollars (`None`: the configured default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_cap_usd: Option<f64>,
 }
 
 /// An agent as stored in `agent.json`; tolerant reading as for [`SessionRecord`].
@@ -793,6 +796,31 @@ impl Store {
         file.sync_all().map_err(io_err("sync", &path))
     }
 
+    /// Replaces the whole history (compaction), atomically: a crash leaves the old or the new
+    /// one, never a mix. Appends wait meanwhile and then go to the new file.
+    pub fn replace_history(
+        &self,
+        session: &str,
+        agent: &str,
+        lines: &[serde_json::Value],
+    ) -> Result<(), StoreError> {
+        let dir = self.agent_dir(session, agent)?;
+        let path = dir.join(HISTORY_FILE);
+        let mut data = Vec::new();
+        for line in lines {
+            serde_json::to_writer(&mut data, line).map_err(|source| StoreError::Encode {
+                path: path.clone(),
+                source,
+            })?;
+            data.push(b'\n');
+        }
+        let handle = self.appender(&dir, HISTORY_FILE)?;
+        let mut file = lock(&handle);
+        write_atomic(&dir, HISTORY_FILE, &data, "history")?;
+        *file = open_append(&dir, &path)?;
+        Ok(())
+    }
+
     /// Appends `bytes` to `dir/name` and syncs; on failure cuts the file back (best effort),
     /// so an append that was not acknowledged does not stay.
     fn append(&self, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
@@ -1116,6 +1144,7 @@ mod tests {
             paused: order % 2 == 1,
             created: 1_700_000_000 + order,
             order,
+            cost_cap_usd: (order == 2).then_some(1.5),
         }
     }
 

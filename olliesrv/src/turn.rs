@@ -4,16 +4,37 @@
 //! turn for each: the prompt goes into the chat and the history; then, up to `max_steps`
 //! times, the model is called with the history and the agent's tool schemas (streamed into
 //! the chat: `reasoning` and `assistant` blocks); each tool call it makes runs in the
-//! session's toolsrv with the agent's identity (`tool_call` / `tool_result` blocks) and its
-//! result goes back to the model; the turn ends when the model answers without tool calls.
-//! `stop` interrupts the model call or the running tool (its 9P read is flushed, so toolsrv
-//! stops the process). Rate limits and transient failures are retried (at most
-//! [`RETRIES`] times, `limitretry` while waiting).
+//! session's toolsrv with the agent's identity (`tool_call` / `tool_result` blocks, the
+//! sandbox's run record on the result's marker line) and its result goes back to the
+//! model; the turn ends when the model answers without tool calls.
+//!
+//! Around that:
+//! - consecutive read-only calls (`file_read`) run in parallel; the rest one at a time, in
+//!   order;
+//! - a call to a tool the agent does not have is answered with an error, without toolsrv;
+//! - `execute_code` / `execute_pipe` with `"background": true` start in the background
+//!   (`proc/new.bg`); their end arrives later as the seed's `<system-proc-complete …>`
+//!   message, queued as a prompt when the agent is idle, added to the running turn otherwise;
+//! - an answer that writes a tool call as text is detected and the model is told to use
+//!   the tool interface (twice at most per turn);
+//! - [`NUDGE_AFTER`] rounds in a row in which every tool call failed bring a nudge to
+//!   reconsider; [`ABORT_AFTER`] end the turn;
+//! - the `plan` is shown to the model again every [`PLAN_EVERY`] steps and after a
+//!   compaction;
+//! - the context is compacted (`compact.rs`) at the threshold, on `ctl compact`, and on a
+//!   context-overflow error (then the call is retried once);
+//! - rate limits and transient failures are retried ([`RETRIES`] times; `limitretry` while
+//!   waiting, with the countdown in an `info` block);
+//! - the session's cost cap is checked before every model call;
+//! - `stop` interrupts the model call or the running tool (its 9P read is flushed, so
+//!   toolsrv stops the process); tool calls that never got a result are answered as
+//!   interrupted, so the history stays well-formed for the next turn.
 //!
 //! The history the model sees is `history.jsonl` in the state directory: one JSON object per
 //! message (`role`, `content`, `tool_calls`, `tool_call_id`).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,15 +43,26 @@ use serde_json::{Value, json};
 
 use crate::backend::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, ToolCall, ToolSpec,
+    select,
 };
-use crate::config::Config;
+use crate::config::{Config, Profile};
 use crate::model::{Agent, AgentState, Registry, lock};
 
-/// The error every turn and `generate` give when no backend is configured.
-pub const NO_BACKEND: &str = "no backend configured: add [backends.NAME] to config.toml and set default_backend (or backend= on the session or agent)";
+/// The error every turn and `generate` give when no backend is configured or found.
+pub const NO_BACKEND: &str = select::NO_BACKEND;
 
 /// Retries of a rate-limited or transiently failed model call.
 pub const RETRIES: u32 = 3;
+/// The longest wait a `Retry-After` may impose.
+const MAX_RETRY_WAIT: u64 = 300;
+/// The plan is shown to the model again every this many steps.
+pub const PLAN_EVERY: u32 = 8;
+/// Rounds in a row with every tool call failing before the model is nudged…
+pub const NUDGE_AFTER: u32 = 3;
+/// …and before the turn is aborted.
+pub const ABORT_AFTER: u32 = 5;
+/// Times per turn the model is told that it wrote a tool call as text.
+const TEXT_CALL_NUDGES: u32 = 2;
 
 /// The system prompt when the profile has none.
 const DEFAULT_SYSTEM: &str = "You are a coding agent. You work in the directory given below, through the tools you are offered; every command runs in a sandbox. Inspect before you change things, keep changes small, and say briefly what you did when you are done.";
@@ -49,6 +81,7 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
             {
                 tracing::warn!(agent = %a.id, error = %w, "cannot record the turn's error");
             }
+            let failed = matches!(&result, Err(e) if e != STOPPED);
             {
                 let mut st = lock(&a.stats);
                 st.turns += 1;
@@ -66,6 +99,8 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
                 &a,
                 if paused {
                     AgentState::Paused
+                } else if failed {
+                    AgentState::Error
                 } else {
                     AgentState::Idle
                 },
@@ -74,64 +109,66 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
     });
 }
 
-/// The backend name an agent uses: its own, its profile's, its session's, the default.
-fn backend_name(a: &Agent, config: &Config) -> Option<String> {
-    let s = a.settings();
-    let profile = s
+/// The turn's result when `stop` ended it.
+const STOPPED: &str = "stopped";
+
+/// The agent's profile (its own, else `default`).
+fn profile<'c>(a: &Agent, config: &'c Config) -> Option<&'c Profile> {
+    a.settings()
         .profile
         .as_deref()
         .and_then(|p| config.profiles.get(p))
-        .or_else(|| config.profiles.get("default"));
-    s.backend
-        .or_else(|| profile.and_then(|p| p.backend.clone()))
+        .or_else(|| config.profiles.get(crate::config::DEFAULT_PROFILE))
+}
+
+/// The backend name an agent uses: its own, its profile's, its session's, the default.
+pub fn backend_name(a: &Agent, config: &Config) -> Option<String> {
+    a.settings()
+        .backend
+        .or_else(|| profile(a, config).and_then(|p| p.backend.clone()))
         .or_else(|| a.session.upgrade().and_then(|x| x.backend.clone()))
         .or_else(|| config.default_backend.clone())
 }
 
-/// Creates a backend from the configuration.
-pub fn make_backend(name: &str, config: &Config) -> Result<Arc<dyn Backend>, String> {
-    use crate::config::BackendKind;
-    let cfg = config.backends.get(name).ok_or_else(|| {
-        format!(
-            "unknown backend {name:?} (configured: {})",
-            config
-                .backends
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    match cfg.kind {
-        BackendKind::Replay => {
-            let file = cfg
-                .file
-                .as_ref()
-                .ok_or_else(|| format!("backend {name}: replay needs file = \"…\""))?;
-            Ok(Arc::new(crate::backend::replay::Replay::load(name, file)?))
-        }
-        BackendKind::OpenAi => Ok(Arc::new(crate::backend::openai::OpenAi::new(name, cfg)?)),
-        k => Err(format!(
-            "backend {name}: kind {} cannot be called yet (replay and openai are implemented)",
-            k.name()
-        )),
-    }
-}
-
-async fn backend_for(a: &Agent, config: &Config) -> Result<Arc<dyn Backend>, String> {
-    let name = backend_name(a, config).ok_or_else(|| NO_BACKEND.to_owned())?;
+/// The agent's backend (made on first use, and again when its name changes) with its
+/// configuration entry.
+async fn backend_for(
+    a: &Agent,
+    config: &Config,
+) -> Result<(Arc<dyn Backend>, crate::config::Backend), String> {
+    let (name, cfg) = select::resolve(backend_name(a, config), config).await?;
     let mut cur = a.backend.lock().await;
     if let Some((n, b)) = cur.as_ref()
         && *n == name
     {
-        return Ok(Arc::clone(b));
+        return Ok((Arc::clone(b), cfg));
     }
-    let b = make_backend(&name, config)?;
+    let b = select::make(&name, &cfg)?;
     *cur = Some((name, Arc::clone(&b)));
-    Ok(b)
+    Ok((b, cfg))
 }
 
-fn message_json(m: &Message) -> Value {
+/// The model an agent uses: its own, its profile's, its session's, its backend's.
+pub fn model_name(a: &Agent, config: &Config, backend: &crate::config::Backend) -> Option<String> {
+    a.settings()
+        .model
+        .or_else(|| profile(a, config).and_then(|p| p.model.clone()))
+        .or_else(|| a.session.upgrade().and_then(|s| s.model.clone()))
+        .or_else(|| backend.model.clone())
+}
+
+/// The system prompt as the model sees it (`ctl systemprompt`).
+pub fn system_prompt(a: &Agent, config: &Config) -> String {
+    format!(
+        "{}\n\nWorking directory: {}",
+        profile(a, config)
+            .and_then(|p| p.system_prompt.clone())
+            .unwrap_or_else(|| DEFAULT_SYSTEM.to_owned()),
+        a.settings().cwd.display()
+    )
+}
+
+pub(crate) fn message_json(m: &Message) -> Value {
     let role = match m.role {
         Role::User => "user",
         Role::Assistant => "assistant",
@@ -152,7 +189,7 @@ fn message_json(m: &Message) -> Value {
     v
 }
 
-fn message_of(v: &Value) -> Option<Message> {
+pub(crate) fn message_of(v: &Value) -> Option<Message> {
     let role = match v.get("role")?.as_str()? {
         "user" => Role::User,
         "assistant" => Role::Assistant,
@@ -231,40 +268,191 @@ async fn tool_specs(a: &Agent, config: &Config) -> Result<Vec<ToolSpec>, String>
         .unwrap_or_default())
 }
 
-/// Runs one tool call in toolsrv as the agent; the result text for the model.
-async fn run_tool(a: &Agent, call: &ToolCall, config: &Config) -> Result<String, String> {
+/// What one tool call came to.
+#[derive(Debug, Clone)]
+struct Outcome {
+    /// The result text for the model.
+    text: String,
+    /// Whether it succeeded (ran and exited 0, or started in the background).
+    ok: bool,
+    /// Attributes for the chat's `tool_result` marker (pid, exit, record).
+    attrs: String,
+}
+
+impl Outcome {
+    fn error(e: impl std::fmt::Display) -> Outcome {
+        Outcome {
+            text: format!("error: {e}"),
+            ok: false,
+            attrs: String::new(),
+        }
+    }
+}
+
+/// Whether a call asks to run in the background.
+fn background(call: &ToolCall) -> bool {
+    call.arguments.get("background").and_then(Value::as_bool) == Some(true)
+}
+
+/// Runs one tool call in toolsrv as the agent.
+async fn run_tool(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    call: &ToolCall,
+    config: &Config,
+) -> Outcome {
+    match run_tool_inner(reg, a, call, config).await {
+        Ok(o) => o,
+        Err(e) => Outcome::error(e),
+    }
+}
+
+async fn run_tool_inner(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    call: &ToolCall,
+    config: &Config,
+) -> Result<Outcome, String> {
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
     let root = c.agent_root(a, config).await?;
+    let bg = background(call);
+    if bg {
+        watch_completions(reg, a);
+    }
     let mut f = root
-        .walk(&["proc", "new"])
+        .walk(&["proc", if bg { "new.bg" } else { "new" }])
         .await
         .map_err(|e| format!("toolsrv: {e}"))?;
     f.open(om::ORDWR)
         .await
         .map_err(|e| format!("toolsrv: {e}"))?;
-    let payload = format!(
+    let mut args = call.arguments.clone();
+    if let Some(o) = args.as_object_mut() {
+        o.remove("background");
+    }
+    let mut payload = format!(
         "tool={}\nargs={}\ncwd={}\n",
         call.name,
-        call.arguments,
+        args,
         ollie_link::escape_value(&a.settings().cwd.display().to_string())
     );
+    if !bg {
+        payload.push_str("record=1\n");
+    }
     f.write(0, Bytes::from(payload))
         .await
         .map_err(|e| e.to_string())?;
     let b = f.read_to_end().await.map_err(|e| e.to_string())?;
-    Ok(String::from_utf8_lossy(&b).into_owned())
+    let reply = String::from_utf8_lossy(&b).into_owned();
+    if bg {
+        let pid = reply.trim();
+        return Ok(Outcome {
+            text: format!(
+                "started in the background as process {pid}; its output arrives as a <system-proc-complete> message when it ends"
+            ),
+            ok: true,
+            attrs: format!("pid={pid} background=true"),
+        });
+    }
+    Ok(outcome_of_reply(&reply))
+}
+
+/// Splits a `record=1` reply: the first line is `{"pid","record"|"error"}`, the rest the
+/// result text.
+fn outcome_of_reply(reply: &str) -> Outcome {
+    let (head, text) = reply.split_once('\n').unwrap_or((reply, ""));
+    let Ok(meta) = serde_json::from_str::<Value>(head) else {
+        // Not the framed form: the whole reply is the result.
+        return Outcome {
+            text: reply.to_owned(),
+            ok: true,
+            attrs: String::new(),
+        };
+    };
+    let pid = meta.get("pid").and_then(Value::as_u64);
+    let record = meta.get("record").filter(|r| !r.is_null());
+    let exit = record.and_then(|r| r.get("exit"));
+    let code = exit.and_then(|e| e.get("code")).and_then(Value::as_i64);
+    let signal = exit.and_then(|e| e.get("signal")).and_then(Value::as_i64);
+    let mut attrs = Vec::new();
+    if let Some(p) = pid {
+        attrs.push(format!("pid={p}"));
+    }
+    match (code, signal) {
+        (Some(c), _) => attrs.push(format!("exit={c}")),
+        (None, Some(s)) => attrs.push(format!("signal={s}")),
+        _ => attrs.push("exit=none".to_owned()),
+    }
+    if let Some(r) = record {
+        attrs.push(format!("record={r}"));
+    } else if let Some(e) = meta.get("error").and_then(Value::as_str) {
+        attrs.push(format!("error={}", ollie_link::escape_value(e)));
+    }
+    let text = match meta.get("error").and_then(Value::as_str) {
+        Some(e) if text.is_empty() => format!("error: the tool did not run: {e}"),
+        _ => text.to_owned(),
+    };
+    Outcome {
+        text,
+        ok: code == Some(0),
+        attrs: attrs.join(" "),
+    }
+}
+
+/// Why a model call failed.
+enum CallError {
+    /// The request does not fit the context window.
+    Overflow(String),
+    Other(String),
+}
+
+impl From<String> for CallError {
+    fn from(e: String) -> CallError {
+        CallError::Other(e)
+    }
+}
+
+/// The dollars a reply cost: what the backend reported, else the price table's figure.
+fn reply_cost(config: &Config, model: Option<&str>, r: &ModelReply) -> f64 {
+    if let Some(c) = r.usage.cost_usd {
+        return c;
+    }
+    model.and_then(|m| config.prices.get(m)).map_or(0.0, |p| {
+        (r.usage.input_tokens as f64 * p.input_per_mtok
+            + r.usage.output_tokens as f64 * p.output_per_mtok)
+            / 1e6
+    })
+}
+
+/// Fails when the session has spent its cost cap.
+fn check_cost_cap(a: &Agent, config: &Config) -> Result<(), String> {
+    let Some(s) = a.session.upgrade() else {
+        return Ok(());
+    };
+    let Some(cap) = s.cost_cap().or(config.cost_cap_usd) else {
+        return Ok(());
+    };
+    let spent = s.cost_usd();
+    if spent >= cap {
+        return Err(format!(
+            "session cost cap reached: ${spent:.4} spent of ${cap:.2} (raise it with \"cost_cap USD\" on the session's ctl, or cost_cap_usd in config.toml)"
+        ));
+    }
+    Ok(())
 }
 
 /// One model call, streamed into the chat, with retries.
 async fn call_model(
     reg: &Registry,
     a: &Agent,
+    config: &Config,
     backend: &Arc<dyn Backend>,
     req: &ModelRequest,
-) -> Result<ModelReply, String> {
+) -> Result<ModelReply, CallError> {
     let mut attempt = 0;
     loop {
+        check_cost_cap(a, config)?;
         reg.detail(a, "thinking");
         let mut failed = None;
         let result = {
@@ -282,7 +470,7 @@ async fn call_model(
         };
         a.stream_end()?;
         if let Some(e) = failed {
-            return Err(e);
+            return Err(e.into());
         }
         {
             let mut st = lock(&a.stats);
@@ -291,9 +479,7 @@ async fn call_model(
                 st.tokens_in += r.usage.input_tokens;
                 st.tokens_out += r.usage.output_tokens;
                 st.context_tokens = r.usage.input_tokens + r.usage.output_tokens;
-                if let Some(c) = r.usage.cost_usd {
-                    st.cost_usd += c;
-                }
+                st.cost_usd += reply_cost(config, req.model.as_deref(), r);
             }
         }
         match result {
@@ -305,96 +491,252 @@ async fn call_model(
                 let wait = match &e {
                     BackendError::RateLimited {
                         retry_after: Some(s),
-                    } => Duration::from_secs((*s).min(300)),
+                    } => Duration::from_secs((*s).min(MAX_RETRY_WAIT)),
                     _ => Duration::from_millis(500 << attempt),
                 };
                 reg.detail(a, "limitretry");
                 a.say(
                     "info",
-                    "",
+                    "retry",
                     &format!(
                         "{e}; retrying in {:.1} s ({attempt} of {RETRIES})",
                         wait.as_secs_f64()
                     ),
                 )?;
-                tokio::time::sleep(wait).await;
+                countdown(a, wait).await?;
             }
-            Err(e) => return Err(format!("model call failed: {e}")),
+            Err(BackendError::ContextOverflow(m)) => return Err(CallError::Overflow(m)),
+            Err(e) => return Err(format!("model call failed: {e}").into()),
+        }
+    }
+}
+
+/// Waits `wait`, with a visible countdown in the chat for long waits (one line every
+/// 10 s).
+async fn countdown(a: &Agent, wait: Duration) -> Result<(), String> {
+    const STEP: Duration = Duration::from_secs(10);
+    let end = tokio::time::Instant::now() + wait;
+    loop {
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        if left <= STEP {
+            tokio::time::sleep(left).await;
+            return Ok(());
+        }
+        tokio::time::sleep(STEP).await;
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        if left > Duration::ZERO {
+            a.say(
+                "info",
+                "retry",
+                &format!("retrying in {} s", left.as_secs()),
+            )?;
         }
     }
 }
 
 /// One turn.
 async fn run_turn(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str) -> Result<String, String> {
+    let _history = a.history_lock.lock().await;
     a.say("user", "", prompt)?;
     let user = Message::user(prompt);
     remember(reg, a, &user)?;
     let config = reg.config();
-    let backend = backend_for(a, &config).await?;
+    let (backend, cfg) = backend_for(a, &config).await?;
     let mut stop = reg.stop_signal(a);
     stop.borrow_and_update();
-    let stopped = || Err::<String, String>("stopped".to_owned());
-    tokio::select! {
-        r = steps(reg, a, &config, &backend) => r,
+    let pending = Arc::new(std::sync::Mutex::new(Vec::<ToolCall>::new()));
+    let r = tokio::select! {
+        r = steps(reg, a, &config, &backend, &cfg, &pending) => r,
         _ = stop.changed() => {
             a.stream_end()?;
             a.say("info", "", "stopped by ctl stop")?;
-            stopped()
+            Err(STOPPED.to_owned())
+        }
+    };
+    // Calls the model made that never got a result (stopped while running): answer them,
+    // so the next request is well-formed.
+    let unanswered = std::mem::take(&mut *lock(&pending));
+    for call in unanswered {
+        remember(
+            reg,
+            a,
+            &Message {
+                role: Role::Tool,
+                content: "error: interrupted by ctl stop before the tool finished".to_owned(),
+                tool_calls: Vec::new(),
+                tool_call_id: Some(call.id),
+            },
+        )?;
+    }
+    r
+}
+
+/// Turn settings resolved once per turn.
+struct TurnCtx {
+    model: Option<String>,
+    system: String,
+    tools: Vec<ToolSpec>,
+    max_steps: u32,
+    context_limit: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    max_tokens: Option<u32>,
+}
+
+fn turn_ctx(
+    a: &Agent,
+    config: &Config,
+    cfg: &crate::config::Backend,
+    tools: Vec<ToolSpec>,
+) -> TurnCtx {
+    let settings = a.settings();
+    let p = profile(a, config);
+    let parse_f = |k: &str| settings.cfg.get(k).and_then(|v| v.parse::<f64>().ok());
+    TurnCtx {
+        model: model_name(a, config, cfg),
+        system: system_prompt(a, config),
+        tools,
+        max_steps: settings
+            .cfg
+            .get("max_steps")
+            .and_then(|v| v.parse().ok())
+            .or(p.map(|p| p.max_steps))
+            .unwrap_or(50),
+        context_limit: settings
+            .cfg
+            .get("context_limit")
+            .and_then(|v| v.parse().ok())
+            .or(p.and_then(|p| p.context_limit))
+            .or(cfg.context_limit),
+        temperature: parse_f("temperature").or(p.and_then(|p| p.temperature)),
+        top_p: parse_f("top_p").or(p.and_then(|p| p.top_p)),
+        max_tokens: settings
+            .cfg
+            .get("max_tokens")
+            .and_then(|v| v.parse().ok())
+            .or(p.and_then(|p| p.max_tokens)),
+    }
+}
+
+/// The tool a text seems to call, if it writes a tool call out instead of making one.
+pub fn text_tool_call(text: &str, tools: &[ToolSpec]) -> Option<String> {
+    const MARKERS: &[&str] = &[
+        "<tool_call>",
+        "<function=",
+        "<function_calls>",
+        "[TOOL_CALLS]",
+        "<|tool_call",
+        "<tool_use>",
+        "<invoke name=",
+    ];
+    let compact: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    for t in tools {
+        let n = &t.name;
+        let named = compact.contains(&format!("\"name\":\"{n}\""))
+            || compact.contains(&format!("\"function\":\"{n}\""))
+            || compact.contains(&format!("\"tool\":\"{n}\""));
+        let with_args = [
+            "\"arguments\":",
+            "\"parameters\":",
+            "\"input\":",
+            "\"args\":",
+        ]
+        .iter()
+        .any(|k| compact.contains(k));
+        if (named && with_args)
+            || compact.contains(&format!("{n}({{"))
+            || compact.contains(&format!("<{n}>"))
+        {
+            return Some(n.clone());
         }
     }
+    if MARKERS.iter().any(|m| text.contains(m)) {
+        return Some(
+            tools
+                .iter()
+                .find(|t| text.contains(&t.name))
+                .map_or_else(|| "a tool".to_owned(), |t| t.name.clone()),
+        );
+    }
+    None
+}
+
+/// Groups calls into runs: consecutive read-only calls form one run (they may run in
+/// parallel); every other call is a run of its own.
+fn runs(calls: &[ToolCall]) -> Vec<&[ToolCall]> {
+    let read_only = |c: &ToolCall| {
+        !background(c)
+            && ollie_link::tools::TOOLS
+                .iter()
+                .any(|t| t.name == c.name && t.read_only)
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < calls.len() {
+        let mut j = i + 1;
+        if read_only(&calls[i]) {
+            while j < calls.len() && read_only(&calls[j]) {
+                j += 1;
+            }
+        }
+        out.push(&calls[i..j]);
+        i = j;
+    }
+    out
 }
 
 async fn steps(
     reg: &Arc<Registry>,
     a: &Arc<Agent>,
-    config: &Config,
+    config: &Arc<Config>,
     backend: &Arc<dyn Backend>,
+    cfg: &crate::config::Backend,
+    pending: &Arc<std::sync::Mutex<Vec<ToolCall>>>,
 ) -> Result<String, String> {
-    let settings = a.settings();
-    let profile = settings
-        .profile
-        .as_deref()
-        .and_then(|p| config.profiles.get(p))
-        .or_else(|| config.profiles.get("default"));
-    let max_steps = settings
-        .cfg
-        .get("max_steps")
-        .and_then(|v| v.parse().ok())
-        .or(profile.map(|p| p.max_steps))
-        .unwrap_or(50);
-    let system = format!(
-        "{}\n\nWorking directory: {}",
-        profile
-            .and_then(|p| p.system_prompt.clone())
-            .unwrap_or_else(|| DEFAULT_SYSTEM.to_owned()),
-        settings.cwd.display()
-    );
-    let model = settings
-        .model
-        .clone()
-        .or_else(|| profile.and_then(|p| p.model.clone()))
-        .or_else(|| a.session.upgrade().and_then(|s| s.model.clone()))
-        .or_else(|| {
-            backend_name(a, config)
-                .and_then(|n| config.backends.get(&n).and_then(|b| b.model.clone()))
-        });
     let tools = tool_specs(a, config).await?;
-    let parse = |k: &str| settings.cfg.get(k).and_then(|v| v.parse().ok());
-    for _ in 0..max_steps {
-        let (history, problems) = reg.store.read_history(&a.session_id, &a.id);
-        for p in problems {
-            tracing::warn!(agent = %a.id, problem = %p, "history");
+    let ctx = turn_ctx(a, config, cfg, tools);
+    let mut failing_rounds = 0;
+    let mut text_nudges = 0;
+    let mut show_plan = false;
+    for step in 0..ctx.max_steps {
+        // Compaction before the call: asked for, or the context is near its limit.
+        let near_limit = ctx
+            .context_limit
+            .is_some_and(|l| lock(&a.stats).context_tokens as f64 >= config.compact_at * l as f64);
+        if a.compact_requested.swap(false, Ordering::SeqCst) {
+            run_compaction(reg, a, backend, &ctx, "requested with ctl compact").await?;
+            show_plan = true;
+        } else if near_limit {
+            let why = format!(
+                "the context reached {:.0}% of its {}-token limit",
+                config.compact_at * 100.0,
+                ctx.context_limit.unwrap_or(0)
+            );
+            run_compaction(reg, a, backend, &ctx, &why).await?;
+            show_plan = true;
         }
-        let req = ModelRequest {
-            model: model.clone(),
-            system: Some(system.clone()),
-            messages: history.iter().filter_map(message_of).collect(),
-            tools: tools.clone(),
-            temperature: parse("temperature"),
-            top_p: parse("top_p"),
-            max_tokens: settings.cfg.get("max_tokens").and_then(|v| v.parse().ok()),
+        if step > 0 && step % PLAN_EVERY == 0 {
+            show_plan = true;
+        }
+        let mut overflowed = false;
+        let reply = loop {
+            let req = request(reg, a, &ctx, std::mem::take(&mut show_plan));
+            match call_model(reg, a, config, backend, &req).await {
+                Ok(r) => break r,
+                Err(CallError::Overflow(m)) if !overflowed => {
+                    overflowed = true;
+                    a.say("info", "", &format!("context overflow: {m}"))?;
+                    run_compaction(reg, a, backend, &ctx, "the model's context overflowed").await?;
+                    show_plan = true;
+                }
+                Err(CallError::Overflow(m)) => {
+                    return Err(format!(
+                        "model call failed: the context still overflows after compaction: {m}"
+                    ));
+                }
+                Err(CallError::Other(e)) => return Err(e),
+            }
         };
-        let reply = call_model(reg, a, backend, &req).await?;
         let assistant = Message {
             role: Role::Assistant,
             content: reply.text.clone(),
@@ -403,55 +745,294 @@ async fn steps(
         };
         remember(reg, a, &assistant)?;
         if reply.tool_calls.is_empty() {
+            if text_nudges < TEXT_CALL_NUDGES
+                && let Some(tool) = text_tool_call(&reply.text, &ctx.tools)
+            {
+                text_nudges += 1;
+                let note = format!(
+                    "Your reply wrote a call to {tool} as text, so nothing ran. To run a tool, make a structured tool call through the tool interface; do not write the call in your reply."
+                );
+                a.say("info", "text-tool-call", &note)?;
+                remember(reg, a, &Message::user(note))?;
+                continue;
+            }
             return Ok(reply.text);
         }
-        for call in &reply.tool_calls {
-            reg.detail(a, &format!("calling: {}", call.name));
-            a.say(
-                "tool_call",
-                &format!("name={} id={}", call.name, call.id),
-                &call.arguments.to_string(),
-            )?;
-            let result = match run_tool(a, call, config).await {
-                Ok(r) => r,
-                Err(e) => format!("error: {e}"),
-            };
-            lock(&a.stats).tool_calls += 1;
-            a.say(
-                "tool_result",
-                &format!("name={} id={}", call.name, call.id),
-                &result,
-            )?;
-            remember(
-                reg,
-                a,
-                &Message {
-                    role: Role::Tool,
-                    content: result,
-                    tool_calls: Vec::new(),
-                    tool_call_id: Some(call.id.clone()),
-                },
-            )?;
+        *lock(pending) = reply.tool_calls.clone();
+        let mut all_failed = true;
+        for run in runs(&reply.tool_calls) {
+            for call in run {
+                a.say(
+                    "tool_call",
+                    &format!("name={} id={}", call.name, call.id),
+                    &call.arguments.to_string(),
+                )?;
+            }
+            let names: Vec<&str> = run.iter().map(|c| c.name.as_str()).collect();
+            reg.detail(a, &format!("calling: {}", names.join(", ")));
+            let outcomes = run_calls(reg, a, config, &ctx.tools, run).await;
+            for (call, o) in run.iter().zip(outcomes) {
+                lock(&a.stats).tool_calls += 1;
+                all_failed &= !o.ok;
+                let mut attrs = format!("name={} id={}", call.name, call.id);
+                if !o.attrs.is_empty() {
+                    attrs.push(' ');
+                    attrs.push_str(&o.attrs);
+                }
+                a.say("tool_result", &attrs, &o.text)?;
+                remember(
+                    reg,
+                    a,
+                    &Message {
+                        role: Role::Tool,
+                        content: o.text,
+                        tool_calls: Vec::new(),
+                        tool_call_id: Some(call.id.clone()),
+                    },
+                )?;
+                lock(pending).retain(|c| c.id != call.id);
+            }
+        }
+        failing_rounds = if all_failed { failing_rounds + 1 } else { 0 };
+        if failing_rounds >= ABORT_AFTER {
+            return Err(format!(
+                "aborted: in {ABORT_AFTER} rounds in a row every tool call failed"
+            ));
+        }
+        if failing_rounds == NUDGE_AFTER {
+            let note = format!(
+                "In your last {NUDGE_AFTER} rounds every tool call failed. Stop and reconsider: read the errors above, check your assumptions (paths, tool arguments, what the sandbox allows), and try a different approach, or explain what is blocking you. After {ABORT_AFTER} such rounds the turn is aborted."
+            );
+            a.say("info", "nudge", &note)?;
+            remember(reg, a, &Message::user(note))?;
         }
     }
     Err(format!(
-        "stopped after {max_steps} steps (max_steps); the model was still calling tools"
+        "stopped after {} steps (max_steps); the model was still calling tools",
+        ctx.max_steps
     ))
 }
 
-/// `generate`: one completion without tools or history, with the default backend.
+/// Runs one run of calls: several read-only ones in parallel, else the one call.
+async fn run_calls(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    config: &Arc<Config>,
+    tools: &[ToolSpec],
+    run: &[ToolCall],
+) -> Vec<Outcome> {
+    let known = |c: &ToolCall| tools.iter().any(|t| t.name == c.name);
+    let unknown = |c: &ToolCall| {
+        Outcome::error(format!(
+            "unknown tool {:?} (available: {})",
+            c.name,
+            tools
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    };
+    if run.len() == 1 {
+        let c = &run[0];
+        return vec![if known(c) {
+            run_tool(reg, a, c, config).await
+        } else {
+            unknown(c)
+        }];
+    }
+    // Dropping the set (on stop) aborts the tasks, which flushes their reads in toolsrv.
+    let mut set = tokio::task::JoinSet::new();
+    let mut out: Vec<Option<Outcome>> = vec![None; run.len()];
+    for (i, c) in run.iter().enumerate() {
+        if !known(c) {
+            out[i] = Some(unknown(c));
+            continue;
+        }
+        let (reg, a, config, c) = (
+            Arc::clone(reg),
+            Arc::clone(a),
+            Arc::clone(config),
+            c.clone(),
+        );
+        set.spawn(async move { (i, run_tool(&reg, &a, &c, &config).await) });
+    }
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok((i, o)) => out[i] = Some(o),
+            Err(e) => tracing::warn!(error = %e, "a tool task failed"),
+        }
+    }
+    out.into_iter()
+        .map(|o| o.unwrap_or_else(|| Outcome::error("the tool call was lost")))
+        .collect()
+}
+
+/// The request for the next model call (with the plan shown again when `show_plan`).
+fn request(reg: &Registry, a: &Agent, ctx: &TurnCtx, show_plan: bool) -> ModelRequest {
+    let (history, problems) = reg.store.read_history(&a.session_id, &a.id);
+    for p in problems {
+        tracing::warn!(agent = %a.id, problem = %p, "history");
+    }
+    let mut messages: Vec<Message> = history.iter().filter_map(message_of).collect();
+    if show_plan {
+        let plan = a.plan();
+        let plan = String::from_utf8_lossy(&plan);
+        if !plan.trim().is_empty() {
+            messages.push(Message::user(format!(
+                "<plan>\n{}\n</plan>\nThis is your plan (the agent's plan file), shown again as a reminder. Keep to it, or say what changed.",
+                plan.trim_end()
+            )));
+        }
+    }
+    ModelRequest {
+        model: ctx.model.clone(),
+        system: Some(ctx.system.clone()),
+        messages,
+        tools: ctx.tools.clone(),
+        temperature: ctx.temperature,
+        top_p: ctx.top_p,
+        max_tokens: ctx.max_tokens,
+    }
+}
+
+async fn run_compaction(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    backend: &Arc<dyn Backend>,
+    ctx: &TurnCtx,
+    why: &str,
+) -> Result<(), String> {
+    reg.detail(a, "compacting");
+    crate::compact::compact(reg, a, backend, ctx.model.clone(), ctx.context_limit, why)
+        .await
+        .map(|_| ())
+}
+
+/// `ctl compact`: compacts now when the agent is idle; during a turn, asks the turn to
+/// compact before its next model call.
+pub async fn compact_now(reg: &Arc<Registry>, a: &Arc<Agent>) -> Result<String, String> {
+    let Ok(guard) = a.history_lock.try_lock() else {
+        a.compact_requested.store(true, Ordering::SeqCst);
+        return Ok("compaction requested: it runs before the turn's next model call\n".into());
+    };
+    let config = reg.config();
+    let (backend, cfg) = backend_for(a, &config).await?;
+    let ctx = turn_ctx(a, &config, &cfg, Vec::new());
+    let before = a.state().1;
+    reg.state_changed(a, AgentState::Running);
+    reg.detail(a, "compacting");
+    let r = crate::compact::compact(
+        reg,
+        a,
+        &backend,
+        ctx.model,
+        ctx.context_limit,
+        "requested with ctl compact",
+    )
+    .await;
+    drop(guard);
+    reg.state_changed(
+        a,
+        if before == AgentState::Running {
+            AgentState::Idle
+        } else {
+            before
+        },
+    );
+    let c = r?;
+    Ok(format!(
+        "compacted: {} messages summarized, {} kept\n",
+        c.summarized, c.kept
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// Background completions
+
+/// Starts (once per agent) the reader of toolsrv's `proc/complete` for `a`: every
+/// `<system-proc-complete …>` message goes to the agent, queued as a prompt when it is idle
+/// or added to the running turn's history otherwise. It re-attaches after toolsrv restarts
+/// and ends with the agent.
+pub fn watch_completions(reg: &Arc<Registry>, a: &Arc<Agent>) {
+    if a.completions_watched.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let (reg, a) = (Arc::clone(reg), Arc::clone(a));
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if a.is_killed() {
+                return;
+            }
+            if let Err(e) = read_completions(&reg, &a).await {
+                tracing::debug!(agent = %a.id, error = %e, "proc/complete reader");
+            }
+            if a.is_killed() {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    });
+}
+
+async fn read_completions(reg: &Arc<Registry>, a: &Arc<Agent>) -> Result<(), String> {
+    let s = a.session.upgrade().ok_or("the session was killed")?;
+    let c = s.link.conn(Duration::from_secs(30)).await?;
+    let config = reg.config();
+    let root = c.agent_root(a, &config).await?;
+    let mut f = root
+        .walk(&["proc", "complete"])
+        .await
+        .map_err(|e| format!("toolsrv: {e}"))?;
+    f.open(om::OREAD)
+        .await
+        .map_err(|e| format!("toolsrv: {e}"))?;
+    let mut killed = a.killed_signal();
+    let mut buf = String::new();
+    loop {
+        let b = tokio::select! {
+            r = f.read(0, 64 * 1024) => r.map_err(|e| format!("toolsrv: {e}"))?,
+            _ = killed.wait_for(|k| *k) => return Ok(()),
+        };
+        if b.is_empty() {
+            return Err("proc/complete ended".into());
+        }
+        buf.push_str(&String::from_utf8_lossy(&b));
+        while let Some(end) = buf.find("</system-proc-complete>\n") {
+            let msg: String = buf
+                .drain(..end + "</system-proc-complete>\n".len())
+                .collect();
+            deliver(reg, a, msg.trim_end());
+        }
+    }
+}
+
+/// Hands a completion message to the agent.
+fn deliver(reg: &Registry, a: &Agent, msg: &str) {
+    let running = a.state().1 == AgentState::Running;
+    let r = if running {
+        a.say("user", "proc-complete", msg)
+            .and_then(|()| remember(reg, a, &Message::user(msg)))
+    } else {
+        a.enqueue(msg.to_owned())
+    };
+    if let Err(e) = r {
+        tracing::warn!(agent = %a.id, error = %e, "cannot deliver a process completion");
+    }
+}
+
+/// `generate`: one completion without tools or history.
 pub async fn generate(
     config: &Config,
     prompt: &str,
     backend: Option<&str>,
 ) -> Result<String, String> {
-    let name = backend
-        .map(str::to_owned)
-        .or_else(|| config.default_backend.clone())
-        .ok_or_else(|| NO_BACKEND.to_owned())?;
-    let b = make_backend(&name, config)?;
+    let (name, cfg) = select::resolve(backend.map(str::to_owned), config).await?;
+    let b = select::make(&name, &cfg)?;
     let req = ModelRequest {
-        model: config.backends.get(&name).and_then(|c| c.model.clone()),
+        model: cfg.model.clone(),
         messages: vec![Message::user(prompt)],
         ..ModelRequest::default()
     };
@@ -460,4 +1041,92 @@ pub async fn generate(
         .await
         .map_err(|e| format!("model call failed: {e}"))?;
     Ok(reply.text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(n: &str) -> ToolSpec {
+        ToolSpec {
+            name: n.into(),
+            description: String::new(),
+            parameters: Value::Null,
+        }
+    }
+
+    fn call(n: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: n.into(),
+            name: n.into(),
+            arguments: args,
+        }
+    }
+
+    #[test]
+    fn tool_calls_written_as_text_are_recognised() {
+        let tools = [spec("execute_code"), spec("file_read")];
+        let yes = [
+            "```json\n{\"name\": \"execute_code\", \"arguments\": {\"code\": \"ls\"}}\n```",
+            "<tool_call>\n{\"name\":\"file_read\",\"arguments\":{\"path\":\"a\"}}\n</tool_call>",
+            "I'll run execute_code({\"language\": \"sh\", \"code\": \"ls\"})",
+            "[TOOL_CALLS] something",
+            "<function=file_read>{\"path\":\"x\"}</function>",
+        ];
+        for t in yes {
+            assert!(text_tool_call(t, &tools).is_some(), "{t}");
+        }
+        assert_eq!(
+            text_tool_call("{\"name\": \"file_read\", \"input\": {}}", &tools).as_deref(),
+            Some("file_read")
+        );
+        let no = [
+            "I ran execute_code and the tests pass.",
+            "The file_read tool showed the config; done.",
+            "{\"name\": \"alice\", \"arguments\": 3}",
+            "",
+        ];
+        for t in no {
+            assert_eq!(text_tool_call(t, &tools), None, "{t}");
+        }
+    }
+
+    #[test]
+    fn only_consecutive_read_only_calls_share_a_run() {
+        let r = call("file_read", json!({}));
+        let w = call("file_write", json!({}));
+        let bg = call("file_read", json!({"background": true}));
+        let calls = [r.clone(), r.clone(), w.clone(), r.clone(), bg, r.clone()];
+        let sizes: Vec<usize> = runs(&calls).iter().map(|r| r.len()).collect();
+        assert_eq!(sizes, [2, 1, 1, 1, 1]);
+        assert!(runs(&[]).is_empty());
+    }
+
+    #[test]
+    fn framed_replies_give_exit_and_record() {
+        let o = outcome_of_reply(
+            "{\"pid\":3,\"record\":{\"exit\":{\"code\":0},\"argv\":[\"sh\"]}}\nhello\n",
+        );
+        assert!(o.ok);
+        assert_eq!(o.text, "hello\n");
+        assert!(o.attrs.starts_with("pid=3 exit=0 record={"), "{}", o.attrs);
+        let o = outcome_of_reply("{\"pid\":4,\"record\":{\"exit\":{\"code\":2}}}\nno\n");
+        assert!(!o.ok);
+        let o = outcome_of_reply(
+            "{\"pid\":5,\"record\":null,\"error\":\"landlock: not supported\"}\n",
+        );
+        assert!(!o.ok);
+        assert_eq!(o.text, "error: the tool did not run: landlock: not supported");
+        assert!(o.attrs.contains("exit=none"), "{}", o.attrs);
+        assert!(
+            o.attrs.contains("error=landlock: not supported"),
+            "{}",
+            o.attrs
+        );
+        let o = outcome_of_reply("plain text\nmore\n");
+        assert_eq!(o.text, "plain text\nmore\n");
+        let o = outcome_of_reply("{\"pid\":6,\"record\":{\"exit\":{\"signal\":9}}}\n");
+        assert!(!o.ok);
+        assert!(o.attrs.contains("signal=9"), "{}", o.attrs);
+    }
 }

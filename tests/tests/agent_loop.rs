@@ -242,3 +242,45 @@ async fn stop_during_a_long_tool_kills_it_and_ends_the_turn() {
     assert!(!top.contains("running"), "{top}");
     wait_for(&root, "session/s/agent/idx", "\tidle\n").await;
 }
+
+/// A tool process's run record (`proc/N/record` in toolsrv) is reachable through both of
+/// olliesrv's views of toolsrv: the agent's `proc/N/` and the session's `toolsrv/proc/N/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_record_is_reachable_through_olliesrv() {
+    let turns = concat!(
+        r#"{"tool_calls": [{"name": "execute_code", "arguments": {"language": "bash", "code": "echo recorded"}}]}"#,
+        "\n",
+        r#"{"text": "done"}"#,
+        "\n"
+    );
+    let (srv, work) = server(turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    write(&root, "session/s/agent/a/prompt", "run it").await;
+    wait_for(&root, "session/s/agent/a/proc/top", "exited").await;
+    let mut d = root.walk_path("session/s/agent/a/proc/1").await.unwrap();
+    d.open(om::OREAD).await.unwrap();
+    let names: Vec<String> = d
+        .read_dir()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert!(names.iter().any(|n| n == "record"), "{names:?}");
+    let via_agent = read(&root, "session/s/agent/a/proc/1/record").await;
+    let via_session = read(&root, "session/s/toolsrv/proc/1/record").await;
+    assert_eq!(via_agent, via_session);
+    assert!(via_agent.ends_with('\n'), "{via_agent:?}");
+    let v: serde_json::Value = serde_json::from_str(&via_agent).unwrap();
+    assert_eq!(v["argv"][2], "echo recorded", "{via_agent}");
+    assert_eq!(v["exit"]["code"], 0, "{via_agent}");
+    // Read-only in both views.
+    for p in [
+        "session/s/agent/a/proc/1/record",
+        "session/s/toolsrv/proc/1/record",
+    ] {
+        let mut f = root.walk_path(p).await.unwrap();
+        assert!(f.open(om::OWRITE).await.is_err(), "{p} opened for writing");
+    }
+}

@@ -25,7 +25,7 @@ use serde_json::Value;
 const QUIET: Duration = Duration::from_millis(300);
 
 /// The one-line error every turn ends with while olliesrv cannot call a model.
-const NO_BACKEND: &str = "no backend configured";
+const NO_BACKEND: &str = "no backend: start Ollama";
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -495,7 +495,16 @@ async fn session_ctl_pause_resume_and_per_fid_replies() {
         .collect();
     assert_eq!(
         cmds,
-        set(&["kill", "save", "invalidate", "pause", "resume", "help"]),
+        set(&[
+            "kill",
+            "save",
+            "invalidate",
+            "pause",
+            "resume",
+            "cost",
+            "cost_cap",
+            "help"
+        ]),
         "{help}"
     );
     assert_eq!(read_all(&root, &paused).await, "true\n");
@@ -517,7 +526,7 @@ async fn session_ctl_pause_resume_and_per_fid_replies() {
     let e = expect_err(put(&a, "frobnicate").await, "unknown command");
     assert!(
         e.contains(
-            r#"unknown command "frobnicate" (valid: kill, save, invalidate, pause, resume, help)"#
+            r#"unknown command "frobnicate" (valid: kill, save, invalidate, pause, resume, cost, cost_cap, help)"#
         ),
         "{e}"
     );
@@ -1151,18 +1160,19 @@ async fn statewait_reports_changes_and_is_flushed() {
     assert_eq!(&data(within("idle", next).await)[..], b"idle\n");
     assert_eq!(&data(within("late idle", late_call).await)[..], b"idle\n");
 
-    // A turn: thinking, then idle (the read returns the state current when it wakes).
+    // A turn (it fails: no backend): thinking, then error (the read returns the state
+    // current when it wakes).
     let next = sw.read_call(0, 64).unwrap();
     write(&root, &format!("{a}/prompt"), "go").await.unwrap();
     let got = data(within("thinking", next).await);
     match &got[..] {
         b"thinking\n" => {
             assert_eq!(
-                &within("idle", sw.read(0, 64)).await.unwrap()[..],
-                b"idle\n"
+                &within("error", sw.read(0, 64)).await.unwrap()[..],
+                b"error\n"
             );
         }
-        b"idle\n" => {}
+        b"error\n" => {}
         other => panic!("statewait after a prompt: {other:?}"),
     }
     wait_turns(&root, a, 1).await;
@@ -1231,11 +1241,12 @@ async fn agent_ctl_commands() {
     assert_eq!(run("model").await.unwrap(), "\n");
     assert_eq!(run("model m2").await.unwrap(), "model m2\n");
     assert_eq!(run("model").await.unwrap(), "m2\n");
-    assert_eq!(run("backend").await.unwrap(), "\n", "none configured");
+    let e = expect_err(run("backend").await, "none configured or found");
+    assert!(e.contains(NO_BACKEND), "{e}");
     write(&root, "session/s/agent/x/cfg", "backend=beta")
         .await
         .unwrap();
-    assert_eq!(run("backend").await.unwrap(), "beta\n");
+    assert!(run("backend").await.unwrap().starts_with("beta\t"));
     assert_eq!(run("agent default").await.unwrap(), "profile default\n");
     let e = expect_err(run("agent nope").await, "profile");
     assert!(e.contains(r#"unknown profile "nope""#), "{e}");
@@ -1299,10 +1310,11 @@ async fn agent_ctl_commands() {
         "{raw}"
     );
 
-    for needs_backend in ["compact", "models"] {
-        let e = expect_err(run(needs_backend).await, needs_backend);
-        assert!(e.contains(NO_BACKEND), "{needs_backend}: {e}");
-    }
+    // The agent's backend (beta) has nothing to compact and does not answer.
+    let e = expect_err(run("compact").await, "compact");
+    assert!(e.contains("nothing to compact"), "{e}");
+    let e = expect_err(run("models").await, "models");
+    assert!(e.contains("beta: request cannot connect"), "{e}");
     let e = expect_err(run("frobnicate").await, "unknown");
     assert!(e.contains(r#"unknown command "frobnicate""#), "{e}");
     let e = expect_err(run("stop now").await, "stop with an argument");
@@ -1438,7 +1450,7 @@ async fn eventwait_reports_session_and_agent_changes() {
     let v = ev.until_kind("agent-state", "agent", &aid).await;
     assert_eq!(v["state"], "thinking", "{v}");
     let v = ev.until_kind("agent-state", "agent", &aid).await;
-    assert_eq!(v["state"], "idle", "{v}");
+    assert_eq!(v["state"], "error", "{v}: the turn fails without a backend");
 
     rdwr(&root, "session/ev2/agent/ag2/ctl", "kill")
         .await

@@ -4,6 +4,7 @@
 //!
 //! Covers every Tauth refusal, aname isolation (processes, tools, `ctl`, `bypass/`), every
 //! tool through `proc/new`, background processes (`wait`, `out`, `stat`, `complete`, `ctl`),
+//! run records (`proc/N/record`, `record=1`),
 //! flushing a blocking `proc/new` read, `ctl load/unload/policy`, the lifetime of tools
 //! (toolsrv killed, link closed), what toolsrv's `/proc` entries reveal, and bad boot input.
 //!
@@ -677,7 +678,7 @@ async fn agents_cannot_see_or_control_each_others_processes() {
     // b does not: not in the list, not in the directory, no walk to it or into it.
     assert!(!list(&b).await.contains_key(&pid));
     assert!(!ls(&b, "proc").await.contains(&p));
-    for f in ["", "/out", "/stat", "/wait", "/ctl"] {
+    for f in ["", "/out", "/stat", "/wait", "/record", "/ctl"] {
         let path = format!("proc/{pid}{f}");
         let e = within("walk", b.walk_path(&path))
             .await
@@ -1600,6 +1601,345 @@ async fn term_ends_a_sleep_with_143_or_the_traps_code() {
             .unwrap()
             .contains("got-term")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Run records (proc/N/record, record=1)
+
+/// `proc/{pid}/record` as its raw text (checked to be one line ending in "\n") and as JSON.
+async fn record(root: &Fid, pid: u32) -> Result<(String, serde_json::Value), String> {
+    let s = read(root, &format!("proc/{pid}/record")).await?;
+    assert!(
+        s.ends_with('\n'),
+        "record of {pid} does not end in a newline: {s:?}"
+    );
+    assert_eq!(
+        s.matches('\n').count(),
+        1,
+        "record of {pid} is not one line: {s:?}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&s)
+        .unwrap_or_else(|e| panic!("record of {pid} is not JSON ({e}): {s:?}"));
+    assert!(v.is_object(), "record of {pid} is not an object: {s:?}");
+    Ok((s, v))
+}
+
+/// The stat length of a file.
+async fn stat_len(root: &Fid, path: &str) -> u64 {
+    let f = within("walk", root.walk_path(path)).await.expect("walk");
+    let st = within("stat", f.stat()).await.expect("stat");
+    let _ = within("clunk", f.clunk()).await;
+    st.length
+}
+
+/// A blocking `proc/new` with `record=1`: the first line as text and JSON, and the rest.
+async fn run_with_record(
+    root: &Fid,
+    payload: &str,
+) -> Result<(String, serde_json::Value, String), String> {
+    let s = rdwr(root, "proc/new", payload).await?;
+    let (first, rest) = s
+        .split_once('\n')
+        .unwrap_or_else(|| panic!("no record line in {s:?}"));
+    let v: serde_json::Value = serde_json::from_str(first)
+        .unwrap_or_else(|e| panic!("record line is not JSON ({e}): {first:?}"));
+    Ok((format!("{first}\n"), v, rest.to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_of_a_finished_run_shows_argv_exit_and_enforced_layers() {
+    if !features_ok("record_of_a_finished_run_shows_argv_exit_and_enforced_layers") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let src = "echo rec; exit 4";
+    let r = run(&a, &code("bash", src)).await.expect("execute_code");
+    assert_eq!(r.exit(), Some(4), "{r:?}");
+    let pid = r.pid();
+    assert!(
+        ls(&a, &format!("proc/{pid}")).await.contains("record"),
+        "record is not listed in proc/{pid}"
+    );
+    let (raw, v) = record(&a, pid).await.expect("record");
+    assert_eq!(v["argv"], serde_json::json!(["bash", "-c", src]), "{raw}");
+    assert_eq!(v["exit"]["code"], 4, "{raw}");
+    assert_eq!(v["exit"]["status"], 4, "{raw}");
+    assert!(v["exit"]["signal"].is_null(), "{raw}");
+    assert_eq!(v["exit"]["timed_out"], false, "{raw}");
+    let ws = std::fs::canonicalize(t.ws()).unwrap();
+    assert_eq!(v["cwd"], ws.to_str().unwrap(), "{raw}");
+    assert!(
+        v["program"].as_str().is_some_and(|p| p.ends_with("/bash")),
+        "{raw}"
+    );
+    // What was enforced: Landlock at the kernel's ABI, fully; seccomp; no capabilities.
+    let l = &v["layers"]["landlock"];
+    assert!(l["abi"].as_u64().is_some_and(|abi| abi >= 7), "{raw}");
+    assert_eq!(l["status"], "fully_enforced", "{raw}");
+    assert!(
+        l["handled_fs"].as_array().is_some_and(|h| !h.is_empty()),
+        "{raw}"
+    );
+    assert!(l["path_rules"].as_u64().is_some_and(|n| n > 0), "{raw}");
+    let sc = &v["layers"]["seccomp"];
+    assert!(sc["filters"].as_u64().is_some_and(|n| n > 0), "{raw}");
+    assert!(sc["instructions"].as_u64().is_some_and(|n| n > 0), "{raw}");
+    assert_eq!(v["layers"]["no_new_privs"], true, "{raw}");
+    let caps = &v["layers"]["capabilities"];
+    for set in ["effective", "permitted", "inheritable", "ambient"] {
+        assert_eq!(caps[set], 0, "{set}: {raw}");
+    }
+    assert_eq!(v["layers"]["best_effort_degraded"], false, "{raw}");
+    assert!(
+        v["layers"]["namespaces"]
+            .as_array()
+            .is_some_and(|n| !n.is_empty()),
+        "{raw}"
+    );
+    assert_eq!(v["stdout"]["total_bytes"], 4, "{raw}");
+    // The stat length is the true length.
+    assert_eq!(
+        stat_len(&a, &format!("proc/{pid}/record")).await,
+        raw.len() as u64
+    );
+    // A second read (fresh fid) gives the same bytes.
+    assert_eq!(record(&a, pid).await.unwrap().0, raw);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_of_a_running_process_is_an_error_until_it_ends() {
+    if !features_ok("record_of_a_running_process_is_an_error_until_it_ends") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let marker = sleep_marker();
+    let pid = run_bg(&a, &format!("tool=execute_code\ncmd=sleep {marker}\n"))
+        .await
+        .expect("bg sleep");
+    wait_marker_up(&marker).await;
+    let path = format!("proc/{pid}/record");
+    let e = read(&a, &path)
+        .await
+        .expect_err("record of a running process");
+    assert_eq!(
+        e,
+        format!("process {pid} is still running (read wait first)"),
+        "{e}"
+    );
+    assert_eq!(stat_len(&a, &path).await, 0);
+    // A fid opened while it runs fails too, and reads the record once it has ended.
+    let early = open(&a, &path, om::OREAD).await.expect("open record");
+    let e = within("read", early.read(0, 8192))
+        .await
+        .expect_err("read of a running process's record");
+    assert!(msg(&e).contains("still running"), "{e}");
+    assert_eq!(list(&a).await[&pid].0, "running");
+
+    write(&a, &format!("proc/{pid}/ctl"), "kill").await.unwrap();
+    assert_eq!(
+        read(&a, &format!("proc/{pid}/wait")).await.unwrap(),
+        "137\n"
+    );
+    let (raw, v) = record(&a, pid).await.expect("record after the kill");
+    assert_eq!(v["exit"]["signal"], 9, "{raw}");
+    assert_eq!(v["exit"]["status"], 137, "{raw}");
+    assert!(v["exit"]["code"].is_null(), "{raw}");
+    assert_eq!(v["exit"]["cancelled"], true, "{raw}");
+    assert_eq!(v["argv"][2], format!("sleep {marker}"), "{raw}");
+    let d = within("read", early.read_to_end())
+        .await
+        .expect("early fid");
+    assert_eq!(String::from_utf8(d).unwrap(), raw);
+    assert_eq!(stat_len(&a, &path).await, raw.len() as u64);
+    wait_marker_gone(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_1_puts_the_run_record_first_in_the_proc_new_reply() {
+    if !features_ok("record_1_puts_the_run_record_first_in_the_proc_new_reply") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let payload = "tool=execute_code\ncmd=echo hi; exit 2\n";
+    let (line, v, rest) = run_with_record(&a, &format!("record=1\n{payload}"))
+        .await
+        .expect("record=1");
+    let pid = u32::try_from(v["pid"].as_u64().expect("pid")).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 2, "{line}");
+    assert_eq!(v["record"]["exit"]["code"], 2, "{line}");
+    assert_eq!(v["record"]["argv"][0], "bash", "{line}");
+    // The rest is the result exactly as without the key.
+    let r = Run::parse(&rest);
+    assert_eq!(r.pid(), pid, "{rest:?}");
+    assert_eq!(r.exit(), Some(2), "{rest:?}");
+    assert_eq!(r.body, "hi\n", "{rest:?}");
+    // The line carries exactly the object proc/{pid}/record holds.
+    let (file, fv) = record(&a, pid).await.expect("record file");
+    assert_eq!(
+        line,
+        format!("{{\"pid\":{pid},\"record\":{}}}\n", file.trim_end())
+    );
+    assert_eq!(fv, v["record"]);
+
+    // Without the key (and with record=0) the reply has no record line.
+    for p in [payload.to_owned(), format!("{payload}record=0\n")] {
+        let plain = run(&a, &p).await.expect("plain");
+        assert_eq!(
+            plain.header.keys().collect::<Vec<_>>(),
+            r.header.keys().collect::<Vec<_>>(),
+            "{plain:?}"
+        );
+        assert_eq!(plain.body, r.body, "{plain:?}");
+        assert!(!plain.raw.contains("\"record\""), "{plain:?}");
+        assert_eq!(plain.raw.lines().count(), 2, "{plain:?}");
+    }
+    // The same fid can run again with and without the key.
+    let f = open(&a, "proc/new", om::ORDWR).await.unwrap();
+    for (p, with) in [
+        ("tool=execute_code\nrecord=1\ncmd=echo one\n", true),
+        ("tool=execute_code\ncmd=echo two\n", false),
+    ] {
+        within("write", f.write(0, Bytes::from(p)))
+            .await
+            .expect("write");
+        let d = String::from_utf8(
+            within("read", f.read_to_end())
+                .await
+                .expect("read")
+                .to_vec(),
+        )
+        .unwrap();
+        assert_eq!(d.starts_with("{\"pid\":"), with, "{d:?}");
+        assert_eq!(d.lines().count(), if with { 3 } else { 2 }, "{d:?}");
+    }
+    let _ = within("clunk", f.clunk()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_of_a_tool_the_sandbox_refused_is_its_error() {
+    if !features_ok("record_of_a_tool_the_sandbox_refused_is_its_error") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    // A working directory that does not exist: the sandbox cannot start the tool there.
+    let payload = "tool=execute_code\ncwd=no-such-dir\ncmd=echo ran\n";
+    let e = run(&a, payload).await.expect_err("ran in a missing cwd");
+    assert!(e.starts_with("tool did not run: "), "{e}");
+    assert!(e.contains("working directory"), "{e}");
+
+    let reply = rdwr(&a, "proc/new", &format!("{payload}record=1\n"))
+        .await
+        .expect("record=1 of a refused tool");
+    assert!(reply.ends_with('\n'), "{reply:?}");
+    assert_eq!(reply.matches('\n').count(), 1, "not one line: {reply:?}");
+    let v: serde_json::Value = serde_json::from_str(&reply).unwrap();
+    let pid = u32::try_from(v["pid"].as_u64().expect("pid")).unwrap();
+    assert!(v["record"].is_null(), "{reply}");
+    let err = v["error"].as_str().expect("error").to_owned();
+    assert!(err.contains("working directory"), "{reply}");
+    assert!(
+        reply.starts_with(&format!("{{\"pid\":{pid},\"record\":null,\"error\":")),
+        "{reply}"
+    );
+    let (file, fv) = record(&a, pid).await.expect("record of the refused tool");
+    assert_eq!(fv, serde_json::json!({ "error": err }), "{file}");
+    assert_eq!(
+        stat_len(&a, &format!("proc/{pid}/record")).await,
+        file.len() as u64
+    );
+    let st = kv(&read(&a, &format!("proc/{pid}/stat")).await.unwrap());
+    assert_eq!(st["state"], "failed", "{st:?}");
+    // The operator reads the same.
+    assert_eq!(record(&op, pid).await.unwrap().0, file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_agent_cannot_see_or_read_a_record() {
+    if !features_ok("another_agent_cannot_see_or_read_a_record") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    let op = t.attach("operator").await;
+    let r = run(&a, "tool=execute_code\ncmd=echo mine\n").await.unwrap();
+    let pid = r.pid();
+    let path = format!("proc/{pid}/record");
+    let (raw, _) = record(&a, pid).await.expect("a reads its record");
+    // b: no walk to it (the pid does not exist for b), so no open and no read.
+    let e = within("walk", b.walk_path(&path))
+        .await
+        .expect_err("b walked to a's record");
+    let m = msg(&e);
+    assert!(m.starts_with("file does not exist"), "{m}");
+    let e = read(&b, &path).await.expect_err("b read a's record");
+    assert!(e.starts_with("file does not exist"), "{e}");
+    assert!(!ls(&b, "proc").await.contains(&pid.to_string()));
+    // b's own process gets another pid; its record is b's, not a's.
+    let rb = run(&b, "tool=execute_code\ncmd=echo theirs\n")
+        .await
+        .unwrap();
+    assert_ne!(rb.pid(), pid);
+    assert!(
+        read(&a, &format!("proc/{}/record", rb.pid()))
+            .await
+            .is_err()
+    );
+    // The operator sees it, byte for byte.
+    assert_eq!(record(&op, pid).await.unwrap().0, raw);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_key_is_strict_and_for_proc_new_only() {
+    if !features_ok("record_key_is_strict_and_for_proc_new_only") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    let marker = t.ws().join("ran");
+    let cmd = format!("cmd=touch {}\n", marker.to_str().unwrap());
+    for (payload, want) in [
+        (
+            format!("tool=execute_code\nrecord=2\n{cmd}"),
+            "record= must be 0 or 1, not \"2\"",
+        ),
+        (
+            format!("tool=execute_code\nrecord=yes\n{cmd}"),
+            "record= must be 0 or 1",
+        ),
+        (
+            format!("tool=execute_code\nrecord=\n{cmd}"),
+            "record= must be 0 or 1",
+        ),
+        (
+            format!("tool=execute_code\nrecord=1\nrecord=1\n{cmd}"),
+            "payload key \"record\" given twice",
+        ),
+    ] {
+        let e = run(&a, &payload).await.expect_err("bad record= accepted");
+        assert!(e.contains(want), "{payload:?}: {e}");
+        let e = run_bg(&a, &payload)
+            .await
+            .expect_err("bad record= accepted (bg)");
+        assert!(e.contains(want), "{payload:?}: {e}");
+    }
+    // proc/new.bg refuses the key: its record is in proc/N/record.
+    for v in ["1", "0"] {
+        let e = run_bg(&a, &format!("tool=execute_code\nrecord={v}\n{cmd}"))
+            .await
+            .expect_err("record= on proc/new.bg");
+        assert!(e.contains("record= is for proc/new only"), "{e}");
+        assert!(e.contains("proc/N/record"), "{e}");
+    }
+    // None of it started anything.
+    assert!(!marker.exists(), "a refused payload ran");
+    assert!(list(&op).await.is_empty(), "a process was created");
 }
 
 // ---------------------------------------------------------------------------------------------

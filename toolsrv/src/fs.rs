@@ -13,8 +13,22 @@
 //! proc/N/out     r     output captured so far
 //! proc/N/wait    r     blocks until N ends; its status (exit code or 128+signal)
 //! proc/N/stat    r     key=value status
+//! proc/N/record  r     the sandbox's run record: one JSON object and "\n" (an error while N runs)
 //! proc/N/ctl     w     term | kill | signal N | dismiss
 //! ```
+//!
+//! `proc/N/record` is `ollie_sandbox::RunRecord` as compact JSON (argv, cwd, program, the
+//! enforced layers — Landlock ABI and status, seccomp, capabilities, namespaces, mounts —
+//! limits, exit, rusage, output sizes, post-run findings); when the sandbox refused or failed
+//! to start the tool it is `{"error":"…"}` (the sandbox's error). Reading it while N still
+//! runs fails with `process N is still running (read wait first)`.
+//!
+//! A blocking `proc/new` payload may carry `record=1`: the reply then starts with one more
+//! line, `{"pid":N,"record":{…}}` (the same object `proc/N/record` holds), or
+//! `{"pid":N,"record":null,"error":"…"}` when the tool never ran — then that line is the
+//! whole reply (without the key such a read is the error `tool did not run: …`). After the
+//! line comes the result exactly as without the key. `record=0` is the default; other values
+//! are refused, and so is the key on `proc/new.bg` (its record is in `proc/N/record`).
 //!
 //! Every connection must authenticate (see [`crate::auth`]); the aname it attached with
 //! scopes what it sees: an agent sees only its own processes (another agent's pid does not
@@ -40,14 +54,16 @@ pub enum PidFile {
     Out,
     Wait,
     Stat,
+    Record,
     Ctl,
 }
 
 impl PidFile {
-    const FILES: [(&'static str, PidFile, u32); 4] = [
+    const FILES: [(&'static str, PidFile, u32); 5] = [
         ("out", PidFile::Out, 0o444),
         ("wait", PidFile::Wait, 0o444),
         ("stat", PidFile::Stat, 0o444),
+        ("record", PidFile::Record, 0o444),
         ("ctl", PidFile::Ctl, 0o222),
     ];
 }
@@ -122,6 +138,7 @@ impl Node {
                         PidFile::Wait => 2,
                         PidFile::Stat => 3,
                         PidFile::Ctl => 4,
+                        PidFile::Record => 5,
                     }
             }
         }
@@ -174,6 +191,8 @@ pub struct ToolFid {
     /// `proc/new`: the process started by the last write, and its result once read.
     started: Option<Arc<Proc>>,
     result: Option<Bytes>,
+    /// `proc/new`: the last write asked for the run record (`record=1`).
+    with_record: bool,
     /// `proc/complete`: the last completion given, and the unread rest of the current one.
     cursor: u64,
     pending: Bytes,
@@ -191,6 +210,7 @@ impl ToolFid {
             dir: None,
             started: None,
             result: None,
+            with_record: false,
             cursor: 0,
             pending: Bytes::new(),
             status: None,
@@ -574,6 +594,16 @@ impl Filesystem for ToolFs {
                     .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
             }
             Node::NewBg if fid.content.is_none() => Err(Error::invalid("write a payload first")),
+            Node::Pid(id, PidFile::Record) => {
+                if fid.content.is_none() {
+                    let p = self.proc_of(id, &who)?;
+                    fid.content = Some(Bytes::from(p.record_file().map_err(err)?));
+                }
+                Ok(fid
+                    .content
+                    .as_ref()
+                    .map_or(Bytes::new(), |c| read_at(c, offset, count)))
+            }
             Node::Info | Node::List | Node::Pid(_, PidFile::Stat) | Node::NewBg => Ok(fid
                 .content
                 .as_ref()
@@ -597,12 +627,21 @@ impl Filesystem for ToolFs {
                     let mut guard = CancelOnDrop(Some(Arc::clone(&p)));
                     let f = p.finished().await;
                     guard.0 = None;
-                    if let Some(e) = &f.error {
-                        return Err(err(format!("tool did not run: {e}")));
+                    let mut r = if fid.with_record {
+                        p.record_line(&f)
+                    } else {
+                        String::new()
+                    };
+                    match &f.error {
+                        // With record=1 the record line (carrying the error) is the reply.
+                        Some(_) if fid.with_record => {}
+                        Some(e) => return Err(err(format!("tool did not run: {e}"))),
+                        None => {
+                            r.push_str(&p.header(&f));
+                            r.push('\n');
+                            r.push_str(&f.result);
+                        }
                     }
-                    let mut r = p.header(&f);
-                    r.push('\n');
-                    r.push_str(&f.result);
                     fid.result = Some(Bytes::from(r));
                 }
                 Ok(fid
@@ -691,9 +730,16 @@ impl Filesystem for ToolFs {
                 }
                 let payload = crate::payload::parse(text(&data)?).map_err(err)?;
                 let bg = fid.node == Node::NewBg;
+                if bg && payload.record.is_some() {
+                    return Err(Error::invalid(
+                        "record= is for proc/new only; a background process's run record is in proc/N/record",
+                    ));
+                }
+                let with_record = payload.record == Some(true);
                 let p = self.session.start(&who, payload, bg).map_err(err)?;
                 tracing::debug!(pid = p.id, owner = %p.owner, tool = %p.tool, bg, "process started");
                 fid.result = None;
+                fid.with_record = with_record;
                 fid.content = bg.then(|| Bytes::from(format!("{}\n", p.id)));
                 fid.started = Some(p);
                 Ok(n)
@@ -726,6 +772,7 @@ impl Filesystem for ToolFs {
                 match f {
                     PidFile::Out => p.out.lock().map_or(0, |o| o.data.len() as u64),
                     PidFile::Stat => p.stat_text().len() as u64,
+                    PidFile::Record => p.record_file().map_or(0, |r| r.len() as u64),
                     _ => 0,
                 }
             }
@@ -745,5 +792,28 @@ impl Filesystem for ToolFs {
         Err(Error::new(
             "permission denied: only truncation of writable files is allowed",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pid_files_have_names_modes_and_distinct_qids() {
+        let mut paths = std::collections::BTreeSet::new();
+        for (name, f, mode) in PidFile::FILES {
+            let n = Node::Pid(7, f);
+            assert_eq!(n.name_mode(), (name.to_owned(), mode));
+            assert!(!n.is_dir());
+            assert!(paths.insert(n.qid_path()), "{name}: qid path reused");
+        }
+        assert!(paths.insert(Node::Pid(7, PidFile::Dir).qid_path()));
+        assert_eq!(
+            Node::Pid(7, PidFile::Record).name_mode(),
+            ("record".to_owned(), 0o444)
+        );
+        assert!(may_open(0o444, om::OREAD));
+        assert!(!may_open(0o444, om::OWRITE));
     }
 }

@@ -1,6 +1,7 @@
 //! The `proc/new` payload: `key=value` lines.
 //!
-//! Keys: `tool=` (required), `agent=`, `cmd=`, `args=` (a JSON object), `cwd=`. In every
+//! Keys: `tool=` (required), `agent=`, `cmd=`, `args=` (a JSON object), `cwd=`, `record=`
+//! (`0` or `1`; `1` puts the run record before a blocking `proc/new` result). In every
 //! value except `args` a newline is written `\n` and a backslash that precedes `n` or
 //! another backslash is written `\\`; any other backslash is kept as it is (shell code is
 //! full of them). `args` is JSON taken verbatim — JSON already escapes its newlines.
@@ -10,7 +11,7 @@
 use std::collections::BTreeMap;
 
 /// The keys a payload may carry.
-pub const KEYS: &[&str] = &["tool", "agent", "cmd", "args", "cwd"];
+pub const KEYS: &[&str] = &["tool", "agent", "cmd", "args", "cwd", "record"];
 
 /// A parsed payload.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -20,6 +21,9 @@ pub struct Payload {
     pub cmd: Option<String>,
     pub args: Option<serde_json::Map<String, serde_json::Value>>,
     pub cwd: Option<String>,
+    /// `record=`: `Some(true)` asks for the run record as the first line of a blocking
+    /// `proc/new` reply (`proc/new.bg` refuses the key).
+    pub record: Option<bool>,
 }
 
 /// Undoes the value escaping (`\n` → newline, `\\` → backslash).
@@ -94,12 +98,21 @@ pub fn parse(text: &str) -> Result<Payload, String> {
             Err(e) => return Err(format!("args= is not valid JSON: {e}")),
         },
     };
+    let record = match seen.remove("record").as_deref() {
+        None => None,
+        Some("0") => Some(false),
+        Some("1") => Some(true),
+        Some(v) => {
+            return Err(format!("record= must be 0 or 1, not {:?}", clip(v)));
+        }
+    };
     Ok(Payload {
         tool: tool.trim().to_owned(),
         agent: seen.remove("agent").map(|a| a.trim().to_owned()),
         cmd: seen.remove("cmd"),
         args,
         cwd: seen.remove("cwd"),
+        record,
     })
 }
 
@@ -151,5 +164,21 @@ args={"path":"a\nb","limit":3}"#,
         );
         assert!(parse("tool=x\nargs=[1]").unwrap_err().contains("object"));
         assert!(parse("tool=x\nargs={").unwrap_err().contains("JSON"));
+    }
+
+    #[test]
+    fn record_is_0_or_1() {
+        assert_eq!(parse("tool=x").unwrap().record, None);
+        assert_eq!(parse("tool=x\nrecord=0").unwrap().record, Some(false));
+        assert_eq!(parse("record=1\r\ntool=x\r\n").unwrap().record, Some(true));
+        for bad in ["2", "", "true", " 1", "1 ", "01", "yes"] {
+            let e = parse(&format!("tool=x\nrecord={bad}")).unwrap_err();
+            assert!(e.starts_with("record= must be 0 or 1"), "{bad:?}: {e}");
+            assert!(!e.contains('\n'), "{e:?}");
+        }
+        let e = parse("tool=x\nrecord=1\nrecord=1").unwrap_err();
+        assert!(e.contains("\"record\" given twice"), "{e}");
+        let e = parse("tool=x\nrecord=0\nrecord=1").unwrap_err();
+        assert!(e.contains("twice"), "{e}");
     }
 }

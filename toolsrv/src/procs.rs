@@ -4,14 +4,15 @@
 //! Bounds (toolsrv never grows without limit): running processes per agent and per session
 //! (`Bootstrap::max_procs_per_agent`, `max_procs`), output per process (the policy's
 //! `limits.output_bytes`, the rest counted and dropped), exited processes kept for
-//! `out`/`wait`/`stat` (`Bootstrap::max_exited`: beyond it the oldest exited ones are
-//! reaped), and the completion log (the same bound).
+//! `out`/`wait`/`stat`/`record` (`Bootstrap::max_exited`: beyond it the oldest exited ones
+//! are reaped), and the completion log (the same bound). Each finished process keeps its
+//! sandbox run record (`ollie_sandbox::RunRecord`) as compact JSON, a few KiB.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use ollie_sandbox::{Cancel, KilledBy, RunOutput, SandboxError};
+use ollie_sandbox::{Cancel, KilledBy, RunOutput, RunRecord, SandboxError};
 use tokio::sync::watch;
 
 use crate::tools::Render;
@@ -48,6 +49,9 @@ pub struct Finish {
     pub stopped_by: Option<String>,
     /// Set when the tool never ran (the sandbox refused or failed to start it).
     pub error: Option<String>,
+    /// The sandbox's run record (`ollie_sandbox::RunRecord`) as one compact JSON object;
+    /// `None` when the tool never ran (then `error` says why).
+    pub record: Option<Arc<String>>,
     pub duration: Duration,
     /// The tool's result text (rendered for its tool, with truncation notice).
     pub result: Arc<String>,
@@ -61,6 +65,20 @@ impl Finish {
             (None, Some(s)) => Some(128 + s),
             (None, None) => None,
         }
+    }
+
+    /// `proc/N/record`: the run record and a newline, or `{"error":"…"}` and a newline when
+    /// the tool never ran.
+    pub fn record_text(&self) -> String {
+        let mut s = match (&self.record, &self.error) {
+            (Some(r), _) => r.as_str().to_owned(),
+            (None, e) => format!(
+                "{{\"error\":{}}}",
+                json_string(e.as_deref().unwrap_or("no run record was kept"))
+            ),
+        };
+        s.push('\n');
+        s
     }
 
     /// `exited`, `killed` or `failed`.
@@ -180,6 +198,31 @@ impl Proc {
         s
     }
 
+    /// `proc/N/record`: the run record once the process has ended; an error while it runs.
+    pub fn record_file(&self) -> Result<String, String> {
+        match self.current() {
+            State::Running => Err(format!(
+                "process {} is still running (read wait first)",
+                self.id
+            )),
+            State::Done(f) => Ok(f.record_text()),
+        }
+    }
+
+    /// The first line of a blocking `proc/new` reply with `record=1` (newline included):
+    /// `{"pid":N,"record":{…}}`, or `{"pid":N,"record":null,"error":"…"}` when the tool
+    /// never ran.
+    pub fn record_line(&self, f: &Finish) -> String {
+        match (&f.record, &f.error) {
+            (Some(r), _) => format!("{{\"pid\":{},\"record\":{r}}}\n", self.id),
+            (None, e) => format!(
+                "{{\"pid\":{},\"record\":null,\"error\":{}}}\n",
+                self.id,
+                json_string(e.as_deref().unwrap_or("no run record was kept"))
+            ),
+        }
+    }
+
     /// The header line of a blocking `proc/new` result.
     pub fn header(&self, f: &Finish) -> String {
         let mut h = format!("pid={}", self.id);
@@ -209,6 +252,23 @@ pub struct Completion {
     pub owner: String,
     /// The seed's `<system-proc-complete …>` message.
     pub message: Arc<String>,
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+/// The run record as compact JSON. Serializing fails only on a path that is not UTF-8;
+/// then an object naming the failure stands in (`record_error`), so the file stays JSON.
+fn record_json(r: &RunRecord) -> String {
+    serde_json::to_string(r).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "run record not serializable");
+        format!(
+            "{{\"record_error\":{}}}",
+            json_string(&format!("the run record could not be serialized: {e}"))
+        )
+    })
 }
 
 /// Escapes text for an XML-ish attribute: quotes, angle brackets, ampersands and control
@@ -454,6 +514,7 @@ pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) 
                 signal: None,
                 stopped_by: None,
                 error: Some(msg.clone()),
+                record: None,
                 duration,
                 result: Arc::new(format!("tool did not run: {msg}\n")),
             }
@@ -485,6 +546,7 @@ pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) 
                     KilledBy::DiskLimit => "disk-limit".to_owned(),
                 }),
                 error: None,
+                record: Some(Arc::new(record_json(&out.record))),
                 duration,
                 result: Arc::new(result),
             }
@@ -514,6 +576,7 @@ mod tests {
             signal: None,
             stopped_by: None,
             error: None,
+            record: Some(Arc::new(r#"{"argv":["true"],"exit":{"code":0}}"#.into())),
             duration: Duration::from_millis(5),
             result: Arc::new("out\n".into()),
         }
@@ -560,6 +623,60 @@ mod tests {
         assert!(p.out_at(9, 1).is_empty());
         assert!(lock(&p.out).truncated());
         assert!(p.stat_text().contains("truncated=true"));
+    }
+
+    #[test]
+    fn record_file_and_record_line() {
+        let ps = Procs::new(4, 4, 4);
+        let p = ps.create(np("a", false)).unwrap();
+        let e = p.record_file().unwrap_err();
+        assert_eq!(
+            e,
+            format!("process {} is still running (read wait first)", p.id)
+        );
+        ps.finish(&p, done(0));
+        let rec = r#"{"argv":["true"],"exit":{"code":0}}"#;
+        assert_eq!(p.record_file().unwrap(), format!("{rec}\n"));
+        let State::Done(f) = p.current() else {
+            panic!("not done")
+        };
+        let line = p.record_line(&f);
+        assert_eq!(line, format!("{{\"pid\":{},\"record\":{rec}}}\n", p.id));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["record"]["argv"][0], "true");
+
+        // A tool that never ran: the sandbox's error, escaped, in both forms.
+        let q = ps.create(np("a", false)).unwrap();
+        let failed = Finish {
+            code: None,
+            signal: None,
+            stopped_by: None,
+            error: Some("cannot start in \"/w/x\"\nbad".into()),
+            record: None,
+            duration: Duration::from_millis(1),
+            result: Arc::new(String::new()),
+        };
+        ps.finish(&q, failed.clone());
+        let file = q.record_file().unwrap();
+        assert!(
+            file.ends_with('\n') && file.matches('\n').count() == 1,
+            "{file:?}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&file).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": "cannot start in \"/w/x\"\nbad"})
+        );
+        let line = q.record_line(&failed);
+        assert!(
+            line.starts_with(&format!("{{\"pid\":{},\"record\":null,\"error\":", q.id)),
+            "{line}"
+        );
+        assert_eq!(line.matches('\n').count(), 1, "{line:?}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["pid"], q.id);
+        assert!(v["record"].is_null());
+        assert_eq!(v["error"], "cannot start in \"/w/x\"\nbad");
     }
 
     #[tokio::test]

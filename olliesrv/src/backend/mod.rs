@@ -13,6 +13,7 @@ pub(crate) mod http;
 pub mod ollama;
 pub mod openai;
 pub mod replay;
+pub mod select;
 
 use std::future::Future;
 use std::pin::Pin;

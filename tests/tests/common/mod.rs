@@ -27,6 +27,7 @@ base_url = "http://127.0.0.1:1/v1"
 
 [backends.beta]
 kind = "ollama"
+base_url = "http://127.0.0.1:9"
 "#;
 
 /// Where the workspace binaries are: `$OLLIE_BIN_DIR`, else `target/<profile>/` next to this
@@ -208,6 +209,13 @@ impl Srv {
                     .unwrap_or_else(|| self.dir.path().join("xdg-empty")),
             )
             .env("OLLIE_LOG", "info")
+            // No discovered default backend: nothing answers on the discard port, and no
+            // key variable of the caller's environment reaches the server.
+            .env("OLLAMA_HOST", "127.0.0.1:9")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENROUTER_API_KEY")
+            .env_remove("OLLIE_MODEL")
             .arg("--state-dir")
             .arg(self.state_dir())
             .stdin(Stdio::null())

@@ -714,7 +714,7 @@ async fn turn_done(a: &AgentRef, sent: Option<&(u64, String)>) -> Result<bool, F
     }
     Ok(matches!(
         a.state().await?.as_str(),
-        "idle" | "paused" | "killed"
+        "idle" | "error" | "paused" | "killed"
     ))
 }
 

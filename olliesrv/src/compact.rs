@@ -1,0 +1,245 @@
+//! Context compaction: the older part of an agent's history is replaced by a summary the
+//! model writes, so a long conversation keeps going within the model's context window.
+//!
+//! It runs automatically before a model call once the last request used
+//! `compact_at` × `context_limit` tokens, when the backend says the context overflowed
+//! (then the call is retried once), and on `ctl compact`. The last few messages are kept
+//! verbatim (cut where no tool result would lose its call); everything before them goes to
+//! the model as a transcript with the instruction to summarize, and the history becomes one
+//! user message holding the summary followed by the kept messages. The plan is not part of
+//! the history: it stays in the `plan` file and is shown to the model again after a
+//! compaction. The chat keeps everything; an `info` block records the compaction and the
+//! summary.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::backend::{Backend, BackendError, Message, ModelRequest, Role};
+use crate::model::{Agent, Registry, lock};
+use crate::turn::{message_json, message_of};
+
+/// Messages kept verbatim after the summary (at most).
+pub const KEEP_TAIL: usize = 6;
+/// The longest transcript sent for summarizing, in characters, when the context limit is
+/// unknown (about 100k tokens).
+const MAX_TRANSCRIPT: usize = 400_000;
+/// Each message in the transcript is cut to this many characters.
+const MAX_MESSAGE: usize = 8_000;
+
+const SUMMARY_SYSTEM: &str = "You compress the history of a coding agent's session into a summary that lets the agent continue the work without the original messages.";
+
+const SUMMARY_INSTRUCTION: &str = "Summarize the conversation above for the agent that will continue it. Keep: the user's requests and constraints, decisions made and why, files read or changed (with paths), commands run and their important results or errors, what is done, and what remains to do next. Be concise and factual; use short bullet points. Do not invent anything.";
+
+/// What a compaction did.
+#[derive(Debug)]
+pub struct Compacted {
+    /// Messages replaced by the summary.
+    pub summarized: usize,
+    /// Messages kept after it.
+    pub kept: usize,
+}
+
+/// Where the kept tail starts: at most [`KEEP_TAIL`] messages, never starting with a tool
+/// result (its call would be gone).
+fn tail_start(msgs: &[Message], keep: usize) -> usize {
+    let mut i = msgs.len().saturating_sub(keep);
+    while i < msgs.len() && msgs[i].role == Role::Tool {
+        i += 1;
+    }
+    i
+}
+
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} more bytes]", &s[..end], s.len() - end)
+}
+
+/// The messages as a plain-text transcript (no tool-call structure, so any backend can
+/// summarize it), at most `max` characters, dropping the oldest first.
+fn transcript(msgs: &[Message], max: usize) -> String {
+    let mut parts: Vec<String> = msgs
+        .iter()
+        .map(|m| {
+            let mut t = match m.role {
+                Role::User => format!("USER:\n{}", clip(&m.content, MAX_MESSAGE)),
+                Role::Assistant => format!("ASSISTANT:\n{}", clip(&m.content, MAX_MESSAGE)),
+                Role::Tool => format!("TOOL RESULT:\n{}", clip(&m.content, MAX_MESSAGE)),
+            };
+            for c in &m.tool_calls {
+                t.push_str(&format!(
+                    "\n[calls {} {}]",
+                    c.name,
+                    clip(&c.arguments.to_string(), MAX_MESSAGE)
+                ));
+            }
+            t
+        })
+        .collect();
+    let mut total: usize = parts.iter().map(|p| p.len() + 2).sum();
+    let mut dropped = 0;
+    while total > max && parts.len() > 1 {
+        total -= parts[0].len() + 2;
+        parts.remove(0);
+        dropped += 1;
+    }
+    let mut out = String::new();
+    if dropped > 0 {
+        out.push_str(&format!(
+            "[{dropped} older messages did not fit and are left out]\n\n"
+        ));
+    }
+    out.push_str(&parts.join("\n\n"));
+    out
+}
+
+/// Compacts `a`'s history with `backend`. The caller holds `a.history_lock`.
+pub async fn compact(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    backend: &Arc<dyn Backend>,
+    model: Option<String>,
+    context_limit: Option<u64>,
+    why: &str,
+) -> Result<Compacted, String> {
+    let (history, _) = reg.store.read_history(&a.session_id, &a.id);
+    let msgs: Vec<Message> = history.iter().filter_map(message_of).collect();
+    let mut cut = tail_start(&msgs, KEEP_TAIL);
+    if cut == 0 && !msgs.is_empty() {
+        // Everything would be kept: summarize all but the last message instead.
+        cut = tail_start(&msgs, 1);
+    }
+    if cut == 0 {
+        return Err("nothing to compact: the history is empty".to_owned());
+    }
+    let (old, tail) = msgs.split_at(cut);
+    // About four characters per token; use half the window for the transcript.
+    let max = context_limit.map_or(MAX_TRANSCRIPT, |l| {
+        (l as usize).saturating_mul(2).max(4_000)
+    });
+    let req = ModelRequest {
+        model,
+        system: Some(SUMMARY_SYSTEM.to_owned()),
+        messages: vec![Message::user(format!(
+            "{}\n\n---\n{SUMMARY_INSTRUCTION}",
+            transcript(old, max)
+        ))],
+        ..ModelRequest::default()
+    };
+    let mut attempt = 0;
+    let reply = loop {
+        let r = backend.call(&req, &mut |_| {}).await;
+        {
+            let mut st = lock(&a.stats);
+            st.requests += 1;
+            if let Ok(r) = &r {
+                st.tokens_in += r.usage.input_tokens;
+                st.tokens_out += r.usage.output_tokens;
+                st.cost_usd += r.usage.cost_usd.unwrap_or(0.0);
+            }
+        }
+        match r {
+            Ok(r) => break r,
+            Err(BackendError::RateLimited { .. } | BackendError::Transient(_))
+                if attempt < crate::turn::RETRIES =>
+            {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(500 << attempt)).await;
+            }
+            Err(e) => return Err(format!("compaction failed: {e}")),
+        }
+    };
+    let summary = reply.text.trim();
+    if summary.is_empty() {
+        return Err("compaction failed: the model returned an empty summary".to_owned());
+    }
+    let mut lines: Vec<Value> = vec![message_json(&Message::user(format!(
+        "<conversation-summary>\n{summary}\n</conversation-summary>\nThe earlier conversation was compacted into the summary above; continue from it."
+    )))];
+    lines.extend(tail.iter().map(message_json));
+    reg.store
+        .replace_history(&a.session_id, &a.id, &lines)
+        .map_err(|e| crate::error_chain(&e))?;
+    {
+        let chars: usize = lines.iter().map(|l| l.to_string().len()).sum();
+        lock(&a.stats).context_tokens = (chars / 4) as u64;
+    }
+    a.say(
+        "info",
+        "compacted",
+        &format!(
+            "compacted the conversation ({why}): {} messages summarized, {} kept\n\n{summary}",
+            old.len(),
+            tail.len()
+        ),
+    )?;
+    Ok(Compacted {
+        summarized: old.len(),
+        kept: tail.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ToolCall;
+
+    fn m(role: Role, c: &str) -> Message {
+        Message {
+            role,
+            content: c.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    #[test]
+    fn the_tail_never_starts_with_a_tool_result() {
+        let msgs = vec![
+            m(Role::User, "a"),
+            m(Role::Assistant, "b"),
+            m(Role::Tool, "c"),
+            m(Role::Tool, "d"),
+            m(Role::Assistant, "e"),
+        ];
+        assert_eq!(tail_start(&msgs, 3), 4);
+        assert_eq!(tail_start(&msgs, 4), 1);
+        assert_eq!(tail_start(&msgs, 10), 0);
+        assert_eq!(tail_start(&msgs, 0), 5);
+    }
+
+    #[test]
+    fn transcripts_drop_the_oldest_and_say_so() {
+        let mut a = m(Role::Assistant, "calling");
+        a.tool_calls.push(ToolCall {
+            id: "1".into(),
+            name: "file_read".into(),
+            arguments: serde_json::json!({"path": "x"}),
+        });
+        let msgs = vec![m(Role::User, &"x".repeat(100)), a, m(Role::Tool, "ok")];
+        let full = transcript(&msgs, 10_000);
+        assert!(full.starts_with("USER:\n"), "{full}");
+        assert!(
+            full.contains("[calls file_read {\"path\":\"x\"}]"),
+            "{full}"
+        );
+        let cut = transcript(&msgs, 80);
+        assert!(cut.starts_with("[1 older messages"), "{cut}");
+        assert!(!cut.contains("USER:"), "{cut}");
+        assert!(cut.ends_with("TOOL RESULT:\nok"), "{cut}");
+    }
+
+    #[test]
+    fn clipping_respects_characters() {
+        let s = "é".repeat(10);
+        let c = clip(&s, 5);
+        assert!(c.starts_with("éé…"), "{c}");
+        assert!(c.contains("more bytes"));
+    }
+}
