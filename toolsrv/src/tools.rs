@@ -169,6 +169,8 @@ impl ToolEnv {
             "required": ["grants", "reason"],
             "additionalProperties": false
         });
+        let background = json!({"type": "boolean",
+            "description": "run in the background: the call returns at once with a process id, and the output arrives later as a <system-proc-complete> message"});
         let langs: Vec<&str> = self.languages.iter().map(|l| l.name).collect();
         let params = match tool {
             "execute_code" => json!({
@@ -178,6 +180,7 @@ impl ToolEnv {
                     "code": {"type": "string"},
                     "timeout_s": {"type": "integer", "minimum": 1,
                         "description": "wall-clock limit; can only lower the policy's"},
+                    "background": background,
                     "escalate": escalate
                 },
                 "required": ["language", "code"],
@@ -186,8 +189,15 @@ impl ToolEnv {
             "execute_tool" => json!({
                 "type": "object",
                 "properties": {
-                    "name": {"type": "string", "enum": self.scripts()},
+                    // An empty enum is an invalid schema for some APIs: without scripts,
+                    // any name is allowed by the schema and refused when called.
+                    "name": match self.scripts() {
+                        s if s.is_empty() => json!({"type": "string",
+                            "description": "no scripts are installed in this session"}),
+                        s => json!({"type": "string", "enum": s}),
+                    },
                     "args": {"type": "array", "items": {"type": "string"}},
+                    "background": background,
                     "escalate": escalate
                 },
                 "required": ["name"],
@@ -202,6 +212,7 @@ impl ToolEnv {
                                 "code": {"type": "string"}},
                             "required": ["language", "code"],
                             "additionalProperties": false}},
+                    "background": background,
                     "escalate": escalate
                 },
                 "required": ["steps"],
@@ -300,6 +311,16 @@ impl<'a> Args<'a> {
         }
     }
 
+    /// An optional boolean (`background`: which of `proc/new` and `proc/new.bg` runs the
+    /// call is the caller's choice, so toolsrv only checks its type).
+    fn opt_bool(&self, k: &str) -> Result<Option<bool>, String> {
+        match self.m.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(format!("{}: {k} must be true or false", self.tool)),
+        }
+    }
+
     fn opt_u64(&self, k: &str, min: u64) -> Result<Option<u64>, String> {
         match self.m.get(k) {
             None | Some(Value::Null) => Ok(None),
@@ -388,7 +409,8 @@ pub fn plan(
                     (env.language("bash")?, c)
                 }
                 None => {
-                    a.check_keys(&["language", "code", "timeout_s", "escalate"])?;
+                    a.check_keys(&["language", "code", "timeout_s", "background", "escalate"])?;
+                    a.opt_bool("background")?;
                     (env.language(a.str("language")?)?, a.str("code")?)
                 }
             };
@@ -401,7 +423,8 @@ pub fn plan(
             })
         }
         "execute_tool" => {
-            a.check_keys(&["name", "args", "escalate"])?;
+            a.check_keys(&["name", "args", "background", "escalate"])?;
+            a.opt_bool("background")?;
             let name = a.str("name")?;
             valid_script_name(name)?;
             let dir = env
@@ -446,7 +469,8 @@ pub fn plan(
             })
         }
         "execute_pipe" => {
-            a.check_keys(&["steps", "escalate"])?;
+            a.check_keys(&["steps", "background", "escalate"])?;
+            a.opt_bool("background")?;
             let steps = match args.get("steps") {
                 Some(Value::Array(v)) if !v.is_empty() && v.len() <= MAX_STEPS => v,
                 _ => {
