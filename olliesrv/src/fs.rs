@@ -1202,6 +1202,7 @@ impl OllieFs {
                         &a.session_id,
                         &a.id,
                         &serde_json::json!({"role": "user", "content": rest, "injected": true}),
+                        crate::store::Sync::Now,
                     )
                     .map_err(|e| err(crate::error_chain(&e)))?;
                 Ok("injected\n".into())

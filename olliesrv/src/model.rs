@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 use crate::config::Config;
 use crate::events::Events;
 use crate::link::ToolLink;
-use crate::store::{AgentRecord, SessionRecord, Store};
+use crate::store::{AgentRecord, SessionRecord, Store, Sync};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -559,7 +559,7 @@ impl Agent {
         self.chat
             .append(format!("{out}]]]\n").as_bytes(), out.as_bytes());
         self.store
-            .append_chat(&self.session_id, &self.id, &b.raw)
+            .append_chat(&self.session_id, &self.id, &b.raw, Sync::Now)
             .map_err(|e| crate::error_chain(&e))
     }
 
@@ -604,9 +604,14 @@ impl Agent {
 
     /// Appends a whole block to the chat, durably first.
     pub fn say(&self, kind: &str, attrs: &str, body: &str) -> Result<(), String> {
+        self.say_sync(kind, attrs, body, Sync::Now)
+    }
+
+    /// [`Agent::say`], durable as `sync` says.
+    pub fn say_sync(&self, kind: &str, attrs: &str, body: &str, sync: Sync) -> Result<(), String> {
         let (raw, text) = Chat::block_bytes(kind, attrs, body);
         self.store
-            .append_chat(&self.session_id, &self.id, &raw)
+            .append_chat(&self.session_id, &self.id, &raw, sync)
             .map_err(|e| crate::error_chain(&e))?;
         self.chat.append(&raw, &text);
         Ok(())

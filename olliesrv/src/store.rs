@@ -108,6 +108,18 @@ pub fn is_valid_id(s: &str) -> bool {
         })
 }
 
+/// When an append must be durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sync {
+    /// Before the append returns.
+    Now,
+    /// With the next [`Sync::Now`] append to the same file (fdatasync flushes everything
+    /// written before it): for a record always followed at once by another one, so a tool
+    /// call costs two syncs instead of four. A crash in between loses both, never only the
+    /// later one.
+    WithNext,
+}
+
 /// A session as stored in `session.json`. Unknown keys are ignored and optional ones default
 /// (files written by a newer olliesrv still load); a key with the wrong type is an error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -696,10 +708,18 @@ impl Store {
         Ok(())
     }
 
-    /// Appends to `chat.raw`; returns once the bytes are durable. The agent must exist.
-    pub fn append_chat(&self, session: &str, agent: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    /// Appends to `chat.raw`; with [`Sync::Now`] returns once the bytes are durable, with
+    /// [`Sync::WithNext`] they become durable with the next synced append (for a block that
+    /// is always followed by another at once). The agent must exist.
+    pub fn append_chat(
+        &self,
+        session: &str,
+        agent: &str,
+        bytes: &[u8],
+        sync: Sync,
+    ) -> Result<(), StoreError> {
         let dir = self.agent_dir(session, agent)?;
-        self.append(&dir, CHAT_FILE, bytes)
+        self.append(&dir, CHAT_FILE, bytes, sync)
     }
 
     /// Reads up to `len` bytes of `chat.raw` from `offset`; shorter at the end of the file,
@@ -737,13 +757,14 @@ impl Store {
         Ok(buf)
     }
 
-    /// Appends `line` (compact JSON and a newline) to `history.jsonl`; returns once it is
-    /// durable. The agent must exist.
+    /// Appends `line` (compact JSON and a newline) to `history.jsonl`; durable as
+    /// [`Store::append_chat`] says for `sync`. The agent must exist.
     pub fn append_history(
         &self,
         session: &str,
         agent: &str,
         line: &serde_json::Value,
+        sync: Sync,
     ) -> Result<(), StoreError> {
         let dir = self.agent_dir(session, agent)?;
         // Compact JSON escapes newlines inside strings, so this is exactly one line.
@@ -752,7 +773,7 @@ impl Store {
             source,
         })?;
         data.push(b'\n');
-        self.append(&dir, HISTORY_FILE, &data)
+        self.append(&dir, HISTORY_FILE, &data, sync)
     }
 
     /// The agent's history, one value a line. A line that is not JSON is a [`Problem`] and
@@ -823,7 +844,7 @@ impl Store {
 
     /// Appends `bytes` to `dir/name` and syncs; on failure cuts the file back (best effort),
     /// so an append that was not acknowledged does not stay.
-    fn append(&self, dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    fn append(&self, dir: &Path, name: &str, bytes: &[u8], sync: Sync) -> Result<(), StoreError> {
         let path = dir.join(name);
         let handle = self.appender(dir, name)?;
         let mut file = lock(&handle);
@@ -831,7 +852,10 @@ impl Store {
         let result = file
             .write_all(bytes)
             .map_err(io_err("append to", &path))
-            .and_then(|()| file.sync_data().map_err(io_err("sync", &path)));
+            .and_then(|()| match sync {
+                Sync::Now => file.sync_data().map_err(io_err("sync", &path)),
+                Sync::WithNext => Ok(()),
+            });
         if result.is_err()
             && let Err(e) = file.set_len(before).and_then(|()| file.sync_data())
         {
@@ -1295,7 +1319,7 @@ mod tests {
         s.save_agent(&agent(S1, A1, 1)).unwrap();
         s.save_agent(&agent(S2, A3, 0)).unwrap();
         s.save_plan(S1, A1, b"1. read\n2. write\n").unwrap();
-        s.append_chat(S1, A1, b"hello").unwrap();
+        s.append_chat(S1, A1, b"hello", Sync::Now).unwrap();
 
         let l = s.load();
         assert_eq!(l.problems, vec![]);
@@ -1354,8 +1378,8 @@ mod tests {
         s.save_agent(&agent(S1, A1, 1)).unwrap();
         s.save_plan(S1, A1, b"p").unwrap();
         s.save_plan(S1, A1, b"q").unwrap();
-        s.append_chat(S1, A1, b"x").unwrap();
-        s.append_history(S1, A1, &json!(1)).unwrap();
+        s.append_chat(S1, A1, b"x", Sync::Now).unwrap();
+        s.append_history(S1, A1, &json!(1), Sync::Now).unwrap();
         let a = format!("sessions/{S1}/agents/{A1}");
         assert_eq!(
             tree(s.dir()),
@@ -1379,8 +1403,9 @@ mod tests {
         s.save_session(&session(S1, 1)).unwrap();
         s.save_agent(&agent(S1, A1, 1)).unwrap();
         s.save_plan(S1, A1, b"p").unwrap();
-        s.append_chat(S1, A1, b"x").unwrap();
-        s.append_history(S1, A1, &json!({"a": 1})).unwrap();
+        s.append_chat(S1, A1, b"x", Sync::Now).unwrap();
+        s.append_history(S1, A1, &json!({"a": 1}), Sync::Now)
+            .unwrap();
         assert_eq!(mode(s.dir()), 0o700);
         for rel in tree(s.dir()) {
             let p = s.dir().join(&rel);
@@ -1564,7 +1589,7 @@ mod tests {
             s.save_agent(&agent(S1, "..", 1)),
             Err(StoreError::InvalidId { what: "agent", .. })
         ));
-        let e = s.append_chat(S1, "x", b"").unwrap_err();
+        let e = s.append_chat(S1, "x", b"", Sync::Now).unwrap_err();
         assert_eq!(
             e.to_string(),
             "invalid agent id \"x\" (expected a lowercase uuid such as 123e4567-e89b-42d3-a456-426614174000)"
@@ -1590,9 +1615,13 @@ mod tests {
         s.save_session(&session(S1, 1)).unwrap();
         let e = s.save_plan(S1, A1, b"p").unwrap_err();
         assert!(e.is_missing(), "{e}");
-        assert!(s.append_chat(S1, A1, b"x").unwrap_err().is_missing());
         assert!(
-            s.append_history(S1, A1, &json!(1))
+            s.append_chat(S1, A1, b"x", Sync::Now)
+                .unwrap_err()
+                .is_missing()
+        );
+        assert!(
+            s.append_history(S1, A1, &json!(1), Sync::Now)
                 .unwrap_err()
                 .is_missing()
         );
@@ -1627,7 +1656,7 @@ mod tests {
         let (_t, s) = store();
         s.save_session(&session(S1, 1)).unwrap();
         s.save_agent(&agent(S1, A1, 1)).unwrap();
-        s.append_chat(S1, A1, b"x").unwrap();
+        s.append_chat(S1, A1, b"x", Sync::Now).unwrap();
         s.save_session(&session(S2, 2)).unwrap();
         s.remove_session(S1).unwrap();
         let l = s.load();
@@ -1644,7 +1673,11 @@ mod tests {
         );
         // The append handle went with it: appending now fails instead of writing into the
         // removed files.
-        assert!(s.append_chat(S1, A1, b"y").unwrap_err().is_missing());
+        assert!(
+            s.append_chat(S1, A1, b"y", Sync::Now)
+                .unwrap_err()
+                .is_missing()
+        );
         // The same id can be used again, from scratch.
         s.save_session(&session(S1, 1)).unwrap();
         assert_eq!(s.load().sessions[0].agents, vec![]);
@@ -1687,7 +1720,7 @@ mod tests {
         s.save_session(&session(S1, 1)).unwrap();
         s.save_agent(&agent(S1, A1, 1)).unwrap();
         s.save_agent(&agent(S1, A2, 2)).unwrap();
-        s.append_history(S1, A1, &json!("h")).unwrap();
+        s.append_history(S1, A1, &json!("h"), Sync::Now).unwrap();
         s.remove_agent(S1, A1).unwrap();
         let l = s.load();
         assert_eq!(l.problems, vec![]);
@@ -1702,7 +1735,7 @@ mod tests {
             [A2.to_string(), format!("{A2}/agent.json")]
         );
         assert!(
-            s.append_history(S1, A1, &json!("h"))
+            s.append_history(S1, A1, &json!("h"), Sync::Now)
                 .unwrap_err()
                 .is_missing()
         );
@@ -1755,9 +1788,9 @@ mod tests {
         s.save_session(&session(S1, 1)).unwrap();
         s.save_agent(&agent(S1, A1, 1)).unwrap();
         assert_eq!(s.read_chat(S1, A1, 0, 100).unwrap(), b"");
-        s.append_chat(S1, A1, b"hello ").unwrap();
-        s.append_chat(S1, A1, b"").unwrap();
-        s.append_chat(S1, A1, b"world\n").unwrap();
+        s.append_chat(S1, A1, b"hello ", Sync::Now).unwrap();
+        s.append_chat(S1, A1, b"", Sync::Now).unwrap();
+        s.append_chat(S1, A1, b"world\n", Sync::Now).unwrap();
         assert_eq!(s.read_chat(S1, A1, 0, 100).unwrap(), b"hello world\n");
         assert_eq!(s.read_chat(S1, A1, 6, 5).unwrap(), b"world");
         assert_eq!(s.read_chat(S1, A1, 10, 100).unwrap(), b"d\n");
@@ -1767,7 +1800,7 @@ mod tests {
         assert_eq!(s.load().sessions[0].agents[0].chat_raw_len, 12);
         // A second store (a restarted server) appends after what is there.
         let s2 = Store::open(s.dir()).unwrap();
-        s2.append_chat(S1, A1, b"!").unwrap();
+        s2.append_chat(S1, A1, b"!", Sync::Now).unwrap();
         assert_eq!(s.read_chat(S1, A1, 0, 100).unwrap(), b"hello world\n!");
     }
 
@@ -1784,7 +1817,7 @@ mod tests {
         }
         for round in 0..2 {
             for id in &ids {
-                s.append_chat(S1, id, format!("{round}").as_bytes())
+                s.append_chat(S1, id, format!("{round}").as_bytes(), Sync::Now)
                     .unwrap();
                 assert!(s.open_appenders() <= APPEND_HANDLES);
             }
@@ -1805,8 +1838,13 @@ mod tests {
                 let s = Arc::clone(&s);
                 std::thread::spawn(move || {
                     for i in 0..25 {
-                        s.append_history(S1, A1, &json!({"t": t, "i": i, "pad": "x".repeat(3000)}))
-                            .unwrap();
+                        s.append_history(
+                            S1,
+                            A1,
+                            &json!({"t": t, "i": i, "pad": "x".repeat(3000)}),
+                            Sync::Now,
+                        )
+                        .unwrap();
                     }
                 })
             })
@@ -1827,8 +1865,8 @@ mod tests {
         assert_eq!(s.read_history(S1, A1), (vec![], vec![]));
         let v1 = json!({"role": "user", "content": "line\nbreak"});
         let v2 = json!([1, 2, 3]);
-        s.append_history(S1, A1, &v1).unwrap();
-        s.append_history(S1, A1, &v2).unwrap();
+        s.append_history(S1, A1, &v1, Sync::Now).unwrap();
+        s.append_history(S1, A1, &v2, Sync::Now).unwrap();
         assert_eq!(
             s.read_history(S1, A1),
             (vec![v1.clone(), v2.clone()], vec![])
@@ -1848,7 +1886,7 @@ mod tests {
         // A restarted server's next append starts on a fresh line.
         let s2 = Store::open(s.dir()).unwrap();
         let v3 = json!("after");
-        s2.append_history(S1, A1, &v3).unwrap();
+        s2.append_history(S1, A1, &v3, Sync::Now).unwrap();
         assert_eq!(s2.read_history(S1, A1), (vec![v1, v2, v3], vec![]));
     }
 
@@ -1859,12 +1897,12 @@ mod tests {
         s.save_agent(&agent(S1, A1, 1)).unwrap();
         let path = adir(&s, S1, A1).join(HISTORY_FILE);
         fs::write(&path, "x".repeat(20_000)).unwrap();
-        s.append_history(S1, A1, &json!(7)).unwrap();
+        s.append_history(S1, A1, &json!(7), Sync::Now).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"7\n");
         // And a long torn line after good ones (longer than one read chunk).
         fs::write(&path, format!("1\n2\n{}", "y".repeat(20_000))).unwrap();
         let s2 = Store::open(s.dir()).unwrap();
-        s2.append_history(S1, A1, &json!(3)).unwrap();
+        s2.append_history(S1, A1, &json!(3), Sync::Now).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"1\n2\n3\n");
     }
 
@@ -1884,11 +1922,11 @@ mod tests {
         let (_t, s) = store();
         s.save_session(&session(S1, 1)).unwrap();
         s.save_agent(&agent(S1, A1, 1)).unwrap();
-        s.append_history(S1, A1, &json!(1)).unwrap();
-        s.append_history(S1, A1, &json!(2)).unwrap();
+        s.append_history(S1, A1, &json!(1), Sync::Now).unwrap();
+        s.append_history(S1, A1, &json!(2), Sync::Now).unwrap();
         s.truncate_history(S1, A1).unwrap();
         assert_eq!(s.read_history(S1, A1), (vec![], vec![]));
-        s.append_history(S1, A1, &json!(3)).unwrap();
+        s.append_history(S1, A1, &json!(3), Sync::Now).unwrap();
         assert_eq!(s.read_history(S1, A1), (vec![json!(3)], vec![]));
         let path = adir(&s, S1, A1).join(HISTORY_FILE);
         assert_eq!(fs::read(&path).unwrap(), b"3\n");

@@ -47,6 +47,7 @@ use crate::backend::{
 };
 use crate::config::{Config, Profile};
 use crate::model::{Agent, AgentState, Registry, lock};
+use crate::store::Sync;
 
 /// The error every turn and `generate` give when no backend is configured or found.
 pub const NO_BACKEND: &str = select::NO_BACKEND;
@@ -71,11 +72,14 @@ const DEFAULT_SYSTEM: &str = "You are a coding agent. You work in the directory 
 pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
     tokio::spawn(async move {
         while reg.next_prompt(&a).await.is_some() {
+            // A compaction by `ctl compact` finishes first (it holds the history).
+            let history = a.history_lock.lock().await;
             let Some(prompt) = reg.take_prompt(&a) else {
                 continue;
             };
             reg.state_changed(&a, AgentState::Running);
             let result = run_turn(&reg, &a, &prompt).await;
+            drop(history);
             if let Err(e) = &result
                 && let Err(w) = a.say("error", "", e)
             {
@@ -227,8 +231,12 @@ pub(crate) fn message_of(v: &Value) -> Option<Message> {
 }
 
 fn remember(reg: &Registry, a: &Agent, m: &Message) -> Result<(), String> {
+    remember_sync(reg, a, m, Sync::Now)
+}
+
+fn remember_sync(reg: &Registry, a: &Agent, m: &Message, sync: Sync) -> Result<(), String> {
     reg.store
-        .append_history(&a.session_id, &a.id, &message_json(m))
+        .append_history(&a.session_id, &a.id, &message_json(m), sync)
         .map_err(|e| crate::error_chain(&e))
 }
 
@@ -535,8 +543,8 @@ async fn countdown(a: &Agent, wait: Duration) -> Result<(), String> {
 }
 
 /// One turn.
+/// One turn; the caller holds `a.history_lock`.
 async fn run_turn(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str) -> Result<String, String> {
-    let _history = a.history_lock.lock().await;
     a.say("user", "", prompt)?;
     let user = Message::user(prompt);
     remember(reg, a, &user)?;
@@ -743,7 +751,14 @@ async fn steps(
             tool_calls: reply.tool_calls.clone(),
             tool_call_id: None,
         };
-        remember(reg, a, &assistant)?;
+        // A reply with tool calls is always followed by their results, whose synced appends
+        // make it durable too.
+        let sync = if reply.tool_calls.is_empty() {
+            Sync::Now
+        } else {
+            Sync::WithNext
+        };
+        remember_sync(reg, a, &assistant, sync)?;
         if reply.tool_calls.is_empty() {
             if text_nudges < TEXT_CALL_NUDGES
                 && let Some(tool) = text_tool_call(&reply.text, &ctx.tools)
@@ -762,10 +777,12 @@ async fn steps(
         let mut all_failed = true;
         for run in runs(&reply.tool_calls) {
             for call in run {
-                a.say(
+                // Its result block follows (also when the call fails or is stopped).
+                a.say_sync(
                     "tool_call",
                     &format!("name={} id={}", call.name, call.id),
                     &call.arguments.to_string(),
+                    Sync::WithNext,
                 )?;
             }
             let names: Vec<&str> = run.iter().map(|c| c.name.as_str()).collect();
@@ -931,7 +948,8 @@ pub async fn compact_now(reg: &Arc<Registry>, a: &Arc<Agent>) -> Result<String, 
         "requested with ctl compact",
     )
     .await;
-    drop(guard);
+    // Back to the state before, while still holding the history: a turn waiting for it
+    // sets its own state afterwards.
     reg.state_changed(
         a,
         if before == AgentState::Running {
@@ -940,6 +958,7 @@ pub async fn compact_now(reg: &Arc<Registry>, a: &Arc<Agent>) -> Result<String, 
             before
         },
     );
+    drop(guard);
     let c = r?;
     Ok(format!(
         "compacted: {} messages summarized, {} kept\n",
@@ -1112,11 +1131,13 @@ mod tests {
         assert!(o.attrs.starts_with("pid=3 exit=0 record={"), "{}", o.attrs);
         let o = outcome_of_reply("{\"pid\":4,\"record\":{\"exit\":{\"code\":2}}}\nno\n");
         assert!(!o.ok);
-        let o = outcome_of_reply(
-            "{\"pid\":5,\"record\":null,\"error\":\"landlock: not supported\"}\n",
-        );
+        let o =
+            outcome_of_reply("{\"pid\":5,\"record\":null,\"error\":\"landlock: not supported\"}\n");
         assert!(!o.ok);
-        assert_eq!(o.text, "error: the tool did not run: landlock: not supported");
+        assert_eq!(
+            o.text,
+            "error: the tool did not run: landlock: not supported"
+        );
         assert!(o.attrs.contains("exit=none"), "{}", o.attrs);
         assert!(
             o.attrs.contains("error=landlock: not supported"),

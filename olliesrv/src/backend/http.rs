@@ -491,3 +491,81 @@ impl SseParser {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn keys(file: &std::path::Path) -> KeySource {
+        KeySource {
+            env: None,
+            file: Some(file.to_owned()),
+            lookup: |_| None,
+        }
+    }
+
+    #[test]
+    fn key_files_must_be_private_non_empty_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("k");
+        std::fs::write(&f, "  sk-secret-1\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(keys(&f).key("b").unwrap().unwrap().0, "sk-secret-1");
+
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = keys(&f).key("b").unwrap_err().to_string();
+        assert!(e.contains("mode 0640") && e.contains("chmod 600"), "{e}");
+        assert!(!e.contains("sk-secret-1"), "{e}");
+
+        std::fs::write(&f, "\n").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = keys(&f).key("b").unwrap_err().to_string();
+        assert!(e.ends_with("is empty"), "{e}");
+
+        let e = keys(dir.path()).key("b").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let e = keys(&dir.path().join("missing"))
+            .key("b")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("b: api_key_file ") && e.contains("no such file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_variable_wins_over_the_file_and_must_be_set() {
+        let k = KeySource {
+            env: Some("V".into()),
+            file: Some("/nonexistent".into()),
+            lookup: |v| (v == "V").then(|| "from-env".to_owned()),
+        };
+        assert_eq!(k.key("b").unwrap().unwrap().0, "from-env");
+        let k = KeySource {
+            env: Some("W".into()),
+            file: None,
+            lookup: |_| None,
+        };
+        let e = k.key("b").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "b: environment variable W (api_key_env) is not set or empty"
+        );
+        let none = KeySource {
+            env: None,
+            file: None,
+            lookup: |_| None,
+        };
+        assert!(none.key("b").unwrap().is_none());
+    }
+
+    #[test]
+    fn keys_never_show_in_debug_or_scrubbed_text() {
+        let k = ApiKey("sk-abc".into());
+        assert_eq!(format!("{k:?}"), "ApiKey(<redacted>)");
+        assert_eq!(k.scrub("bad key sk-abc!"), "bad key <redacted>!");
+        assert!(k.header("b", "Bearer ").unwrap().is_sensitive());
+    }
+}
