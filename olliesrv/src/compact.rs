@@ -115,8 +115,11 @@ pub async fn compact(
         // Everything would be kept: summarize all but the last message instead.
         cut = tail_start(&msgs, 1);
     }
-    if cut == 0 {
+    if msgs.is_empty() {
         return Err("nothing to compact: the history is empty".to_owned());
+    }
+    if cut == 0 {
+        return Err("nothing to compact: the history holds only the latest message".to_owned());
     }
     let (old, tail) = msgs.split_at(cut);
     // About four characters per token; use half the window for the transcript.

@@ -734,7 +734,11 @@ async fn steps(
                 Err(CallError::Overflow(m)) if !overflowed => {
                     overflowed = true;
                     a.say("info", "", &format!("context overflow: {m}"))?;
-                    run_compaction(reg, a, backend, &ctx, "the model's context overflowed").await?;
+                    run_compaction(reg, a, backend, &ctx, "the model's context overflowed")
+                        .await
+                        .map_err(|e| {
+                            format!("model call failed: the context overflows ({m}) and {e}")
+                        })?;
                     show_plan = true;
                 }
                 Err(CallError::Overflow(m)) => {

@@ -70,7 +70,8 @@ use serde_json::{Map, Value, json};
 
 use super::http::{
     self, ApiKey, Endpoint, Frame, KeySource, LIST_TIMEOUT, MAX_LIST_BODY, MAX_MESSAGE_CHARS,
-    SseParser, generated_id, mentions_context, one_line, parse_arguments, read_capped,
+    SseParser, generated_id, mentions_context, one_line, parse_arguments, read_capped, scrub_frame,
+    scrubbed,
 };
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
@@ -270,7 +271,7 @@ impl Anthropic {
             .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
             for frame in frames.drain(..) {
                 state
-                    .frame(&self.name, frame, sink)
+                    .frame(&self.name, scrub_frame(frame, key.as_ref()), sink)
                     .map_err(|e| scrubbed(e, key.as_ref()))?;
                 if state.done {
                     return state.finish(&self.name, sink);
@@ -296,19 +297,6 @@ impl Backend for Anthropic {
         &'a self,
     ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
         Box::pin(Anthropic::list_models(self))
-    }
-}
-
-/// `e` with the key replaced in its message (a server could echo it in a stream error).
-fn scrubbed(e: BackendError, key: Option<&ApiKey>) -> BackendError {
-    let Some(k) = key else {
-        return e;
-    };
-    match e {
-        BackendError::Transient(m) => BackendError::Transient(k.scrub(&m)),
-        BackendError::ContextOverflow(m) => BackendError::ContextOverflow(k.scrub(&m)),
-        BackendError::Fatal(m) => BackendError::Fatal(k.scrub(&m)),
-        e @ BackendError::RateLimited { .. } => e,
     }
 }
 
@@ -692,115 +680,14 @@ mod tests {
     use super::*;
     use crate::backend::ToolSpec;
     use crate::config::{Backend as BackendCfg, BackendKind};
-    use std::time::Duration;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 
-    /// The key every `OLLIE_TEST_KEY_*` variable holds (see [`fake_env`]).
-    const KEY: &str = "sk-ant-test-0123456789abcdef";
+    use crate::backend::testserver::{Got, KEY, Reply, fake_env};
 
-    /// Stands in for the environment: the crate forbids the `unsafe` that `set_var` needs.
-    fn fake_env(name: &str) -> Option<String> {
-        name.starts_with("OLLIE_TEST_KEY_").then(|| KEY.to_owned())
-    }
-
-    /// A canned HTTP reply: the head, then the body in separately written pieces.
-    struct Reply {
-        status: u16,
-        headers: Vec<(&'static str, String)>,
-        chunks: Vec<Vec<u8>>,
-    }
-
-    impl Reply {
-        fn sse(chunks: &[&str]) -> Reply {
-            Reply {
-                status: 200,
-                headers: vec![("Content-Type", "text/event-stream; charset=utf-8".into())],
-                chunks: chunks.iter().map(|c| c.as_bytes().to_vec()).collect(),
-            }
-        }
-
-        fn json(status: u16, body: &str) -> Reply {
-            Reply {
-                status,
-                headers: vec![("Content-Type", "application/json".into())],
-                chunks: vec![body.as_bytes().to_vec()],
-            }
-        }
-    }
-
-    /// What the server received.
-    #[derive(Debug)]
-    struct Got {
-        head: String,
-        body: Vec<u8>,
-    }
-
-    impl Got {
-        fn header(&self, name: &str) -> Option<&str> {
-            self.head.lines().find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case(name).then(|| v.trim())
-            })
-        }
-
-        fn json(&self) -> Value {
-            serde_json::from_slice(&self.body).unwrap()
-        }
-    }
-
-    /// Serves `replies` in order, one per connection, on 127.0.0.1; bodies end by closing the
-    /// connection.
+    /// The shared test server, with the API's `/v1` base path.
     async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            for reply in replies {
-                let (mut sock, _) = listener.accept().await.unwrap();
-                let mut buf = Vec::new();
-                let head_end = loop {
-                    let mut b = [0u8; 4096];
-                    let n = sock.read(&mut b).await.unwrap();
-                    assert!(n > 0, "client closed before sending a request");
-                    buf.extend_from_slice(&b[..n]);
-                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break p + 4;
-                    }
-                };
-                let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
-                let len = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse::<usize>().unwrap())
-                    })
-                    .unwrap_or(0);
-                let mut body = buf[head_end..].to_vec();
-                while body.len() < len {
-                    let mut b = [0u8; 4096];
-                    let n = sock.read(&mut b).await.unwrap();
-                    assert!(n > 0);
-                    body.extend_from_slice(&b[..n]);
-                }
-                tx.send(Got { head, body }).unwrap();
-                let mut out = format!("HTTP/1.1 {} X\r\n", reply.status);
-                for (k, v) in &reply.headers {
-                    out.push_str(&format!("{k}: {v}\r\n"));
-                }
-                out.push_str("Connection: close\r\n\r\n");
-                sock.write_all(out.as_bytes()).await.unwrap();
-                for c in &reply.chunks {
-                    sock.write_all(c).await.unwrap();
-                    sock.flush().await.unwrap();
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                let _ = sock.shutdown().await;
-            }
-        });
-        (format!("http://{addr}/v1"), rx)
+        let (url, rx) = crate::backend::testserver::serve(replies).await;
+        (format!("{url}/v1"), rx)
     }
 
     fn cfg(base_url: Option<&str>, key_var: Option<&str>) -> BackendCfg {
@@ -1268,6 +1155,10 @@ mod tests {
             Reply::sse(&[&ev(
                 json!({"type": "error", "error": {"type": "authentication_error", "message": format!("bad key {KEY}")}}),
             )]),
+            // The 200-character cut of the message falls inside the key.
+            Reply::sse(&[&ev(
+                json!({"type": "error", "error": {"type": "authentication_error", "message": format!("{} {KEY}", "x".repeat(160))}}),
+            )]),
         ])
         .await;
         let b = backend(&url, Some("OLLIE_TEST_KEY_FATAL"));
@@ -1287,6 +1178,11 @@ mod tests {
             BackendError::Fatal(
                 "claude: error in stream: authentication_error: bad key <redacted>".into()
             )
+        );
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert!(
+            matches!(&e, BackendError::Fatal(m) if m.ends_with(" <redacted>") && !m.contains(&KEY[..8])),
+            "{e:?}"
         );
         assert!(!format!("{b:?}").contains(KEY));
     }

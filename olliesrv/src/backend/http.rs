@@ -213,6 +213,31 @@ fn read_key_file(path: &std::path::Path) -> Result<String, String> {
     Ok(key.to_owned())
 }
 
+/// `e` with the key replaced in its message (a server could echo it in a stream error).
+pub(super) fn scrubbed(e: BackendError, key: Option<&ApiKey>) -> BackendError {
+    let Some(k) = key else {
+        return e;
+    };
+    match e {
+        BackendError::Transient(m) => BackendError::Transient(k.scrub(&m)),
+        BackendError::ContextOverflow(m) => BackendError::ContextOverflow(k.scrub(&m)),
+        BackendError::Fatal(m) => BackendError::Fatal(k.scrub(&m)),
+        e @ BackendError::RateLimited { .. } => e,
+    }
+}
+
+/// `frame` with the key replaced, before its text is cut to an error message's length (a
+/// cut inside the key would leave a prefix of it that [`scrubbed`] no longer finds).
+pub(super) fn scrub_frame(frame: Frame, key: Option<&ApiKey>) -> Frame {
+    let Some(k) = key else {
+        return frame;
+    };
+    match frame {
+        Frame::Data(d) => Frame::Data(k.scrub(&d)),
+        Frame::Error(e) => Frame::Error(k.scrub(&e)),
+    }
+}
+
 /// A connection or read failure: worth a retry.
 pub(super) fn transport(name: &str, what: &str, e: reqwest::Error) -> BackendError {
     let kind = if e.is_timeout() {

@@ -14,6 +14,8 @@ pub mod ollama;
 pub mod openai;
 pub mod replay;
 pub mod select;
+#[cfg(test)]
+mod testserver;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -53,6 +53,7 @@ use serde_json::{Map, Value, json};
 use super::http::{
     self, ApiKey, Endpoint, Frame, KeySource, LIST_TIMEOUT, MAX_LIST_BODY, MAX_MESSAGE_CHARS,
     SseParser, classify_stream_error, generated_id, one_line, parse_arguments, read_capped,
+    scrub_frame, scrubbed,
 };
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
@@ -199,7 +200,9 @@ impl OpenAi {
             }
             .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
             for frame in frames.drain(..) {
-                state.frame(&self.name, frame, sink)?;
+                state
+                    .frame(&self.name, scrub_frame(frame, key.as_ref()), sink)
+                    .map_err(|e| scrubbed(e, key.as_ref()))?;
                 if state.done {
                     return state.finish(&self.name, sink);
                 }
@@ -476,115 +479,15 @@ mod tests {
     use crate::backend::http::retry_after;
     use crate::config::{Backend as BackendCfg, BackendKind};
     use reqwest::header::HeaderMap;
-    use std::time::Duration;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 
-    /// The key every `OLLIE_TEST_KEY_*` variable holds (see [`fake_env`]).
-    const KEY: &str = "sk-test-0123456789abcdef";
+    use crate::backend::testserver::{Got, KEY, Reply, fake_env};
 
-    /// Stands in for the environment: the crate forbids the `unsafe` that `set_var` needs.
-    fn fake_env(name: &str) -> Option<String> {
-        name.starts_with("OLLIE_TEST_KEY_").then(|| KEY.to_owned())
-    }
-
-    /// A canned HTTP reply: the head, then the body in separately written pieces.
-    struct Reply {
-        status: u16,
-        headers: Vec<(&'static str, String)>,
-        chunks: Vec<Vec<u8>>,
-    }
-
-    impl Reply {
-        fn sse(chunks: &[&str]) -> Reply {
-            Reply {
-                status: 200,
-                headers: vec![("Content-Type", "text/event-stream".into())],
-                chunks: chunks.iter().map(|c| c.as_bytes().to_vec()).collect(),
-            }
-        }
-
-        fn json(status: u16, body: &str) -> Reply {
-            Reply {
-                status,
-                headers: vec![("Content-Type", "application/json".into())],
-                chunks: vec![body.as_bytes().to_vec()],
-            }
-        }
-    }
-
-    /// What the server received.
-    #[derive(Debug)]
-    struct Got {
-        head: String,
-        body: Vec<u8>,
-    }
-
-    impl Got {
-        fn header(&self, name: &str) -> Option<&str> {
-            self.head.lines().find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case(name).then(|| v.trim())
-            })
-        }
-
-        fn json(&self) -> Value {
-            serde_json::from_slice(&self.body).unwrap()
-        }
-    }
-
-    /// Serves `replies` in order, one per connection, on 127.0.0.1; bodies end by closing the
-    /// connection.
+    /// The shared test server, with the API's `/v1` base path.
     async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            for reply in replies {
-                let (mut sock, _) = listener.accept().await.unwrap();
-                let mut buf = Vec::new();
-                let head_end = loop {
-                    let mut b = [0u8; 4096];
-                    let n = sock.read(&mut b).await.unwrap();
-                    assert!(n > 0, "client closed before sending a request");
-                    buf.extend_from_slice(&b[..n]);
-                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break p + 4;
-                    }
-                };
-                let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
-                let len = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse::<usize>().unwrap())
-                    })
-                    .unwrap_or(0);
-                let mut body = buf[head_end..].to_vec();
-                while body.len() < len {
-                    let mut b = [0u8; 4096];
-                    let n = sock.read(&mut b).await.unwrap();
-                    assert!(n > 0);
-                    body.extend_from_slice(&b[..n]);
-                }
-                tx.send(Got { head, body }).unwrap();
-                let mut out = format!("HTTP/1.1 {} X\r\n", reply.status);
-                for (k, v) in &reply.headers {
-                    out.push_str(&format!("{k}: {v}\r\n"));
-                }
-                out.push_str("Connection: close\r\n\r\n");
-                sock.write_all(out.as_bytes()).await.unwrap();
-                for c in &reply.chunks {
-                    sock.write_all(c).await.unwrap();
-                    sock.flush().await.unwrap();
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-                let _ = sock.shutdown().await;
-            }
-        });
-        (format!("http://{addr}/v1"), rx)
+        let (url, rx) = crate::backend::testserver::serve(replies).await;
+        (format!("{url}/v1"), rx)
     }
 
     fn backend(base_url: &str, key_var: Option<&str>) -> OpenAi {
@@ -1047,6 +950,25 @@ mod tests {
         let e = run(&b, &request()).await.0.unwrap_err();
         assert!(
             matches!(&e, BackendError::Transient(m) if m.contains("undecodable stream chunk")),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_inside_the_stream_never_show_the_key() {
+        let echo =
+            format!("data: {{\"error\":{{\"code\":401,\"message\":\"invalid key {KEY}\"}}}}\n\n");
+        let junk = format!("data: {{not json {KEY}\n\n");
+        let (url, _rx) = serve(vec![Reply::sse(&[&echo]), Reply::sse(&[&junk])]).await;
+        let b = backend(&url, Some("OLLIE_TEST_KEY_STREAM"));
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::Fatal("local: error in stream: invalid key <redacted>".into())
+        );
+        let e = run(&b, &request()).await.0.unwrap_err();
+        assert!(
+            matches!(&e, BackendError::Transient(m) if m.contains("{not json <redacted>")),
             "{e:?}"
         );
     }

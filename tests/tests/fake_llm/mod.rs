@@ -56,13 +56,20 @@ impl Reply {
         Reply::new(
             200,
             "application/x-ndjson",
-            lines.iter().map(|l| format!("{l}\n").into_bytes()).collect(),
+            lines
+                .iter()
+                .map(|l| format!("{l}\n").into_bytes())
+                .collect(),
         )
     }
 
     /// A JSON body with `status`.
     pub fn json(status: u16, body: &serde_json::Value) -> Reply {
-        Reply::new(status, "application/json", vec![body.to_string().into_bytes()])
+        Reply::new(
+            status,
+            "application/json",
+            vec![body.to_string().into_bytes()],
+        )
     }
 
     pub fn header(mut self, k: &str, v: &str) -> Reply {
@@ -309,9 +316,13 @@ pub async fn write(root: &Fid, path: &str, data: &str) -> Result<(), String> {
 
 /// Session `s` in `work` with agent `a`.
 pub async fn session_with_agent(root: &Fid, work: &std::path::Path) {
-    rdwr(root, "session/new", &format!("name=s cwd={}", work.display()))
-        .await
-        .unwrap();
+    rdwr(
+        root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
     rdwr(root, "session/s/agent/new", "name=a").await.unwrap();
 }
 
