@@ -284,3 +284,109 @@ async fn the_run_record_is_reachable_through_olliesrv() {
         assert!(f.open(om::OWRITE).await.is_err(), "{p} opened for writing");
     }
 }
+
+/// A call with `"background": true` returns at once; when the process ends, its
+/// `<system-proc-complete …>` message reaches the (by then idle) agent as a new prompt, and
+/// the model answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_process_reports_back_when_it_ends() {
+    let turns = concat!(
+        r#"{"tool_calls": [{"name": "execute_code", "arguments": {"language": "bash", "code": "sleep 0.3; echo bg-finished", "background": true}}]}"#,
+        "\n",
+        r#"{"text": "Started it; I will look when it is done."}"#,
+        "\n",
+        r#"{"text": "The background job finished."}"#,
+        "\n"
+    );
+    let (srv, work) = server(turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    write(
+        &root,
+        "session/s/agent/a/prompt",
+        "run it in the background",
+    )
+    .await;
+    let raw = wait_for(
+        &root,
+        "session/s/agent/a/log",
+        "The background job finished.",
+    )
+    .await;
+    // The tool result says where the output will come from, and carries the pid.
+    assert!(
+        raw.contains("background=true]]]") || raw.contains("background=true\n"),
+        "{raw}"
+    );
+    assert!(
+        raw.contains("started in the background as process "),
+        "{raw}"
+    );
+    // The completion arrived as the next turn's prompt, with the output.
+    let second_user = raw
+        .split("[[[user\n")
+        .nth(2)
+        .unwrap_or_else(|| panic!("no second user block:\n{raw}"));
+    assert!(
+        second_user.starts_with("<system-proc-complete id=\""),
+        "{raw}"
+    );
+    assert!(second_user.contains("exit=\"0\""), "{raw}");
+    assert!(second_user.contains("bg-finished"), "{raw}");
+    let first_answer = raw.find("Started it;").unwrap();
+    assert!(
+        raw.find("<system-proc-complete id=").unwrap() > first_answer,
+        "{raw}"
+    );
+    let stats = read(&root, "session/s/agent/a/stats").await;
+    assert_eq!(kv(&stats, "turns"), "2", "{stats}");
+    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+}
+
+/// `stop` while a tool runs leaves a well-formed history: the call the model made is
+/// answered (as interrupted) before the next prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_keeps_the_history_well_formed() {
+    let turns = concat!(
+        r#"{"tool_calls": [{"name": "execute_code", "arguments": {"language": "bash", "code": "sleep 1000"}}]}"#,
+        "\n",
+        r#"{"text": "ok"}"#,
+        "\n"
+    );
+    let (srv, work) = server(turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    write(&root, "session/s/agent/a/prompt", "sleep").await;
+    wait_for(&root, "session/s/agent/a/proc/top", "running").await;
+    rdwr(&root, "session/s/agent/a/ctl", "stop").await.unwrap();
+    wait_for(&root, "session/s/agent/idx", "\tidle\n").await;
+    write(&root, "session/s/agent/a/prompt", "again").await;
+    wait_for(&root, "session/s/agent/a/log", "[[[assistant\nok\n").await;
+    let sid = read(&root, "session/s/id").await;
+    let aid = read(&root, "session/s/agent/a/id").await;
+    let hist = std::fs::read_to_string(
+        srv.state_dir()
+            .join("sessions")
+            .join(sid.trim())
+            .join("agents")
+            .join(aid.trim())
+            .join("history.jsonl"),
+    )
+    .unwrap();
+    let msgs: Vec<serde_json::Value> = hist
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let roles: Vec<&str> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "user", "assistant"],
+        "{hist}"
+    );
+    let call_id = msgs[1]["tool_calls"][0]["id"].as_str().unwrap();
+    assert_eq!(msgs[2]["tool_call_id"], call_id, "{hist}");
+    assert!(
+        msgs[2]["content"].as_str().unwrap().contains("interrupted"),
+        "{hist}"
+    );
+}
