@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape and toolsrv suites as the unprivileged user `ollietest`.
+# Runs the policy, sandbox, escape, toolsrv and broker suites as the unprivileged user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
 # the cross-process suites start (toolsrv), copies them to a world-readable temporary directory
@@ -24,7 +24,7 @@ build() {
         | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >>"$list"
 }
 build -p ollie-policy -p ollie-sandbox
-build -p ollie-tests --test escapes --test toolsrv
+build -p ollie-tests --test escapes --test toolsrv --test broker
 cargo build -p ollie-toolsrv --bins
 
 dir=$(mktemp -d /tmp/ollie-unpriv.XXXXXX)

@@ -1,13 +1,15 @@
 //! The link between olliesrv and a session's toolsrv, as both ends need it: the boot message
 //! (master key and configuration) toolsrv reads on start, the identities and secrets of Tauth,
-//! the tool names, and the spawning side — start a toolsrv over a socketpair and
-//! authenticate to it.
+//! the tool names, the spawning side — start a toolsrv over a socketpair and
+//! authenticate to it — and the approval broker's pure parts (verdict parsing, display
+//! escaping, request ids).
 //!
 //! olliesrv and toolsrv never depend on each other (STYLE.md); both depend on this crate, and
 //! olliesrv starts the `toolsrv` binary by path.
 
 pub mod auth;
 pub mod boot;
+pub mod bypass;
 pub mod spawn;
 pub mod tools;
 

@@ -12,6 +12,8 @@
 //! - consecutive read-only calls (`file_read`) run in parallel; the rest one at a time, in
 //!   order;
 //! - a call to a tool the agent does not have is answered with an error, without toolsrv;
+//! - a call carrying `escalate` shows the state `waiting: bypass`: toolsrv holds it until
+//!   the operator answers on `bypass/resolve` (or refuses it at once);
 //! - `execute_code` / `execute_pipe` with `"background": true` start in the background
 //!   (`proc/new.bg`); their end arrives later as the seed's `<system-proc-complete …>`
 //!   message, queued as a prompt when the agent is idle, added to the running turn otherwise;
@@ -790,7 +792,13 @@ async fn steps(
                 )?;
             }
             let names: Vec<&str> = run.iter().map(|c| c.name.as_str()).collect();
-            reg.detail(a, &format!("calling: {}", names.join(", ")));
+            // A call asking for more than its sandbox allows may wait for the operator
+            // (toolsrv answers at once when it refuses or the grant is already covered).
+            if run.iter().any(|c| c.arguments.get("escalate").is_some()) {
+                reg.detail(a, "waiting: bypass");
+            } else {
+                reg.detail(a, &format!("calling: {}", names.join(", ")));
+            }
             let outcomes = run_calls(reg, a, config, &ctx.tools, run).await;
             for (call, o) in run.iter().zip(outcomes) {
                 lock(&a.stats).tool_calls += 1;

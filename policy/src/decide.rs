@@ -2,6 +2,7 @@
 
 use crate::model::{Access, EscalationKind, Network, ResolvedPolicy};
 use crate::secrets;
+use std::fmt;
 use std::path::{Component, PathBuf};
 
 /// One extra permission an agent asks for.
@@ -27,6 +28,120 @@ impl Grant {
             Grant::Read(_) => EscalationKind::Read,
             Grant::Write(_) => EscalationKind::Write,
             Grant::Unsandboxed => EscalationKind::Unsandboxed,
+        }
+    }
+
+    /// Parses the agent-facing spelling: `net`, `net:PORT` (decimal `1..=65535`, no sign, no
+    /// leading zero), `read:PATH`, `write:PATH` (absolute and normal: no `.`, `..` or empty
+    /// components, no trailing `/` except for `/` itself, no NUL) or `unsandboxed`.
+    ///
+    /// Matching is exact and case-sensitive, so every accepted string is the canonical one:
+    /// `Grant::parse(s)?.to_string() == s`. Errors are one lowercase line that names what was
+    /// wrong and lists the valid forms.
+    pub fn parse(s: &str) -> Result<Grant, String> {
+        let bad = |why: &str| {
+            Err(format!(
+                "invalid grant {}: {why} (valid: {VALID_GRANTS})",
+                shown(s)
+            ))
+        };
+        match s {
+            "net" => return Ok(Grant::Net),
+            "unsandboxed" => return Ok(Grant::Unsandboxed),
+            _ => {}
+        }
+        if let Some(port) = s.strip_prefix("net:") {
+            return match parse_port(port) {
+                Ok(p) => Ok(Grant::NetPort(p)),
+                Err(why) => bad(why),
+            };
+        }
+        let (path, make): (&str, fn(PathBuf) -> Grant) = if let Some(p) = s.strip_prefix("read:") {
+            (p, Grant::Read)
+        } else if let Some(p) = s.strip_prefix("write:") {
+            (p, Grant::Write)
+        } else {
+            return bad("unknown form");
+        };
+        match check_grant_path(path) {
+            Ok(()) => Ok(make(PathBuf::from(path))),
+            Err(why) => bad(why),
+        }
+    }
+}
+
+/// The valid grant spellings, for error messages.
+const VALID_GRANTS: &str =
+    "net, net:<port 1..=65535>, read:<absolute path>, write:<absolute path>, unsandboxed";
+
+/// The offending input as shown in an error: quoted, escaped, and cut at 80 characters.
+fn shown(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.chars().count() <= MAX {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(MAX).collect();
+        format!("{head:?}…")
+    }
+}
+
+fn parse_port(s: &str) -> Result<u16, &'static str> {
+    if s.is_empty() {
+        return Err("the port is missing");
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("the port must be decimal digits only");
+    }
+    if s.starts_with('0') {
+        return Err(if s.bytes().all(|b| b == b'0') {
+            "port 0 is not a port"
+        } else {
+            "the port must not have leading zeros"
+        });
+    }
+    // At most five digits, so the u32 cannot overflow; anything longer is out of range anyway.
+    match s.parse::<u32>() {
+        Ok(n) if s.len() <= 5 => u16::try_from(n).map_err(|_| "the port is out of range"),
+        _ => Err("the port is out of range"),
+    }
+}
+
+/// Checks the textual form of a grant path: absolute, no NUL, and every component after the
+/// root normal and non-empty (so the string is exactly how the path displays).
+fn check_grant_path(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() {
+        return Err("the path is missing");
+    }
+    let Some(rest) = s.strip_prefix('/') else {
+        return Err("the path must be absolute");
+    };
+    if s.contains('\0') {
+        return Err("the path contains a nul byte");
+    }
+    if rest.is_empty() {
+        return Ok(());
+    }
+    for seg in rest.split('/') {
+        match seg {
+            "" => return Err("the path has an empty component (`//` or a trailing `/`)"),
+            "." | ".." => return Err("the path must not contain `.` or `..` components"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The agent-facing spelling accepted by [`Grant::parse`]. Paths are shown with
+/// [`Path::display`](std::path::Path::display), so a path that is not UTF-8 (which `parse`
+/// never produces) is shown lossily.
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Grant::Net => f.write_str("net"),
+            Grant::NetPort(p) => write!(f, "net:{p}"),
+            Grant::Read(p) => write!(f, "read:{}", p.display()),
+            Grant::Write(p) => write!(f, "write:{}", p.display()),
+            Grant::Unsandboxed => f.write_str("unsandboxed"),
         }
     }
 }
@@ -64,10 +179,15 @@ pub enum Decision {
     NeedsApproval(EscalationRequest),
 }
 
-fn normal_abs(p: &std::path::Path) -> bool {
+/// Whether `p` is absolute, has only normal components, contains no NUL, and is spelled
+/// canonically: no `//`, no `/./` (which [`Path::components`](std::path::Path::components)
+/// silently drops) and no trailing `/` except for `/` itself.
+pub(crate) fn normal_abs(p: &std::path::Path) -> bool {
     p.is_absolute()
         && p.components()
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && p.components().collect::<PathBuf>().as_os_str() == p.as_os_str()
+        && !p.as_os_str().as_encoded_bytes().contains(&0)
 }
 
 /// Decides an escalation request against a resolved policy.
@@ -159,10 +279,13 @@ mod tests {
             decide(&p, &req(vec![Grant::Read("/home/u/.ssh/id_rsa".into())])),
             Decision::Deny(DenyReason::SecretLocation("/home/u/.ssh".into()))
         );
-        assert!(matches!(
-            decide(&p, &req(vec![Grant::Read("/w/../etc".into())])),
-            Decision::Deny(DenyReason::InvalidPath(_))
-        ));
+        for bad in ["/w/../etc", "/w/./x", "/w//x", "/w/x/", "w/x", "/w/x\0"] {
+            assert_eq!(
+                decide(&p, &req(vec![Grant::Read(bad.into())])),
+                Decision::Deny(DenyReason::InvalidPath(bad.into())),
+                "{bad:?}"
+            );
+        }
         let closed = pol("[fs]\nwrite=[\"{workdir}\"]");
         assert!(matches!(
             decide(&closed, &req(vec![Grant::Net])),
@@ -202,7 +325,97 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn grant_spellings_round_trip() {
+        for (s, g) in [
+            ("net", Grant::Net),
+            ("net:1", Grant::NetPort(1)),
+            ("net:443", Grant::NetPort(443)),
+            ("net:65535", Grant::NetPort(65535)),
+            ("read:/", Grant::Read("/".into())),
+            ("read:/usr/share/doc", Grant::Read("/usr/share/doc".into())),
+            ("write:/w/out", Grant::Write("/w/out".into())),
+            ("write:/tmp/a b/ü", Grant::Write("/tmp/a b/ü".into())),
+            ("unsandboxed", Grant::Unsandboxed),
+        ] {
+            assert_eq!(Grant::parse(s), Ok(g.clone()), "{s}");
+            assert_eq!(g.to_string(), s);
+        }
+    }
+
+    #[test]
+    fn invalid_grant_spellings_are_refused_clearly() {
+        for (s, why) in [
+            ("net:0", "port 0 is not a port"),
+            ("net:65536", "the port is out of range"),
+            ("net:99999999999", "the port is out of range"),
+            ("net:-1", "decimal digits only"),
+            ("net:+1", "decimal digits only"),
+            ("net: 80", "decimal digits only"),
+            ("net:0x50", "decimal digits only"),
+            ("net:080", "leading zeros"),
+            ("net:", "the port is missing"),
+            ("read:relative", "must be absolute"),
+            ("read:/a/../b", "`.` or `..`"),
+            ("read:/a/./b", "`.` or `..`"),
+            ("read:/a//b", "empty component"),
+            ("read:/a/", "empty component"),
+            ("read:/a\0b", "nul byte"),
+            ("write:", "the path is missing"),
+            ("read:", "the path is missing"),
+            ("frob", "unknown form"),
+            ("NET", "unknown form"),
+            ("Net:80", "unknown form"),
+            ("read /etc", "unknown form"),
+            (" net", "unknown form"),
+            ("net ", "unknown form"),
+            ("unsandboxed:yes", "unknown form"),
+            ("", "unknown form"),
+        ] {
+            let e = Grant::parse(s).unwrap_err();
+            assert!(e.contains(why), "{s:?}: {e}");
+            assert!(e.starts_with(&format!("invalid grant {s:?}: ")), "{e}");
+            assert!(e.ends_with(&format!("(valid: {VALID_GRANTS})")), "{e}");
+            let own = e.replacen(&format!("{s:?}"), "", 1);
+            assert!(!e.contains('\n') && own == own.to_lowercase(), "{e}");
+        }
+        let long = format!("read:{}", "x".repeat(500));
+        let e = Grant::parse(&long).unwrap_err();
+        assert!(e.len() < 300, "{e}");
+    }
+
+    fn arb_valid_path() -> impl Strategy<Value = PathBuf> {
+        proptest::collection::vec("[^/\\x00]{1,8}", 0..5).prop_filter_map("normal", |segs| {
+            if segs.iter().any(|s| s == "." || s == "..") {
+                return None;
+            }
+            Some(PathBuf::from(format!("/{}", segs.join("/"))))
+        })
+    }
+
     proptest! {
+        #[test]
+        fn parse_display_round_trip(g in prop_oneof![
+            Just(Grant::Net),
+            (1u16..=65535).prop_map(Grant::NetPort),
+            arb_valid_path().prop_map(Grant::Read),
+            arb_valid_path().prop_map(Grant::Write),
+            Just(Grant::Unsandboxed),
+        ]) {
+            let s = g.to_string();
+            prop_assert_eq!(Grant::parse(&s), Ok(g));
+        }
+
+        #[test]
+        fn parse_never_panics_and_accepts_only_canonical(s in "(net|read|write|unsandboxed)?:?\\PC{0,20}") {
+            if let Ok(g) = Grant::parse(&s) {
+                prop_assert_eq!(g.to_string(), s);
+                if let Grant::Read(p) | Grant::Write(p) = &g {
+                    prop_assert!(normal_abs(p));
+                }
+            }
+        }
+
         #[test]
         fn secrets_are_never_allowed_or_asked(grants in proptest::collection::vec(arb_grant(), 0..4)) {
             let p = pol(BASE);

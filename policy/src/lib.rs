@@ -9,6 +9,9 @@
 //!   one) is rejected when the policy is resolved, and [`ResolvedPolicy::secrets_within`] tells
 //!   the enforcer which secret paths it must carve out of a broader grant.
 //! - Layering ([`Policy::narrow`]) can only narrow; any attempt to widen is an error.
+//! - The only widening is [`ResolvedPolicy::with_grants`]: a copy for one run, grown by exactly
+//!   the grants a human approved ([`Grant::parse`] reads the agent's spelling), never by a
+//!   secret location, `net` without a port, or `unsandboxed`.
 //! - [`decide`] is a pure function from a policy and an escalation request to a
 //!   [`Decision`] (`Allow | Deny(reason) | NeedsApproval(request)`).
 //!
@@ -17,7 +20,7 @@
 //! rlimits.
 //!
 //! Tested by unit tests next to the code (every shipped profile is parsed) and property tests
-//! for `decide` and `narrow`.
+//! for `decide`, `narrow`, `with_grants` and the grant spelling.
 #![forbid(unsafe_code)]
 
 mod decide;
@@ -25,6 +28,7 @@ mod model;
 mod narrow;
 mod raw;
 pub mod secrets;
+mod widen;
 
 pub use decide::{Decision, DenyReason, EscalationRequest, Grant, decide};
 pub use model::{

@@ -235,8 +235,10 @@ async fn stop_during_a_long_tool_kills_it_and_ends_the_turn() {
         rdwr(&root, "session/s/agent/a/ctl", "stop").await.unwrap(),
         "stopping\n"
     );
-    let raw = wait_for(&root, "session/s/agent/a/log", "stopped by ctl stop").await;
-    assert!(raw.contains("[[[error\nstopped\n]]]"), "{raw}");
+    // The info block comes first, then the turn's error block (written by the worker after
+    // the turn returns): wait for the second, not only the first.
+    let raw = wait_for(&root, "session/s/agent/a/log", "[[[error\nstopped\n]]]").await;
+    assert!(raw.contains("stopped by ctl stop"), "{raw}");
     // The tool's process in toolsrv was stopped too.
     let top = wait_for(&root, "session/s/agent/a/proc/top", "killed").await;
     assert!(!top.contains("running"), "{top}");
@@ -389,4 +391,99 @@ async fn stop_keeps_the_history_well_formed() {
         msgs[2]["content"].as_str().unwrap().contains("interrupted"),
         "{hist}"
     );
+}
+
+/// An agent asks for network access to one loopback port: the turn shows `waiting: bypass`,
+/// the operator sees the request in `session/s/toolsrv/bypass/pending`, approves it on
+/// `bypass/resolve`, and the command runs once with that port reachable; the same command
+/// without the grant is refused by the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_escalation_runs_once_with_the_grant() {
+    let canary = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = canary.local_addr().unwrap().port();
+    let code = format!(
+        "if exec 3<>/dev/tcp/127.0.0.1/{port}; then echo connected-{port}; else echo refused; fi"
+    );
+    let call = |escalate: bool| {
+        let mut args = serde_json::json!({"language": "bash", "code": code});
+        if escalate {
+            args["escalate"] = serde_json::json!({
+                "grants": [format!("net:{port}")],
+                "reason": "talk to the local test server"
+            });
+        }
+        serde_json::json!({"tool_calls": [{"name": "execute_code", "arguments": args}]})
+    };
+    let turns = format!(
+        "{}\n{}\n{}\n{}\n",
+        call(true),
+        r#"{"text": "Connected with the grant."}"#,
+        call(false),
+        r#"{"text": "Without the grant it was refused."}"#
+    );
+    let (srv, work) = server(&turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    let mut sw = root.walk_path("session/s/agent/a/statewait").await.unwrap();
+    sw.open(om::OREAD).await.unwrap();
+    write(&root, "session/s/agent/a/prompt", "connect").await;
+    // The operator's view: one request, with what will run and what it asks for.
+    let mut pending = root
+        .walk_path("session/s/toolsrv/bypass/pending")
+        .await
+        .unwrap();
+    pending.open(om::OREAD).await.unwrap();
+    let req = tokio::time::timeout(Duration::from_secs(30), pending.read(0, 65536))
+        .await
+        .expect("no request reached bypass/pending")
+        .unwrap();
+    let req: serde_json::Value = serde_json::from_slice(&req).unwrap();
+    assert_eq!(
+        req["grants"],
+        serde_json::json!([format!("net:{port}")]),
+        "{req}"
+    );
+    assert_eq!(req["reason"], "talk to the local test server", "{req}");
+    assert_eq!(req["tool"], "execute_code", "{req}");
+    assert!(
+        req["argv"][2]
+            .as_str()
+            .unwrap()
+            .contains(&format!("/dev/tcp/127.0.0.1/{port}"))
+    );
+    assert_eq!(
+        req["executable"]["sha256"].as_str().unwrap().len(),
+        64,
+        "{req}"
+    );
+    let id = req["id"].as_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32, "{req}");
+    // Waiting for the human.
+    let mut states = Vec::new();
+    while states.last().map(String::as_str) != Some("waiting: bypass") {
+        let s = tokio::time::timeout(Duration::from_secs(30), sw.read(0, 64))
+            .await
+            .expect("no waiting: bypass state")
+            .unwrap();
+        states.push(String::from_utf8_lossy(&s).trim().to_owned());
+    }
+    let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);
+    let mut r = root
+        .walk_path("session/s/toolsrv/bypass/resolve")
+        .await
+        .unwrap();
+    r.open(om::OWRITE).await.unwrap();
+    r.write(0, Bytes::from(verdict.clone())).await.unwrap();
+    let raw = wait_for(&root, "session/s/agent/a/log", "Connected with the grant.").await;
+    assert!(raw.contains(&format!("\nconnected-{port}\n")), "{raw}");
+    // The id is single use.
+    let e = r.write(0, Bytes::from(verdict)).await.unwrap_err();
+    assert!(e.to_string().contains("already answered"), "{e}");
+    // Approval never widens a later run: the same command without the grant is refused.
+    write(&root, "session/s/agent/a/prompt", "again, without asking").await;
+    let raw = wait_for(&root, "session/s/agent/a/log", "Without the grant").await;
+    let second = raw.split("again, without asking").nth(1).unwrap();
+    assert!(second.contains("\nrefused\n"), "{raw}");
+    assert!(!second.contains(&format!("\nconnected-{port}\n")), "{raw}");
+    drop(canary);
 }

@@ -193,9 +193,12 @@ pub struct ToolFid {
     result: Option<Bytes>,
     /// `proc/new`: the last write asked for the run record (`record=1`).
     with_record: bool,
-    /// `proc/complete`: the last completion given, and the unread rest of the current one.
+    /// `proc/complete`: the last completion given, and the unread rest of the current one
+    /// (also `bypass/pending`'s unread rest).
     cursor: u64,
     pending: Bytes,
+    /// `bypass/pending`: the requests this fid was shown.
+    seen: std::collections::HashSet<String>,
     /// `proc/N/wait`: the status line once known.
     status: Option<Bytes>,
 }
@@ -213,6 +216,7 @@ impl ToolFid {
             with_record: false,
             cursor: 0,
             pending: Bytes::new(),
+            seen: std::collections::HashSet::new(),
             status: None,
         }
     }
@@ -240,6 +244,7 @@ impl Drop for CancelOnDrop {
             && p.running()
         {
             tracing::debug!(pid = p.id, "proc/new read flushed: stopping the process");
+            p.stop.send_replace(true);
             p.cancel.cancel();
         }
     }
@@ -413,39 +418,14 @@ impl ToolFs {
         Ok(self.tools_text(Some(&agent), json))
     }
 
-    fn resolve(&self, data: &[u8]) -> Result<()> {
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        #[allow(dead_code)]
-        struct Verdict {
-            id: String,
-            #[serde(default)]
-            approved: Option<bool>,
-            #[serde(default)]
-            error: Option<String>,
-            #[serde(default)]
-            scope: Option<String>,
-        }
-        let v: Verdict = serde_json::from_slice(data)
-            .map_err(|e| Error::invalid(format!("resolve: not a verdict: {e}")))?;
-        match (&v.approved, &v.error) {
-            (Some(true), None) | (None, Some(_)) => {}
-            _ => {
-                return Err(Error::invalid(
-                    "resolve: give exactly one of \"approved\":true or \"error\":\"…\"",
-                ));
-            }
-        }
-        if let Some(s) = &v.scope
-            && s != "session"
-        {
-            return Err(Error::invalid("resolve: scope may only be \"session\""));
-        }
-        // No request can exist until the broker does: every id is unknown.
-        Err(err(format!(
-            "resolve: unknown request id {:?} (no requests are pending)",
-            crate::payload::clip(&v.id)
-        )))
+    /// A verdict on `bypass/resolve` (strict: see `ollie_link::bypass::parse_resolve`).
+    fn resolve(&self, data: &[u8]) -> Result<&'static str> {
+        let r =
+            ollie_link::bypass::parse_resolve(data).map_err(|e| Error::invalid(e.to_string()))?;
+        self.session
+            .broker
+            .resolve(r)
+            .map_err(|e| err(format!("resolve: {e}")))
     }
 
     fn pid_ctl(&self, p: &Proc, text: &str) -> Result<()> {
@@ -453,12 +433,14 @@ impl ToolFs {
         match words.as_slice() {
             ["term"] => {
                 if p.running() {
+                    p.stop.send_replace(true);
                     p.cancel.cancel();
                 }
                 Ok(())
             }
             ["kill"] => {
                 if p.running() {
+                    p.stop.send_replace(true);
                     p.cancel.kill();
                 }
                 Ok(())
@@ -659,10 +641,14 @@ impl Filesystem for ToolFs {
                 Ok(fid.pending.split_to(n))
             }
             Node::Pending => {
-                // No escalation request can exist until the broker does: a read waits
-                // (flush it to give up), exactly as it would with nothing pending.
-                std::future::pending::<()>().await;
-                Ok(Bytes::new())
+                // One request per read, each once per fid; a read waits for the next (flush
+                // it to give up). A request larger than the read comes in pieces.
+                if fid.pending.is_empty() {
+                    let shown = self.session.broker.next_pending(&mut fid.seen).await;
+                    fid.pending = Bytes::from(shown.as_bytes().to_vec());
+                }
+                let n = fid.pending.len().min(count as usize);
+                Ok(fid.pending.split_to(n))
             }
             Node::Pid(id, PidFile::Out) => {
                 let p = self.proc_of(id, &who)?;

@@ -10,6 +10,7 @@
 //! policy's prepared sandbox ends when its control link closes).
 //!
 //! - [`auth`]: Tauth with per-identity secrets derived from the master key.
+//! - [`binding`]: what an approval is bound to (argv, cwd, environment, file hashes).
 //! - [`fs`]: the tree (`ctl`, `tools`, `info`, `bypass/`, `proc/`).
 //! - [`session`]: policies, prepared sandboxes, agents' tool sets, starting processes.
 //! - [`procs`]: the bounded process table and the completion log.
@@ -17,6 +18,8 @@
 //! - [`payload`]: the `proc/new` key=value payload.
 
 pub mod auth;
+pub mod binding;
+pub mod broker;
 pub mod fs;
 pub mod payload;
 pub mod procs;

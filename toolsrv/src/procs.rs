@@ -116,6 +116,9 @@ pub struct Proc {
     pub out: Mutex<OutBuf>,
     pub state: watch::Sender<State>,
     pub cancel: Cancel,
+    /// Set when the process is asked to stop (flush, term, kill, shutdown): a call still
+    /// waiting for the operator gives up instead of running later.
+    pub stop: watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -395,6 +398,7 @@ impl Procs {
             }),
             state: watch::Sender::new(State::Running),
             cancel,
+            stop: watch::Sender::new(false),
         });
         t.procs.insert(id, Arc::clone(&p));
         Self::reap(&mut t, self.max_exited);
@@ -498,8 +502,23 @@ impl Procs {
     pub fn cancel_all(&self) {
         let t = lock(&self.table);
         for p in t.procs.values().filter(|p| p.running()) {
+            p.stop.send_replace(true);
             p.cancel.cancel();
         }
+    }
+}
+
+/// The [`Finish`] of a call that never ran, with why (a refused or denied escalation, a
+/// sandbox that would not start).
+pub fn not_run(p: &Proc, msg: String) -> Finish {
+    Finish {
+        code: None,
+        signal: None,
+        stopped_by: None,
+        error: Some(msg.clone()),
+        record: None,
+        duration: p.t0.elapsed(),
+        result: Arc::new(format!("tool did not run: {msg}\n")),
     }
 }
 
@@ -507,18 +526,7 @@ impl Procs {
 pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) -> Finish {
     let duration = p.t0.elapsed();
     match r {
-        Err(e) => {
-            let msg = crate::error_chain(&e);
-            Finish {
-                code: None,
-                signal: None,
-                stopped_by: None,
-                error: Some(msg.clone()),
-                record: None,
-                duration,
-                result: Arc::new(format!("tool did not run: {msg}\n")),
-            }
-        }
+        Err(e) => not_run(p, crate::error_chain(&e)),
         Ok(out) => {
             let exit = &out.record.exit;
             let ok = exit.code == Some(0);

@@ -12,7 +12,7 @@ use ollie_sandbox::{Prepared, RunRequest, SandboxError, Stream};
 use crate::auth::Identity;
 use crate::boot::Bootstrap;
 use crate::payload::Payload;
-use crate::procs::{NewProc, Proc, Procs, finish_of};
+use crate::procs::{NewProc, Proc, Procs, finish_of, not_run};
 use crate::tools::{self, Invocation, ToolEnv};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -37,8 +37,77 @@ pub struct Session {
     pub env: Vec<(OsString, OsString)>,
     pub tools: ToolEnv,
     pub procs: Procs,
+    /// Escalation requests waiting for the operator.
+    pub broker: crate::broker::Broker,
     agents: Mutex<HashMap<String, AgentCfg>>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+}
+
+/// An escalated call, decided as needing the operator; bound (hashing files, so off the
+/// 9P task) when its run starts.
+struct Escalation {
+    owner: String,
+    tool: String,
+    /// The grants, spelled as the agent asked.
+    grants: Vec<String>,
+    reason: String,
+    argv: Vec<OsString>,
+    cwd: PathBuf,
+    env: BTreeMap<String, String>,
+    /// The agent's policy widened by exactly the grants asked for.
+    widened: Policy,
+}
+
+/// A binding part as JSON for the request (plain data; a path that is not UTF-8 shows as
+/// null).
+fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The `escalate` argument: exactly `{"grants": [..], "reason": ".."}`.
+fn parse_escalate(v: &serde_json::Value) -> Result<ollie_policy::EscalationRequest, String> {
+    const USAGE: &str = "escalate must be {\"grants\": [\"net:PORT\" | \"read:PATH\" | \"write:PATH\" | \"unsandboxed\", …], \"reason\": \"why\"}";
+    let o = v.as_object().ok_or_else(|| USAGE.to_owned())?;
+    if let Some(k) = o.keys().find(|k| *k != "grants" && *k != "reason") {
+        return Err(format!(
+            "escalate: unknown key {:?} ({USAGE})",
+            crate::payload::clip(k)
+        ));
+    }
+    let grants = o
+        .get("grants")
+        .and_then(serde_json::Value::as_array)
+        .ok_or_else(|| format!("escalate: grants missing ({USAGE})"))?;
+    if grants.is_empty() || grants.len() > 8 {
+        return Err("escalate: give 1 to 8 grants".into());
+    }
+    let mut out = Vec::new();
+    for g in grants {
+        let s = g
+            .as_str()
+            .ok_or_else(|| format!("escalate: every grant is a string ({USAGE})"))?;
+        let g = ollie_policy::Grant::parse(s).map_err(|e| format!("escalate: {e}"))?;
+        if out.contains(&g) {
+            return Err(format!("escalate: grant {g} is given twice"));
+        }
+        out.push(g);
+    }
+    let reason = o
+        .get("reason")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("escalate: reason missing ({USAGE})"))?;
+    if reason.trim().is_empty() || reason.chars().count() > 500 || reason.contains(char::is_control)
+    {
+        return Err("escalate: the reason is 1 to 500 characters on one line".into());
+    }
+    Ok(ollie_policy::EscalationRequest {
+        grants: out,
+        reason: reason.to_owned(),
+    })
 }
 
 /// Errors setting a session up from its boot configuration.
@@ -111,6 +180,7 @@ impl Session {
                 .into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
+            broker: crate::broker::Broker::default(),
             tools: ToolEnv {
                 languages: tools::installed_languages(),
                 tools_dir: boot.tools_dir,
@@ -158,7 +228,24 @@ impl Session {
     /// `ctl`: one command from `who`.
     pub fn ctl(&self, who: &Identity, line: &str) -> Result<(), String> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME (operator)";
+        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, bypass_timeout SECONDS (operator)";
+        if let ["bypass_timeout", secs] = words.as_slice() {
+            if *who != Identity::Operator {
+                return Err("permission denied: only the operator sets bypass_timeout".into());
+            }
+            let n: u64 = secs
+                .parse()
+                .ok()
+                .filter(|n| (1..=86_400).contains(n))
+                .ok_or_else(|| {
+                    format!(
+                        "bypass_timeout: {:?} is not a number of seconds from 1 to 86400",
+                        crate::payload::clip(secs)
+                    )
+                })?;
+            self.broker.set_deadline(std::time::Duration::from_secs(n));
+            return Ok(());
+        }
         let (verb, agent, arg) = match words.as_slice() {
             [v, a, t] => (*v, *a, *t),
             [] => return Err(format!("empty command ({usage})")),
@@ -287,11 +374,7 @@ impl Session {
             return Err(format!("tool {} is not loaded for {owner}", p.tool));
         }
         let args = p.args.clone().unwrap_or_default();
-        if tools::escalation(&args).is_some() {
-            return Err(
-                "escalation refused: this toolsrv has no bypass broker yet; nothing was run".into(),
-            );
-        }
+        let asked = tools::escalation(&args).map(parse_escalate).transpose()?;
         let inv = tools::plan(&self.tools, &p.tool, &args, p.cmd.as_deref())?;
         let cwd = match &p.cwd {
             None => None,
@@ -301,6 +384,10 @@ impl Session {
             .policies
             .get(&cfg.policy)
             .ok_or_else(|| format!("unknown policy {:?}", cfg.policy))?;
+        let escalation = match asked {
+            None => None,
+            Some(req) => self.escalation(&owner, &p.tool, policy, req, &inv, cwd.as_deref())?,
+        };
         let out_cap = usize::try_from(policy.limits.output_bytes).unwrap_or(usize::MAX);
         let proc = self.procs.create(NewProc {
             owner,
@@ -312,8 +399,209 @@ impl Session {
         })?;
         let me = Arc::clone(self);
         let pr = Arc::clone(&proc);
-        tokio::spawn(async move { me.run(pr, cfg.policy, inv, cwd).await });
+        tokio::spawn(async move {
+            match escalation {
+                None => me.run(pr, cfg.policy, inv, cwd).await,
+                Some(e) => me.run_escalated(pr, e, inv, cwd).await,
+            }
+        });
         Ok(proc)
+    }
+
+    /// Decides an escalation before anything runs: refused at once (not askable, secret
+    /// paths, `net` without a port, `unsandboxed`), already covered (`None`: an ordinary
+    /// run), or bound to the exact execution and handed to the operator.
+    fn escalation(
+        &self,
+        owner: &str,
+        tool: &str,
+        policy: &Policy,
+        req: ollie_policy::EscalationRequest,
+        inv: &Invocation,
+        cwd: Option<&Path>,
+    ) -> Result<Option<Escalation>, String> {
+        use ollie_policy::{Decision, DenyReason, Grant, ResolveContext};
+        let ctx = ResolveContext {
+            workdir: self.workdir.clone(),
+            home: self.home.clone(),
+        };
+        let resolved = policy
+            .resolve(&ctx)
+            .map_err(|e| format!("escalation refused: {e}"))?;
+        let req = match ollie_policy::decide(&resolved, &req) {
+            Decision::Allow => return Ok(None),
+            Decision::Deny(r) => {
+                let why = match r {
+                    DenyReason::Empty => "it asks for nothing".to_owned(),
+                    DenyReason::InvalidPath(p) => {
+                        format!("{} is not an absolute, normal path", p.display())
+                    }
+                    DenyReason::SecretLocation(p) => {
+                        format!("{} is a secret location and is never granted", p.display())
+                    }
+                    DenyReason::KindNotAllowed(k) => {
+                        format!("this agent's policy does not let it ask for {k:?} access")
+                    }
+                };
+                return Err(format!(
+                    "escalation refused without asking: {why}; nothing was run"
+                ));
+            }
+            Decision::NeedsApproval(req) => req,
+        };
+        if req.grants.contains(&Grant::Unsandboxed) {
+            return Err("escalation refused: this toolsrv does not run commands outside the sandbox (ask for the read:, write: or net:PORT grants the command needs); nothing was run".into());
+        }
+        let widened = policy
+            .with_grants(&req.grants, &ctx)
+            .map_err(|e| format!("escalation refused: {e}; nothing was run"))?;
+        let run_cwd = cwd.map_or_else(|| self.workdir.clone(), Path::to_path_buf);
+        let env: BTreeMap<String, String> = self
+            .env
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
+        Ok(Some(Escalation {
+            owner: owner.to_owned(),
+            tool: tool.to_owned(),
+            grants: req.grants.iter().map(ToString::to_string).collect(),
+            reason: req.reason,
+            argv: inv.argv.clone(),
+            cwd: run_cwd,
+            env,
+            widened,
+        }))
+    }
+
+    /// The request the operator sees for `e`, bound to `binding`.
+    fn ask_of(&self, e: &Escalation, binding: &crate::binding::Binding) -> crate::broker::Ask {
+        let digest = {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            for part in [&e.owner, &e.tool, &binding.digest(), &e.grants.join("\n")] {
+                h.update(part.as_bytes());
+                h.update([0]);
+            }
+            hex(&h.finalize())
+        };
+        let mut fields = serde_json::Map::new();
+        fields.insert("session".into(), self.id.clone().into());
+        fields.insert("agent".into(), e.owner.clone().into());
+        fields.insert("tool".into(), e.tool.clone().into());
+        fields.insert("argv".into(), binding.argv.clone().into());
+        fields.insert("cwd".into(), binding.cwd.display().to_string().into());
+        fields.insert("env".into(), to_json(&binding.env));
+        fields.insert("executable".into(), to_json(&binding.executable));
+        fields.insert("scripts".into(), to_json(&binding.scripts));
+        fields.insert("grants".into(), e.grants.clone().into());
+        fields.insert("reason".into(), e.reason.clone().into());
+        crate::broker::Ask {
+            agent: e.owner.clone(),
+            digest,
+            fields,
+        }
+    }
+
+    /// Asks the operator, then runs exactly the bound execution once under the widened
+    /// policy (a one-shot sandbox), or fails the call with why it did not run.
+    async fn run_escalated(
+        self: Arc<Self>,
+        proc: Arc<Proc>,
+        e: Escalation,
+        inv: Invocation,
+        cwd: Option<PathBuf>,
+    ) {
+        use crate::broker::{Asked, Outcome};
+        let render = inv.render.clone();
+        fn refuse<T>(why: String) -> Result<T, String> {
+            Err(why)
+        }
+        let (argv, cwd_b, env) = (e.argv.clone(), e.cwd.clone(), e.env.clone());
+        let bound =
+            tokio::task::spawn_blocking(move || crate::binding::compute(&argv, &cwd_b, &env))
+                .await
+                .unwrap_or_else(|e| Err(format!("the binding thread failed: {e}")));
+        let binding = match bound {
+            Ok(b) => b,
+            Err(why) => {
+                let f = not_run(&proc, format!("escalation refused: {why}; nothing was run"));
+                self.procs.finish(&proc, f);
+                return;
+            }
+        };
+        let verdict = match self.broker.ask(self.ask_of(&e, &binding)) {
+            Err(why) => refuse(why),
+            Ok(Asked::PreApproved) => Ok(()),
+            Ok(Asked::Waiting(id, rx)) => {
+                let mut stop = proc.stop.subscribe();
+                let outcome = tokio::select! {
+                    o = self.broker.wait(&id, rx) => o,
+                    _ = stop.wait_for(|s| *s) => {
+                        self.broker.withdraw(&id, "the call was stopped");
+                        Outcome::Denied("the call was stopped before the operator answered".into())
+                    }
+                };
+                match outcome {
+                    Outcome::Approved => Ok(()),
+                    Outcome::Denied(m) => refuse(format!(
+                        "escalation denied by the operator: {m}; nothing was run"
+                    )),
+                    Outcome::Expired => refuse(format!(
+                        "escalation denied: no answer from the operator within {} s; nothing was run",
+                        self.broker.deadline().as_secs()
+                    )),
+                }
+            }
+        };
+        let result = match verdict {
+            Err(e) => Err(e),
+            // Re-check everything bound; any difference voids the approval.
+            Ok(()) => match tokio::task::spawn_blocking(move || binding.recheck())
+                .await
+                .unwrap_or_else(|e| Err(format!("the binding thread failed: {e}")))
+            {
+                Err(why) => refuse(format!("approval voided: {why}; nothing was run")),
+                Ok(()) if *proc.stop.borrow() => {
+                    refuse("the call was stopped; nothing was run".to_owned())
+                }
+                Ok(()) => {
+                    let mut req = RunRequest::new(inv.argv, self.workdir.clone());
+                    req.home = self.home.clone();
+                    req.base_env = self.env.clone();
+                    req.stdin = inv.stdin;
+                    req.cancel = Some(proc.cancel.clone());
+                    req.cwd = cwd;
+                    req.timeout_seconds = inv.timeout_seconds;
+                    let pr = Arc::clone(&proc);
+                    let policy = e.widened;
+                    tokio::task::spawn_blocking(move || {
+                        ollie_sandbox::run_streaming(
+                            &policy,
+                            &req,
+                            &mut |_s: Stream, chunk: &[u8]| {
+                                pr.out
+                                    .lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                    .push(chunk);
+                            },
+                        )
+                    })
+                    .await
+                    .map_err(|e| format!("the runner thread failed: {e}"))
+                }
+            },
+        };
+        let f = match result {
+            Ok(run) => finish_of(&proc, &render, run),
+            Err(why) => not_run(&proc, why),
+        };
+        tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
+        self.procs.finish(&proc, f);
     }
 
     /// A `cwd=` value: absolute, or relative to the workspace; `..` may not climb above it.

@@ -1,0 +1,1282 @@
+//! The approval broker's pure half, shared by toolsrv (which holds the broker) and olliesrv
+//! (which aggregates every session's `bypass/` for the operator): the verdict a human writes to
+//! `bypass/resolve`, the escaping of what a human reads from `bypass/pending`, and request ids.
+//! No I/O here; DESIGN.md §5 has the flow.
+//!
+//! - [`parse_resolve`] reads a verdict, strictly (see its documentation for the exact grammar).
+//!   It never panics, whatever the bytes, and every error is one lowercase line that says what
+//!   was wrong and what is allowed. Ids are not looked up here: an unknown, expired or used id
+//!   is the broker's error.
+//! - [`display_escape`] / [`display_escape_json`] make a request safe to `cat` on a terminal:
+//!   nothing the agent chose (argv, reason, paths) can move the cursor, clear the screen,
+//!   reorder the text with bidi controls or hide characters.
+//! - [`new_request_id`]: 128 random bits from the kernel as 32 lowercase hex digits.
+//!
+//! Tested by the unit tests below (every acceptance and rejection, every escaped class, an
+//! exhaustive check of the escaped set over all of Unicode and a randomised property test) and
+//! by the `resolve` cargo-fuzz target (`fuzz/fuzz_targets/resolve.rs`).
+
+use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
+use serde_json::Value;
+use std::fmt;
+
+/// Largest verdict accepted, in bytes (whitespace included).
+pub const MAX_RESOLVE: usize = 4096;
+/// Length of a request id: 32 lowercase hex digits (128 bits).
+pub const ID_LEN: usize = 32;
+/// Longest denial message, in characters (Unicode scalar values).
+pub const MAX_ERROR_CHARS: usize = 1000;
+/// The keys a verdict may have.
+pub const RESOLVE_KEYS: [&str; 4] = ["id", "approved", "error", "scope"];
+
+/// A verdict written to `bypass/resolve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolve {
+    /// The request it answers: 32 lowercase hex digits (checked; not looked up).
+    pub id: String,
+    /// What the operator decided.
+    pub verdict: Verdict,
+}
+
+/// The operator's decision on one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// `"approved": true`, run it. With `"scope": "session"` the approval is also remembered
+    /// for byte-identical requests in the same session.
+    Approve { session_scope: bool },
+    /// `"error": "…"`: refused; the message goes back to the agent as the tool's error. It is
+    /// 1..=1000 characters, none of them a control character (C0, DEL, C1) or a line or
+    /// paragraph separator (U+2028, U+2029).
+    Deny { message: String },
+}
+
+/// Why a verdict was refused. Every message is one lowercase line that names the problem and
+/// what is allowed; text from the input is shown through [`display_escape`] and clipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("resolve: at most {MAX_RESOLVE} bytes (got {len})")]
+    TooLong { len: usize },
+    #[error("resolve: nul byte at offset {offset} (not allowed anywhere)")]
+    NulByte { offset: usize },
+    #[error("resolve: not valid UTF-8 (at byte {offset})")]
+    NotUtf8 { offset: usize },
+    #[error(
+        "resolve: empty (give one JSON object: {{\"id\":\"…\",\"approved\":true}} or {{\"id\":\"…\",\"error\":\"why\"}})"
+    )]
+    Empty,
+    #[error("resolve: expected one JSON object, got {got}")]
+    NotObject { got: &'static str },
+    #[error("resolve: comments are not allowed (strict JSON only)")]
+    Comment,
+    #[error("resolve: invalid JSON: {detail}")]
+    Syntax { detail: String },
+    #[error("resolve: more than one JSON value (give exactly one object)")]
+    MoreThanOne,
+    #[error("resolve: unexpected text after the object (only whitespace may follow it)")]
+    Trailing,
+    #[error("resolve: nul character (\\u0000) in a string (not allowed anywhere)")]
+    NulEscape,
+    #[error("resolve: unknown key \"{key}\" (valid: id, approved, error, scope)")]
+    UnknownKey { key: String },
+    #[error("resolve: duplicate key \"{key}\"")]
+    DuplicateKey { key: &'static str },
+    #[error("resolve: missing \"id\" (the 32 lowercase hex digits of the request)")]
+    MissingId,
+    #[error("resolve: \"id\" must be a string of 32 lowercase hex digits ({detail})")]
+    BadId { detail: String },
+    #[error("resolve: give \"approved\": true or \"error\": \"why\"")]
+    NoVerdict,
+    #[error("resolve: give only one of \"approved\": true or \"error\": \"why\", not both")]
+    BothVerdicts,
+    #[error("resolve: \"approved\" must be true, not {got} (to deny, give \"error\": \"why\")")]
+    ApprovedNotTrue { got: String },
+    #[error("resolve: \"error\" must be a string of 1 to {MAX_ERROR_CHARS} characters, not {got}")]
+    ErrorNotString { got: String },
+    #[error("resolve: \"error\" is empty (say why the request is denied)")]
+    ErrorEmpty,
+    #[error("resolve: \"error\" has {chars} characters; at most {MAX_ERROR_CHARS}")]
+    ErrorTooLong { chars: usize },
+    #[error(
+        "resolve: \"error\" contains control character U+{code:04X} (one line of printable text)"
+    )]
+    ErrorControl { code: u32 },
+    #[error("resolve: \"scope\" may only be \"session\", not {got}")]
+    BadScope { got: String },
+    #[error("resolve: \"scope\" only goes with \"approved\": true (a denial has no scope)")]
+    ScopeWithError,
+}
+
+/// Parses a verdict written to `bypass/resolve`. The grammar, exactly:
+///
+/// - at most [`MAX_RESOLVE`] bytes, valid UTF-8, no NUL byte anywhere (nor `\u0000` in any
+///   string, key or value);
+/// - exactly one JSON object (RFC 8259: no comments, no trailing commas), optionally surrounded
+///   by JSON whitespace (space, tab, CR, LF — so `echo`'s trailing newline is fine); anything
+///   else before or after it is an error (a second value, an array, garbage);
+/// - keys only `id`, `approved`, `error`, `scope`, each at most once (duplicates are refused,
+///   not resolved last-wins as serde would);
+/// - `id`: required, a string of exactly 32 lowercase hex digits (no padding, no other case);
+/// - exactly one of `"approved": true` (the JSON boolean; `false`, strings and numbers are
+///   refused: a denial is `error`) or `"error": "<message>"` (a string of 1..=1000 characters
+///   with no control character: see [`Verdict::Deny`]);
+/// - `scope`: optional, only the string `"session"`, and only with `"approved": true`.
+///
+/// Problems are reported in that order (size, bytes, syntax, keys in document order, `id`,
+/// verdict, scope), the first one found.
+pub fn parse_resolve(bytes: &[u8]) -> Result<Resolve, ResolveError> {
+    if bytes.len() > MAX_RESOLVE {
+        return Err(ResolveError::TooLong { len: bytes.len() });
+    }
+    if let Some(offset) = bytes.iter().position(|&b| b == 0) {
+        return Err(ResolveError::NulByte { offset });
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| ResolveError::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let body = text.trim_matches(is_json_ws);
+    match body.as_bytes().first() {
+        None => return Err(ResolveError::Empty),
+        Some(b'{') => {}
+        Some(_) if starts_comment(body) => return Err(ResolveError::Comment),
+        Some(&b) => {
+            return Err(ResolveError::NotObject {
+                got: kind_of_start(b),
+            });
+        }
+    }
+
+    // serde_json reads the object (strings, escapes, surrogates, numbers, nesting limit);
+    // `Entries` keeps every key in order, duplicates included, for the checks below.
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Entries>();
+    let entries = match stream.next() {
+        Some(Ok(e)) => e.0,
+        Some(Err(e)) => return Err(syntax_error(text, &e)),
+        None => return Err(ResolveError::Empty),
+    };
+    let rest = text
+        .get(stream.byte_offset()..)
+        .unwrap_or_default()
+        .trim_start_matches(is_json_ws);
+    if let Some(&b) = rest.as_bytes().first() {
+        return Err(match b {
+            _ if starts_comment(rest) => ResolveError::Comment,
+            b'{' | b'[' | b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
+                ResolveError::MoreThanOne
+            }
+            _ => ResolveError::Trailing,
+        });
+    }
+
+    if entries.iter().any(|(k, v)| k.contains('\0') || has_nul(v)) {
+        return Err(ResolveError::NulEscape);
+    }
+    let (mut id, mut approved, mut error, mut scope) = (None, None, None, None);
+    for (key, value) in entries {
+        let (name, slot) = match key.as_str() {
+            "id" => ("id", &mut id),
+            "approved" => ("approved", &mut approved),
+            "error" => ("error", &mut error),
+            "scope" => ("scope", &mut scope),
+            _ => return Err(ResolveError::UnknownKey { key: clip(&key) }),
+        };
+        if slot.is_some() {
+            return Err(ResolveError::DuplicateKey { key: name });
+        }
+        *slot = Some(value);
+    }
+
+    let id = match id {
+        None => return Err(ResolveError::MissingId),
+        Some(Value::String(s)) => {
+            check_id(&s)?;
+            s
+        }
+        Some(other) => {
+            return Err(ResolveError::BadId {
+                detail: format!("got {}", describe(&other)),
+            });
+        }
+    };
+    let verdict = match (approved, error) {
+        (Some(_), Some(_)) => return Err(ResolveError::BothVerdicts),
+        (None, None) => return Err(ResolveError::NoVerdict),
+        (Some(Value::Bool(true)), None) => Verdict::Approve {
+            session_scope: match scope {
+                None => false,
+                Some(Value::String(s)) if s == "session" => true,
+                Some(other) => {
+                    return Err(ResolveError::BadScope {
+                        got: describe(&other),
+                    });
+                }
+            },
+        },
+        (Some(other), None) => {
+            return Err(ResolveError::ApprovedNotTrue {
+                got: describe(&other),
+            });
+        }
+        (None, Some(value)) => {
+            if scope.is_some() {
+                return Err(ResolveError::ScopeWithError);
+            }
+            Verdict::Deny {
+                message: check_message(value)?,
+            }
+        }
+    };
+    Ok(Resolve { id, verdict })
+}
+
+/// Whether `s` is a well-formed request id: exactly 32 lowercase hex digits.
+pub fn is_request_id(s: &str) -> bool {
+    s.len() == ID_LEN && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A fresh request id: 16 bytes from the kernel's CSPRNG as 32 lowercase hex digits.
+pub fn new_request_id() -> Result<String, getrandom::Error> {
+    let mut b = [0u8; ID_LEN / 2];
+    getrandom::fill(&mut b)?;
+    Ok(hex(&b))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    s
+}
+
+/// Whether [`display_escape`] replaces `c` by `\u{…}` (the backslash, escaped as `\\`, is not
+/// in this set). Exactly these code points:
+///
+/// | class | code points |
+/// |---|---|
+/// | C0 controls, tab, newline and carriage return included | U+0000–U+001F |
+/// | DEL and the C1 controls | U+007F–U+009F |
+/// | soft hyphen | U+00AD |
+/// | combining grapheme joiner | U+034F |
+/// | Arabic letter mark | U+061C |
+/// | Hangul choseong and jungseong fillers | U+115F, U+1160 |
+/// | Mongolian vowel separator | U+180E |
+/// | zero width space, non-joiner, joiner; left-to-right and right-to-left marks | U+200B–U+200F |
+/// | line and paragraph separators | U+2028, U+2029 |
+/// | bidi embeddings and overrides (LRE, RLE, PDF, LRO, RLO) | U+202A–U+202E |
+/// | word joiner and invisible operators | U+2060–U+2064 |
+/// | bidi isolates (LRI, RLI, FSI, PDI) | U+2066–U+2069 |
+/// | Hangul filler | U+3164 |
+/// | variation selectors 1–16 | U+FE00–U+FE0F |
+/// | zero width no-break space (BOM) | U+FEFF |
+/// | halfwidth Hangul filler | U+FFA0 |
+/// | tag characters | U+E0000–U+E007F |
+/// | variation selectors 17–256 | U+E0100–U+E01EF |
+///
+/// Everything else is shown as it is, including letters of every script, combining marks and
+/// emoji (whose variation selectors and tags do get escaped, so an emoji may show as its base
+/// character followed by `\u{FE0F}`).
+pub fn needs_display_escape(c: char) -> bool {
+    matches!(
+        c,
+        '\u{0}'..='\u{1F}'
+            | '\u{7F}'..='\u{9F}'
+            | '\u{AD}'
+            | '\u{34F}'
+            | '\u{61C}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{E0000}'..='\u{E007F}'
+            | '\u{E0100}'..='\u{E01EF}'
+    )
+}
+
+/// Makes `s` safe to show on a terminal: every character of [`needs_display_escape`]'s set
+/// becomes `\u{X}` (its code point in uppercase hex, no leading zeros: ESC is `\u{1B}`, RLO is
+/// `\u{202E}`), a backslash becomes `\\`, and everything else is kept.
+///
+/// The escaping is unambiguous (a backslash in the output always starts `\\` or `\u{`), so two
+/// different strings never display alike. The output contains no character of the escaped set,
+/// only characters that are kept as they are plus `\`, `u`, `{`, `}` and hex digits; escaping
+/// it again therefore changes nothing but the backslashes:
+/// `display_escape(&display_escape(s)) == display_escape(s).replace('\\', "\\\\")`.
+pub fn display_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else if needs_display_escape(c) {
+            out.push_str(&format!("\\u{{{:X}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// [`display_escape`] applied to every string in `v`, object keys included, at any depth.
+/// Numbers, booleans and null are unchanged. Since the escaping is injective, distinct keys
+/// stay distinct.
+pub fn display_escape_json(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(display_escape(s)),
+        Value::Array(a) => Value::Array(a.iter().map(display_escape_json).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| (display_escape(k), display_escape_json(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Every key and value of an object, in document order, duplicates kept.
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Entries, D::Error> {
+        d.deserialize_map(EntriesVisitor)
+    }
+}
+
+struct EntriesVisitor;
+
+impl<'de> Visitor<'de> for EntriesVisitor {
+    type Value = Entries;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+        let mut v = Vec::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let value = map.next_value::<Value>()?;
+            v.push((k, value));
+        }
+        Ok(Entries(v))
+    }
+}
+
+fn is_json_ws(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r')
+}
+
+fn kind_of_start(b: u8) -> &'static str {
+    match b {
+        b'[' => "an array",
+        b'"' => "a string",
+        b'-' | b'0'..=b'9' => "a number",
+        b't' | b'f' => "a boolean",
+        b'n' => "null",
+        _ => "text that is not JSON",
+    }
+}
+
+/// One line from a serde_json error, with the position where it was found.
+fn syntax_error(text: &str, e: &serde_json::Error) -> ResolveError {
+    if matches!(e.classify(), serde_json::error::Category::Eof) {
+        return ResolveError::Syntax {
+            detail: "the input ends inside the object".into(),
+        };
+    }
+    if from_position(text, e.line(), e.column()).is_some_and(starts_comment) {
+        return ResolveError::Comment;
+    }
+    let msg = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let msg = msg.strip_suffix(&suffix).unwrap_or(&msg);
+    ResolveError::Syntax {
+        detail: format!(
+            "{} (line {}, column {})",
+            msg.replace(['\n', '\r'], " "),
+            e.line(),
+            e.column()
+        ),
+    }
+}
+
+/// The text from serde_json's 1-based `line` and `column` (the column of the last byte read)
+/// to the end of that line.
+fn from_position(text: &str, line: usize, column: usize) -> Option<&str> {
+    let l = text.split('\n').nth(line.checked_sub(1)?)?;
+    l.get(column.checked_sub(1)?..)
+}
+
+fn starts_comment(s: &str) -> bool {
+    s.starts_with("//") || s.starts_with("/*")
+}
+
+fn has_nul(v: &Value) -> bool {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) if s.contains('\0') => return true,
+            Value::Array(a) => stack.extend(a),
+            Value::Object(m) => {
+                for (k, v) in m {
+                    if k.contains('\0') {
+                        return true;
+                    }
+                    stack.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What a value is, for messages: `false`, `a number`, `"global"` (escaped and clipped)…
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(_) => "a number".into(),
+        Value::String(s) => format!("the string \"{}\"", clip(s)),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// Input text for a message: escaped for display, at most 40 characters.
+fn clip(s: &str) -> String {
+    const MAX: usize = 40;
+    let e = display_escape(s);
+    if e.chars().count() <= MAX {
+        return e;
+    }
+    let mut out: String = e.chars().take(MAX).collect();
+    out.push('…');
+    out
+}
+
+fn check_id(s: &str) -> Result<(), ResolveError> {
+    if is_request_id(s) {
+        return Ok(());
+    }
+    let detail = if let Some(c) = s.chars().find(|c| !c.is_ascii_hexdigit()) {
+        format!("got the character \"{}\"", clip(&c.to_string()))
+    } else if s.chars().any(|c| c.is_ascii_uppercase()) {
+        "got uppercase hex digits".to_owned()
+    } else {
+        format!("got {} digits", s.len())
+    };
+    Err(ResolveError::BadId { detail })
+}
+
+fn check_message(v: Value) -> Result<String, ResolveError> {
+    let Value::String(s) = v else {
+        return Err(ResolveError::ErrorNotString { got: describe(&v) });
+    };
+    let chars = s.chars().count();
+    if chars == 0 {
+        return Err(ResolveError::ErrorEmpty);
+    }
+    if chars > MAX_ERROR_CHARS {
+        return Err(ResolveError::ErrorTooLong { chars });
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|&c| c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+    {
+        return Err(ResolveError::ErrorControl { code: u32::from(c) });
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const ID: &str = "0123456789abcdef0123456789abcdef";
+
+    fn ok(s: &str) -> Resolve {
+        match parse_resolve(s.as_bytes()) {
+            Ok(r) => r,
+            Err(e) => panic!("{s:?} refused: {e}"),
+        }
+    }
+
+    fn err(input: impl AsRef<[u8]>) -> ResolveError {
+        let input = input.as_ref();
+        match parse_resolve(input) {
+            Ok(r) => panic!("{:?} accepted: {r:?}", String::from_utf8_lossy(input)),
+            Err(e) => {
+                let m = e.to_string();
+                assert!(m.starts_with("resolve: "), "{m}");
+                assert!(!m.contains('\n') && !m.contains('\r'), "{m:?}");
+                e
+            }
+        }
+    }
+
+    fn approve(scope: bool) -> Resolve {
+        Resolve {
+            id: ID.into(),
+            verdict: Verdict::Approve {
+                session_scope: scope,
+            },
+        }
+    }
+
+    #[test]
+    fn accepts_approve() {
+        assert_eq!(
+            ok(&format!(r#"{{"id":"{ID}","approved":true}}"#)),
+            approve(false)
+        );
+        // Key order is free.
+        assert_eq!(
+            ok(&format!(r#"{{"approved":true,"id":"{ID}"}}"#)),
+            approve(false)
+        );
+    }
+
+    #[test]
+    fn accepts_approve_with_session_scope() {
+        let s = format!(r#"{{"id":"{ID}","approved":true,"scope":"session"}}"#);
+        assert_eq!(ok(&s), approve(true));
+        let s = format!(r#"{{"scope":"session","approved":true,"id":"{ID}"}}"#);
+        assert_eq!(ok(&s), approve(true));
+    }
+
+    #[test]
+    fn accepts_deny() {
+        let r = ok(&format!(r#"{{"id":"{ID}","error":"not on a friday"}}"#));
+        assert_eq!(
+            r,
+            Resolve {
+                id: ID.into(),
+                verdict: Verdict::Deny {
+                    message: "not on a friday".into()
+                }
+            }
+        );
+        // Escapes are decoded; non-ASCII and emoji are fine; 1000 characters is the limit.
+        let r = ok(&format!(r#"{{"id":"{ID}","error":"caf\u00e9 \"no\" 🚫"}}"#));
+        assert_eq!(
+            r.verdict,
+            Verdict::Deny {
+                message: "café \"no\" 🚫".into()
+            }
+        );
+        let long = "é".repeat(MAX_ERROR_CHARS);
+        let r = ok(&format!(r#"{{"id":"{ID}","error":"{long}"}}"#));
+        assert_eq!(r.verdict, Verdict::Deny { message: long });
+        let r = ok(&format!(r#"{{"id":"{ID}","error":"x"}}"#));
+        assert_eq!(
+            r.verdict,
+            Verdict::Deny {
+                message: "x".into()
+            }
+        );
+    }
+
+    #[test]
+    fn accepts_surrounding_whitespace_and_trailing_newline() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        assert_eq!(ok(&format!("{v}\n")), approve(false));
+        assert_eq!(ok(&format!("{v}\r\n")), approve(false));
+        assert_eq!(ok(&format!(" \t\n{v} \n")), approve(false));
+        let spaced = format!("{{ \"id\" : \"{ID}\" ,\n \"approved\" : true }}\n");
+        assert_eq!(ok(&spaced), approve(false));
+    }
+
+    #[test]
+    fn size_limit_is_4096_bytes() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        let pad = |n: usize| format!("{v}{}\n", " ".repeat(n - v.len() - 1));
+        assert_eq!(ok(&pad(MAX_RESOLVE)), approve(false));
+        let e = err(pad(MAX_RESOLVE + 1));
+        assert_eq!(e, ResolveError::TooLong { len: 4097 });
+        assert_eq!(e.to_string(), "resolve: at most 4096 bytes (got 4097)");
+    }
+
+    #[test]
+    fn rejects_empty_and_whitespace_only() {
+        assert_eq!(err(""), ResolveError::Empty);
+        assert_eq!(err(" \n\t\r\n"), ResolveError::Empty);
+        assert_eq!(err("\n"), ResolveError::Empty);
+    }
+
+    #[test]
+    fn rejects_nul_raw_and_escaped() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        assert_eq!(
+            err(format!("{v}\0")),
+            ResolveError::NulByte { offset: v.len() }
+        );
+        assert_eq!(err("\0"), ResolveError::NulByte { offset: 0 });
+        let e = err(format!(r#"{{"id":"{ID}","error":"a\u0000b"}}"#));
+        assert_eq!(e, ResolveError::NulEscape);
+        assert_eq!(
+            e.to_string(),
+            r"resolve: nul character (\u0000) in a string (not allowed anywhere)"
+        );
+        // In a key, and nested in a value that would be refused anyway.
+        assert_eq!(
+            err(format!(r#"{{"id":"{ID}","approved":true,"\u0000":1}}"#)),
+            ResolveError::NulEscape
+        );
+        assert_eq!(
+            err(format!(r#"{{"id":"{ID}","approved":[{{"x":"\u0000"}}]}}"#)),
+            ResolveError::NulEscape
+        );
+    }
+
+    #[test]
+    fn rejects_bad_utf8() {
+        let mut b = format!(r#"{{"id":"{ID}","error":"x"#).into_bytes();
+        let at = b.len();
+        b.extend_from_slice(b"\xff\"}");
+        assert_eq!(err(&b), ResolveError::NotUtf8 { offset: at });
+        // An overlong encoding and a lone surrogate encoded as UTF-8 bytes.
+        assert!(matches!(
+            err(b"{\"id\":\"\xc0\xaf\"}"),
+            ResolveError::NotUtf8 { .. }
+        ));
+        assert!(matches!(
+            err(b"{\"id\":\"\xed\xa0\x80\"}"),
+            ResolveError::NotUtf8 { .. }
+        ));
+        // A lone surrogate as a JSON escape is a syntax error.
+        let e = err(format!(r#"{{"id":"{ID}","error":"\ud800"}}"#));
+        assert!(matches!(e, ResolveError::Syntax { .. }), "{e}");
+    }
+
+    #[test]
+    fn rejects_two_objects() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        let e = err(format!("{v}{v}"));
+        assert_eq!(e, ResolveError::MoreThanOne);
+        assert_eq!(
+            e.to_string(),
+            "resolve: more than one JSON value (give exactly one object)"
+        );
+        assert_eq!(err(format!("{v}\n{v}\n")), ResolveError::MoreThanOne);
+        assert_eq!(err(format!("{v} 1")), ResolveError::MoreThanOne);
+        assert_eq!(err(format!("{v} true")), ResolveError::MoreThanOne);
+        assert_eq!(err(format!("{v}[]")), ResolveError::MoreThanOne);
+    }
+
+    #[test]
+    fn rejects_arrays_and_other_top_level_values() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        let e = err(format!("[{v}]"));
+        assert_eq!(e, ResolveError::NotObject { got: "an array" });
+        assert_eq!(
+            e.to_string(),
+            "resolve: expected one JSON object, got an array"
+        );
+        assert_eq!(err("\"x\""), ResolveError::NotObject { got: "a string" });
+        assert_eq!(err("12"), ResolveError::NotObject { got: "a number" });
+        assert_eq!(err("true"), ResolveError::NotObject { got: "a boolean" });
+        assert_eq!(err("null"), ResolveError::NotObject { got: "null" });
+        assert_eq!(
+            err("id=x approved=true"),
+            ResolveError::NotObject {
+                got: "text that is not JSON"
+            }
+        );
+        // A byte-order mark is not whitespace.
+        assert!(matches!(
+            err(format!("\u{FEFF}{v}")),
+            ResolveError::NotObject { .. }
+        ));
+    }
+
+    #[test]
+    fn rejects_trailing_garbage() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        assert_eq!(err(format!("{v}x")), ResolveError::Trailing);
+        assert_eq!(err(format!("{v},")), ResolveError::Trailing);
+        assert_eq!(err(format!("{v}}}")), ResolveError::Trailing);
+        assert_eq!(err(format!("{v} /")), ResolveError::Trailing);
+        // Form feed and vertical tab are not JSON whitespace.
+        assert_eq!(err(format!("{v}\x0c")), ResolveError::Trailing);
+    }
+
+    #[test]
+    fn rejects_comments() {
+        let v = format!(r#"{{"id":"{ID}","approved":true}}"#);
+        assert_eq!(err(format!("{v} // ok")), ResolveError::Comment);
+        assert_eq!(err(format!("/* ok */ {v}")), ResolveError::Comment);
+        let e = err(format!("{{\"id\":\"{ID}\", // the id\n\"approved\":true}}"));
+        assert_eq!(e, ResolveError::Comment, "{e}");
+        let e = err(format!(r#"{{"id":"{ID}" /* x */,"approved":true}}"#));
+        assert_eq!(e, ResolveError::Comment, "{e}");
+        assert_eq!(
+            ResolveError::Comment.to_string(),
+            "resolve: comments are not allowed (strict JSON only)"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_syntax() {
+        for s in [
+            "{".to_owned(),
+            format!(r#"{{"id":"{ID}","approved":true"#),
+            format!(r#"{{"id":"{ID}","approved":true,}}"#),
+            format!(r#"{{"id":"{ID}" "approved":true}}"#),
+            format!(r#"{{id:"{ID}","approved":true}}"#),
+            format!(r#"{{'id':'{ID}','approved':true}}"#),
+            format!(r#"{{"id":"{ID}","approved":True}}"#),
+            format!("{{\"id\":\"{ID}\",\"error\":\"a\nb\"}}"),
+            format!(r#"{{"id":"{ID}","error":"\x"}}"#),
+            format!(r#"{{"id":"{ID}","error":1e999}}"#),
+            format!(
+                "{{\"id\":\"{ID}\",\"x\":{}1{}}}",
+                "[".repeat(200),
+                "]".repeat(200)
+            ),
+        ] {
+            let e = err(&s);
+            assert!(matches!(e, ResolveError::Syntax { .. }), "{s:?}: {e}");
+        }
+        assert_eq!(
+            err("{").to_string(),
+            "resolve: invalid JSON: the input ends inside the object"
+        );
+        let e = err(format!(r#"{{"id":"{ID}","approved":true,}}"#)).to_string();
+        assert!(
+            e.starts_with("resolve: invalid JSON: trailing comma (line 1, column"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_key() {
+        let e = err(format!(r#"{{"id":"{ID}","aproved":true}}"#));
+        assert_eq!(
+            e.to_string(),
+            r#"resolve: unknown key "aproved" (valid: id, approved, error, scope)"#
+        );
+        // The key is shown escaped and clipped.
+        let e = err(format!(r#"{{"id":"{ID}","a\u202eb\u001b[2J":1}}"#));
+        assert_eq!(
+            e,
+            ResolveError::UnknownKey {
+                key: r"a\u{202E}b\u{1B}[2J".into()
+            }
+        );
+        let e = err(format!(r#"{{"id":"{ID}","{}":1}}"#, "k".repeat(100)));
+        assert_eq!(
+            e,
+            ResolveError::UnknownKey {
+                key: format!("{}…", "k".repeat(40))
+            }
+        );
+        // Keys are case-sensitive.
+        assert!(matches!(
+            err(format!(r#"{{"ID":"{ID}","approved":true}}"#)),
+            ResolveError::UnknownKey { .. }
+        ));
+    }
+
+    #[test]
+    fn rejects_duplicate_keys() {
+        let e = err(format!(
+            r#"{{"id":"{ID}","approved":true,"approved":true}}"#
+        ));
+        assert_eq!(e, ResolveError::DuplicateKey { key: "approved" });
+        assert_eq!(e.to_string(), r#"resolve: duplicate key "approved""#);
+        let other = "f".repeat(32);
+        let e = err(format!(r#"{{"id":"{ID}","id":"{other}","approved":true}}"#));
+        assert_eq!(e.to_string(), r#"resolve: duplicate key "id""#);
+        // Spelled differently with an escape, still the same key.
+        let e = err(format!(
+            r#"{{"id":"{ID}","\u0069d":"{ID}","approved":true}}"#
+        ));
+        assert_eq!(e, ResolveError::DuplicateKey { key: "id" });
+        let e = err(format!(r#"{{"id":"{ID}","error":"a","error":"b"}}"#));
+        assert_eq!(e, ResolveError::DuplicateKey { key: "error" });
+        let e = err(format!(
+            r#"{{"id":"{ID}","approved":true,"scope":"session","scope":"session"}}"#
+        ));
+        assert_eq!(e, ResolveError::DuplicateKey { key: "scope" });
+    }
+
+    #[test]
+    fn rejects_missing_or_malformed_id() {
+        assert_eq!(err(r#"{"approved":true}"#), ResolveError::MissingId);
+        let cases = [
+            (
+                r#""0123456789ABCDEF0123456789ABCDEF""#,
+                "got uppercase hex digits",
+            ),
+            (
+                r#""0123456789abcdef0123456789abcdeF""#,
+                "got uppercase hex digits",
+            ),
+            (r#""0123456789abcdef0123456789abcde""#, "got 31 digits"),
+            (r#""0123456789abcdef0123456789abcdef0""#, "got 33 digits"),
+            (r#""""#, "got 0 digits"),
+            (
+                r#"" 0123456789abcdef0123456789abcde""#,
+                r#"got the character " ""#,
+            ),
+            (
+                r#""0123456789abcdef0123456789abcdef ""#,
+                r#"got the character " ""#,
+            ),
+            (
+                r#""0123456789abcdef0123456789abcdeg""#,
+                r#"got the character "g""#,
+            ),
+            // Fullwidth digit zero: a confusable, not a hex digit.
+            (
+                r#""\uff10123456789abcdef0123456789abcdef""#,
+                "got the character \"０\"",
+            ),
+            (
+                r#""0123456789abcdef0123456789abcde\u200b""#,
+                r#"got the character "\u{200B}""#,
+            ),
+            ("12", "got a number"),
+            ("null", "got null"),
+            ("true", "got true"),
+            (r#"["x"]"#, "got an array"),
+        ];
+        for (id, detail) in cases {
+            let e = err(format!(r#"{{"id":{id},"approved":true}}"#));
+            assert_eq!(
+                e,
+                ResolveError::BadId {
+                    detail: detail.into()
+                },
+                "{id}"
+            );
+        }
+        assert_eq!(
+            err(r#"{"id":"abc","approved":true}"#).to_string(),
+            r#"resolve: "id" must be a string of 32 lowercase hex digits (got 3 digits)"#
+        );
+    }
+
+    #[test]
+    fn rejects_approved_other_than_true() {
+        for (v, got) in [
+            ("false", "false"),
+            (r#""true""#, "the string \"true\""),
+            ("1", "a number"),
+            ("0", "a number"),
+            ("null", "null"),
+            ("[true]", "an array"),
+            ("{}", "an object"),
+        ] {
+            let e = err(format!(r#"{{"id":"{ID}","approved":{v}}}"#));
+            assert_eq!(e, ResolveError::ApprovedNotTrue { got: got.into() }, "{v}");
+            assert!(e.to_string().contains(r#"(to deny, give "error": "why")"#));
+        }
+        assert_eq!(
+            err(format!(r#"{{"id":"{ID}","approved":false}}"#)).to_string(),
+            r#"resolve: "approved" must be true, not false (to deny, give "error": "why")"#
+        );
+    }
+
+    #[test]
+    fn rejects_both_or_neither_verdict() {
+        let e = err(format!(r#"{{"id":"{ID}","approved":true,"error":"no"}}"#));
+        assert_eq!(e, ResolveError::BothVerdicts);
+        let e = err(format!(r#"{{"id":"{ID}","error":"no","approved":false}}"#));
+        assert_eq!(e, ResolveError::BothVerdicts);
+        assert_eq!(err(format!(r#"{{"id":"{ID}"}}"#)), ResolveError::NoVerdict);
+        assert_eq!(
+            err(format!(r#"{{"id":"{ID}","scope":"session"}}"#)),
+            ResolveError::NoVerdict
+        );
+    }
+
+    #[test]
+    fn rejects_bad_error_message() {
+        let e = |m: &str| err(format!(r#"{{"id":"{ID}","error":{m}}}"#));
+        assert_eq!(e(r#""""#), ResolveError::ErrorEmpty);
+        let long = format!("\"{}\"", "x".repeat(MAX_ERROR_CHARS + 1));
+        assert_eq!(e(&long), ResolveError::ErrorTooLong { chars: 1001 });
+        assert_eq!(e(r#""a\nb""#), ResolveError::ErrorControl { code: 0x0a });
+        assert_eq!(e(r#""a\tb""#), ResolveError::ErrorControl { code: 0x09 });
+        assert_eq!(
+            e(r#""\u001b[2J""#),
+            ResolveError::ErrorControl { code: 0x1b }
+        );
+        assert_eq!(e("\"a\u{7f}\""), ResolveError::ErrorControl { code: 0x7f });
+        assert_eq!(e("\"a\u{85}\""), ResolveError::ErrorControl { code: 0x85 });
+        assert_eq!(
+            e(r#""a\u2028b""#),
+            ResolveError::ErrorControl { code: 0x2028 }
+        );
+        assert_eq!(
+            e(r#""\u001b""#).to_string(),
+            r#"resolve: "error" contains control character U+001B (one line of printable text)"#
+        );
+        assert_eq!(
+            e("false"),
+            ResolveError::ErrorNotString {
+                got: "false".into()
+            }
+        );
+        assert_eq!(
+            e("null"),
+            ResolveError::ErrorNotString { got: "null".into() }
+        );
+        assert_eq!(
+            e("3").to_string(),
+            r#"resolve: "error" must be a string of 1 to 1000 characters, not a number"#
+        );
+    }
+
+    #[test]
+    fn rejects_bad_scope() {
+        let e = err(format!(r#"{{"id":"{ID}","error":"no","scope":"session"}}"#));
+        assert_eq!(e, ResolveError::ScopeWithError);
+        let e = err(format!(
+            r#"{{"id":"{ID}","approved":true,"scope":"global"}}"#
+        ));
+        assert_eq!(
+            e.to_string(),
+            r#"resolve: "scope" may only be "session", not the string "global""#
+        );
+        for s in [
+            r#""Session""#,
+            r#""session ""#,
+            r#""""#,
+            "null",
+            "true",
+            "1",
+        ] {
+            let e = err(format!(r#"{{"id":"{ID}","approved":true,"scope":{s}}}"#));
+            assert!(matches!(e, ResolveError::BadScope { .. }), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn request_ids() {
+        let a = new_request_id().unwrap();
+        let b = new_request_id().unwrap();
+        assert!(is_request_id(&a) && is_request_id(&b), "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        // A fresh id is accepted by parse_resolve.
+        assert!(matches!(
+            parse_resolve(format!(r#"{{"id":"{a}","approved":true}}"#).as_bytes()),
+            Ok(Resolve { id, .. }) if id == a
+        ));
+        assert!(!is_request_id(&a.to_uppercase()));
+        assert!(!is_request_id(&a[1..]));
+    }
+
+    #[test]
+    fn escapes_terminal_controls() {
+        assert_eq!(display_escape("\x1b[2J"), r"\u{1B}[2J");
+        assert_eq!(display_escape("a\nb\tc\rd"), r"a\u{A}b\u{9}c\u{D}d");
+        assert_eq!(display_escape("\0\x07\x08\x7f"), r"\u{0}\u{7}\u{8}\u{7F}");
+        // C1 controls, including the 8-bit CSI.
+        assert_eq!(
+            display_escape("\u{80}\u{9b}2J\u{9f}"),
+            r"\u{80}\u{9B}2J\u{9F}"
+        );
+        assert_eq!(
+            display_escape("a\u{2028}b\u{2029}c"),
+            r"a\u{2028}b\u{2029}c"
+        );
+    }
+
+    #[test]
+    fn escapes_bidi_controls() {
+        // An argv that would display as `rm -rf /` reversed.
+        let argv = ["sh", "-c", "echo \u{202E}/ fr- mr"];
+        let shown: Vec<String> = argv.iter().map(|a| display_escape(a)).collect();
+        assert_eq!(shown[2], r"echo \u{202E}/ fr- mr");
+        assert_eq!(
+            display_escape("\u{61C}\u{200E}\u{200F}\u{202A}\u{202B}\u{202C}\u{202D}\u{202E}"),
+            r"\u{61C}\u{200E}\u{200F}\u{202A}\u{202B}\u{202C}\u{202D}\u{202E}"
+        );
+        assert_eq!(
+            display_escape("\u{2066}x\u{2067}\u{2068}\u{2069}"),
+            r"\u{2066}x\u{2067}\u{2068}\u{2069}"
+        );
+    }
+
+    #[test]
+    fn escapes_invisible_characters() {
+        assert_eq!(
+            display_escape("a\u{200B}b\u{200C}c\u{200D}d\u{FEFF}e\u{AD}f"),
+            r"a\u{200B}b\u{200C}c\u{200D}d\u{FEFF}e\u{AD}f"
+        );
+        assert_eq!(
+            display_escape("\u{2060}\u{2061}\u{2062}\u{2063}\u{2064}"),
+            r"\u{2060}\u{2061}\u{2062}\u{2063}\u{2064}"
+        );
+        assert_eq!(
+            display_escape("\u{34F}\u{180E}\u{115F}\u{1160}\u{3164}\u{FFA0}"),
+            r"\u{34F}\u{180E}\u{115F}\u{1160}\u{3164}\u{FFA0}"
+        );
+        // Tag characters (an invisible "rm" after a flag) and variation selectors.
+        assert_eq!(
+            display_escape("x\u{E0001}\u{E0072}\u{E006D}\u{E007F}"),
+            r"x\u{E0001}\u{E0072}\u{E006D}\u{E007F}"
+        );
+        assert_eq!(
+            display_escape("❤\u{FE0F}\u{FE00}\u{E0100}\u{E01EF}"),
+            r"❤\u{FE0F}\u{FE00}\u{E0100}\u{E01EF}"
+        );
+    }
+
+    #[test]
+    fn escapes_backslash_and_keeps_the_rest() {
+        assert_eq!(display_escape(r"a\b"), r"a\\b");
+        assert_eq!(display_escape(r"\u{202E}"), r"\\u{202E}");
+        let kept = "plain ASCII ~!@#$%^&*() café Ωμέγα 日本語 עברית العربية 🦀 👍🏽 e\u{301}";
+        assert_eq!(display_escape(kept), kept);
+        // The neighbours of every escaped range are kept.
+        for c in [
+            '\u{20}',
+            '\u{7E}',
+            '\u{A0}',
+            '\u{AC}',
+            '\u{AE}',
+            '\u{200A}',
+            '\u{2010}',
+            '\u{2027}',
+            '\u{202F}',
+            '\u{205F}',
+            '\u{2065}',
+            '\u{206A}',
+            '\u{FDFF}',
+            '\u{FE10}',
+            '\u{FEFE}',
+            '\u{FF00}',
+            '\u{DFFFF}',
+            '\u{E0080}',
+            '\u{E00FF}',
+            '\u{E01F0}',
+        ] {
+            assert_eq!(
+                display_escape(&c.to_string()),
+                c.to_string(),
+                "U+{:04X}",
+                c as u32
+            );
+        }
+    }
+
+    /// The documented set, as a table independent of `needs_display_escape`'s code.
+    const ESCAPED: &[(u32, u32)] = &[
+        (0x00, 0x1F),
+        (0x7F, 0x9F),
+        (0xAD, 0xAD),
+        (0x34F, 0x34F),
+        (0x61C, 0x61C),
+        (0x115F, 0x1160),
+        (0x180E, 0x180E),
+        (0x200B, 0x200F),
+        (0x2028, 0x2029),
+        (0x202A, 0x202E),
+        (0x2060, 0x2064),
+        (0x2066, 0x2069),
+        (0x3164, 0x3164),
+        (0xFE00, 0xFE0F),
+        (0xFEFF, 0xFEFF),
+        (0xFFA0, 0xFFA0),
+        (0xE0000, 0xE007F),
+        (0xE0100, 0xE01EF),
+    ];
+
+    #[test]
+    fn escaped_set_is_exactly_the_documented_one() {
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            let listed = ESCAPED
+                .iter()
+                .any(|&(lo, hi)| (lo..=hi).contains(&u32::from(c)));
+            assert_eq!(needs_display_escape(c), listed, "U+{:04X}", u32::from(c));
+            let s = c.to_string();
+            let want = if listed {
+                format!("\\u{{{:X}}}", u32::from(c))
+            } else if c == '\\' {
+                r"\\".to_owned()
+            } else {
+                s.clone()
+            };
+            assert_eq!(display_escape(&s), want);
+        }
+    }
+
+    /// Undoes `display_escape` (tests only): shows the escaping is injective.
+    fn unescape(s: &str) -> Option<String> {
+        let mut out = String::new();
+        let mut it = s.chars();
+        while let Some(c) = it.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            match it.next()? {
+                '\\' => out.push('\\'),
+                'u' => {
+                    if it.next()? != '{' {
+                        return None;
+                    }
+                    let hex: String = it.by_ref().take_while(|&c| c != '}').collect();
+                    let c = char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?;
+                    if !needs_display_escape(c) || format!("{:X}", u32::from(c)) != hex {
+                        return None;
+                    }
+                    out.push(c);
+                }
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+
+    /// xorshift64*: deterministic, so a failure reproduces.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn display_escape_properties() {
+        // Every edge of every escaped range and its neighbours, the characters of an escape
+        // sequence, and random scalar values.
+        let mut pool: Vec<char> = "\\u{}0123456789ABCDEFabcdef xé🦀".chars().collect();
+        for &(lo, hi) in ESCAPED {
+            for v in [lo.wrapping_sub(1), lo, hi, hi + 1] {
+                pool.extend(char::from_u32(v));
+            }
+        }
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for _ in 0..5000 {
+            let len = rng.below(24);
+            let s: String = (0..len)
+                .map(|_| {
+                    if rng.below(4) == 0 {
+                        char::from_u32(rng.below(0x11_0000) as u32).unwrap_or('?')
+                    } else {
+                        pool[rng.below(pool.len())]
+                    }
+                })
+                .collect();
+            let once = display_escape(&s);
+            assert!(!once.chars().any(needs_display_escape), "{s:?} -> {once:?}");
+            // Unchanged exactly when there was nothing to escape.
+            let clean = !s.chars().any(|c| c == '\\' || needs_display_escape(c));
+            assert_eq!(once == s, clean, "{s:?}");
+            // Injective: the original comes back.
+            assert_eq!(unescape(&once).as_deref(), Some(s.as_str()), "{once:?}");
+            // Stable: a second pass only doubles the backslashes.
+            assert_eq!(display_escape(&once), once.replace('\\', r"\\"), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn display_escape_json_escapes_every_string_and_key() {
+        let v = json!({
+            "argv": ["sh", "-c", "echo \u{202E}gnp.exe"],
+            "reason": "clear\u{1b}[2J",
+            "k\u{200B}ey": {"nested": ["\u{7}", 1, true, null, 2.5]},
+            "n": 42
+        });
+        let want = json!({
+            "argv": ["sh", "-c", r"echo \u{202E}gnp.exe"],
+            "reason": r"clear\u{1B}[2J",
+            r"k\u{200B}ey": {"nested": [r"\u{7}", 1, true, null, 2.5]},
+            "n": 42
+        });
+        assert_eq!(display_escape_json(&v), want);
+        let text = serde_json::to_string(&display_escape_json(&v)).unwrap();
+        assert!(!text.chars().any(needs_display_escape), "{text}");
+    }
+
+    #[test]
+    fn every_error_is_one_lowercase_line() {
+        let all = [
+            ResolveError::TooLong { len: 5000 },
+            ResolveError::NulByte { offset: 3 },
+            ResolveError::NotUtf8 { offset: 3 },
+            ResolveError::Empty,
+            ResolveError::NotObject { got: "an array" },
+            ResolveError::Comment,
+            ResolveError::Syntax { detail: "x".into() },
+            ResolveError::MoreThanOne,
+            ResolveError::Trailing,
+            ResolveError::NulEscape,
+            ResolveError::UnknownKey { key: "k".into() },
+            ResolveError::DuplicateKey { key: "id" },
+            ResolveError::MissingId,
+            ResolveError::BadId { detail: "x".into() },
+            ResolveError::NoVerdict,
+            ResolveError::BothVerdicts,
+            ResolveError::ApprovedNotTrue { got: "1".into() },
+            ResolveError::ErrorNotString { got: "1".into() },
+            ResolveError::ErrorEmpty,
+            ResolveError::ErrorTooLong { chars: 1001 },
+            ResolveError::ErrorControl { code: 0x1b },
+            ResolveError::BadScope { got: "x".into() },
+            ResolveError::ScopeWithError,
+        ];
+        for e in all {
+            let m = e.to_string();
+            assert!(m.starts_with("resolve: "), "{m}");
+            assert!(!m.contains('\n'), "{m}");
+            let first = m["resolve: ".len()..].chars().next().unwrap();
+            assert!(!first.is_uppercase(), "{m}");
+        }
+    }
+
+    #[test]
+    fn never_panics_on_mutations() {
+        // A cheap in-tree stand-in for the fuzz target: mutate valid verdicts byte by byte.
+        let seeds = [
+            format!(r#"{{"id":"{ID}","approved":true,"scope":"session"}}"#),
+            format!(r#"{{"id":"{ID}","error":"caf\u00e9 \ud83e\udd80 no"}}"#),
+        ];
+        let mut rng = Rng(42);
+        for seed in &seeds {
+            for _ in 0..20_000 {
+                let mut b = seed.clone().into_bytes();
+                for _ in 0..1 + rng.below(4) {
+                    let i = rng.below(b.len());
+                    match rng.below(3) {
+                        0 => b[i] = rng.next() as u8,
+                        1 => {
+                            b.remove(i);
+                        }
+                        _ => {
+                            let pick = b"{}[]\",:\\u0tfn /";
+                            b.insert(i, pick[rng.below(pick.len())]);
+                        }
+                    }
+                    if b.is_empty() {
+                        break;
+                    }
+                }
+                match parse_resolve(&b) {
+                    Ok(r) => assert!(is_request_id(&r.id)),
+                    Err(e) => assert!(!e.to_string().contains('\n')),
+                }
+            }
+        }
+    }
+}

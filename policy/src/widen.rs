@@ -1,0 +1,436 @@
+//! Widening a resolved policy by grants a human approved through the broker.
+//!
+//! This is the one place a policy grows. It is only for the exact run an approval covers:
+//! the result is a new [`ResolvedPolicy`] and the stored policy is never changed.
+
+use crate::decide::{Grant, normal_abs};
+use crate::model::{Access, Network, PathTemplate, Policy, ResolveContext, ResolvedPolicy};
+use crate::secrets;
+use std::collections::BTreeSet;
+
+impl ResolvedPolicy {
+    /// Returns a copy widened by exactly `grants` and nothing else.
+    ///
+    /// - `read:P` appends `P` to `fs.read`, unless [`access_of`](Self::access_of) already
+    ///   reports `P` as readable (then it is a no-op).
+    /// - `write:P` appends `P` to `fs.write`, unless `P` is already read-write; a read-only or
+    ///   read+exec `P` is thereby upgraded. A `P` inside a `fs.protected` island is refused:
+    ///   islands stay read-only whatever covers them, so the grant could not be honoured, and
+    ///   lifting the island would widen more than `P`.
+    /// - `net:PORT` adds `PORT` to the TCP connect set; `Network::Off` becomes TCP with just
+    ///   that connect port and no bind ports (which also lets the run create TCP sockets).
+    /// - `net` is refused: [`Network`] can only list ports, and listing all 65535 would turn
+    ///   "any port" into a quiet, permanent-looking policy that the enforcer must carry rule by
+    ///   rule. The agent asks for `net:PORT` instead, which is what a human can judge.
+    /// - `unsandboxed` is refused: it is not a policy; the caller runs the command outside the
+    ///   sandbox.
+    ///
+    /// Paths must be absolute and normal (as [`Grant::parse`] requires), and no path may be, or lie inside, a secret location
+    /// ([`secrets::secret_containing`]); `decide` already denies these, this re-checks.
+    /// A path that is an ancestor of secret locations is accepted, exactly as in a policy
+    /// file: the enforcer carves out [`secrets_within`](Self::secrets_within).
+    ///
+    /// Limits, environment, syscall profile, Landlock floor, best effort, escalation kinds,
+    /// `env_set`, the context, the source `policy` and every other rule are unchanged. Any
+    /// error refuses the whole list (nothing is partially applied).
+    pub fn with_grants(&self, grants: &[Grant]) -> Result<ResolvedPolicy, String> {
+        let mut out = self.clone();
+        for g in grants {
+            match g {
+                Grant::Read(p) | Grant::Write(p) => {
+                    if !normal_abs(p) {
+                        return Err(format!(
+                            "{g}: the path must be absolute and normal (no `.`, `..` or empty components, no nul)"
+                        ));
+                    }
+                    if let Some(s) = secrets::secret_containing(p, &self.ctx.home) {
+                        return Err(format!(
+                            "{g}: {} is inside the secret location {} and can never be granted",
+                            p.display(),
+                            s.display()
+                        ));
+                    }
+                    if matches!(g, Grant::Read(_)) {
+                        if out.access_of(p).is_none() {
+                            out.fs.read.push(p.clone());
+                        }
+                    } else if out.access_of(p) != Some(Access::ReadWrite) {
+                        if let Some(island) = out.fs.protected.iter().find(|i| p.starts_with(i)) {
+                            return Err(format!(
+                                "{g}: {} is inside the protected path {}, which stays read-only",
+                                p.display(),
+                                island.display()
+                            ));
+                        }
+                        out.fs.write.push(p.clone());
+                    }
+                }
+                Grant::NetPort(0) => return Err("net:0: port 0 is not a port".to_string()),
+                Grant::NetPort(port) => match &mut out.network {
+                    Network::Off => {
+                        out.network = Network::Tcp {
+                            connect: BTreeSet::from([*port]),
+                            bind: BTreeSet::new(),
+                        };
+                    }
+                    Network::Tcp { connect, .. } => {
+                        connect.insert(*port);
+                    }
+                },
+                Grant::Net => {
+                    return Err(
+                        "net cannot be expressed as a policy: network rules list ports, ask for net:PORT"
+                            .to_string(),
+                    );
+                }
+                Grant::Unsandboxed => {
+                    return Err("unsandboxed cannot be expressed as a policy: the caller runs the command outside the sandbox".to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Policy {
+    /// The policy (as the sandbox takes it) widened by exactly `grants` for a run in `ctx`:
+    /// the same checks and the same rules as [`ResolvedPolicy::with_grants`], which it runs
+    /// first; grants already covered add nothing.
+    pub fn with_grants(&self, grants: &[Grant], ctx: &ResolveContext) -> Result<Policy, String> {
+        let resolved = self.resolve(ctx).map_err(|e| e.to_string())?;
+        resolved.with_grants(grants)?;
+        let mut out = self.clone();
+        let mut now = resolved;
+        for g in grants {
+            match g {
+                Grant::Read(p) | Grant::Write(p) => {
+                    let write = matches!(g, Grant::Write(_));
+                    let have = now.access_of(p);
+                    let covered = if write {
+                        have == Some(Access::ReadWrite)
+                    } else {
+                        have.is_some()
+                    };
+                    if !covered {
+                        let t = PathTemplate::parse("grant", &p.to_string_lossy())
+                            .map_err(|e| e.to_string())?;
+                        if write {
+                            out.fs.write.push(t);
+                        } else {
+                            out.fs.read.push(t);
+                        }
+                    }
+                }
+                Grant::NetPort(port) => match &mut out.network {
+                    Network::Off => {
+                        out.network = Network::Tcp {
+                            connect: BTreeSet::from([*port]),
+                            bind: BTreeSet::new(),
+                        };
+                    }
+                    Network::Tcp { connect, .. } => {
+                        connect.insert(*port);
+                    }
+                },
+                // Refused by `ResolvedPolicy::with_grants` above.
+                Grant::Net | Grant::Unsandboxed => {}
+            }
+            now = now.with_grants(std::slice::from_ref(g))?;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::decide::{Decision, EscalationRequest, decide};
+    use crate::model::{Access, Network, Policy, ResolveContext, ResolvedPolicy};
+    use crate::{Grant, secrets};
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+    use std::path::{Path, PathBuf};
+
+    fn pol(text: &str) -> ResolvedPolicy {
+        Policy::from_toml(text)
+            .unwrap()
+            .resolve(&ResolveContext {
+                workdir: "/w".into(),
+                home: "/home/u".into(),
+            })
+            .unwrap()
+    }
+
+    /// A policy with something in every field, so "unchanged" means something.
+    const BASE: &str = "landlock_min_abi = 6\nbest_effort = true\n\
+        [fs]\nread=[\"/etc/hostname\"]\nexec=[\"/usr\"]\nwrite=[\"{workdir}\"]\nprotected=[\"{workdir}/.git\"]\n\
+        [network]\nmode=\"tcp\"\nconnect=[443]\nbind=[8080]\n\
+        [limits]\ncpu_seconds=7\ntimeout_seconds=9\n\
+        [env]\nallow=[\"PATH\"]\nset={TMPDIR=\"{workdir}/.tmp\"}\n\
+        [escalations]\nallow=[\"net\",\"read\",\"write\"]";
+
+    fn g(s: &str) -> Grant {
+        Grant::parse(s).unwrap()
+    }
+
+    #[test]
+    fn the_sandbox_policy_widens_like_the_resolved_one() {
+        let base = Policy::from_toml(
+            "[fs]\nwrite=[\"{workdir}\"]\nread=[\"/usr\"]\n[escalations]\nallow=[\"net\",\"read\",\"write\"]",
+        )
+        .unwrap();
+        let ctx = ResolveContext {
+            workdir: "/w".into(),
+            home: "/home/u".into(),
+        };
+        let grants = [
+            g("read:/srv/data"),
+            g("write:/tmp/out"),
+            g("net:8080"),
+            g("read:/usr/lib"),
+        ];
+        let wide = base.with_grants(&grants, &ctx).unwrap();
+        let want = base.resolve(&ctx).unwrap().with_grants(&grants).unwrap();
+        let got = wide.resolve(&ctx).unwrap();
+        assert_eq!(got.fs, want.fs);
+        assert_eq!(got.network, want.network);
+        assert_eq!(
+            wide.fs.read.len(),
+            base.fs.read.len() + 1,
+            "/usr/lib was covered"
+        );
+        assert_eq!(wide.limits, base.limits);
+        assert_eq!(wide.env, base.env);
+        assert!(base.with_grants(&[g("net")], &ctx).is_err());
+        assert!(
+            base.with_grants(&[g("read:/home/u/.ssh/id_rsa")], &ctx)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn read_adds_exactly_one_rule() {
+        let before = pol(BASE);
+        let after = before.with_grants(&[g("read:/opt/data")]).unwrap();
+        let mut expected = before.clone();
+        expected.fs.read.push("/opt/data".into());
+        assert_eq!(after, expected);
+        assert_eq!(
+            after.access_of(Path::new("/opt/data/x")),
+            Some(Access::Read)
+        );
+        assert_eq!(after.access_of(Path::new("/opt")), None);
+    }
+
+    #[test]
+    fn write_adds_exactly_one_rule_and_upgrades() {
+        let before = pol(BASE);
+        for p in ["/etc/hostname", "/usr/lib", "/srv"] {
+            let after = before.with_grants(&[Grant::Write(p.into())]).unwrap();
+            let mut expected = before.clone();
+            expected.fs.write.push(p.into());
+            assert_eq!(after, expected, "{p}");
+            assert_eq!(after.access_of(Path::new(p)), Some(Access::ReadWrite));
+        }
+    }
+
+    #[test]
+    fn net_port_adds_to_connect_only() {
+        let before = pol(BASE);
+        let after = before.with_grants(&[g("net:22")]).unwrap();
+        let mut expected = before.clone();
+        expected.network = Network::Tcp {
+            connect: BTreeSet::from([22, 443]),
+            bind: BTreeSet::from([8080]),
+        };
+        assert_eq!(after, expected);
+
+        let off = pol("[fs]\nwrite=[\"{workdir}\"]");
+        assert_eq!(off.network, Network::Off);
+        let after = off.with_grants(&[g("net:443")]).unwrap();
+        let mut expected = off.clone();
+        expected.network = Network::Tcp {
+            connect: BTreeSet::from([443]),
+            bind: BTreeSet::new(),
+        };
+        assert_eq!(after, expected);
+    }
+
+    #[test]
+    fn covered_grants_are_no_ops() {
+        let before = pol(BASE);
+        for grants in [
+            vec![g("read:/etc/hostname")],
+            vec![g("read:/usr/bin/env")],
+            vec![g("read:/w/.git/config")],
+            vec![g("write:/w/src")],
+            vec![g("write:/w")],
+            vec![g("net:443")],
+            vec![],
+        ] {
+            assert_eq!(before.with_grants(&grants).unwrap(), before, "{grants:?}");
+        }
+        let all = pol("[fs]\nread_all=true");
+        assert_eq!(all.with_grants(&[g("read:/opt")]).unwrap(), all);
+        // The same grant twice adds one rule.
+        let twice = before
+            .with_grants(&[g("write:/srv"), g("write:/srv"), g("write:/srv/x")])
+            .unwrap();
+        assert_eq!(twice.fs.write.len(), before.fs.write.len() + 1);
+    }
+
+    #[test]
+    fn several_grants_combine() {
+        let before = pol(BASE);
+        let after = before
+            .with_grants(&[g("read:/opt"), g("write:/srv"), g("net:80")])
+            .unwrap();
+        let mut expected = before.clone();
+        expected.fs.read.push("/opt".into());
+        expected.fs.write.push("/srv".into());
+        if let Network::Tcp { connect, .. } = &mut expected.network {
+            connect.insert(80);
+        }
+        assert_eq!(after, expected);
+    }
+
+    #[test]
+    fn refusals_are_clear() {
+        let p = pol(BASE);
+        let err = |grants: &[Grant]| p.with_grants(grants).unwrap_err();
+        assert_eq!(
+            err(&[g("read:/opt"), Grant::Unsandboxed]),
+            "unsandboxed cannot be expressed as a policy: the caller runs the command outside the sandbox"
+        );
+        assert!(err(&[Grant::Net]).contains("ask for net:PORT"));
+        assert!(err(&[Grant::NetPort(0)]).starts_with("net:0:"));
+        for s in [
+            "/home/u/.ssh",
+            "/home/u/.ssh/id_ed25519",
+            "/etc/shadow",
+            "/root/.aws/credentials",
+        ] {
+            for grant in [Grant::Read(s.into()), Grant::Write(s.into())] {
+                let e = err(std::slice::from_ref(&grant));
+                assert!(e.contains("secret location"), "{e}");
+                assert!(e.starts_with(&grant.to_string()), "{e}");
+            }
+        }
+        for s in ["rel", "/a/../b", "/a/./b", "/a//b", "/a/", "/a\0b", ""] {
+            assert!(err(&[Grant::Read(s.into())]).contains("absolute"), "{s}");
+        }
+        let e = err(&[g("write:/w/.git/hooks")]);
+        assert!(e.contains("protected path /w/.git"), "{e}");
+        // An ancestor of secret locations is accepted, as in a policy file; the secrets stay
+        // denied.
+        let home = p.with_grants(&[g("read:/home/u")]).unwrap();
+        assert_eq!(home.access_of(Path::new("/home/u/.ssh/id_rsa")), None);
+        assert!(!home.secrets_within(Path::new("/home/u")).is_empty());
+    }
+
+    #[test]
+    fn approved_requests_become_allowed() {
+        let p = pol(BASE);
+        let grants = vec![g("read:/opt"), g("write:/srv"), g("net:22")];
+        let req = EscalationRequest {
+            grants: grants.clone(),
+            reason: "r".into(),
+        };
+        assert!(matches!(decide(&p, &req), Decision::NeedsApproval(_)));
+        assert_eq!(
+            decide(&p.with_grants(&grants).unwrap(), &req),
+            Decision::Allow
+        );
+    }
+
+    fn arb_path() -> impl Strategy<Value = PathBuf> {
+        let seg = prop_oneof![
+            Just("w"),
+            Just("usr"),
+            Just("etc"),
+            Just("home"),
+            Just("u"),
+            Just(".ssh"),
+            Just(".git"),
+            Just("shadow"),
+            Just("srv"),
+            Just("x"),
+        ];
+        proptest::collection::vec(seg, 0..4).prop_map(|segs| {
+            let mut p = PathBuf::from("/");
+            for s in segs {
+                p.push(s);
+            }
+            p
+        })
+    }
+
+    fn arb_grant() -> impl Strategy<Value = Grant> {
+        prop_oneof![
+            Just(Grant::Net),
+            (1u16..=65535).prop_map(Grant::NetPort),
+            prop_oneof![Just(22u16), Just(443)].prop_map(Grant::NetPort),
+            arb_path().prop_map(Grant::Read),
+            arb_path().prop_map(Grant::Write),
+            Just(Grant::Unsandboxed),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn widening_grants_what_was_asked_and_nothing_else(
+            grants in proptest::collection::vec(arb_grant(), 0..4),
+            probe in arb_path(),
+        ) {
+            let before = pol(BASE);
+            let result = before.with_grants(&grants);
+            let refusable = grants.iter().any(|g| match g {
+                Grant::Net | Grant::Unsandboxed => true,
+                Grant::Read(p) | Grant::Write(p) => {
+                    secrets::secret_containing(p, Path::new("/home/u")).is_some()
+                        || (matches!(g, Grant::Write(_)) && p.starts_with("/w/.git"))
+                }
+                Grant::NetPort(_) => false,
+            });
+            prop_assert_eq!(result.is_err(), refusable, "{:?}", result);
+            let Ok(after) = result else { return Ok(()) };
+            // Everything but fs.read, fs.write and the connect set is unchanged.
+            prop_assert_eq!(&after.policy, &before.policy);
+            prop_assert_eq!(&after.ctx, &before.ctx);
+            prop_assert_eq!(&after.env_set, &before.env_set);
+            prop_assert_eq!(&after.fs.exec, &before.fs.exec);
+            prop_assert_eq!(&after.fs.protected, &before.fs.protected);
+            prop_assert_eq!(after.fs.read_all, before.fs.read_all);
+            prop_assert!(after.fs.read.starts_with(&before.fs.read));
+            prop_assert!(after.fs.write.starts_with(&before.fs.write));
+            // Each added rule is one of the grants.
+            for p in &after.fs.read[before.fs.read.len()..] {
+                prop_assert!(grants.contains(&Grant::Read(p.clone())));
+            }
+            for p in &after.fs.write[before.fs.write.len()..] {
+                prop_assert!(grants.contains(&Grant::Write(p.clone())));
+            }
+            // Access never shrinks, and only grows under a granted path.
+            let (a, b) = (after.access_of(&probe), before.access_of(&probe));
+            prop_assert!(a >= b);
+            if a != b {
+                prop_assert!(grants.iter().any(|g| matches!(g, Grant::Read(p) | Grant::Write(p) if probe.starts_with(p))));
+            }
+            // Secrets stay denied.
+            if secrets::secret_containing(&probe, Path::new("/home/u")).is_some() {
+                prop_assert_eq!(a, None);
+            }
+            // Network: bind unchanged, connect = base ∪ granted ports.
+            let (Network::Tcp { connect: ac, bind: ab }, Network::Tcp { connect: bc, bind: bb }) =
+                (&after.network, &before.network) else { unreachable!() };
+            prop_assert_eq!(ab, bb);
+            let mut want = bc.clone();
+            want.extend(grants.iter().filter_map(|g| match g { Grant::NetPort(p) => Some(*p), _ => None }));
+            prop_assert_eq!(ac, &want);
+            // Every grant is now covered.
+            let req = EscalationRequest { grants: grants.clone(), reason: "r".into() };
+            if !grants.is_empty() {
+                prop_assert_eq!(decide(&after, &req), Decision::Allow);
+            }
+        }
+    }
+}

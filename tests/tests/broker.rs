@@ -1,0 +1,968 @@
+//! Cross-process suite for toolsrv's approval broker (DESIGN.md §5, ESCAPES.md section I): the
+//! real binary (`common::toolsrv`), an agent asking for grants with `"escalate"` on a blocking
+//! `proc/new`, and the operator answering on `bypass/pending` and `bypass/resolve`.
+//!
+//! Covers approve (runs once, under exactly the grants, the request's fields), deny (the
+//! operator's message, nothing ran), the deadline (`ctl bypass_timeout`), strict and
+//! single-use verdicts, agents kept out of `bypass/`, the binding (a script changed before
+//! approval voids it), `"scope":"session"`, approvals not widening later runs, a stopped call
+//! withdrawing its request, escalations refused without asking, and the flood bound.
+//!
+//! Every grant here names a directory beside the workspace, which the `workspace` policy does
+//! not let a tool write; each case first shows (or relies on a case showing) that the write is
+//! denied without the grant. Without Landlock ABI 7 or user namespaces a case prints
+//! `SKIP <case>: <reason>`; with `OLLIE_TEST_REQUIRE=all` it fails instead. Every wait is
+//! bounded; "nothing is pending" is shown by a read that gets no answer within [`QUIET`] (and
+//! is then flushed), the only way to observe a blocking file staying blocked.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::toolsrv::*;
+use common::{IO_TIMEOUT, STEP, within};
+use ollie_p9::client::Call;
+use ollie_p9::wire::om;
+use ollie_p9::{Fid, Rmsg};
+use serde_json::{Value, json};
+
+/// How long a read must stay unanswered to count as blocked.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// The reason every request here gives.
+const REASON: &str = "write the report beside the workspace";
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+
+/// A toolsrv with agent `a` and the operator attached, and a directory beside the workspace
+/// (`outside/`) that the workspace policy does not let tools write.
+struct Case {
+    t: Ts,
+    session: String,
+    a: Fid,
+    op: Fid,
+    outside: PathBuf,
+}
+
+impl Case {
+    async fn start(case: &str) -> Option<Case> {
+        Case::start_with(case, |_| {}).await
+    }
+
+    async fn start_with(
+        case: &str,
+        f: impl FnOnce(&mut ollie_link::boot::Bootstrap),
+    ) -> Option<Case> {
+        if !features_ok(case) {
+            return None;
+        }
+        let dirs = Dirs::new();
+        let outside = dirs.dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut boot = dirs.boot();
+        f(&mut boot);
+        let session = boot.session.clone();
+        let t = Ts::start_with(dirs, &boot).await;
+        let a = t.attach("a").await;
+        let op = t.attach("operator").await;
+        Some(Case {
+            t,
+            session,
+            a,
+            op,
+            outside,
+        })
+    }
+
+    /// The grant that lets a tool write `outside/`.
+    fn grant(&self) -> String {
+        format!("write:{}", self.outside.display())
+    }
+
+    /// A file in `outside/`.
+    fn out(&self, name: &str) -> PathBuf {
+        self.outside.join(name)
+    }
+}
+
+/// An `execute_code` (bash) payload asking for `grants`.
+fn esc(cmd: &str, grants: &[&str]) -> String {
+    tool(
+        "execute_code",
+        json!({"language": "bash", "code": cmd, "escalate": {"grants": grants, "reason": REASON}}),
+    )
+}
+
+/// `echo WORD >> FILE` (appends, so a second run shows).
+fn append(word: &str, file: &Path) -> String {
+    format!("echo {word} >> {}", file.display())
+}
+
+/// A blocking `proc/new` call whose read is in flight (dropping it flushes the read).
+struct InFlight {
+    f: Fid,
+    call: Call,
+}
+
+/// Writes `payload` to a fresh `proc/new` fid and sends its first read.
+async fn start_call(root: &Fid, payload: &str) -> InFlight {
+    let f = open(root, "proc/new", om::ORDWR)
+        .await
+        .expect("open proc/new");
+    within("write", f.write(0, Bytes::from(payload.to_owned())))
+        .await
+        .unwrap_or_else(|e| panic!("payload refused: {}", msg(&e)));
+    let call = f.read_call(0, f.iounit()).expect("send the read");
+    InFlight { f, call }
+}
+
+impl InFlight {
+    /// The call's result (bounded): the run, or the read's error message.
+    async fn finish(self) -> Result<Run, String> {
+        let InFlight { f, call } = self;
+        let first = match within("proc/new read", call).await {
+            Ok(Rmsg::Read { data }) => data,
+            Ok(other) => panic!("proc/new read: unexpected reply {other:?}"),
+            Err(e) => return Err(msg(&e)),
+        };
+        let mut out = first.to_vec();
+        loop {
+            let d = within("read", f.read(out.len() as u64, f.iounit()))
+                .await
+                .map_err(|e| msg(&e))?;
+            if d.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&d);
+        }
+        let _ = within("clunk", f.clunk()).await;
+        Ok(Run::parse(&String::from_utf8_lossy(&out)))
+    }
+
+    /// Whether the call is still waiting after [`QUIET`].
+    async fn still_waiting(&mut self) -> bool {
+        tokio::time::timeout(QUIET, &mut self.call).await.is_err()
+    }
+}
+
+/// A `bypass/pending` fid.
+struct Pending(Fid);
+
+impl Pending {
+    async fn open(op: &Fid) -> Pending {
+        Pending(
+            open(op, "bypass/pending", om::OREAD)
+                .await
+                .expect("open bypass/pending"),
+        )
+    }
+
+    /// The next request this fid has not shown, if one comes within `d` (else the read is
+    /// flushed and `None`). Checks it is one JSON object on one line.
+    async fn next_within(&self, d: Duration) -> Option<Value> {
+        let f = &self.0;
+        let got = tokio::time::timeout(d, async {
+            let mut buf = Vec::new();
+            loop {
+                let b = f
+                    .read(0, 8192)
+                    .await
+                    .unwrap_or_else(|e| panic!("read bypass/pending: {}", msg(&e)));
+                assert!(!b.is_empty(), "bypass/pending returned end of file");
+                buf.extend_from_slice(&b);
+                if buf.ends_with(b"\n") {
+                    return buf;
+                }
+            }
+        })
+        .await
+        .ok()?;
+        let s = String::from_utf8(got).expect("pending is UTF-8");
+        assert_eq!(s.matches('\n').count(), 1, "not one line: {s:?}");
+        let v: Value =
+            serde_json::from_str(&s).unwrap_or_else(|e| panic!("pending is not JSON ({e}): {s:?}"));
+        assert!(v.is_object(), "pending is not an object: {s:?}");
+        Some(v)
+    }
+
+    /// The next request (bounded by [`IO_TIMEOUT`]).
+    async fn next(&self) -> Value {
+        self.next_within(IO_TIMEOUT)
+            .await
+            .expect("no request appeared on bypass/pending")
+    }
+}
+
+/// The id of the oldest pending request, read through a fresh fid (waits for one).
+async fn next_id(op: &Fid) -> String {
+    let v = Pending::open(op).await.next().await;
+    v["id"].as_str().expect("id is a string").to_owned()
+}
+
+/// Whether nothing is pending: a fresh fid's read stays unanswered for [`QUIET`].
+async fn nothing_pending(op: &Fid) -> bool {
+    Pending::open(op).await.next_within(QUIET).await.is_none()
+}
+
+/// Polls until nothing is pending (bounded); false if something stayed.
+async fn wait_nothing_pending(op: &Fid) -> bool {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        if nothing_pending(op).await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(STEP).await;
+    }
+}
+
+/// One write of `data` to `bypass/resolve`.
+async fn resolve(root: &Fid, data: &str) -> Result<(), String> {
+    write(root, "bypass/resolve", data).await
+}
+
+fn approve(id: &str) -> String {
+    json!({"id": id, "approved": true}).to_string()
+}
+
+fn deny(id: &str, why: &str) -> String {
+    json!({"id": id, "error": why}).to_string()
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ`.
+fn is_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 20
+        && b.iter().enumerate().all(|(i, &c)| match i {
+            4 | 7 => c == b'-',
+            10 => c == b'T',
+            13 | 16 => c == b':',
+            19 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+/// Asserts the write `cmd` does without a grant is denied and leaves `file` absent.
+async fn assert_denied_without_grant(a: &Fid, cmd: &str, file: &Path) {
+    let r = run(a, &code("bash", cmd)).await.expect("ungranted run");
+    assert_ne!(r.exit(), Some(0), "the ungranted write succeeded: {r:?}");
+    assert!(
+        r.body.contains("Permission denied") || r.body.contains("Read-only"),
+        "{r:?}"
+    );
+    assert!(
+        !file.exists(),
+        "the ungranted write created {}",
+        file.display()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Approve, deny, deadline
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_runs_the_bound_command_once_under_the_grant() {
+    let Some(c) = Case::start("approve_runs_the_bound_command_once_under_the_grant").await else {
+        return;
+    };
+    let out = c.out("report");
+    let cmd = append("ran", &out);
+    assert_denied_without_grant(&c.a, &cmd, &out).await;
+
+    let grant = c.grant();
+    let call = start_call(&c.a, &esc(&cmd, &[&grant])).await;
+    let p1 = Pending::open(&c.op).await;
+    let v = p1.next().await;
+    let id = v["id"].as_str().unwrap().to_owned();
+    assert!(is_hex(&id, 32), "id {id:?}");
+    assert_eq!(v["session"], c.session.as_str(), "{v}");
+    assert_eq!(v["agent"], "a", "{v}");
+    assert_eq!(v["tool"], "execute_code", "{v}");
+    assert_eq!(v["argv"], json!(["bash", "-c", cmd]), "{v}");
+    assert_eq!(v["cwd"], c.t.ws().display().to_string(), "{v}");
+    assert!(v["env"].is_object(), "env {v}");
+    let exe = &v["executable"];
+    let exe_path = exe["path"].as_str().expect("executable.path");
+    assert!(
+        exe_path.starts_with('/') && exe_path.ends_with("bash"),
+        "executable {exe}"
+    );
+    assert_eq!(
+        Path::new(exe_path),
+        std::fs::canonicalize(exe_path).unwrap(),
+        "executable path is not canonical"
+    );
+    assert!(
+        is_hex(exe["sha256"].as_str().unwrap_or(""), 64),
+        "sha256 {exe}"
+    );
+    for k in ["dev", "ino", "size"] {
+        assert!(exe[k].is_u64(), "executable.{k} {exe}");
+    }
+    assert_eq!(
+        exe["size"].as_u64().unwrap(),
+        std::fs::metadata(exe_path).unwrap().len()
+    );
+    assert_eq!(v["grants"], json!([grant]), "{v}");
+    assert_eq!(v["reason"], REASON, "{v}");
+    for k in ["created", "expires"] {
+        assert!(is_rfc3339(v[k].as_str().unwrap_or("")), "{k} {v}");
+    }
+    assert!(v["expires"].as_str() > v["created"].as_str(), "{v}");
+
+    // Each request once per fid: the same fid now blocks; another fid sees it.
+    assert!(
+        p1.next_within(QUIET).await.is_none(),
+        "the same fid showed a request twice"
+    );
+    let p2 = Pending::open(&c.op).await;
+    assert_eq!(p2.next().await["id"], id.as_str());
+    // Nothing has run yet.
+    assert!(!out.exists(), "the command ran before the approval");
+
+    resolve(&c.op, &approve(&id)).await.expect("approve");
+    let r = call.finish().await.expect("the approved call");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "ran\n",
+        "ran not once"
+    );
+    // The id is used up.
+    let e = resolve(&c.op, &approve(&id))
+        .await
+        .expect_err("a replayed approval was accepted");
+    assert!(e.contains("already answered"), "{e}");
+    assert!(nothing_pending(&c.op).await, "a request stayed pending");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_does_not_widen_later_runs() {
+    let Some(c) = Case::start("approval_does_not_widen_later_runs").await else {
+        return;
+    };
+    let out = c.out("report");
+    let grant = c.grant();
+    let call = start_call(&c.a, &esc(&append("granted", &out), &[&grant])).await;
+    let id = next_id(&c.op).await;
+    resolve(&c.op, &approve(&id)).await.expect("approve");
+    assert_eq!(call.finish().await.expect("approved").exit(), Some(0));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "granted\n");
+    // The same write without escalate, and another file in the granted directory.
+    for (cmd, file) in [
+        (append("again", &out), out.clone()),
+        (append("other", &c.out("b")), c.out("b")),
+    ] {
+        let r = run(&c.a, &code("bash", &cmd)).await.expect("plain run");
+        assert_ne!(
+            r.exit(),
+            Some(0),
+            "{cmd}: the grant outlived its run: {r:?}"
+        );
+        if file == out {
+            assert_eq!(std::fs::read_to_string(&out).unwrap(), "granted\n");
+        } else {
+            assert!(!file.exists());
+        }
+    }
+    // The identical escalated request asks again (no scope was given).
+    let mut call = start_call(&c.a, &esc(&append("granted", &out), &[&grant])).await;
+    let id2 = next_id(&c.op).await;
+    assert_ne!(id2, id, "an id was reused");
+    assert!(call.still_waiting().await, "ran without asking");
+    resolve(&c.op, &deny(&id2, "once was enough"))
+        .await
+        .expect("deny");
+    let e = call.finish().await.expect_err("denied call ran");
+    assert!(e.contains("once was enough"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_fails_the_call_with_the_operators_message() {
+    let Some(c) = Case::start("deny_fails_the_call_with_the_operators_message").await else {
+        return;
+    };
+    let out = c.out("report");
+    let call = start_call(&c.a, &esc(&append("ran", &out), &[&c.grant()])).await;
+    let id = next_id(&c.op).await;
+    resolve(&c.op, &deny(&id, "not on a friday"))
+        .await
+        .expect("deny");
+    let denied = call.finish().await.expect_err("the denied call ran");
+    assert!(
+        denied.contains("escalation denied by the operator: not on a friday; nothing was run"),
+        "{denied}"
+    );
+    assert!(!out.exists(), "the denied command ran");
+    let e = resolve(&c.op, &approve(&id))
+        .await
+        .expect_err("approval after a denial accepted");
+    assert!(e.contains("already answered"), "{e}");
+    assert!(!out.exists());
+    assert!(nothing_pending(&c.op).await);
+    // The agent's process is over.
+    let l = list(&c.op).await;
+    assert_eq!(l.len(), 1, "{l:?}");
+    // The documented form (DESIGN.md §5: the operator's message as the tool error), without
+    // the sandbox's "invalid run request: " wrapper.
+    assert_eq!(
+        denied,
+        "tool did not run: escalation denied by the operator: not on a friday; nothing was run",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_before_the_deadline_denies_and_late_answers_are_refused() {
+    let Some(c) =
+        Case::start("no_answer_before_the_deadline_denies_and_late_answers_are_refused").await
+    else {
+        return;
+    };
+    // Only the operator sets the deadline, and only to 1..=86400 s.
+    let e = write(&c.a, "ctl", "bypass_timeout 1")
+        .await
+        .expect_err("an agent set bypass_timeout");
+    assert!(e.contains("permission denied"), "{e}");
+    for bad in [
+        "bypass_timeout 0",
+        "bypass_timeout x",
+        "bypass_timeout 86401",
+    ] {
+        let e = write(&c.op, "ctl", bad).await.expect_err(bad);
+        assert!(e.contains("bypass_timeout"), "{bad}: {e}");
+    }
+    write(&c.op, "ctl", "bypass_timeout 1")
+        .await
+        .expect("bypass_timeout 1");
+
+    let out = c.out("report");
+    let call = start_call(&c.a, &esc(&append("ran", &out), &[&c.grant()])).await;
+    let id = next_id(&c.op).await;
+    let e = call.finish().await.expect_err("ran without an answer");
+    assert!(
+        e.contains("escalation denied: no answer from the operator within 1 s; nothing was run"),
+        "{e}"
+    );
+    assert!(!out.exists(), "the expired request ran");
+    let e = resolve(&c.op, &approve(&id))
+        .await
+        .expect_err("a late approval was accepted");
+    assert!(e.contains("expired"), "{e}");
+    assert!(!out.exists(), "the late approval ran the command");
+    assert!(
+        wait_nothing_pending(&c.op).await,
+        "the expired request is still shown"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verdicts
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_is_strict_and_single_use_and_garbage_changes_nothing() {
+    let Some(c) = Case::start("resolve_is_strict_and_single_use_and_garbage_changes_nothing").await
+    else {
+        return;
+    };
+    let out = c.out("report");
+    let call = start_call(&c.a, &esc(&append("ran", &out), &[&c.grant()])).await;
+    let id = next_id(&c.op).await;
+    let long = format!(
+        r#"{{"id":"{id}","approved":true,"scope":"session","x":"{}"}}"#,
+        "a".repeat(5000)
+    );
+    let bad: Vec<(&str, String)> = vec![
+        (
+            "duplicate keys",
+            format!(r#"{{"id":"{id}","approved":true,"approved":true}}"#),
+        ),
+        (
+            "duplicate id",
+            format!(r#"{{"id":"{id}","id":"{id}","approved":true}}"#),
+        ),
+        (
+            "approved as a string",
+            format!(r#"{{"id":"{id}","approved":"true"}}"#),
+        ),
+        (
+            "approved false",
+            format!(r#"{{"id":"{id}","approved":false}}"#),
+        ),
+        (
+            "two objects",
+            format!(r#"{{"id":"{id}","approved":true}}{{"id":"{id}","approved":true}}"#),
+        ),
+        (
+            "NUL byte",
+            format!("{{\"id\":\"{id}\",\"approved\":true}}\0"),
+        ),
+        (
+            "escaped NUL",
+            format!(r#"{{"id":"{id}","error":"no\u0000"}}"#),
+        ),
+        ("5000 bytes", long),
+        (
+            "unknown key",
+            format!(r#"{{"id":"{id}","approved":true,"note":1}}"#),
+        ),
+        ("upper-case id", approve(&id.to_uppercase())),
+        ("padded id", approve(&format!(" {id}"))),
+        ("truncated id", approve(&id[..31])),
+        (
+            "both verdicts",
+            format!(r#"{{"id":"{id}","approved":true,"error":"no"}}"#),
+        ),
+        ("empty", String::new()),
+    ];
+    for (what, data) in &bad {
+        if *what == "upper-case id" && id.to_uppercase() == id {
+            continue;
+        }
+        let e = resolve(&c.op, data)
+            .await
+            .expect_err(&format!("{what}: accepted"));
+        assert!(e.contains("resolve: "), "{what}: {e}");
+    }
+    // An id of the right form that was never issued.
+    let unknown = if id.starts_with('0') {
+        "1".repeat(32)
+    } else {
+        "0".repeat(32)
+    };
+    let e = resolve(&c.op, &approve(&unknown))
+        .await
+        .expect_err("unknown id accepted");
+    assert!(e.contains("no request"), "{e}");
+
+    // None of it decided anything: the request is pending, nothing ran.
+    assert_eq!(Pending::open(&c.op).await.next().await["id"], id.as_str());
+    assert!(!out.exists(), "a malformed verdict ran the command");
+    resolve(&c.op, &approve(&id))
+        .await
+        .expect("a valid approval after the garbage");
+    assert_eq!(call.finish().await.expect("approved").exit(), Some(0));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\n");
+    for again in [approve(&id), deny(&id, "changed my mind")] {
+        let e = resolve(&c.op, &again)
+            .await
+            .expect_err("a replayed verdict was accepted");
+        assert!(e.contains("already answered"), "{again}: {e}");
+    }
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_cannot_resolve_or_read_pending() {
+    let Some(c) = Case::start("agents_cannot_resolve_or_read_pending").await else {
+        return;
+    };
+    let b = c.t.attach("b").await;
+    let out = c.out("report");
+    let mut call = start_call(&c.a, &esc(&append("ran", &out), &[&c.grant()])).await;
+    let id = next_id(&c.op).await;
+    for (who, root) in [("a", &c.a), ("b", &b)] {
+        let e = resolve(root, &approve(&id))
+            .await
+            .expect_err("an agent resolved");
+        // Invisible (ENOENT) or refused (EACCES), ESCAPES.md item 51.
+        assert!(
+            e.contains("permission denied") || e.contains("does not exist"),
+            "{who}: {e}"
+        );
+        let e = open(root, "bypass/pending", om::OREAD)
+            .await
+            .expect_err("an agent opened bypass/pending");
+        assert!(
+            e.contains("permission denied") || e.contains("does not exist"),
+            "{who}: {e}"
+        );
+        // Nor may an agent set the deadline.
+        let e = write(root, "ctl", "bypass_timeout 1")
+            .await
+            .expect_err("an agent set bypass_timeout");
+        assert!(e.contains("permission denied"), "{who}: {e}");
+    }
+    // The request is still waiting, unanswered.
+    assert!(
+        call.still_waiting().await,
+        "an agent's verdict decided the call"
+    );
+    assert!(!out.exists());
+    assert_eq!(Pending::open(&c.op).await.next().await["id"], id.as_str());
+    resolve(&c.op, &deny(&id, "no")).await.expect("deny");
+    assert!(call.finish().await.is_err());
+    assert!(!out.exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binding
+
+/// Writes an executable script.
+fn script(path: &Path, body: &str) {
+    std::fs::write(path, body).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_changed_before_approval_voids_it() {
+    let mut tools = PathBuf::new();
+    let Some(c) = Case::start_with("a_script_changed_before_approval_voids_it", |boot| {
+        tools = boot.workdir.parent().unwrap().join("tools");
+        std::fs::create_dir(&tools).unwrap();
+        std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
+        boot.tools_dir = Some(tools.clone());
+    })
+    .await
+    else {
+        return;
+    };
+    let out = c.out("report");
+    let grant = c.grant();
+    let honest = format!("#!/bin/sh\necho honest >> {}\n", out.display());
+    let swapped = format!("#!/bin/sh\necho swapped >> {}\n", out.display());
+
+    // execute_tool: the script is the executable.
+    let tool_script = tools.join("report.sh");
+    script(&tool_script, &honest);
+    let payload = tool(
+        "execute_tool",
+        json!({"name": "report.sh", "escalate": {"grants": [grant], "reason": REASON}}),
+    );
+    // Unchanged, the approval runs it (so the voiding below is the change, not the setup).
+    let call = start_call(&c.a, &payload).await;
+    resolve(&c.op, &approve(&next_id(&c.op).await))
+        .await
+        .expect("approve");
+    assert_eq!(
+        call.finish().await.expect("unchanged script").exit(),
+        Some(0)
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "honest\n");
+    std::fs::remove_file(&out).unwrap();
+
+    let call = start_call(&c.a, &payload).await;
+    let v = Pending::open(&c.op).await.next().await;
+    assert_eq!(
+        v["executable"]["path"],
+        std::fs::canonicalize(&tool_script)
+            .unwrap()
+            .display()
+            .to_string(),
+        "{v}"
+    );
+    script(&tool_script, &swapped);
+    resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve");
+    let e = call.finish().await.expect_err("the swapped script ran");
+    assert!(e.contains("approval voided"), "{e}");
+    assert!(e.contains("nothing was run"), "{e}");
+    assert!(!out.exists(), "the swapped script ran");
+
+    // execute_code naming a script on its command line: `bash -c /w/run.sh`.
+    let ws_script = c.t.ws().join("run.sh");
+    script(&ws_script, &honest);
+    let cmd = ws_script.display().to_string();
+    let call = start_call(&c.a, &esc(&cmd, &[&grant])).await;
+    let v = Pending::open(&c.op).await.next().await;
+    let scripts = v["scripts"].as_array().expect("scripts");
+    assert!(
+        scripts.iter().any(|s| s["path"]
+            == std::fs::canonicalize(&ws_script)
+                .unwrap()
+                .display()
+                .to_string()),
+        "the script is not in the request: {v}"
+    );
+    // Same length, other content.
+    script(&ws_script, &honest.replace("honest", "hxnest"));
+    resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve");
+    let e = call.finish().await.expect_err("the changed script ran");
+    assert!(e.contains("approval voided"), "{e}");
+    assert!(!out.exists(), "the changed script ran");
+}
+
+/// `bash /w/run.sh` through `execute_code`: argv is `bash -c "bash /w/run.sh"`, so the script
+/// is named only inside the inline code. DESIGN.md §5 and ESCAPES.md item 55 want its content
+/// bound all the same (the human approved running *that* script).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_run_by_bash_in_execute_code_changed_before_approval_voids_it() {
+    let Some(c) =
+        Case::start("a_script_run_by_bash_in_execute_code_changed_before_approval_voids_it").await
+    else {
+        return;
+    };
+    let out = c.out("report");
+    let ws_script = c.t.ws().join("run.sh");
+    script(&ws_script, &format!("echo honest >> {}\n", out.display()));
+    let cmd = format!("bash {}", ws_script.display());
+    let call = start_call(&c.a, &esc(&cmd, &[&c.grant()])).await;
+    let v = Pending::open(&c.op).await.next().await;
+    script(&ws_script, &format!("echo hxnest >> {}\n", out.display()));
+    resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve");
+    let r = call.finish().await;
+    let ran = std::fs::read_to_string(&out).ok();
+    assert!(
+        matches!(&r, Err(e) if e.contains("approval voided")) && ran.is_none(),
+        "the script changed after the request ran with the approval: result {r:?}, wrote {ran:?}; request {v}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scope, stop
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scope_session_remembers_only_the_identical_request() {
+    let Some(c) = Case::start("scope_session_remembers_only_the_identical_request").await else {
+        return;
+    };
+    let out = c.out("report");
+    let grant = c.grant();
+    let payload = esc(&append("ran", &out), &[&grant]);
+    let call = start_call(&c.a, &payload).await;
+    let id = next_id(&c.op).await;
+    resolve(
+        &c.op,
+        &json!({"id": id, "approved": true, "scope": "session"}).to_string(),
+    )
+    .await
+    .expect("approve for the session");
+    assert_eq!(call.finish().await.expect("approved").exit(), Some(0));
+
+    // The identical request runs without asking; nothing reaches the operator.
+    let watcher = Pending::open(&c.op).await;
+    let r = run(&c.a, &payload).await.expect("the remembered request");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\nran\n");
+    assert!(
+        watcher.next_within(QUIET).await.is_none(),
+        "the remembered request was shown to the operator"
+    );
+
+    // A different command asks, and so does the same command with another grant set.
+    let other_grant = format!(
+        "write:{}",
+        c.t.ws().parent().unwrap().join("home").display()
+    );
+    for p in [
+        esc(&append("other", &out), &[&grant]),
+        esc(&append("ran", &out), &[&grant, &other_grant]),
+    ] {
+        let mut call = start_call(&c.a, &p).await;
+        let v = watcher.next().await;
+        assert!(call.still_waiting().await, "ran without asking: {p}");
+        resolve(&c.op, &deny(v["id"].as_str().unwrap(), "no"))
+            .await
+            .expect("deny");
+        assert!(call.finish().await.is_err());
+    }
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\nran\n");
+    // Another agent's identical request is its own.
+    let b = c.t.attach("b").await;
+    let mut call = start_call(&b, &payload).await;
+    let v = watcher.next().await;
+    assert_eq!(v["agent"], "b");
+    assert!(call.still_waiting().await, "b rode on a's approval");
+    resolve(&c.op, &deny(v["id"].as_str().unwrap(), "no"))
+        .await
+        .expect("deny");
+    assert!(call.finish().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_waiting_call_withdraws_its_request() {
+    let Some(c) = Case::start("stopping_a_waiting_call_withdraws_its_request").await else {
+        return;
+    };
+    let out = c.out("report");
+    let call = start_call(&c.a, &esc(&append("ran", &out), &[&c.grant()])).await;
+    let id = next_id(&c.op).await;
+    // The agent gives up: dropping the read flushes it.
+    let InFlight { f, call } = call;
+    drop(call);
+    assert!(
+        wait_nothing_pending(&c.op).await,
+        "the stopped call's request is still pending"
+    );
+    let e = resolve(&c.op, &approve(&id))
+        .await
+        .expect_err("an approval of a withdrawn request was accepted");
+    assert!(
+        e.contains("already answered") || e.contains("no request"),
+        "{e}"
+    );
+    assert!(!out.exists(), "the withdrawn request ran");
+    // The fid and the connection still work.
+    let _ = within("clunk", f.clunk()).await;
+    let r = run(&c.a, "tool=execute_code\ncmd=echo after\n")
+        .await
+        .unwrap();
+    assert_eq!(r.body, "after\n");
+    assert!(!out.exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refused without asking, flood
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escalations_refused_at_once_leave_nothing_pending() {
+    let Some(c) = Case::start("escalations_refused_at_once_leave_nothing_pending").await else {
+        return;
+    };
+    let out = c.out("report");
+    let cmd = append("ran", &out);
+    let home = c.t.ws().parent().unwrap().join("home");
+    let ssh = format!("read:{}", home.join(".ssh").display());
+    let ssh_key = format!("read:{}", home.join(".ssh/id_ed25519").display());
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "unsandboxed",
+            json!({"grants": ["unsandboxed"], "reason": REASON}),
+            "escalation refused",
+        ),
+        (
+            "net without a port",
+            json!({"grants": ["net"], "reason": REASON}),
+            "escalation refused",
+        ),
+        (
+            "a secret path",
+            json!({"grants": [ssh], "reason": REASON}),
+            "secret location",
+        ),
+        (
+            "inside a secret path",
+            json!({"grants": [ssh_key], "reason": REASON}),
+            "secret location",
+        ),
+        (
+            "an unknown key",
+            json!({"grants": [c.grant()], "reason": REASON, "bogus": 1}),
+            "unknown key",
+        ),
+        (
+            "no reason",
+            json!({"grants": [c.grant()]}),
+            "reason missing",
+        ),
+        (
+            "no grants",
+            json!({"grants": [], "reason": REASON}),
+            "1 to 8 grants",
+        ),
+        (
+            "a relative path",
+            json!({"grants": ["write:outside"], "reason": REASON}),
+            "escalate",
+        ),
+        (
+            "port 0",
+            json!({"grants": ["net:0"], "reason": REASON}),
+            "escalate",
+        ),
+    ];
+    for (what, escalate, want) in cases {
+        let payload = tool(
+            "execute_code",
+            json!({"language": "bash", "code": cmd, "escalate": escalate}),
+        );
+        let e = run(&c.a, &payload)
+            .await
+            .expect_err(&format!("{what}: accepted"));
+        assert!(e.contains(want), "{what}: {e}");
+        assert!(
+            e.contains("escalat"),
+            "{what}: the error does not say it is about the escalation: {e}"
+        );
+    }
+    assert!(
+        nothing_pending(&c.op).await,
+        "a refused escalation reached the operator"
+    );
+    assert!(!out.exists(), "a refused escalation ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_requests_is_bounded_per_agent() {
+    let Some(c) = Case::start("a_flood_of_requests_is_bounded_per_agent").await else {
+        return;
+    };
+    let grant = c.grant();
+    let mut calls = Vec::new();
+    for i in 0..5 {
+        calls.push(
+            start_call(
+                &c.a,
+                &esc(&append("ran", &c.out(&format!("f{i}"))), &[&grant]),
+            )
+            .await,
+        );
+    }
+    // Exactly one is refused at once with the limit; four wait.
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let refused = loop {
+        let mut done = None;
+        for (i, call) in calls.iter_mut().enumerate() {
+            if let Ok(r) = tokio::time::timeout(STEP, &mut call.call).await {
+                done = Some((i, r));
+                break;
+            }
+        }
+        if let Some(d) = done {
+            break d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no call of the flood was refused"
+        );
+    };
+    let (i, r) = refused;
+    let e = msg(&r.expect_err("a flooding call ran"));
+    assert!(
+        e.contains("limit 4") && e.contains("nothing was run"),
+        "{e}"
+    );
+    calls.remove(i);
+    let p = Pending::open(&c.op).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(p.next().await["id"].as_str().unwrap().to_owned());
+    }
+    assert!(p.next_within(QUIET).await.is_none(), "more than 4 pending");
+    for call in &mut calls {
+        assert!(call.still_waiting().await);
+    }
+    // Another agent is not blocked by a's flood.
+    let b = c.t.attach("b").await;
+    let mut other = start_call(&b, &esc(&append("b", &c.out("b")), &[&grant])).await;
+    let v = p.next().await;
+    assert_eq!(v["agent"], "b");
+    assert!(other.still_waiting().await);
+    // Answering one frees a slot for a.
+    resolve(&c.op, &deny(&ids[0], "no")).await.expect("deny");
+    let mut again = start_call(&c.a, &esc(&append("ran", &c.out("f9")), &[&grant])).await;
+    assert_eq!(p.next().await["agent"], "a");
+    assert!(again.still_waiting().await);
+    for i in 0..5 {
+        assert!(!c.out(&format!("f{i}")).exists());
+    }
+}
