@@ -46,6 +46,10 @@ pub enum RootFile {
     SessionDir,
     SessionNew,
     SessionIdx,
+    BypassDir,
+    BypassPending,
+    BypassResolve,
+    BypassAudit,
 }
 
 /// Files of a session directory.
@@ -154,6 +158,34 @@ pub const ROOT_FILES: &[FileDef<RootFile>] = &[
         "one-shot generation: write a prompt (or {\"prompt\":…}), read the reply on the same fid",
     ),
     f("session", RootFile::SessionDir, dm::DIR | 0o555, "sessions"),
+    f(
+        "bypass",
+        RootFile::BypassDir,
+        dm::DIR | 0o500,
+        "escalation requests of every session (owner only)",
+    ),
+];
+
+/// `bypass/`'s files (every session's requests; each session's own are in its toolsrv/).
+pub const BYPASS_FILES: &[FileDef<RootFile>] = &[
+    f(
+        "pending",
+        RootFile::BypassPending,
+        0o400,
+        "blocks until a request of any session is pending that this fid has not seen; one JSON object per read",
+    ),
+    f(
+        "resolve",
+        RootFile::BypassResolve,
+        0o200,
+        "write {\"id\":…,\"approved\":true} or {\"id\":…,\"error\":…} (optional \"scope\":\"session\")",
+    ),
+    f(
+        "audit",
+        RootFile::BypassAudit,
+        0o400,
+        "the audit log: every request and verdict, one JSON object per line (its last MiB)",
+    ),
 ];
 
 /// `session/`'s files.
@@ -417,6 +449,7 @@ pub fn help_text() -> String {
     ));
     table(&mut s, "", ROOT_FILES);
     table(&mut s, "session/", SESSIONS_FILES);
+    table(&mut s, "bypass/", BYPASS_FILES);
     s.push_str(&format!(
         "  {:<38} {}  {}\n",
         "session/NAME/", "d555", "one session (NAME or its id)"
@@ -581,6 +614,8 @@ pub struct OllieFid {
     pending: Bytes,
     /// feed: the value this fid read last.
     last_feed: Option<Bytes>,
+    /// bypass/pending: the requests this fid was shown.
+    seen: std::collections::HashSet<String>,
     /// agent/new with prompt=: the agent and the turn to wait for.
     waiting: Option<(Arc<Agent>, u64)>,
     /// Opened for writing with OTRUNC (plan).
@@ -611,6 +646,7 @@ impl OllieFid {
             cursor: 0,
             pending: Bytes::new(),
             last_feed: None,
+            seen: std::collections::HashSet::new(),
             waiting: None,
             trunc: false,
             auth: None,
@@ -676,7 +712,10 @@ impl OllieFs {
     fn qid(&self, node: &Node) -> Qid {
         let (path, dir) = match node {
             Node::Root => (0, true),
-            Node::R(r) => (1 + *r as u64, matches!(r, RootFile::SessionDir)),
+            Node::R(r) => (
+                1 + *r as u64,
+                matches!(r, RootFile::SessionDir | RootFile::BypassDir),
+            ),
             Node::S(s, k) => (
                 (1 << 40) | (u64::from(s.handle) << 8) | *k as u64,
                 matches!(k, SFile::Dir | SFile::AgentDir | SFile::Toolsrv),
@@ -705,6 +744,7 @@ impl OllieFs {
             ROOT_FILES
                 .iter()
                 .chain(SESSIONS_FILES)
+                .chain(BYPASS_FILES)
                 .find(|d| d.name == n)
                 .map_or(0, |d| d.mode)
         };
@@ -713,6 +753,7 @@ impl OllieFs {
             Node::R(r) => ROOT_FILES
                 .iter()
                 .chain(SESSIONS_FILES)
+                .chain(BYPASS_FILES)
                 .find(|d| d.kind == *r)
                 .map_or_else(|| find(""), |d| d.mode),
             Node::S(_, SFile::Dir) => dm::DIR | 0o555,
@@ -736,6 +777,7 @@ impl OllieFs {
             Node::R(r) => ROOT_FILES
                 .iter()
                 .chain(SESSIONS_FILES)
+                .chain(BYPASS_FILES)
                 .find(|d| d.kind == *r)
                 .map_or("?", |d| d.name)
                 .into(),
@@ -822,6 +864,9 @@ impl OllieFs {
                 }
                 v
             }
+            Node::R(RootFile::BypassDir) => {
+                BYPASS_FILES.iter().map(|d| st(Node::R(d.kind))).collect()
+            }
             Node::S(s, SFile::Dir) => SESSION_FILES
                 .iter()
                 .map(|d| st(Node::S(Arc::clone(s), d.kind)))
@@ -862,6 +907,11 @@ impl OllieFs {
                 .find(|d| d.name == n)
                 .map(|d| Node::R(d.kind))
                 .or_else(|| reg.session(n).map(|s| Node::S(s, SFile::Dir))),
+            (Node::R(RootFile::BypassDir), "..") => Some(Node::Root),
+            (Node::R(RootFile::BypassDir), n) => BYPASS_FILES
+                .iter()
+                .find(|d| d.name == n)
+                .map(|d| Node::R(d.kind)),
             (Node::S(_, SFile::Dir), "..") => Some(Node::R(RootFile::SessionDir)),
             (Node::S(s, SFile::Dir), n) => SESSION_FILES
                 .iter()
@@ -1698,6 +1748,7 @@ impl Filesystem for OllieFs {
             Node::R(RootFile::Aliases) => fid.content = Some(Bytes::from(reg.aliases_text())),
             Node::R(RootFile::Eventwait) => fid.cursor = self.shared.events.cursor(),
             Node::R(RootFile::SessionIdx) => fid.content = Some(Bytes::from(self.sessions_idx())),
+            Node::R(RootFile::BypassAudit) => fid.content = Some(self.reg().bypass.audit_text()),
             Node::S(s, SFile::Env) => fid.content = Some(Bytes::from(s.env_text())),
             Node::S(s, SFile::Paused) => {
                 fid.content = Some(Bytes::from(format!("{}\n", s.paused())))
@@ -1775,7 +1826,7 @@ impl Filesystem for OllieFs {
         };
         match &node {
             Node::Root
-            | Node::R(RootFile::SessionDir)
+            | Node::R(RootFile::SessionDir | RootFile::BypassDir)
             | Node::S(_, SFile::Dir | SFile::AgentDir)
             | Node::A(_, AFile::Dir | AFile::ProcDir) => {
                 if offset == 0 || fid.dir.is_none() {
@@ -1841,6 +1892,14 @@ impl Filesystem for OllieFs {
                     .as_ref()
                     .map_or(Bytes::new(), |r| read_at(r, offset, count)))
             }
+            Node::R(RootFile::BypassPending) => {
+                if fid.pending.is_empty() {
+                    let shown = self.reg().bypass.next(&mut fid.seen).await;
+                    fid.pending = Bytes::from(shown.as_bytes().to_vec());
+                }
+                let n = fid.pending.len().min(count as usize);
+                Ok(fid.pending.split_to(n))
+            }
             Node::R(RootFile::Eventwait) => {
                 if fid.pending.is_empty() {
                     match self.shared.events.next_after(fid.cursor).await {
@@ -1902,6 +1961,7 @@ impl Filesystem for OllieFs {
             | Node::R(RootFile::Tools)
             | Node::R(RootFile::Aliases)
             | Node::R(RootFile::SessionIdx)
+            | Node::R(RootFile::BypassAudit)
             | Node::S(_, SFile::Env | SFile::Paused | SFile::Name | SFile::Id | SFile::AgentIdx)
             | Node::A(
                 _,
@@ -1934,7 +1994,18 @@ impl Filesystem for OllieFs {
         }
         if let Some(p) = &fid.proxy {
             let r = p.remote.as_ref().ok_or_else(Error::not_found)?;
-            return r.write(offset, data).await.map_err(|e| err(e.to_string()));
+            let result = r
+                .write(offset, data.clone())
+                .await
+                .map_err(|e| err(e.to_string()));
+            // A verdict written to the session's own bypass/resolve is audited too.
+            if p.agent.is_none() && p.path == ["bypass", "resolve"] {
+                let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                self.reg()
+                    .bypass
+                    .decided(&p.session.id, &data, &self.shared.owner, &outcome);
+            }
+            return result;
         }
         Self::alive(&fid.node)?;
         let reg = Arc::clone(self.reg());
@@ -1944,6 +2015,15 @@ impl Filesystem for OllieFs {
                 fid.reply = None;
                 let reply = self.root_ctl(text(&data)?)?;
                 fid.reply = Some(Bytes::from(reply));
+                Ok(n)
+            }
+            Node::R(RootFile::BypassResolve) => {
+                let by = self.shared.owner.clone();
+                self.reg()
+                    .bypass
+                    .resolve(self.reg(), &data, &by)
+                    .await
+                    .map_err(err)?;
                 Ok(n)
             }
             Node::R(RootFile::Generate) => {
@@ -2153,6 +2233,9 @@ mod tests {
         }
         for d in SESSIONS_FILES {
             assert!(h.contains(&format!("session/{}", d.name)), "{}", d.name);
+        }
+        for d in BYPASS_FILES {
+            assert!(h.contains(&format!("bypass/{}", d.name)), "{}", d.name);
         }
         for d in SESSION_FILES.iter() {
             assert!(

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod bypass;
 pub mod compact;
 pub mod config;
 pub mod events;

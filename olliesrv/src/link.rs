@@ -333,6 +333,15 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
         };
         // Agents are configured in this toolsrv on first use (`Conn::agent_root`).
         link.state.send_replace(LinkState::Up(Arc::clone(&conn)));
+        {
+            // The reader lets go of the connection as soon as the link is not up any more
+            // (closing the link is what ends toolsrv).
+            let mut st = link.state.subscribe();
+            reg.bypass
+                .watch(s.id.clone(), Arc::clone(&conn), async move {
+                    let _ = st.wait_for(|x| !matches!(x, LinkState::Up(_))).await;
+                });
+        }
         reg.events.emit(
             "toolsrv-started",
             ev(&[

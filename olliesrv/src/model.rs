@@ -1196,6 +1196,8 @@ pub struct Registry {
     pub toolsrv: PathBuf,
     /// Bumped whenever the set or names of sessions/agents change (`aliases`, `idx`).
     pub version: AtomicU32,
+    /// Every session's escalation requests, and the audit log.
+    pub bypass: Arc<crate::bypass::Bypass>,
 }
 
 fn ev(pairs: &[(&str, Value)]) -> Map<String, Value> {
@@ -1213,6 +1215,7 @@ impl Registry {
         toolsrv: PathBuf,
     ) -> Registry {
         Registry {
+            bypass: Arc::new(crate::bypass::Bypass::new(store.dir())),
             events,
             store,
             config,

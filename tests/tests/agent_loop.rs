@@ -467,11 +467,18 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
             .unwrap();
         states.push(String::from_utf8_lossy(&s).trim().to_owned());
     }
-    let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);
-    let mut r = root
-        .walk_path("session/s/toolsrv/bypass/resolve")
+    // The root view shows the same request (every session's, once per fid).
+    let mut all = root.walk_path("bypass/pending").await.unwrap();
+    all.open(om::OREAD).await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(30), all.read(0, 65536))
         .await
+        .expect("the root bypass/pending showed nothing")
         .unwrap();
+    let seen: serde_json::Value = serde_json::from_slice(&seen).unwrap();
+    assert_eq!(seen["id"], id.as_str(), "{seen}");
+    // Answered through the root resolve, which finds the session.
+    let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);
+    let mut r = root.walk_path("bypass/resolve").await.unwrap();
     r.open(om::OWRITE).await.unwrap();
     r.write(0, Bytes::from(verdict.clone())).await.unwrap();
     let raw = wait_for(&root, "session/s/agent/a/log", "Connected with the grant.").await;
@@ -479,6 +486,23 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
     // The id is single use.
     let e = r.write(0, Bytes::from(verdict)).await.unwrap_err();
     assert!(e.to_string().contains("already answered"), "{e}");
+    // The audit log has the request and the verdict.
+    let audit = read(&root, "bypass/audit").await;
+    let events: Vec<serde_json::Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 3, "{audit}");
+    assert_eq!(events[0]["event"], "request", "{audit}");
+    assert_eq!(events[0]["id"], id.as_str(), "{audit}");
+    assert_eq!(
+        events[0]["grants"],
+        serde_json::json!([format!("net:{port}")]),
+        "{audit}"
+    );
+    assert_eq!(events[1]["event"], "decision", "{audit}");
+    assert_eq!(events[1]["verdict"], "approved", "{audit}");
+    assert_eq!(events[2]["event"], "decision-refused", "{audit}");
     // Approval never widens a later run: the same command without the grant is refused.
     write(&root, "session/s/agent/a/prompt", "again, without asking").await;
     let raw = wait_for(&root, "session/s/agent/a/log", "Without the grant").await;

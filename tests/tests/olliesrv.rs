@@ -16,10 +16,11 @@ use nix::sys::signal::Signal;
 use ollie_p9::wire::{NOFID, NOTAG, Rmsg, Stat, Tmsg, dm, om};
 use ollie_p9::{Client, Fid};
 
-const ROOT_NAMES: [&str; 10] = [
+const ROOT_NAMES: [&str; 11] = [
     "agents",
     "aliases",
     "backends",
+    "bypass",
     "ctl",
     "eventwait",
     "generate",
@@ -134,7 +135,7 @@ fn cli_ls_read_write_rdwr() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(
         text(&o.stdout),
-        "agents\naliases\nbackends\nctl\neventwait\ngenerate\nhelp\nmodels\nsession/\ntools\n"
+        "agents\naliases\nbackends\nbypass/\nctl\neventwait\ngenerate\nhelp\nmodels\nsession/\ntools\n"
     );
 
     let o = ollie9p(&a, &["ls", "-l"], b"");

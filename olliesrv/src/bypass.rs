@@ -1,0 +1,432 @@
+//! The operator's view of every session's approval broker, and the audit log.
+//!
+//! Each session's toolsrv holds its own requests (`session/S/toolsrv/bypass/`). olliesrv
+//! reads each toolsrv's `bypass/pending` as the operator (one reader per running toolsrv) and
+//! keeps a mirror, so that:
+//! - the root `bypass/pending` shows the requests of all sessions, each once per fid
+//!   (blocking like the per-session file);
+//! - the root `bypass/resolve` takes the same strict verdict, finds the session that holds
+//!   the id and forwards it there;
+//! - every request seen and every verdict written through olliesrv (root or per-session) is
+//!   appended to `audit.jsonl` in the state directory (one JSON object per line, fdatasync'd
+//!   before the write that caused it is acknowledged), served as `bypass/audit`.
+//!
+//! The requests themselves, their deadlines and the decisions stay in toolsrv: the mirror only
+//! shows and forwards. A request whose `expires` has passed is no longer shown.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use ollie_p9::wire::om;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::link::Conn;
+
+/// Requests remembered by the mirror.
+const MAX_KEPT: usize = 1024;
+/// The most of the audit log `bypass/audit` shows (its end).
+const MAX_AUDIT_SHOWN: u64 = 1 << 20;
+/// The audit log's file name in the state directory.
+pub const AUDIT_FILE: &str = "audit.jsonl";
+
+struct Req {
+    seq: u64,
+    session: String,
+    id: String,
+    /// As toolsrv showed it (escaped JSON and a newline).
+    shown: Arc<String>,
+    /// Unix seconds.
+    expires: u64,
+    done: bool,
+}
+
+#[derive(Default)]
+struct Mirror {
+    seq: u64,
+    reqs: Vec<Req>,
+}
+
+/// The mirror and the audit log.
+pub struct Bypass {
+    mirror: Mutex<Mirror>,
+    tick: watch::Sender<u64>,
+    audit_path: PathBuf,
+    audit: Mutex<()>,
+}
+
+impl std::fmt::Debug for Bypass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bypass")
+            .field("audit", &self.audit_path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Parses toolsrv's `YYYY-MM-DDTHH:MM:SSZ` into Unix seconds.
+fn parse_time(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days from civil (the inverse of `ollie_p9::util::civil`).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
+}
+
+impl Bypass {
+    pub fn new(state_dir: &Path) -> Bypass {
+        Bypass {
+            mirror: Mutex::new(Mirror::default()),
+            tick: watch::Sender::new(0),
+            audit_path: state_dir.join(AUDIT_FILE),
+            audit: Mutex::new(()),
+        }
+    }
+
+    /// Appends one event to the audit log, durably.
+    pub fn audit(&self, event: &str, mut fields: serde_json::Map<String, Value>) {
+        let secs = now_unix();
+        let (y, m, d, hh, mm, ss) = ollie_p9::util::civil(secs);
+        fields.insert(
+            "time".into(),
+            Value::from(format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")),
+        );
+        fields.insert("event".into(), Value::from(event));
+        let mut line = Value::Object(fields).to_string();
+        line.push('\n');
+        let _g = lock(&self.audit);
+        let r = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&self.audit_path)
+            .and_then(|mut f| {
+                f.write_all(line.as_bytes())?;
+                f.sync_data()
+            });
+        if let Err(e) = r {
+            tracing::error!(path = %self.audit_path.display(), error = %e, "cannot append to the audit log");
+        }
+    }
+
+    /// The end of the audit log (`bypass/audit`).
+    pub fn audit_text(&self) -> Bytes {
+        use std::io::{Read, Seek, SeekFrom};
+        let _g = lock(&self.audit);
+        let Ok(mut f) = std::fs::File::open(&self.audit_path) else {
+            return Bytes::new();
+        };
+        let len = f.metadata().map_or(0, |m| m.len());
+        let start = len.saturating_sub(MAX_AUDIT_SHOWN);
+        let mut out = Vec::new();
+        if f.seek(SeekFrom::Start(start)).is_ok() && f.read_to_end(&mut out).is_err() {
+            return Bytes::new();
+        }
+        if start > 0
+            && let Some(nl) = out.iter().position(|b| *b == b'\n')
+        {
+            out.drain(..=nl);
+        }
+        Bytes::from(out)
+    }
+
+    /// Starts reading `bypass/pending` of a session's toolsrv as the operator, until `done`
+    /// completes or the connection fails (then it drops its hold on the connection).
+    pub fn watch(
+        self: &Arc<Self>,
+        session: String,
+        conn: Arc<Conn>,
+        done: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::select! {
+                r = me.read_pending(&session, &conn) => {
+                    if let Err(e) = r {
+                        tracing::debug!(session = %session, error = %e, "bypass/pending reader ended");
+                    }
+                }
+                () = done => {}
+            }
+        });
+    }
+
+    async fn read_pending(&self, session: &str, conn: &Conn) -> Result<(), String> {
+        let mut f = conn
+            .operator
+            .walk(&["bypass", "pending"])
+            .await
+            .map_err(|e| e.to_string())?;
+        f.open(om::OREAD).await.map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        loop {
+            let b = f.read(0, 64 * 1024).await.map_err(|e| e.to_string())?;
+            if b.is_empty() {
+                return Ok(());
+            }
+            buf.extend_from_slice(&b);
+            // One request per read, a newline at its end (a long one comes in pieces).
+            if buf.last() != Some(&b'\n') {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&std::mem::take(&mut buf)).into_owned();
+            let Ok(v) = serde_json::from_str::<Value>(&text) else {
+                tracing::warn!(session, "bypass/pending gave something that is not JSON");
+                continue;
+            };
+            self.add(session, v, text);
+        }
+    }
+
+    fn add(&self, session: &str, v: Value, shown: String) {
+        let id = v.get("id").and_then(Value::as_str).unwrap_or("").to_owned();
+        let expires = v
+            .get("expires")
+            .and_then(Value::as_str)
+            .and_then(parse_time)
+            .unwrap_or(u64::MAX);
+        let mut fields = serde_json::Map::new();
+        fields.insert("session".into(), Value::from(session));
+        for k in [
+            "id", "agent", "tool", "argv", "cwd", "grants", "reason", "expires",
+        ] {
+            if let Some(x) = v.get(k) {
+                fields.insert(k.into(), x.clone());
+            }
+        }
+        if let Some(sha) = v.get("executable").and_then(|e| e.get("sha256")) {
+            fields.insert("executable_sha256".into(), sha.clone());
+        }
+        self.audit("request", fields);
+        {
+            let mut m = lock(&self.mirror);
+            m.seq += 1;
+            let seq = m.seq;
+            m.reqs.push(Req {
+                seq,
+                session: session.to_owned(),
+                id,
+                shown: Arc::new(shown),
+                expires,
+                done: false,
+            });
+            if m.reqs.len() > MAX_KEPT {
+                m.reqs.remove(0);
+            }
+        }
+        self.tick.send_modify(|s| *s += 1);
+    }
+
+    /// The next request, of any session, that `seen` has not been shown (blocks).
+    pub async fn next(&self, seen: &mut HashSet<String>) -> Arc<String> {
+        let mut rx = self.tick.subscribe();
+        loop {
+            rx.borrow_and_update();
+            {
+                let now = now_unix();
+                let m = lock(&self.mirror);
+                if let Some(r) = m
+                    .reqs
+                    .iter()
+                    .filter(|r| !r.done && r.expires > now && !seen.contains(&r.id))
+                    .min_by_key(|r| r.seq)
+                {
+                    seen.insert(r.id.clone());
+                    return Arc::clone(&r.shown);
+                }
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The session holding request `id`, if the mirror saw it.
+    fn session_of(&self, id: &str) -> Option<String> {
+        lock(&self.mirror)
+            .reqs
+            .iter()
+            .rev()
+            .find(|r| r.id == id)
+            .map(|r| r.session.clone())
+    }
+
+    /// Records a verdict written for `session` (through the root file or the session's own)
+    /// and its outcome; marks the request answered when toolsrv took it.
+    pub fn decided(&self, session: &str, data: &[u8], by: &str, result: &Result<(), String>) {
+        let Ok(r) = ollie_link::bypass::parse_resolve(data) else {
+            return;
+        };
+        let mut fields = serde_json::Map::new();
+        fields.insert("session".into(), Value::from(session));
+        fields.insert("id".into(), Value::from(r.id.clone()));
+        fields.insert("by".into(), Value::from(by));
+        match &r.verdict {
+            ollie_link::bypass::Verdict::Approve { session_scope } => {
+                fields.insert("verdict".into(), json!("approved"));
+                if *session_scope {
+                    fields.insert("scope".into(), json!("session"));
+                }
+            }
+            ollie_link::bypass::Verdict::Deny { message } => {
+                fields.insert("verdict".into(), json!("denied"));
+                fields.insert("message".into(), Value::from(message.clone()));
+            }
+        }
+        match result {
+            Ok(()) => {
+                if let Some(q) = lock(&self.mirror).reqs.iter_mut().find(|q| q.id == r.id) {
+                    q.done = true;
+                }
+                self.audit("decision", fields);
+            }
+            Err(e) => {
+                fields.insert("refused".into(), Value::from(e.clone()));
+                self.audit("decision-refused", fields);
+            }
+        }
+    }
+
+    /// The root `bypass/resolve`: checks the verdict, finds its session, forwards it.
+    pub async fn resolve(
+        &self,
+        reg: &crate::model::Registry,
+        data: &[u8],
+        by: &str,
+    ) -> Result<(), String> {
+        let r = ollie_link::bypass::parse_resolve(data).map_err(|e| e.to_string())?;
+        let sid = self
+            .session_of(&r.id)
+            .ok_or_else(|| format!("resolve: no request {}", r.id))?;
+        let s = reg
+            .sessions()
+            .into_iter()
+            .find(|s| s.id == sid)
+            .ok_or_else(|| {
+                format!(
+                    "resolve: request {} belonged to a session that is gone",
+                    r.id
+                )
+            })?;
+        let conn = s.link.conn(Duration::from_secs(5)).await?;
+        let result = async {
+            let mut f = conn
+                .operator
+                .walk(&["bypass", "resolve"])
+                .await
+                .map_err(|e| e.to_string())?;
+            f.open(om::OWRITE).await.map_err(|e| e.to_string())?;
+            f.write(0, Bytes::copy_from_slice(data))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        self.decided(&sid, data, by, &result);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_with_civil() {
+        for secs in [0, 86_399, 951_782_400, 1_700_000_000, 4_102_444_800] {
+            let (y, m, d, hh, mm, ss) = ollie_p9::util::civil(secs);
+            let s = format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z");
+            assert_eq!(parse_time(&s), Some(secs), "{s}");
+        }
+        for bad in [
+            "",
+            "2026-13-01T00:00:00Z",
+            "2026-01-01 00:00:00Z",
+            "x".repeat(20).as_str(),
+        ] {
+            assert_eq!(parse_time(bad), None, "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_mirror_shows_each_request_once_per_reader_and_audits() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Bypass::new(dir.path());
+        let id = "0123456789abcdef0123456789abcdef";
+        let v = json!({"id": id, "agent": "a", "tool": "execute_code", "argv": ["x"],
+            "grants": ["net:80"], "reason": "r", "expires": "2999-01-01T00:00:00Z",
+            "executable": {"sha256": "ab"}});
+        b.add("s1", v.clone(), format!("{v}\n"));
+        let mut seen = HashSet::new();
+        assert!(b.next(&mut seen).await.contains(id));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.next(&mut seen))
+                .await
+                .is_err()
+        );
+        let expired = json!({"id": "f".repeat(32), "expires": "2000-01-01T00:00:00Z"});
+        b.add("s1", expired.clone(), format!("{expired}\n"));
+        let mut fresh = HashSet::new();
+        assert!(b.next(&mut fresh).await.contains(id));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.next(&mut fresh))
+                .await
+                .is_err(),
+            "an expired request was shown"
+        );
+        let verdict = format!(r#"{{"id":"{id}","error":"no"}}"#);
+        b.decided("s1", verdict.as_bytes(), "me", &Ok(()));
+        let mut third = HashSet::new();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.next(&mut third))
+                .await
+                .is_err(),
+            "an answered request was shown"
+        );
+        let audit = String::from_utf8(b.audit_text().to_vec()).unwrap();
+        let lines: Vec<Value> = audit
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "{audit}");
+        assert_eq!(lines[0]["event"], "request");
+        assert_eq!(lines[0]["executable_sha256"], "ab");
+        assert_eq!(lines[2]["event"], "decision");
+        assert_eq!(lines[2]["verdict"], "denied");
+        assert_eq!(lines[2]["message"], "no");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(AUDIT_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
