@@ -196,6 +196,14 @@ pub async fn configure_agent(c: &Conn, a: &Agent, config: &Config) -> Result<(),
     };
     c.ctl(&format!("policy {} {}", a.id, profile.policy))
         .await?;
+    // Which escalations the agent may ask for at all: its profile's (the policy still has
+    // the last word).
+    let kinds = if profile.escalations.is_empty() {
+        "none".to_owned()
+    } else {
+        profile.escalations.join(",")
+    };
+    c.ctl(&format!("escalations {} {kinds}", a.id)).await?;
     let want: Vec<String> = settings
         .tools
         .clone()

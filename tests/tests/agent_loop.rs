@@ -399,6 +399,7 @@ async fn stop_keeps_the_history_well_formed() {
 /// without the grant is refused by the sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_escalation_runs_once_with_the_grant() {
+    escalation_needs_a_profile_that_allows_it().await;
     let canary = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = canary.local_addr().unwrap().port();
     let code = format!(
@@ -422,8 +423,32 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
         r#"{"text": "Without the grant it was refused."}"#
     );
     let (srv, work) = server(&turns, "");
+    // A profile that may ask for network access (the default may ask for nothing).
+    std::fs::create_dir_all(srv.dir.path().join("agents")).unwrap();
+    std::fs::write(
+        srv.dir.path().join("agents").join("asker.toml"),
+        "escalations = [\"net\"]\n",
+    )
+    .unwrap();
     let (_c, root) = attach(&srv, &me()).await;
-    session_with_agent(&root, &work).await;
+    assert_eq!(
+        rdwr(&root, "ctl", "invalidate")
+            .await
+            .unwrap()
+            .lines()
+            .next(),
+        Some("config reloaded: 2 backends")
+    );
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(&root, "session/s/agent/new", "name=a profile=asker")
+        .await
+        .unwrap();
     let mut sw = root.walk_path("session/s/agent/a/statewait").await.unwrap();
     sw.open(om::OREAD).await.unwrap();
     write(&root, "session/s/agent/a/prompt", "connect").await;
@@ -510,4 +535,24 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
     assert!(second.contains("\nrefused\n"), "{raw}");
     assert!(!second.contains(&format!("\nconnected-{port}\n")), "{raw}");
     drop(canary);
+}
+
+/// The default profile may ask for no escalation at all: the call is refused at once and
+/// nothing reaches the operator.
+async fn escalation_needs_a_profile_that_allows_it() {
+    let call = serde_json::json!({"tool_calls": [{"name": "execute_code", "arguments": {
+        "language": "bash", "code": "echo hi",
+        "escalate": {"grants": ["net:80"], "reason": "r"}}}]});
+    let turns = format!("{call}\n{}\n", r#"{"text": "done"}"#);
+    let (srv, work) = server(&turns, "");
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    write(&root, "session/s/agent/a/prompt", "go").await;
+    let raw = wait_for(&root, "session/s/agent/a/log", "[[[assistant\ndone").await;
+    assert!(
+        raw.contains("this agent's profile does not let it ask for net:80 (its escalations: none)"),
+        "{raw}"
+    );
+    let audit = read(&root, "bypass/audit").await;
+    assert!(audit.is_empty(), "{audit}");
 }

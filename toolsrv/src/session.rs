@@ -24,6 +24,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct AgentCfg {
     tools: BTreeSet<String>,
     policy: String,
+    /// The escalation kinds (`net`, `read`, `write`, `unsandboxed`) the agent's profile lets
+    /// it ask for; `None`: whatever its policy allows (an agent olliesrv did not configure).
+    escalations: Option<BTreeSet<String>>,
 }
 
 /// Everything toolsrv knows about its session.
@@ -206,6 +209,7 @@ impl Session {
             .unwrap_or_else(|| AgentCfg {
                 tools: tools::names().into_iter().map(String::from).collect(),
                 policy: self.default_policy.clone(),
+                escalations: None,
             })
     }
 
@@ -228,7 +232,7 @@ impl Session {
     /// `ctl`: one command from `who`.
     pub fn ctl(&self, who: &Identity, line: &str) -> Result<(), String> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, bypass_timeout SECONDS (operator)";
+        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, escalations AGENT KINDS|none, bypass_timeout SECONDS (operator)";
         if let ["bypass_timeout", secs] = words.as_slice() {
             if *who != Identity::Operator {
                 return Err("permission denied: only the operator sets bypass_timeout".into());
@@ -288,6 +292,27 @@ impl Session {
                     ));
                 }
                 self.update(agent, |c| c.policy = arg.to_owned());
+                Ok(())
+            }
+            "escalations" => {
+                if *who != Identity::Operator {
+                    return Err("permission denied: only the operator sets escalations".into());
+                }
+                let kinds: BTreeSet<String> = if arg == "none" {
+                    BTreeSet::new()
+                } else {
+                    arg.split(',').map(str::to_owned).collect()
+                };
+                if let Some(k) = kinds
+                    .iter()
+                    .find(|k| !["net", "read", "write", "unsandboxed"].contains(&k.as_str()))
+                {
+                    return Err(format!(
+                        "escalations: unknown kind {:?} (valid: net, read, write, unsandboxed, or none)",
+                        crate::payload::clip(k)
+                    ));
+                }
+                self.update(agent, |c| c.escalations = Some(kinds));
                 Ok(())
             }
             other => Err(format!(
@@ -359,6 +384,7 @@ impl Session {
             AgentCfg {
                 tools: tools::names().into_iter().map(String::from).collect(),
                 policy: self.default_policy.clone(),
+                escalations: None,
             }
         } else {
             self.cfg(&owner)
@@ -386,7 +412,15 @@ impl Session {
             .ok_or_else(|| format!("unknown policy {:?}", cfg.policy))?;
         let escalation = match asked {
             None => None,
-            Some(req) => self.escalation(&owner, &p.tool, policy, req, &inv, cwd.as_deref())?,
+            Some(req) => self.escalation(
+                &owner,
+                &p.tool,
+                policy,
+                cfg.escalations.as_ref(),
+                req,
+                &inv,
+                cwd.as_deref(),
+            )?,
         };
         let out_cap = usize::try_from(policy.limits.output_bytes).unwrap_or(usize::MAX);
         let proc = self.procs.create(NewProc {
@@ -416,6 +450,7 @@ impl Session {
         owner: &str,
         tool: &str,
         policy: &Policy,
+        profile_kinds: Option<&BTreeSet<String>>,
         req: ollie_policy::EscalationRequest,
         inv: &Invocation,
         cwd: Option<&Path>,
@@ -449,6 +484,26 @@ impl Session {
             }
             Decision::NeedsApproval(req) => req,
         };
+        if let Some(allowed) = profile_kinds
+            && let Some(g) = req.grants.iter().find(|g| {
+                let kind = match g.kind() {
+                    ollie_policy::EscalationKind::Net => "net",
+                    ollie_policy::EscalationKind::Read => "read",
+                    ollie_policy::EscalationKind::Write => "write",
+                    ollie_policy::EscalationKind::Unsandboxed => "unsandboxed",
+                };
+                !allowed.contains(kind)
+            })
+        {
+            let list = if allowed.is_empty() {
+                "none".to_owned()
+            } else {
+                allowed.iter().cloned().collect::<Vec<_>>().join(", ")
+            };
+            return Err(format!(
+                "escalation refused without asking: this agent's profile does not let it ask for {g} (its escalations: {list}); nothing was run"
+            ));
+        }
         if req.grants.contains(&Grant::Unsandboxed) {
             return Err("escalation refused: this toolsrv does not run commands outside the sandbox (ask for the read:, write: or net:PORT grants the command needs); nothing was run".into());
         }
