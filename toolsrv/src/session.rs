@@ -413,8 +413,7 @@ impl Session {
         let escalation = match asked {
             None => None,
             Some(req) => self.escalation(
-                &owner,
-                &p.tool,
+                (&owner, &p.tool),
                 policy,
                 cfg.escalations.as_ref(),
                 req,
@@ -447,8 +446,7 @@ impl Session {
     /// run), or bound to the exact execution and handed to the operator.
     fn escalation(
         &self,
-        owner: &str,
-        tool: &str,
+        (owner, tool): (&str, &str),
         policy: &Policy,
         profile_kinds: Option<&BTreeSet<String>>,
         req: ollie_policy::EscalationRequest,
