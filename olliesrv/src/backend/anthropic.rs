@@ -69,9 +69,8 @@ use reqwest::{RequestBuilder, Response, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Endpoint, Frame, KeySource, LIST_TIMEOUT, MAX_LIST_BODY, MAX_MESSAGE_CHARS,
-    SseParser, generated_id, mentions_context, one_line, parse_arguments, read_capped, scrub_frame,
-    scrubbed,
+    self, ApiKey, Endpoint, Frame, KeySource, MAX_MESSAGE_CHARS, SseParser, generated_id,
+    mentions_context, one_line, parse_arguments, scrub_frame, scrubbed,
 };
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
@@ -176,28 +175,8 @@ impl Anthropic {
         if let Some(a) = after {
             url.query_pairs_mut().append_pair("after_id", a);
         }
-        let rb = self.client.get(url).timeout(LIST_TIMEOUT);
-        let resp = self
-            .authorized(rb, key)?
-            .send()
-            .await
-            .map_err(|e| self.transport("request", e))?;
-        if !resp.status().is_success() {
-            return Err(self.status_error(resp, key).await);
-        }
-        let body = read_capped(resp, MAX_LIST_BODY)
-            .await
-            .map_err(|e| self.transport("reading /models", e))?;
-        if body.len() >= MAX_LIST_BODY {
-            return Err(BackendError::Fatal(format!(
-                "{}: /models reply is larger than {} MiB",
-                self.name,
-                MAX_LIST_BODY >> 20
-            )));
-        }
-        serde_json::from_slice(&body).map_err(|e| {
-            BackendError::Fatal(format!("{}: /models reply is not json: {e}", self.name))
-        })
+        let rb = self.authorized(self.client.get(url), key)?;
+        http::get_json(&self.name, rb, key, "/models").await
     }
 
     /// `rb` with the version header and, when there is a key, `x-api-key` (marked sensitive).

@@ -238,6 +238,36 @@ pub(super) fn scrub_frame(frame: Frame, key: Option<&ApiKey>) -> Frame {
     }
 }
 
+/// Sends a model-list request (`what` names it in errors, e.g. `/models`) and reads its JSON
+/// reply: transport failures are transient, HTTP errors classified, the body capped at
+/// [`MAX_LIST_BODY`].
+pub(super) async fn get_json(
+    name: &str,
+    rb: reqwest::RequestBuilder,
+    key: Option<&ApiKey>,
+    what: &str,
+) -> Result<Value, BackendError> {
+    let resp = rb
+        .timeout(LIST_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| transport(name, "request", e))?;
+    if !resp.status().is_success() {
+        return Err(status_error(name, resp, key).await);
+    }
+    let body = read_capped(resp, MAX_LIST_BODY)
+        .await
+        .map_err(|e| transport(name, &format!("reading {what}"), e))?;
+    if body.len() >= MAX_LIST_BODY {
+        return Err(BackendError::Fatal(format!(
+            "{name}: {what} reply is larger than {} MiB",
+            MAX_LIST_BODY >> 20
+        )));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| BackendError::Fatal(format!("{name}: {what} reply is not json: {e}")))
+}
+
 /// A connection or read failure: worth a retry.
 pub(super) fn transport(name: &str, what: &str, e: reqwest::Error) -> BackendError {
     let kind = if e.is_timeout() {

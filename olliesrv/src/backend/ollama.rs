@@ -55,9 +55,9 @@ use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Endpoint, KeySource, LIST_TIMEOUT, MAX_ERROR_BODY, MAX_EVENT, MAX_LIST_BODY,
-    MAX_MESSAGE_CHARS, classify_http, error_fields, generated_id, mentions_context, one_line,
-    parse_arguments, read_capped, retry_after,
+    self, ApiKey, Endpoint, KeySource, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS, classify_http,
+    error_fields, generated_id, mentions_context, one_line, parse_arguments, read_capped,
+    retry_after,
 };
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
@@ -156,30 +156,11 @@ impl Ollama {
     /// `model`), in its order.
     pub async fn list_models(&self) -> Result<Vec<String>, BackendError> {
         let key = self.api_key()?;
-        let mut rb = self
-            .client
-            .get(format!("{}/api/tags", self.base_url))
-            .timeout(LIST_TIMEOUT);
+        let mut rb = self.client.get(format!("{}/api/tags", self.base_url));
         if let Some(k) = &key {
             rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
         }
-        let resp = rb.send().await.map_err(|e| self.transport("request", e))?;
-        if !resp.status().is_success() {
-            return Err(self.status_error(resp, key.as_ref()).await);
-        }
-        let body = read_capped(resp, MAX_LIST_BODY)
-            .await
-            .map_err(|e| self.transport("reading /api/tags", e))?;
-        if body.len() >= MAX_LIST_BODY {
-            return Err(BackendError::Fatal(format!(
-                "{}: /api/tags reply is larger than {} MiB",
-                self.name,
-                MAX_LIST_BODY >> 20
-            )));
-        }
-        let v: Value = serde_json::from_slice(&body).map_err(|e| {
-            BackendError::Fatal(format!("{}: /api/tags reply is not json: {e}", self.name))
-        })?;
+        let v = http::get_json(&self.name, rb, key.as_ref(), "/api/tags").await?;
         let Some(models) = v.get("models").and_then(Value::as_array) else {
             return Err(BackendError::Fatal(format!(
                 "{}: /api/tags reply has no models array",

@@ -51,9 +51,8 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Endpoint, Frame, KeySource, LIST_TIMEOUT, MAX_LIST_BODY, MAX_MESSAGE_CHARS,
-    SseParser, classify_stream_error, generated_id, one_line, parse_arguments, read_capped,
-    scrub_frame, scrubbed,
+    self, ApiKey, Endpoint, Frame, KeySource, MAX_MESSAGE_CHARS, SseParser, classify_stream_error,
+    generated_id, one_line, parse_arguments, scrub_frame, scrubbed,
 };
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
@@ -103,30 +102,11 @@ impl OpenAi {
     /// The models the server offers (`GET {base_url}/models`, each `data[].id`), in its order.
     pub async fn list_models(&self) -> Result<Vec<String>, BackendError> {
         let key = self.api_key()?;
-        let mut rb = self
-            .client
-            .get(format!("{}/models", self.base_url))
-            .timeout(LIST_TIMEOUT);
+        let mut rb = self.client.get(format!("{}/models", self.base_url));
         if let Some(k) = &key {
             rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
         }
-        let resp = rb.send().await.map_err(|e| self.transport("request", e))?;
-        if !resp.status().is_success() {
-            return Err(self.status_error(resp, key.as_ref()).await);
-        }
-        let body = read_capped(resp, MAX_LIST_BODY)
-            .await
-            .map_err(|e| self.transport("reading /models", e))?;
-        if body.len() >= MAX_LIST_BODY {
-            return Err(BackendError::Fatal(format!(
-                "{}: /models reply is larger than {} MiB",
-                self.name,
-                MAX_LIST_BODY >> 20
-            )));
-        }
-        let v: Value = serde_json::from_slice(&body).map_err(|e| {
-            BackendError::Fatal(format!("{}: /models reply is not json: {e}", self.name))
-        })?;
+        let v = http::get_json(&self.name, rb, key.as_ref(), "/models").await?;
         let Some(data) = v.get("data").and_then(Value::as_array) else {
             return Err(BackendError::Fatal(format!(
                 "{}: /models reply has no data array",
