@@ -1,5 +1,5 @@
 //! The session and agent commands of `o` (`ls`, `new`, `attach`, `prompt`, `ctl`, `kill`,
-//! `logs`): thin clients of olliesrv's files over 9P, as a person would use them with
+//! `logs`, and `approve`, which lives in the `approve` module): thin clients of olliesrv's files over 9P, as a person would use them with
 //! `ollie-9p`, but resolving names, waiting for turns and rendering chat.
 //!
 //! Exit statuses: 0 ok, 1 the server refused or the turn failed (its message is printed as
@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::render::{self, Block, Renderer, Stats, Target};
 
-const EXIT_SERVER: u8 = 1;
+pub(crate) const EXIT_SERVER: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_CONNECT: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
@@ -124,6 +124,23 @@ pub enum Command {
         #[arg(long)]
         raw: bool,
     },
+    /// Answer escalation requests: show each in full, ask y/N/s, send the verdict.
+    #[command(
+        after_help = "Waits for the next request (every session's, or one session's \
+        with --session), prints what would run and what it asks for, and asks on standard \
+        input: y approves once, s approves identical requests for the rest of the session, \
+        anything else denies (then an optional reason line is sent to the agent). Nothing is \
+        ever approved without an answer. End of input (Ctrl-D) quits; Ctrl-C quits.\n\n\
+        EXAMPLES:\n  o approve\n  o approve --session proj\n  o approve --once"
+    )]
+    Approve {
+        /// Only this session's requests (SESSION/toolsrv/bypass/).
+        #[arg(long, value_name = "NAME")]
+        session: Option<String>,
+        /// Answer one request, then exit.
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 /// What `session/new` and `agent/new` take besides the name.
@@ -145,7 +162,7 @@ pub struct SpecArgs {
 
 /// Why a command failed; each has its exit status.
 #[derive(Debug)]
-enum Fail {
+pub(crate) enum Fail {
     Usage(String),
     Connect(String),
     Server(String),
@@ -178,7 +195,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// A 9P failure: the server's own message, or what went wrong with the connection.
-fn remote(e: ClientError) -> Fail {
+pub(crate) fn remote(e: ClientError) -> Fail {
     match e {
         ClientError::Server(m) => Fail::Server(m),
         other => Fail::Server(format!("olliesrv connection: {}", chain(&other))),
@@ -190,7 +207,7 @@ fn is_gone(e: &ClientError) -> bool {
         .is_some_and(|m| m.starts_with("file does not exist"))
 }
 
-fn stdout_write(data: &[u8]) -> Result<(), Fail> {
+pub(crate) fn stdout_write(data: &[u8]) -> Result<(), Fail> {
     let mut out = std::io::stdout().lock();
     out.write_all(data)
         .and_then(|()| out.flush())
@@ -227,6 +244,14 @@ async fn run(
     // Parse what can be checked before dialling.
     let target = match &cmd {
         Command::Ls { .. } => None,
+        Command::Approve {
+            session: Some(s), ..
+        } if s.is_empty() || s.contains('/') => {
+            return Err(Fail::Usage(format!(
+                "--session {s:?}: give a session name (o ls lists them)"
+            )));
+        }
+        Command::Approve { .. } => None,
         Command::New { target, .. }
         | Command::Attach { target, .. }
         | Command::Prompt { target, .. }
@@ -238,6 +263,9 @@ async fn run(
     let ok = Ok(ExitCode::SUCCESS);
     match (cmd, target) {
         (Command::Ls { json }, _) => ls(&conn, json).await.and(ok),
+        (Command::Approve { session, once }, _) => {
+            crate::approve::approve(&conn, session.as_deref(), once).await
+        }
         (Command::New { spec, .. }, Some(t)) => new(&conn, &t, &spec).await.and(ok),
         (Command::Attach { history, .. }, Some(t)) => attach(&conn, &t, history).await,
         (Command::Prompt { text, .. }, Some(t)) => prompt(&conn, &t, &text.join(" ")).await,
@@ -261,25 +289,25 @@ async fn run(
 // ---------------------------------------------------------------------------------------
 // 9P glue
 
-async fn walk(dir: &Fid, path: &[&str]) -> Result<Fid, Fail> {
+pub(crate) async fn walk(dir: &Fid, path: &[&str]) -> Result<Fid, Fail> {
     dir.walk(path).await.map_err(remote)
 }
 
-async fn open(dir: &Fid, path: &[&str], mode: u8) -> Result<Fid, Fail> {
+pub(crate) async fn open(dir: &Fid, path: &[&str], mode: u8) -> Result<Fid, Fail> {
     let mut f = walk(dir, path).await?;
     f.open(mode).await.map_err(remote)?;
     Ok(f)
 }
 
 /// A snapshot file, whole.
-async fn read_all(dir: &Fid, path: &[&str]) -> Result<String, Fail> {
+pub(crate) async fn read_all(dir: &Fid, path: &[&str]) -> Result<String, Fail> {
     let f = open(dir, path, om::OREAD).await?;
     let b = f.read_to_end().await.map_err(remote)?;
     Ok(String::from_utf8_lossy(&b).into_owned())
 }
 
 /// One Twrite of `data` (one request, one prompt); refused when it does not fit one message.
-async fn write_one(f: &Fid, data: &str) -> Result<(), Fail> {
+pub(crate) async fn write_one(f: &Fid, data: &str) -> Result<(), Fail> {
     if data.len() > f.iounit() as usize {
         return Err(Fail::Usage(format!(
             "{} bytes do not fit in one 9P message (at most {})",
@@ -319,8 +347,8 @@ async fn read_range(dir: &Fid, name: &str, from: u64) -> Result<Vec<u8>, Fail> {
 }
 
 /// A connection, attached as the current user.
-struct Conn {
-    root: Fid,
+pub(crate) struct Conn {
+    pub(crate) root: Fid,
 }
 
 /// An agent's directory, held by fid (so a rename does not lose it).
@@ -366,7 +394,7 @@ impl Conn {
         Ok(Conn { root })
     }
 
-    async fn session(&self, name: &str) -> Result<Fid, Fail> {
+    pub(crate) async fn session(&self, name: &str) -> Result<Fid, Fail> {
         let missing = || Fail::Server(format!("no session named {name:?} (o ls lists them)"));
         match self.root.walk(&["session", name]).await {
             Ok(f) if f.qid().is_dir() => Ok(f),
