@@ -58,6 +58,8 @@ pub struct Bypass {
     tick: watch::Sender<u64>,
     audit_path: PathBuf,
     audit: Mutex<()>,
+    /// The task that records expired requests has been started.
+    sweeping: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Bypass {
@@ -108,6 +110,7 @@ impl Bypass {
             tick: watch::Sender::new(0),
             audit_path: state_dir.join(AUDIT_FILE),
             audit: Mutex::new(()),
+            sweeping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -166,6 +169,18 @@ impl Bypass {
         conn: Arc<Conn>,
         done: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
+        if !self
+            .sweeping
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    me.sweep();
+                }
+            });
+        }
         let me = Arc::clone(self);
         tokio::spawn(async move {
             tokio::select! {
@@ -243,6 +258,30 @@ impl Bypass {
             }
         }
         self.tick.send_modify(|s| *s += 1);
+    }
+
+    /// Records requests whose deadline has passed without a verdict (toolsrv denied them).
+    pub fn sweep(&self) {
+        let now = now_unix();
+        let expired: Vec<(String, String)> = {
+            let mut m = lock(&self.mirror);
+            m.reqs
+                .iter_mut()
+                .filter(|r| !r.done && r.expires <= now)
+                .map(|r| {
+                    r.done = true;
+                    (r.session.clone(), r.id.clone())
+                })
+                .collect()
+        };
+        for (session, id) in expired {
+            let mut fields = serde_json::Map::new();
+            fields.insert("session".into(), Value::from(session));
+            fields.insert("id".into(), Value::from(id));
+            fields.insert("verdict".into(), json!("denied"));
+            fields.insert("message".into(), json!("no answer before the deadline"));
+            self.audit("expired", fields);
+        }
     }
 
     /// The next request, of any session, that `seen` has not been shown (blocks).
@@ -402,6 +441,7 @@ mod tests {
                 .is_err(),
             "an expired request was shown"
         );
+        b.sweep();
         let verdict = format!(r#"{{"id":"{id}","error":"no"}}"#);
         b.decided("s1", verdict.as_bytes(), "me", &Ok(()));
         let mut third = HashSet::new();
@@ -416,12 +456,15 @@ mod tests {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert_eq!(lines.len(), 3, "{audit}");
+        assert_eq!(lines.len(), 4, "{audit}");
         assert_eq!(lines[0]["event"], "request");
         assert_eq!(lines[0]["executable_sha256"], "ab");
-        assert_eq!(lines[2]["event"], "decision");
-        assert_eq!(lines[2]["verdict"], "denied");
-        assert_eq!(lines[2]["message"], "no");
+        assert_eq!(lines[1]["event"], "request");
+        assert_eq!(lines[2]["event"], "expired", "{audit}");
+        assert_eq!(lines[2]["id"], "f".repeat(32), "{audit}");
+        assert_eq!(lines[3]["event"], "decision");
+        assert_eq!(lines[3]["verdict"], "denied");
+        assert_eq!(lines[3]["message"], "no");
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(AUDIT_FILE))
             .unwrap()

@@ -101,6 +101,9 @@ pub struct Price {
     pub output_per_mtok: f64,
 }
 
+/// How long an escalation request waits for the operator by default (10 minutes).
+pub const DEFAULT_BYPASS_TIMEOUT_S: u64 = 600;
+
 /// The default fraction of the context window at which a conversation is compacted.
 pub const DEFAULT_COMPACT_AT: f64 = 0.8;
 
@@ -201,6 +204,8 @@ pub struct Config {
     pub cost_cap_usd: Option<f64>,
     /// Compact when the context reaches this fraction of the context limit.
     pub compact_at: f64,
+    /// How long an escalation request waits for the operator before it is denied.
+    pub bypass_timeout_s: u64,
 }
 
 impl Default for Config {
@@ -221,6 +226,7 @@ struct RawConfig {
     prices: BTreeMap<String, RawPrice>,
     cost_cap_usd: Option<f64>,
     compact_at: Option<f64>,
+    bypass_timeout_s: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -523,6 +529,7 @@ impl Config {
             prices: BTreeMap::new(),
             cost_cap_usd: None,
             compact_at: DEFAULT_COMPACT_AT,
+            bypass_timeout_s: DEFAULT_BYPASS_TIMEOUT_S,
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -833,6 +840,16 @@ impl Config {
                 ));
             }
         };
+        let bypass_timeout_s = match raw.bypass_timeout_s {
+            None => DEFAULT_BYPASS_TIMEOUT_S,
+            Some(n @ 1..=86_400) => n as u64,
+            Some(n) => {
+                return Err(invalid(
+                    "bypass_timeout_s".into(),
+                    format!("{n} is out of range (seconds, 1..=86400)"),
+                ));
+            }
+        };
         Ok(Config {
             path: Some(path.to_owned()),
             default_backend: raw.default_backend,
@@ -841,6 +858,7 @@ impl Config {
             prices,
             cost_cap_usd: raw.cost_cap_usd,
             compact_at,
+            bypass_timeout_s,
             ..Config::builtin()
         })
     }
@@ -883,6 +901,65 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(s, Path::new("config.toml"))
+    }
+
+    #[test]
+    fn money_context_and_approval_settings() {
+        let c = parse(
+            "cost_cap_usd = 2.5\ncompact_at = 0.5\nbypass_timeout_s = 30\n\n[prices.\"m-1\"]\ninput_per_mtok = 3.0\noutput_per_mtok = 15.0\n\n[backends.x]\nkind = \"anthropic\"\napi_key_file = \"/k/key\"\ncontext_limit = 200000\n",
+        )
+        .unwrap();
+        assert_eq!(c.cost_cap_usd, Some(2.5));
+        assert_eq!(c.compact_at, 0.5);
+        assert_eq!(c.bypass_timeout_s, 30);
+        assert_eq!(
+            c.prices["m-1"],
+            Price {
+                input_per_mtok: 3.0,
+                output_per_mtok: 15.0
+            }
+        );
+        assert_eq!(
+            c.backends["x"].api_key_file.as_deref(),
+            Some(Path::new("/k/key"))
+        );
+        assert_eq!(c.backends["x"].context_limit, Some(200_000));
+        let d = parse("").unwrap();
+        assert_eq!(
+            (d.cost_cap_usd, d.compact_at, d.bypass_timeout_s),
+            (None, DEFAULT_COMPACT_AT, DEFAULT_BYPASS_TIMEOUT_S)
+        );
+        for (text, want) in [
+            (
+                "cost_cap_usd = 0.0",
+                "cost_cap_usd: 0 is not a positive amount",
+            ),
+            ("compact_at = 1.5", "compact_at: 1.5 is out of range"),
+            (
+                "bypass_timeout_s = 0",
+                "bypass_timeout_s: 0 is out of range",
+            ),
+            (
+                "[prices.m]\ninput_per_mtok = -1.0\noutput_per_mtok = 1.0",
+                "prices.\"m\".input_per_mtok: -1 is not a price",
+            ),
+            (
+                "[prices.m]\ninput_per_mtok = 1.0",
+                "missing field `output_per_mtok`",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\napi_key_file = \"key\"",
+                "backends.x.api_key_file: must be an absolute path",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\ncontext_limit = 0",
+                "backends.x.context_limit: 0 is out of range",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -1064,6 +1064,9 @@ impl OllieFs {
                     .reload()
                     .map_err(|e| err(format!("invalidate: {e}")))?;
                 if let LinkState::Up(c) = s.link.state() {
+                    c.ctl(&format!("bypass_timeout {}", cfg.bypass_timeout_s))
+                        .await
+                        .map_err(err)?;
                     for a in s.agents() {
                         crate::link::configure_agent(&c, &a, &cfg)
                             .await

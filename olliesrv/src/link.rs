@@ -339,6 +339,11 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
                 continue;
             }
         };
+        // How long escalation requests wait for the operator.
+        let timeout = reg.config().bypass_timeout_s;
+        if let Err(e) = conn.ctl(&format!("bypass_timeout {timeout}")).await {
+            tracing::warn!(session = %s.id, error = %e, "cannot set toolsrv's bypass_timeout");
+        }
         // Agents are configured in this toolsrv on first use (`Conn::agent_root`).
         link.state.send_replace(LinkState::Up(Arc::clone(&conn)));
         {

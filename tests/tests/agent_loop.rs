@@ -37,13 +37,23 @@ async fn write(root: &Fid, path: &str, data: &str) {
 
 /// A server whose default backend `demo` replays `turns` (and `other` replays `other`).
 fn server(turns: &str, other: &str) -> (Srv, std::path::PathBuf) {
+    server_with(turns, other, "", "")
+}
+
+/// [`server`] with `top` added to config.toml's top-level keys and `profile` written as
+/// `agents/asker.toml`.
+fn server_with(turns: &str, other: &str, top: &str, profile: &str) -> (Srv, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
     std::fs::write(dir.path().join("turns.jsonl"), turns).unwrap();
     std::fs::write(dir.path().join("other.jsonl"), other).unwrap();
+    if !profile.is_empty() {
+        std::fs::create_dir(dir.path().join("agents")).unwrap();
+        std::fs::write(dir.path().join("agents").join("asker.toml"), profile).unwrap();
+    }
     let config = format!(
-        "default_backend = \"demo\"\n\n[backends.demo]\nkind = \"replay\"\nfile = \"{}\"\n\n[backends.other]\nkind = \"replay\"\nfile = \"{}\"\n",
+        "default_backend = \"demo\"\n{top}\n\n[backends.demo]\nkind = \"replay\"\nfile = \"{}\"\n\n[backends.other]\nkind = \"replay\"\nfile = \"{}\"\n",
         dir.path().join("turns.jsonl").display(),
         dir.path().join("other.jsonl").display()
     );
@@ -555,4 +565,40 @@ async fn escalation_needs_a_profile_that_allows_it() {
     );
     let audit = read(&root, "bypass/audit").await;
     assert!(audit.is_empty(), "{audit}");
+}
+
+/// `bypass_timeout_s` in config.toml: a request nobody answers is denied after it, the
+/// agent gets the reason, and the audit log records the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_escalation_is_denied_at_the_configured_deadline() {
+    let call = serde_json::json!({"tool_calls": [{"name": "execute_code", "arguments": {
+        "language": "bash", "code": "echo should-not-run",
+        "escalate": {"grants": ["net:9"], "reason": "r"}}}]});
+    let turns = format!("{call}\n{}\n", r#"{"text": "gave up"}"#);
+    let (srv, work) = server_with(
+        &turns,
+        "",
+        "bypass_timeout_s = 1",
+        "escalations = [\"net\"]\n",
+    );
+    let (_c, root) = attach(&srv, &me()).await;
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(&root, "session/s/agent/new", "name=a profile=asker")
+        .await
+        .unwrap();
+    write(&root, "session/s/agent/a/prompt", "go").await;
+    let raw = wait_for(&root, "session/s/agent/a/log", "[[[assistant\ngave up").await;
+    assert!(
+        raw.contains("no answer from the operator within 1 s; nothing was run"),
+        "{raw}"
+    );
+    assert!(!raw.contains("\nshould-not-run\n"), "{raw}");
+    let audit = wait_for(&root, "bypass/audit", "\"event\":\"expired\"").await;
+    assert!(audit.contains("\"event\":\"request\""), "{audit}");
 }
