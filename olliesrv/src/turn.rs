@@ -713,17 +713,23 @@ async fn steps(
         let near_limit = ctx
             .context_limit
             .is_some_and(|l| lock(&a.stats).context_tokens as f64 >= config.compact_at * l as f64);
-        if a.compact_requested.swap(false, Ordering::SeqCst) {
-            run_compaction(reg, a, backend, &ctx, "requested with ctl compact").await?;
-            show_plan = true;
-        } else if near_limit {
-            let why = format!(
-                "the context reached {:.0}% of its {}-token limit",
-                config.compact_at * 100.0,
-                ctx.context_limit.unwrap_or(0)
-            );
-            run_compaction(reg, a, backend, &ctx, &why).await?;
-            show_plan = true;
+        let why = if a.compact_requested.swap(false, Ordering::SeqCst) {
+            Some("requested with ctl compact".to_owned())
+        } else {
+            near_limit.then(|| {
+                format!(
+                    "the context reached {:.0}% of its {}-token limit",
+                    config.compact_at * 100.0,
+                    ctx.context_limit.unwrap_or(0)
+                )
+            })
+        };
+        if let Some(why) = why {
+            // Not fatal here: the call may still fit (an overflow compacts again, or fails).
+            match run_compaction(reg, a, backend, &ctx, &why).await {
+                Ok(()) => show_plan = true,
+                Err(e) => a.say("info", "", &format!("compaction skipped: {e}"))?,
+            }
         }
         if step > 0 && step % PLAN_EVERY == 0 {
             show_plan = true;
