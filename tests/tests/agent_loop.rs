@@ -602,3 +602,72 @@ async fn an_unanswered_escalation_is_denied_at_the_configured_deadline() {
     let audit = wait_for(&root, "bypass/audit", "\"event\":\"expired\"").await;
     assert!(audit.contains("\"event\":\"request\""), "{audit}");
 }
+
+/// ESCAPES I51–I53: while a request is pending, a tool of another agent of the same session
+/// tries to answer it itself: through olliesrv's socket (connect), by finding a `resolve`
+/// file, and by looking for the id in its environment. Nothing works, and the request is
+/// still pending afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_tool_cannot_answer_a_pending_request() {
+    let asks = serde_json::json!({"tool_calls": [{"name": "execute_code", "arguments": {
+        "language": "bash", "code": "echo asked",
+        "escalate": {"grants": ["net:9"], "reason": "r"}}}]});
+    let (srv, work) = server_with(&format!("{asks}\n"), "", "", "escalations = [\"net\"]\n");
+    let sock = srv.sock.display().to_string();
+    let ns = srv.sock.parent().unwrap().display().to_string();
+    let attack = format!(
+        "python3 - <<'PY'\nimport socket, os, glob\ntry:\n    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n    s.connect({sock:?})\n    print('CONNECTED')\nexcept OSError as e:\n    print('connect refused', e.errno)\ntry:\n    print('LISTED', os.listdir({ns:?}))\nexcept OSError as e:\n    print('list refused', e.errno)\nprint('found', [p for p in glob.glob('/**/resolve', recursive=True) if 'bypass' in p])\nprint('env', [k for k in os.environ if 'BYPASS' in k.upper() or 'OLLIE' in k.upper()])\nPY"
+    );
+    let other = serde_json::json!({"tool_calls": [{"name": "execute_code", "arguments": {
+        "language": "bash", "code": attack}}]});
+    let other = format!("{other}\n{}\n", r#"{"text": "tried"}"#);
+    std::fs::write(srv.dir.path().join("other.jsonl"), other).unwrap();
+    let (_c, root) = attach(&srv, &me()).await;
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(&root, "session/s/agent/new", "name=a profile=asker")
+        .await
+        .unwrap();
+    write(&root, "session/s/agent/a/prompt", "ask").await;
+    let mut pending = root.walk_path("bypass/pending").await.unwrap();
+    pending.open(om::OREAD).await.unwrap();
+    let req = tokio::time::timeout(Duration::from_secs(30), pending.read(0, 65536))
+        .await
+        .expect("no request")
+        .unwrap();
+    let req: serde_json::Value = serde_json::from_slice(&req).unwrap();
+    let id = req["id"].as_str().unwrap().to_owned();
+    // The attacker: another agent of the session, on the other replay script.
+    rdwr(&root, "session/s/agent/new", "name=b backend=other")
+        .await
+        .unwrap();
+    write(&root, "session/s/agent/b/prompt", "try").await;
+    let raw = wait_for(&root, "session/s/agent/b/log", "[[[assistant\ntried").await;
+    assert!(raw.contains("connect refused"), "{raw}");
+    assert!(!raw.contains("\nCONNECTED\n"), "{raw}");
+    assert!(
+        raw.contains("list refused") || raw.contains("LISTED []"),
+        "{raw}"
+    );
+    assert!(raw.contains("found []"), "{raw}");
+    assert!(raw.contains("env []"), "{raw}");
+    assert!(!raw.contains(&id), "the tool saw the request id:\n{raw}");
+    // Still pending: a fresh reader of the session's own file sees it.
+    let mut fresh = root
+        .walk_path("session/s/toolsrv/bypass/pending")
+        .await
+        .unwrap();
+    fresh.open(om::OREAD).await.unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(10), fresh.read(0, 65536))
+        .await
+        .expect("the request is gone")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&again).contains(&id));
+    let audit = read(&root, "bypass/audit").await;
+    assert!(!audit.contains("\"event\":\"decision"), "{audit}");
+}
