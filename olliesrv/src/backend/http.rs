@@ -238,6 +238,42 @@ pub(super) fn scrub_frame(frame: Frame, key: Option<&ApiKey>) -> Frame {
     }
 }
 
+/// The model of a request: its own, else the backend's default; none is an error.
+pub(super) fn model_of<'a>(
+    name: &str,
+    req: &'a super::ModelRequest,
+    default: Option<&'a str>,
+) -> Result<&'a str, BackendError> {
+    req.model.as_deref().or(default).ok_or_else(|| {
+        BackendError::Fatal(format!(
+            "{name}: no model (set model in the backend or the agent profile)"
+        ))
+    })
+}
+
+/// Sends a streamed chat request; an unsuccessful status is classified.
+pub(super) async fn send_stream(
+    name: &str,
+    rb: reqwest::RequestBuilder,
+    key: Option<&ApiKey>,
+) -> Result<Response, BackendError> {
+    let resp = rb.send().await.map_err(|e| transport(name, "request", e))?;
+    if !resp.status().is_success() {
+        return Err(status_error(name, resp, key).await);
+    }
+    Ok(resp)
+}
+
+/// The next piece of a streamed reply (`None` at its end).
+pub(super) async fn next_chunk(
+    name: &str,
+    resp: &mut Response,
+) -> Result<Option<bytes::Bytes>, BackendError> {
+    resp.chunk()
+        .await
+        .map_err(|e| transport(name, "reading the stream", e))
+}
+
 /// Sends a model-list request (`what` names it in errors, e.g. `/models`) and reads its JSON
 /// reply: transport failures are transient, HTTP errors classified, the body capped at
 /// [`MAX_LIST_BODY`].

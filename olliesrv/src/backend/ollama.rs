@@ -212,12 +212,7 @@ impl Ollama {
     }
 
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
-        let Some(model) = req.model.as_deref().or(self.model.as_deref()) else {
-            return Err(BackendError::Fatal(format!(
-                "{}: no model (set model in the backend or the agent profile)",
-                self.name
-            )));
-        };
+        let model = http::model_of(&self.name, req, self.model.as_deref())?;
         let key = self.api_key()?;
         let body = request_body(model, req).to_string();
         tracing::debug!(
@@ -238,16 +233,14 @@ impl Ollama {
         }
         let mut resp = rb.send().await.map_err(|e| self.transport("request", e))?;
         if !resp.status().is_success() {
+            // Ollama's own context wording, on top of the shared classification.
             return Err(self.status_error(resp, key.as_ref()).await);
         }
         let mut splitter = LineSplitter::default();
         let mut state = StreamState::default();
         let mut lines = Vec::new();
         loop {
-            let chunk = resp
-                .chunk()
-                .await
-                .map_err(|e| self.transport("reading the stream", e))?;
+            let chunk = http::next_chunk(&self.name, &mut resp).await?;
             let end = chunk.is_none();
             match chunk {
                 Some(bytes) => splitter.feed(&bytes, &mut lines),

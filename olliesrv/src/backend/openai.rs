@@ -46,7 +46,6 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
-use reqwest::Response;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value, json};
 
@@ -128,21 +127,8 @@ impl OpenAi {
         key.header(&self.name, "Bearer ")
     }
 
-    fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
-        http::transport(&self.name, what, e)
-    }
-
-    async fn status_error(&self, resp: Response, key: Option<&ApiKey>) -> BackendError {
-        http::status_error(&self.name, resp, key).await
-    }
-
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
-        let Some(model) = req.model.as_deref().or(self.model.as_deref()) else {
-            return Err(BackendError::Fatal(format!(
-                "{}: no model (set model in the backend or the agent profile)",
-                self.name
-            )));
-        };
+        let model = http::model_of(&self.name, req, self.model.as_deref())?;
         let key = self.api_key()?;
         let body = request_body(model, req).to_string();
         tracing::debug!(
@@ -161,18 +147,12 @@ impl OpenAi {
         if let Some(k) = &key {
             rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
         }
-        let mut resp = rb.send().await.map_err(|e| self.transport("request", e))?;
-        if !resp.status().is_success() {
-            return Err(self.status_error(resp, key.as_ref()).await);
-        }
+        let mut resp = http::send_stream(&self.name, rb, key.as_ref()).await?;
         let mut parser = SseParser::default();
         let mut state = StreamState::default();
         let mut frames = Vec::new();
         loop {
-            let chunk = resp
-                .chunk()
-                .await
-                .map_err(|e| self.transport("reading the stream", e))?;
+            let chunk = http::next_chunk(&self.name, &mut resp).await?;
             let end = chunk.is_none();
             match chunk {
                 Some(bytes) => parser.feed(&bytes, &mut frames),
