@@ -9,7 +9,11 @@
 //!   the id and forwards it there;
 //! - every request seen and every verdict written through olliesrv (root or per-session) is
 //!   appended to `audit.jsonl` in the state directory (one JSON object per line, fdatasync'd
-//!   before the write that caused it is acknowledged), served as `bypass/audit`.
+//!   before the write that caused it is acknowledged), served as `bypass/audit`;
+//! - so is every event of each toolsrv's `bypass/log` (requests refused at once or by the
+//!   flood bounds, joined, withdrawn, expired, voided at the re-check, run — with the
+//!   binding digests), read as the operator like `pending`; and when a toolsrv's link goes
+//!   down, its requests still pending are recorded as denied (`broker-gone`).
 //!
 //! The requests themselves, their deadlines and the decisions stay in toolsrv: the mirror only
 //! shows and forwards. A request whose `expires` has passed is no longer shown.
@@ -58,8 +62,6 @@ pub struct Bypass {
     tick: watch::Sender<u64>,
     audit_path: PathBuf,
     audit: Mutex<()>,
-    /// The task that records expired requests has been started.
-    sweeping: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Bypass {
@@ -110,7 +112,6 @@ impl Bypass {
             tick: watch::Sender::new(0),
             audit_path: state_dir.join(AUDIT_FILE),
             audit: Mutex::new(()),
-            sweeping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -161,43 +162,41 @@ impl Bypass {
         Bytes::from(out)
     }
 
-    /// Starts reading `bypass/pending` of a session's toolsrv as the operator, until `done`
-    /// completes or the connection fails (then it drops its hold on the connection).
+    /// Starts reading `bypass/pending` and `bypass/log` of a session's toolsrv as the
+    /// operator, until `done` completes or the connection fails (then it drops its hold on
+    /// the connection and records the session's unanswered requests as denied).
     pub fn watch(
         self: &Arc<Self>,
         session: String,
         conn: Arc<Conn>,
         done: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
-        if !self
-            .sweeping
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            let me = Arc::clone(self);
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    me.sweep();
-                }
-            });
-        }
         let me = Arc::clone(self);
         tokio::spawn(async move {
             tokio::select! {
-                r = me.read_pending(&session, &conn) => {
+                r = me.read_lines(&session, &conn, "pending") => {
                     if let Err(e) = r {
                         tracing::debug!(session = %session, error = %e, "bypass/pending reader ended");
                     }
                 }
+                r = me.read_lines(&session, &conn, "log") => {
+                    if let Err(e) = r {
+                        tracing::debug!(session = %session, error = %e, "bypass/log reader ended");
+                    }
+                }
                 () = done => {}
             }
+            drop(conn);
+            me.gone(&session);
         });
     }
 
-    async fn read_pending(&self, session: &str, conn: &Conn) -> Result<(), String> {
+    /// Reads one JSON object per read from `bypass/FILE` (a long one comes in pieces, the
+    /// last ending in a newline) and takes each in.
+    async fn read_lines(&self, session: &str, conn: &Conn, file: &str) -> Result<(), String> {
         let mut f = conn
             .operator
-            .walk(&["bypass", "pending"])
+            .walk(&["bypass", file])
             .await
             .map_err(|e| e.to_string())?;
         f.open(om::OREAD).await.map_err(|e| e.to_string())?;
@@ -208,17 +207,86 @@ impl Bypass {
                 return Ok(());
             }
             buf.extend_from_slice(&b);
-            // One request per read, a newline at its end (a long one comes in pieces).
             if buf.last() != Some(&b'\n') {
                 continue;
             }
             let text = String::from_utf8_lossy(&std::mem::take(&mut buf)).into_owned();
             let Ok(v) = serde_json::from_str::<Value>(&text) else {
-                tracing::warn!(session, "bypass/pending gave something that is not JSON");
+                tracing::warn!(
+                    session,
+                    file,
+                    "bypass/{file} gave something that is not JSON"
+                );
                 continue;
             };
-            self.add(session, v, text);
+            if file == "pending" {
+                self.add(session, v, text);
+            } else {
+                self.event(session, v);
+            }
         }
+    }
+
+    /// One event of a toolsrv's `bypass/log`, into the audit log.
+    fn event(&self, session: &str, v: Value) {
+        let Value::Object(mut fields) = v else {
+            return;
+        };
+        let event = match fields.remove("event") {
+            Some(Value::String(e)) => e,
+            _ => "unknown".to_owned(),
+        };
+        if let Some(t) = fields.remove("time") {
+            fields.insert("toolsrv_time".into(), t);
+        }
+        fields.insert("session".into(), Value::from(session));
+        if matches!(event.as_str(), "expired" | "withdrawn" | "denied")
+            && let Some(id) = fields.get("id").and_then(Value::as_str)
+        {
+            self.mark_done(session, id);
+        }
+        self.audit(&event, fields);
+    }
+
+    fn mark_done(&self, session: &str, id: &str) {
+        let mut m = lock(&self.mirror);
+        if let Some(r) = m
+            .reqs
+            .iter_mut()
+            .find(|r| r.id == id && r.session == session)
+        {
+            r.done = true;
+        }
+        drop(m);
+        self.tick.send_modify(|s| *s += 1);
+    }
+
+    /// The link to a session's toolsrv went down: whatever it still had pending is denied
+    /// (toolsrv denies it on its way out, or is gone).
+    fn gone(&self, session: &str) {
+        let ids: Vec<String> = {
+            let mut m = lock(&self.mirror);
+            m.reqs
+                .iter_mut()
+                .filter(|r| r.session == session && !r.done)
+                .map(|r| {
+                    r.done = true;
+                    r.id.clone()
+                })
+                .collect()
+        };
+        for id in ids {
+            let mut fields = serde_json::Map::new();
+            fields.insert("session".into(), Value::from(session));
+            fields.insert("id".into(), Value::from(id));
+            fields.insert("verdict".into(), json!("denied"));
+            fields.insert(
+                "why".into(),
+                json!("the session's toolsrv went away before an answer"),
+            );
+            self.audit("broker-gone", fields);
+        }
+        self.tick.send_modify(|s| *s += 1);
     }
 
     fn add(&self, session: &str, v: Value, shown: String) {
@@ -231,7 +299,7 @@ impl Bypass {
         let mut fields = serde_json::Map::new();
         fields.insert("session".into(), Value::from(session));
         for k in [
-            "id", "agent", "tool", "argv", "cwd", "grants", "reason", "expires",
+            "id", "agent", "tool", "argv", "cwd", "grants", "reason", "expires", "digest",
         ] {
             if let Some(x) = v.get(k) {
                 fields.insert(k.into(), x.clone());
@@ -258,30 +326,6 @@ impl Bypass {
             }
         }
         self.tick.send_modify(|s| *s += 1);
-    }
-
-    /// Records requests whose deadline has passed without a verdict (toolsrv denied them).
-    pub fn sweep(&self) {
-        let now = now_unix();
-        let expired: Vec<(String, String)> = {
-            let mut m = lock(&self.mirror);
-            m.reqs
-                .iter_mut()
-                .filter(|r| !r.done && r.expires <= now)
-                .map(|r| {
-                    r.done = true;
-                    (r.session.clone(), r.id.clone())
-                })
-                .collect()
-        };
-        for (session, id) in expired {
-            let mut fields = serde_json::Map::new();
-            fields.insert("session".into(), Value::from(session));
-            fields.insert("id".into(), Value::from(id));
-            fields.insert("verdict".into(), json!("denied"));
-            fields.insert("message".into(), json!("no answer before the deadline"));
-            self.audit("expired", fields);
-        }
     }
 
     /// The next request, of any session, that `seen` has not been shown (blocks).
@@ -441,7 +485,10 @@ mod tests {
                 .is_err(),
             "an expired request was shown"
         );
-        b.sweep();
+        b.event(
+            "s1",
+            json!({"event": "expired", "id": "f".repeat(32), "time": "2000-01-01T00:00:10Z"}),
+        );
         let verdict = format!(r#"{{"id":"{id}","error":"no"}}"#);
         b.decided("s1", verdict.as_bytes(), "me", &Ok(()));
         let mut third = HashSet::new();
@@ -462,9 +509,32 @@ mod tests {
         assert_eq!(lines[1]["event"], "request");
         assert_eq!(lines[2]["event"], "expired", "{audit}");
         assert_eq!(lines[2]["id"], "f".repeat(32), "{audit}");
+        assert_eq!(lines[2]["session"], "s1", "{audit}");
+        assert_eq!(lines[2]["toolsrv_time"], "2000-01-01T00:00:10Z", "{audit}");
         assert_eq!(lines[3]["event"], "decision");
         assert_eq!(lines[3]["verdict"], "denied");
         assert_eq!(lines[3]["message"], "no");
+        // The link going down denies what is still pending, once.
+        let v = json!({"id": "e".repeat(32), "expires": "2999-01-01T00:00:00Z"});
+        b.add("s2", v.clone(), format!("{v}\n"));
+        b.gone("s2");
+        b.gone("s2");
+        let audit = String::from_utf8(b.audit_text().to_vec()).unwrap();
+        let last: Vec<Value> = audit
+            .lines()
+            .skip(4)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(last.len(), 2, "{audit}");
+        assert_eq!(last[1]["event"], "broker-gone");
+        assert_eq!(last[1]["id"], "e".repeat(32));
+        let mut fourth = HashSet::new();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.next(&mut fourth))
+                .await
+                .is_err(),
+            "a request of a gone toolsrv was shown"
+        );
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(AUDIT_FILE))
             .unwrap()

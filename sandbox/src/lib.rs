@@ -77,13 +77,13 @@ pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::ProtectError;
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 pub use prepared::{PREPARED_NAMESPACES, Prepared, SessionRecord};
-pub use spawn::forwardable_stdin;
 pub use spawn::{
     Cancel, CapabilityRecord, ExitRecord, Fault, Layers, LimitsRecord, MountRecord, OutputRecord,
     Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
     run_streaming,
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
+pub use spawn::{forwardable_stdin, tool_environment};
 pub use workspace::{GitDecision, GitRefused};
 
 /// Close-on-exec duplicates of descriptors this process inherited by number (a server's

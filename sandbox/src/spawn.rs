@@ -1835,16 +1835,15 @@ pub(crate) fn tool_command(
 /// The tool's environment: `(name, value)` pairs, sorted.
 pub(crate) type ToolEnv = Vec<(String, Vec<u8>)>;
 
-/// The tool's environment: cleared, then the policy's allowlist, then its fixed values
-/// (creating `TMPDIR` inside the workspace when it points there).
-fn tool_env(
+/// The environment a tool gets from `base_env` under `resolved`: cleared, then the policy's
+/// allowlist (never a forbidden name), then its fixed values; sorted by name. This is what
+/// [`run`] gives the tool (it also creates `TMPDIR` when that lies in the workspace).
+pub fn tool_environment(
     resolved: &ResolvedPolicy,
-    req: &RunRequest,
-    workdir: &Path,
-) -> Result<ToolEnv, SandboxError> {
-    // Environment: cleared, then the allowlist, then fixed values.
+    base_env: &[(std::ffi::OsString, std::ffi::OsString)],
+) -> Vec<(String, Vec<u8>)> {
     let mut env: Vec<(String, Vec<u8>)> = Vec::new();
-    for (k, v) in &req.base_env {
+    for (k, v) in base_env {
         if let Some(name) = k.to_str()
             && resolved.policy.env.allow.contains(name)
             && !ollie_policy::env_name_is_forbidden(name)
@@ -1857,6 +1856,17 @@ fn tool_env(
         env.push((k.clone(), v.as_bytes().to_vec()));
     }
     env.sort();
+    env
+}
+
+/// The tool's environment: [`tool_environment`], creating `TMPDIR` inside the workspace when
+/// it points there.
+fn tool_env(
+    resolved: &ResolvedPolicy,
+    req: &RunRequest,
+    workdir: &Path,
+) -> Result<ToolEnv, SandboxError> {
+    let env = tool_environment(resolved, &req.base_env);
     if let Some((_, tmp)) = env.iter().find(|(n, _)| n == "TMPDIR") {
         let tmp = PathBuf::from(std::ffi::OsStr::from_bytes(tmp));
         if let Ok(rel) = tmp.strip_prefix(workdir) {

@@ -521,13 +521,23 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
     // The id is single use.
     let e = r.write(0, Bytes::from(verdict)).await.unwrap_err();
     assert!(e.to_string().contains("already answered"), "{e}");
-    // The audit log has the request and the verdict.
-    let audit = read(&root, "bypass/audit").await;
+    // The audit log has the request, the verdicts (accepted and refused) and the run.
+    let audit = wait_for(&root, "bypass/audit", "\"event\":\"ran\"").await;
     let events: Vec<serde_json::Value> = audit
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(events.len(), 3, "{audit}");
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    let mut sorted = kinds.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        ["decision", "decision-refused", "ran", "request"],
+        "{audit}"
+    );
     assert_eq!(events[0]["event"], "request", "{audit}");
     assert_eq!(events[0]["id"], id.as_str(), "{audit}");
     assert_eq!(
@@ -535,9 +545,13 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
         serde_json::json!([format!("net:{port}")]),
         "{audit}"
     );
-    assert_eq!(events[1]["event"], "decision", "{audit}");
-    assert_eq!(events[1]["verdict"], "approved", "{audit}");
-    assert_eq!(events[2]["event"], "decision-refused", "{audit}");
+    assert_eq!(events[0]["digest"].as_str().unwrap().len(), 64, "{audit}");
+    let by = |k: &str| events.iter().find(|e| e["event"] == k).unwrap();
+    assert_eq!(by("decision")["verdict"], "approved", "{audit}");
+    assert_eq!(by("ran")["id"], id.as_str(), "{audit}");
+    assert_eq!(by("ran")["status"], 0, "{audit}");
+    assert_eq!(by("ran")["session"], events[0]["session"], "{audit}");
+    assert_eq!(by("ran")["digest"], events[0]["digest"], "{audit}");
     // Approval never widens a later run: the same command without the grant is refused.
     write(&root, "session/s/agent/a/prompt", "again, without asking").await;
     let raw = wait_for(&root, "session/s/agent/a/log", "Without the grant").await;
@@ -563,8 +577,20 @@ async fn escalation_needs_a_profile_that_allows_it() {
         raw.contains("this agent's profile does not let it ask for net:80 (its escalations: none)"),
         "{raw}"
     );
-    let audit = read(&root, "bypass/audit").await;
-    assert!(audit.is_empty(), "{audit}");
+    // The refusal is audited (from toolsrv's bypass/log); nothing was asked.
+    let audit = wait_for(&root, "bypass/audit", "\"event\":\"refused\"").await;
+    assert!(!audit.contains("\"event\":\"request\""), "{audit}");
+    let refused: serde_json::Value = serde_json::from_str(audit.lines().next().unwrap()).unwrap();
+    // Sessions and agents are named by their ids in toolsrv.
+    assert_eq!(refused["agent"].as_str().unwrap().len(), 36, "{audit}");
+    assert_eq!(refused["grants"], serde_json::json!(["net:80"]), "{audit}");
+    assert!(
+        refused["why"]
+            .as_str()
+            .unwrap()
+            .contains("profile does not let it ask"),
+        "{audit}"
+    );
 }
 
 /// `bypass_timeout_s` in config.toml: a request nobody answers is denied after it, the

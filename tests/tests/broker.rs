@@ -224,6 +224,26 @@ async fn wait_nothing_pending(op: &Fid) -> bool {
     }
 }
 
+/// Every event `bypass/log` holds now, through a fresh fid (it stops at the first read
+/// that gets no answer within [`QUIET`]).
+async fn log_events(op: &Fid) -> Vec<Value> {
+    let f = open(op, "bypass/log", om::OREAD)
+        .await
+        .expect("open bypass/log");
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    while let Ok(r) = tokio::time::timeout(QUIET, f.read(0, 8192)).await {
+        let b = r.unwrap_or_else(|e| panic!("read bypass/log: {}", msg(&e)));
+        assert!(!b.is_empty(), "bypass/log returned end of file");
+        buf.extend_from_slice(&b);
+        if buf.ends_with(b"\n") {
+            let line = String::from_utf8(std::mem::take(&mut buf)).expect("UTF-8");
+            out.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}")));
+        }
+    }
+    out
+}
+
 /// One write of `data` to `bypass/resolve`.
 async fn resolve(root: &Fid, data: &str) -> Result<(), String> {
     write(root, "bypass/resolve", data).await
@@ -294,7 +314,17 @@ async fn approve_runs_the_bound_command_once_under_the_grant() {
     assert_eq!(v["tool"], "execute_code", "{v}");
     assert_eq!(v["argv"], json!(["bash", "-c", cmd]), "{v}");
     assert_eq!(v["cwd"], c.t.ws().display().to_string(), "{v}");
-    assert!(v["env"].is_object(), "env {v}");
+    // The environment is the one the command gets (the policy's fixed values over the
+    // allowlist), not toolsrv's own.
+    let env = v["env"].as_object().expect("env is an object");
+    assert!(
+        env.get("PATH")
+            .and_then(Value::as_str)
+            .is_some_and(|p| p.contains("/usr/bin")),
+        "env {v}"
+    );
+    assert!(env.contains_key("HOME"), "env {v}");
+    assert!(is_hex(v["digest"].as_str().unwrap_or(""), 64), "digest {v}");
     let exe = &v["executable"];
     let exe_path = exe["path"].as_str().expect("executable.path");
     assert!(
@@ -584,13 +614,15 @@ async fn agents_cannot_resolve_or_read_pending() {
             e.contains("permission denied") || e.contains("does not exist"),
             "{who}: {e}"
         );
-        let e = open(root, "bypass/pending", om::OREAD)
-            .await
-            .expect_err("an agent opened bypass/pending");
-        assert!(
-            e.contains("permission denied") || e.contains("does not exist"),
-            "{who}: {e}"
-        );
+        for file in ["bypass/pending", "bypass/log"] {
+            let e = open(root, file, om::OREAD)
+                .await
+                .expect_err("an agent opened a bypass file");
+            assert!(
+                e.contains("permission denied") || e.contains("does not exist"),
+                "{who} {file}: {e}"
+            );
+        }
         // Nor may an agent set the deadline.
         let e = write(root, "ctl", "bypass_timeout 1")
             .await
@@ -673,6 +705,18 @@ async fn a_script_changed_before_approval_voids_it() {
     assert!(e.contains("approval voided"), "{e}");
     assert!(e.contains("nothing was run"), "{e}");
     assert!(!out.exists(), "the swapped script ran");
+    // bypass/log records the voiding with both binding digests.
+    let voided: Vec<Value> = log_events(&c.op)
+        .await
+        .into_iter()
+        .filter(|e| e["event"] == "voided")
+        .collect();
+    assert_eq!(voided.len(), 1, "{voided:?}");
+    let (was, now) = (&voided[0]["binding_approved"], &voided[0]["binding_now"]);
+    assert!(is_hex(was.as_str().unwrap_or(""), 64), "{voided:?}");
+    assert!(is_hex(now.as_str().unwrap_or(""), 64), "{voided:?}");
+    assert_ne!(was, now, "{voided:?}");
+    assert_eq!(voided[0]["id"], v["id"], "{voided:?}");
 
     // execute_code naming a script on its command line: `bash -c /w/run.sh`.
     let ws_script = c.t.ws().join("run.sh");
@@ -965,4 +1009,139 @@ async fn a_flood_of_requests_is_bounded_per_agent() {
     for i in 0..5 {
         assert!(!c.out(&format!("f{i}")).exists());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_requests_from_one_agent_stay_bounded_and_the_view_usable() {
+    let Some(c) =
+        Case::start("a_thousand_requests_from_one_agent_stay_bounded_and_the_view_usable").await
+    else {
+        return;
+    };
+    let grant = c.grant();
+    let started = Instant::now();
+    let mut waiting = Vec::new();
+    for i in 0..4 {
+        waiting.push(
+            start_call(
+                &c.a,
+                &esc(&append("ran", &c.out(&format!("w{i}"))), &[&grant]),
+            )
+            .await,
+        );
+    }
+    let p = Pending::open(&c.op).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(p.next().await["id"].as_str().unwrap().to_owned());
+    }
+    // 996 more distinct requests: each is refused at once, nothing runs, nothing is shown.
+    let total = 996;
+    for i in 0..total {
+        let e = run(
+            &c.a,
+            &esc(&append("ran", &c.out(&format!("f{i}"))), &[&grant]),
+        )
+        .await
+        .expect_err("a flooding request ran");
+        assert!(
+            e.contains("escalation refused")
+                && e.contains("limit 4")
+                && e.contains("nothing was run"),
+            "{e}"
+        );
+    }
+    assert!(
+        p.next_within(QUIET).await.is_none(),
+        "the flood reached the operator"
+    );
+    let fresh = Pending::open(&c.op).await;
+    for _ in 0..4 {
+        assert!(ids.contains(&fresh.next().await["id"].as_str().unwrap().to_owned()));
+    }
+    assert!(
+        fresh.next_within(QUIET).await.is_none(),
+        "more than 4 pending"
+    );
+    for i in 0..total {
+        assert!(!c.out(&format!("f{i}")).exists(), "f{i} ran");
+    }
+    // The log holds a bounded number of lines for the flood, and says it counted the rest.
+    let secs = started.elapsed().as_secs();
+    let events = log_events(&c.op).await;
+    let refused = events.iter().filter(|e| e["event"] == "refused").count();
+    let suppressed = events.iter().filter(|e| e["event"] == "suppressed").count();
+    let windows = usize::try_from(secs / 10 + 1).unwrap();
+    assert!(refused >= 16, "refusals not logged: {refused}");
+    assert!(
+        refused <= 16 * windows,
+        "{refused} refusals logged in {secs} s"
+    );
+    assert!(
+        suppressed >= 1 && suppressed <= windows,
+        "{suppressed} suppressed events"
+    );
+    let counted: u64 = events.iter().filter_map(|e| e["suppressed"].as_u64()).sum();
+    assert!(
+        counted + refused as u64 <= total as u64,
+        "{counted} + {refused}"
+    );
+    // The operator's view still works: approving one runs it, once.
+    resolve(&c.op, &approve(&ids[0])).await.expect("approve");
+    let r = waiting.remove(0).finish().await.expect("the approved call");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(std::fs::read_to_string(c.out("w0")).unwrap(), "ran\n");
+    let ran: Vec<Value> = log_events(&c.op)
+        .await
+        .into_iter()
+        .filter(|e| e["event"] == "ran")
+        .collect();
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert_eq!(ran[0]["id"], ids[0].as_str());
+    assert_eq!(ran[0]["status"], 0);
+    assert_eq!(ran[0]["approved_by"], "approval");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_asked_again_at_once_is_refused_with_the_operators_message() {
+    let Some(c) =
+        Case::start("a_denied_request_asked_again_at_once_is_refused_with_the_operators_message")
+            .await
+    else {
+        return;
+    };
+    let out = c.out("report");
+    let payload = esc(&append("ran", &out), &[&c.grant()]);
+    let call = start_call(&c.a, &payload).await;
+    resolve(&c.op, &deny(&next_id(&c.op).await, "not today"))
+        .await
+        .expect("deny");
+    let e = call.finish().await.expect_err("a denied call ran");
+    assert!(e.contains("not today"), "{e}");
+    // The identical request again: refused without asking, with the operator's words.
+    let e = run(&c.a, &payload).await.expect_err("the repeat ran");
+    assert!(
+        e.contains("denied this exact request") && e.contains("not today"),
+        "{e}"
+    );
+    assert!(
+        nothing_pending(&c.op).await,
+        "the repeat reached the operator"
+    );
+    // A different command is asked normally.
+    let mut other = start_call(&c.a, &esc(&append("other", &out), &[&c.grant()])).await;
+    assert!(other.still_waiting().await);
+    assert!(!nothing_pending(&c.op).await);
+    assert!(!out.exists());
+    let refused: Vec<Value> = log_events(&c.op)
+        .await
+        .into_iter()
+        .filter(|e| e["event"] == "refused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(refused[0]["why"].as_str().unwrap().contains("not today"));
+    assert!(
+        refused[0]["env"].is_null(),
+        "the log repeats the environment"
+    );
 }

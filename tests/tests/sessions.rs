@@ -1571,7 +1571,11 @@ async fn session_toolsrv_view_is_read_only_and_owner_only() {
         .collect();
     assert_eq!(
         bypass,
-        BTreeSet::from([("pending".to_owned(), 0o400), ("resolve".to_owned(), 0o200)])
+        BTreeSet::from([
+            ("log".to_owned(), 0o400),
+            ("pending".to_owned(), 0o400),
+            ("resolve".to_owned(), 0o200)
+        ])
     );
     let info = kv(&read_all(&root, "session/s/toolsrv/info").await);
     assert_eq!(get(&info, "platform"), "linux");

@@ -16,9 +16,16 @@
 //! - Flood control: at most [`MAX_PENDING_PER_AGENT`] pending per agent and
 //!   [`MAX_PENDING`] per session; more are refused at once (the caller gets an error and
 //!   nothing reaches the human). A request identical to one already pending joins it (one
-//!   answer decides both).
+//!   answer decides both). A request identical to one the operator denied less than
+//!   [`DENIAL_MEMO`] ago is refused at once with the operator's message (no retry loop).
+//! - `bypass/log` readers see every event the operator does not see on `pending` — requests
+//!   refused at once, joined, withdrawn, expired, voided, run under a session-scope approval,
+//!   and every escalated run's end — as JSON lines (see [`Broker::log`]). olliesrv reads it
+//!   into the audit log. Refusals and joins are rate-limited per agent
+//!   ([`NOISE_PER_WINDOW`] per [`NOISE_WINDOW`]); the rest are counted and the count is
+//!   logged, so a flood cannot flood the audit log either.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -34,6 +41,15 @@ pub const MAX_PENDING: usize = 32;
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
 /// Answered or expired requests remembered (so late or repeated answers get a clear error).
 const MAX_DONE: usize = 1024;
+/// A request identical (same binding digest) to one the operator denied this recently is
+/// refused without asking again.
+pub const DENIAL_MEMO: Duration = Duration::from_secs(60);
+/// Events `bypass/log` keeps for readers that have not caught up.
+const MAX_EVENTS: usize = 4096;
+/// Refusals and joins logged per agent in one [`NOISE_WINDOW`]; more are only counted.
+pub const NOISE_PER_WINDOW: u32 = 16;
+/// See [`NOISE_PER_WINDOW`].
+pub const NOISE_WINDOW: Duration = Duration::from_secs(10);
 
 /// How a request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +86,33 @@ struct Table {
     done_order: Vec<String>,
     /// Digests approved with `"scope":"session"`.
     approved_digests: HashSet<String>,
+    /// Digests the operator denied: when, and their message.
+    denied: HashMap<String, (Instant, String)>,
+}
+
+/// The event log behind `bypass/log`.
+struct Log {
+    /// Sequence number of `events[0]` (the first event ever is 1).
+    first: u64,
+    events: VecDeque<Arc<String>>,
+    /// Per agent: the rate limit of refusals and joins.
+    noise: HashMap<String, Noise>,
+}
+
+impl Default for Log {
+    fn default() -> Log {
+        Log {
+            first: 1,
+            events: VecDeque::new(),
+            noise: HashMap::new(),
+        }
+    }
+}
+
+struct Noise {
+    since: Instant,
+    logged: u32,
+    suppressed: u64,
 }
 
 /// One request being made.
@@ -97,6 +140,8 @@ pub struct Broker {
     table: Mutex<Table>,
     tick: watch::Sender<u64>,
     deadline: Mutex<Duration>,
+    log: Mutex<Log>,
+    log_tick: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -114,6 +159,8 @@ impl Default for Broker {
             table: Mutex::new(Table::default()),
             tick: watch::Sender::new(0),
             deadline: Mutex::new(DEFAULT_DEADLINE),
+            log: Mutex::new(Log::default()),
+            log_tick: watch::Sender::new(0),
         }
     }
 }
@@ -145,6 +192,10 @@ impl Broker {
         let mut t = lock(&self.table);
         self.expire(&mut t);
         if t.approved_digests.contains(&ask.digest) {
+            drop(t);
+            let mut f = Self::summary(&ask.fields);
+            f.insert("digest".into(), Value::from(ask.digest.clone()));
+            self.log("pre-approved", f);
             return Ok(Asked::PreApproved);
         }
         let (tx, rx) = oneshot::channel();
@@ -154,25 +205,56 @@ impl Broker {
             .find(|(_, e)| e.digest == ask.digest && e.agent == ask.agent)
         {
             e.waiters.push(tx);
-            return Ok(Asked::Waiting(id.clone(), rx));
+            let id = id.clone();
+            drop(t);
+            let mut f = serde_json::Map::new();
+            f.insert("id".into(), Value::from(id.clone()));
+            f.insert("agent".into(), Value::from(ask.agent.clone()));
+            self.log_noisy(&ask.agent, "joined", f);
+            return Ok(Asked::Waiting(id, rx));
         }
-        let mine = t.pending.values().filter(|e| e.agent == ask.agent).count();
-        if mine >= MAX_PENDING_PER_AGENT {
-            return Err(format!(
-                "escalation refused: {mine} requests of this agent are already waiting for the operator (limit {MAX_PENDING_PER_AGENT}); nothing was run"
-            ));
+        let refused = |t: &Table| -> Option<String> {
+            if let Some((when, msg)) = t.denied.get(&ask.digest)
+                && when.elapsed() < DENIAL_MEMO
+            {
+                return Some(format!(
+                    "escalation refused: the operator denied this exact request {} s ago ({msg}); it is not asked again within {} s; nothing was run",
+                    when.elapsed().as_secs(),
+                    DENIAL_MEMO.as_secs()
+                ));
+            }
+            let mine = t.pending.values().filter(|e| e.agent == ask.agent).count();
+            if mine >= MAX_PENDING_PER_AGENT {
+                return Some(format!(
+                    "escalation refused: {mine} requests of this agent are already waiting for the operator (limit {MAX_PENDING_PER_AGENT}); nothing was run"
+                ));
+            }
+            if t.pending.len() >= MAX_PENDING {
+                return Some(format!(
+                    "escalation refused: {} requests are already waiting for the operator in this session (limit {MAX_PENDING}); nothing was run",
+                    t.pending.len()
+                ));
+            }
+            None
+        };
+        if let Some(why) = refused(&t) {
+            drop(t);
+            self.refused(&ask, &why);
+            return Err(why);
         }
-        if t.pending.len() >= MAX_PENDING {
-            return Err(format!(
-                "escalation refused: {} requests are already waiting for the operator in this session (limit {MAX_PENDING}); nothing was run",
-                t.pending.len()
-            ));
-        }
-        let id = ollie_link::bypass::new_request_id()
-            .map_err(|e| format!("escalation refused: no randomness for a request id: {e}"))?;
+        let id = match ollie_link::bypass::new_request_id() {
+            Ok(id) => id,
+            Err(e) => {
+                drop(t);
+                let why = format!("escalation refused: no randomness for a request id: {e}");
+                self.refused(&ask, &why);
+                return Err(why);
+            }
+        };
         let deadline = self.deadline();
         let now = SystemTime::now();
         let mut fields = ask.fields;
+        fields.insert("digest".into(), Value::from(ask.digest.clone()));
         fields.insert("id".into(), Value::from(id.clone()));
         fields.insert("created".into(), Value::from(rfc3339(now)));
         fields.insert("expires".into(), Value::from(rfc3339(now + deadline)));
@@ -215,6 +297,21 @@ impl Broker {
 
     /// Moves requests past their deadline to done (their waiters get `Expired`).
     fn expire(&self, t: &mut Table) {
+        for (id, agent) in Self::take_expired(t) {
+            let mut f = serde_json::Map::new();
+            f.insert("id".into(), Value::from(id));
+            f.insert("agent".into(), Value::from(agent));
+            f.insert("verdict".into(), Value::from("denied"));
+            f.insert(
+                "why".into(),
+                Value::from("no answer from the operator before the deadline"),
+            );
+            self.log("expired", f);
+        }
+    }
+
+    fn take_expired(t: &mut Table) -> Vec<(String, String)> {
+        let mut out = Vec::new();
         let now = Instant::now();
         let late: Vec<String> = t
             .pending
@@ -227,9 +324,11 @@ impl Broker {
                 for w in e.waiters {
                     let _ = w.send(Outcome::Expired);
                 }
-                Self::remember(t, id, Done::Expired);
+                Self::remember(t, id.clone(), Done::Expired);
+                out.push((id, e.agent));
             }
         }
+        out
     }
 
     fn remember(t: &mut Table, id: String, d: Done) {
@@ -284,7 +383,16 @@ impl Broker {
                 }
                 (Outcome::Approved, Done::Approved, "approved\n")
             }
-            Verdict::Deny { message } => (Outcome::Denied(message), Done::Denied, "denied\n"),
+            Verdict::Deny { message } => {
+                if t.denied.len() >= MAX_DONE {
+                    t.denied.retain(|_, (when, _)| when.elapsed() < DENIAL_MEMO);
+                }
+                if t.denied.len() < MAX_DONE {
+                    t.denied
+                        .insert(e.digest.clone(), (Instant::now(), message.clone()));
+                }
+                (Outcome::Denied(message), Done::Denied, "denied\n")
+            }
         };
         for w in e.waiters {
             let _ = w.send(outcome.clone());
@@ -299,13 +407,21 @@ impl Broker {
     /// answer is refused as already answered.
     pub fn withdraw(&self, id: &str, why: &str) {
         let mut t = lock(&self.table);
-        if let Some(e) = t.pending.remove(id) {
-            for w in e.waiters {
-                let _ = w.send(Outcome::Denied(why.to_owned()));
-            }
+        let gone = t.pending.remove(id);
+        if gone.is_some() {
             Self::remember(&mut t, id.to_owned(), Done::Denied);
         }
         drop(t);
+        if let Some(e) = gone {
+            for w in e.waiters {
+                let _ = w.send(Outcome::Denied(why.to_owned()));
+            }
+            let mut f = serde_json::Map::new();
+            f.insert("id".into(), Value::from(id));
+            f.insert("agent".into(), Value::from(e.agent));
+            f.insert("why".into(), Value::from(why));
+            self.log("withdrawn", f);
+        }
         self.tick.send_modify(|s| *s += 1);
     }
 
@@ -313,19 +429,145 @@ impl Broker {
     pub fn deny_all(&self, why: &str) {
         let mut t = lock(&self.table);
         let ids: Vec<String> = t.pending.keys().cloned().collect();
+        let mut gone = Vec::new();
         for id in ids {
             if let Some(e) = t.pending.remove(&id) {
                 for w in e.waiters {
                     let _ = w.send(Outcome::Denied(why.to_owned()));
                 }
-                Self::remember(&mut t, id, Done::Denied);
+                Self::remember(&mut t, id.clone(), Done::Denied);
+                gone.push((id, e.agent));
             }
+        }
+        drop(t);
+        for (id, agent) in gone {
+            let mut f = serde_json::Map::new();
+            f.insert("id".into(), Value::from(id));
+            f.insert("agent".into(), Value::from(agent));
+            f.insert("verdict".into(), Value::from("denied"));
+            f.insert("why".into(), Value::from(why));
+            self.log("denied", f);
         }
     }
 
     /// Requests pending now.
     pub fn pending_count(&self) -> usize {
         lock(&self.table).pending.len()
+    }
+
+    /// What a log line says about a request: its fields without the environment (the
+    /// digest covers it) and without the display-only times.
+    pub fn summary(fields: &serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+        fields
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "env" | "created" | "expires"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Logs a request refused without reaching the operator (rate-limited per agent).
+    fn refused(&self, ask: &Ask, why: &str) {
+        let mut f = Self::summary(&ask.fields);
+        f.insert("digest".into(), Value::from(ask.digest.clone()));
+        f.insert("verdict".into(), Value::from("denied"));
+        f.insert("why".into(), Value::from(why));
+        self.log_noisy(&ask.agent, "refused", f);
+    }
+
+    /// Appends one event to `bypass/log`: `{"event": EVENT, "time": …, FIELDS…}`. Strings are
+    /// display-escaped like `pending`, so the log can be shown as is.
+    pub fn log(&self, event: &str, mut fields: serde_json::Map<String, Value>) {
+        fields.insert("event".into(), Value::from(event));
+        fields.insert("time".into(), Value::from(rfc3339(SystemTime::now())));
+        let line = format!(
+            "{}\n",
+            ollie_link::bypass::display_escape_json(&Value::Object(fields))
+        );
+        let mut l = lock(&self.log);
+        l.events.push_back(Arc::new(line));
+        while l.events.len() > MAX_EVENTS {
+            l.events.pop_front();
+            l.first += 1;
+        }
+        drop(l);
+        self.log_tick.send_modify(|s| *s += 1);
+    }
+
+    /// [`Broker::log`] for events an agent can cause at will (refusals, joins): at most
+    /// [`NOISE_PER_WINDOW`] per agent per [`NOISE_WINDOW`]. The first one over the limit
+    /// logs a `suppressed` event; the next one logged carries `"suppressed": N`, the count
+    /// of those not logged.
+    pub fn log_noisy(&self, agent: &str, event: &str, mut fields: serde_json::Map<String, Value>) {
+        let now = Instant::now();
+        let (log_it, first_suppressed, suppressed) = {
+            let mut l = lock(&self.log);
+            if l.noise.len() > MAX_DONE && !l.noise.contains_key(agent) {
+                l.noise.retain(|_, n| n.since.elapsed() < NOISE_WINDOW);
+            }
+            let n = l.noise.entry(agent.to_owned()).or_insert(Noise {
+                since: now,
+                logged: 0,
+                suppressed: 0,
+            });
+            if now.duration_since(n.since) >= NOISE_WINDOW {
+                n.since = now;
+                n.logged = 0;
+            }
+            if n.logged < NOISE_PER_WINDOW {
+                n.logged += 1;
+                let s = std::mem::take(&mut n.suppressed);
+                (true, false, s)
+            } else {
+                n.suppressed += 1;
+                (false, n.suppressed == 1, 0)
+            }
+        };
+        if log_it {
+            if suppressed > 0 {
+                fields.insert("suppressed".into(), Value::from(suppressed));
+            }
+            self.log(event, fields);
+        } else if first_suppressed {
+            let mut f = serde_json::Map::new();
+            f.insert("agent".into(), Value::from(agent));
+            f.insert(
+                "why".into(),
+                Value::from(format!(
+                    "more than {NOISE_PER_WINDOW} refused or joined requests in {} s: further ones are counted, and the count is logged with the next one",
+                    NOISE_WINDOW.as_secs()
+                )),
+            );
+            self.log("suppressed", f);
+        }
+    }
+
+    /// The event after `cursor` (blocks until there is one): its sequence number and line.
+    /// A reader that fell more than [`MAX_EVENTS`] behind gets one `lost` event first.
+    pub async fn next_event(&self, cursor: u64) -> (u64, Arc<String>) {
+        let mut rx = self.log_tick.subscribe();
+        loop {
+            rx.borrow_and_update();
+            {
+                let l = lock(&self.log);
+                let next = cursor + 1;
+                if next < l.first {
+                    let lost = l.first - next;
+                    let line = format!(
+                        "{}\n",
+                        serde_json::json!({"event": "lost", "count": lost,
+                            "time": rfc3339(SystemTime::now())})
+                    );
+                    return (l.first - 1, Arc::new(line));
+                }
+                let at = usize::try_from(next - l.first).unwrap_or(usize::MAX);
+                if let Some(e) = l.events.get(at) {
+                    return (next, Arc::clone(e));
+                }
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 
@@ -470,6 +712,134 @@ mod tests {
         let mut other = HashSet::new();
         assert!(b.next_pending(&mut other).await.contains(&id1));
         assert!(b.next_pending(&mut other).await.contains(&id2));
+    }
+
+    /// The next event of `b` after `cursor`, parsed.
+    async fn event(b: &Broker, cursor: &mut u64) -> Value {
+        let (seq, line) = tokio::time::timeout(Duration::from_secs(5), b.next_event(*cursor))
+            .await
+            .expect("an event");
+        *cursor = seq;
+        serde_json::from_str(&line).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_denied_request_asked_again_is_refused_with_the_message_and_logged() {
+        let b = Broker::default();
+        let (id, rx) = waiting(b.ask(ask("a", "d1")).unwrap());
+        b.resolve(verdict(&id, false, false)).unwrap();
+        assert_eq!(b.wait(&id, rx).await, Outcome::Denied("no".into()));
+        let e = b.ask(ask("a", "d1")).err().unwrap();
+        assert!(
+            e.contains("denied this exact request") && e.contains("(no)"),
+            "{e}"
+        );
+        assert_eq!(b.pending_count(), 0);
+        // Another command is asked normally.
+        assert!(matches!(b.ask(ask("a", "d2")).unwrap(), Asked::Waiting(..)));
+        let mut cursor = 0;
+        let ev = event(&b, &mut cursor).await;
+        assert_eq!(ev["event"], "refused", "{ev}");
+        assert_eq!(ev["digest"], "d1");
+        assert_eq!(ev["agent"], "a");
+        assert!(ev["why"].as_str().unwrap().contains("denied this exact"));
+        assert!(ev["time"].is_string());
+    }
+
+    #[tokio::test]
+    async fn the_log_holds_joins_expiries_withdrawals_and_pre_approvals() {
+        let b = Broker::default();
+        let (id, _rx) = waiting(b.ask(ask("a", "d1")).unwrap());
+        let (same, _rx2) = waiting(b.ask(ask("a", "d1")).unwrap());
+        assert_eq!(same, id);
+        b.withdraw(&id, "the call was stopped");
+        let (id2, rx2) = waiting(b.ask(ask("a", "d2")).unwrap());
+        b.resolve(verdict(&id2, true, true)).unwrap();
+        assert_eq!(b.wait(&id2, rx2).await, Outcome::Approved);
+        assert!(matches!(b.ask(ask("a", "d2")).unwrap(), Asked::PreApproved));
+        b.set_deadline(Duration::from_millis(30));
+        let (id3, rx3) = waiting(b.ask(ask("a", "d3")).unwrap());
+        assert_eq!(b.wait(&id3, rx3).await, Outcome::Expired);
+        let mut cursor = 0;
+        let kinds: Vec<(String, String)> = {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                let ev = event(&b, &mut cursor).await;
+                v.push((
+                    ev["event"].as_str().unwrap().to_owned(),
+                    ev["id"].as_str().unwrap_or("").to_owned(),
+                ));
+            }
+            v
+        };
+        assert_eq!(
+            kinds,
+            vec![
+                ("joined".into(), id.clone()),
+                ("withdrawn".into(), id.clone()),
+                ("pre-approved".into(), String::new()),
+                ("expired".into(), id3.clone()),
+            ]
+        );
+        // Nothing more: the next read waits.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.next_event(cursor))
+                .await
+                .is_err()
+        );
+        // A new reader starts at the oldest event kept.
+        let mut fresh = 0;
+        assert_eq!(event(&b, &mut fresh).await["event"], "joined");
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_refusals_is_counted_not_logged_one_by_one() {
+        let b = Broker::default();
+        for i in 0..MAX_PENDING_PER_AGENT {
+            let _ = waiting(b.ask(ask("a", &format!("d{i}"))).unwrap());
+        }
+        let flood = 1000;
+        for i in 0..flood {
+            assert!(b.ask(ask("a", &format!("x{i}"))).is_err());
+        }
+        assert_eq!(b.pending_count(), MAX_PENDING_PER_AGENT);
+        let mut cursor = 0;
+        let mut refused = 0;
+        let mut suppressed_events = 0;
+        loop {
+            match tokio::time::timeout(Duration::from_millis(100), b.next_event(cursor)).await {
+                Err(_) => break,
+                Ok((seq, line)) => {
+                    cursor = seq;
+                    let ev: Value = serde_json::from_str(&line).unwrap();
+                    match ev["event"].as_str().unwrap() {
+                        "refused" => refused += 1,
+                        "suppressed" => suppressed_events += 1,
+                        other => panic!("unexpected {other}"),
+                    }
+                }
+            }
+        }
+        assert_eq!(refused, NOISE_PER_WINDOW);
+        assert_eq!(suppressed_events, 1);
+        // Another agent is not silenced by the first one's flood.
+        assert!(b.ask(ask("b", "y")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_fell_behind_is_told_how_much_it_lost() {
+        let b = Broker::default();
+        for i in 0..(MAX_EVENTS + 10) {
+            let mut f = serde_json::Map::new();
+            f.insert("n".into(), Value::from(i));
+            b.log("test", f);
+        }
+        let mut cursor = 0;
+        let ev = event(&b, &mut cursor).await;
+        assert_eq!(ev["event"], "lost");
+        assert_eq!(ev["count"], 10);
+        let ev = event(&b, &mut cursor).await;
+        assert_eq!(ev["n"], 10);
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 //! info           r     platform=, arch=, the sandbox layers the kernel offers, the session
 //! bypass/pending r     (operator) blocks until an escalation request is pending
 //! bypass/resolve w     (operator) {"id":"…","approved":true} | {"id":"…","error":"…"}
+//! bypass/log     r     (operator) blocks; one broker event (JSON line) per read, from the first kept
 //! proc/list      r     pid<TAB>state<TAB>tool, one line per visible process
 //! proc/new       rw    write a payload; read blocks until the process ends, then the result
 //! proc/new.bg    rw    write a payload; read the pid
@@ -79,6 +80,7 @@ pub enum Node {
     Bypass,
     Pending,
     Resolve,
+    Log,
     Proc,
     List,
     New,
@@ -98,6 +100,7 @@ const ROOT: &[(&str, Node, u32)] = &[
 const BYPASS: &[(&str, Node, u32)] = &[
     ("pending", Node::Pending, 0o400),
     ("resolve", Node::Resolve, 0o200),
+    ("log", Node::Log, 0o400),
 ];
 const PROC: &[(&str, Node, u32)] = &[
     ("list", Node::List, 0o444),
@@ -129,6 +132,7 @@ impl Node {
             Node::New => 11,
             Node::NewBg => 12,
             Node::Complete => 13,
+            Node::Log => 14,
             Node::Pid(id, f) => {
                 (1 << 40)
                     | (u64::from(id) << 4)
@@ -538,7 +542,7 @@ impl Filesystem for ToolFs {
             return Err(Error::permission_denied());
         }
         match fid.node {
-            Node::Pending | Node::Resolve if who != Identity::Operator => {
+            Node::Pending | Node::Resolve | Node::Log if who != Identity::Operator => {
                 return Err(err(
                     "permission denied: only the operator uses bypass/".into()
                 ));
@@ -646,6 +650,17 @@ impl Filesystem for ToolFs {
                 if fid.pending.is_empty() {
                     let shown = self.session.broker.next_pending(&mut fid.seen).await;
                     fid.pending = Bytes::from(shown.as_bytes().to_vec());
+                }
+                let n = fid.pending.len().min(count as usize);
+                Ok(fid.pending.split_to(n))
+            }
+            Node::Log => {
+                // One event per read, in order, each once per fid (a fid starts at the
+                // oldest event kept); a read waits for the next.
+                if fid.pending.is_empty() {
+                    let (seq, line) = self.session.broker.next_event(fid.cursor).await;
+                    fid.cursor = seq;
+                    fid.pending = Bytes::from(line.as_bytes().to_vec());
                 }
                 let n = fid.pending.len().min(count as usize);
                 Ok(fid.pending.split_to(n))

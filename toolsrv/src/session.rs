@@ -71,6 +71,13 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Arguments as (lossy) UTF-8, for logs.
+fn lossy(argv: &[OsString]) -> Vec<String> {
+    argv.iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// The `escalate` argument: exactly `{"grants": [..], "reason": ".."}`.
 fn parse_escalate(v: &serde_json::Value) -> Result<ollie_policy::EscalationRequest, String> {
     const USAGE: &str = "escalate must be {\"grants\": [\"net:PORT\" | \"read:PATH\" | \"write:PATH\" | \"unsandboxed\", …], \"reason\": \"why\"}";
@@ -412,14 +419,34 @@ impl Session {
             .ok_or_else(|| format!("unknown policy {:?}", cfg.policy))?;
         let escalation = match asked {
             None => None,
-            Some(req) => self.escalation(
-                (&owner, &p.tool),
-                policy,
-                cfg.escalations.as_ref(),
-                req,
-                &inv,
-                cwd.as_deref(),
-            )?,
+            Some(req) => {
+                let (grants, reason) = (req.grants.clone(), req.reason.clone());
+                match self.escalation(
+                    (&owner, &p.tool),
+                    policy,
+                    cfg.escalations.as_ref(),
+                    req,
+                    &inv,
+                    cwd.as_deref(),
+                ) {
+                    Ok(e) => e,
+                    Err(why) => {
+                        let mut f = serde_json::Map::new();
+                        f.insert("agent".into(), owner.clone().into());
+                        f.insert("tool".into(), p.tool.clone().into());
+                        f.insert("argv".into(), to_json(&lossy(&inv.argv)));
+                        f.insert(
+                            "grants".into(),
+                            to_json(&grants.iter().map(ToString::to_string).collect::<Vec<_>>()),
+                        );
+                        f.insert("reason".into(), reason.into());
+                        f.insert("verdict".into(), "denied".into());
+                        f.insert("why".into(), why.clone().into());
+                        self.broker.log_noisy(&owner, "refused", f);
+                        return Err(why);
+                    }
+                }
+            }
         };
         let out_cap = usize::try_from(policy.limits.output_bytes).unwrap_or(usize::MAX);
         let proc = self.procs.create(NewProc {
@@ -509,16 +536,16 @@ impl Session {
             .with_grants(&req.grants, &ctx)
             .map_err(|e| format!("escalation refused: {e}; nothing was run"))?;
         let run_cwd = cwd.map_or_else(|| self.workdir.clone(), Path::to_path_buf);
-        let env: BTreeMap<String, String> = self
-            .env
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string_lossy().into_owned(),
-                    v.to_string_lossy().into_owned(),
-                )
-            })
-            .collect();
+        // The environment the command will get: the widened policy's allowlist and fixed
+        // values over toolsrv's environment (what the operator approves).
+        let final_policy = widened
+            .resolve(&ctx)
+            .map_err(|e| format!("escalation refused: {e}; nothing was run"))?;
+        let env: BTreeMap<String, String> =
+            ollie_sandbox::tool_environment(&final_policy, &self.env)
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                .collect();
         Ok(Some(Escalation {
             owner: owner.to_owned(),
             tool: tool.to_owned(),
@@ -561,7 +588,8 @@ impl Session {
     }
 
     /// Asks the operator, then runs exactly the bound execution once under the widened
-    /// policy (a one-shot sandbox), or fails the call with why it did not run.
+    /// policy (a one-shot sandbox), or fails the call with why it did not run. Everything
+    /// the operator does not see on `pending` goes to `bypass/log`.
     async fn run_escalated(
         self: Arc<Self>,
         proc: Arc<Proc>,
@@ -571,9 +599,6 @@ impl Session {
     ) {
         use crate::broker::{Asked, Outcome};
         let render = inv.render.clone();
-        fn refuse<T>(why: String) -> Result<T, String> {
-            Err(why)
-        }
         let (argv, cwd_b, env) = (e.argv.clone(), e.cwd.clone(), e.env.clone());
         let bound =
             tokio::task::spawn_blocking(move || crate::binding::compute(&argv, &cwd_b, &env))
@@ -582,15 +607,32 @@ impl Session {
         let binding = match bound {
             Ok(b) => b,
             Err(why) => {
-                let f = not_run(&proc, format!("escalation refused: {why}; nothing was run"));
+                let why = format!("escalation refused: {why}; nothing was run");
+                let mut f = serde_json::Map::new();
+                f.insert("agent".into(), e.owner.clone().into());
+                f.insert("tool".into(), e.tool.clone().into());
+                f.insert("argv".into(), to_json(&lossy(&e.argv)));
+                f.insert("grants".into(), e.grants.clone().into());
+                f.insert("reason".into(), e.reason.clone().into());
+                f.insert("verdict".into(), "denied".into());
+                f.insert("why".into(), why.clone().into());
+                self.broker.log_noisy(&e.owner, "refused", f);
+                let f = not_run(&proc, why);
                 self.procs.finish(&proc, f);
                 return;
             }
         };
-        let verdict = match self.broker.ask(self.ask_of(&e, &binding)) {
-            Err(why) => refuse(why),
-            Ok(Asked::PreApproved) => Ok(()),
+        let ask = self.ask_of(&e, &binding);
+        let digest = ask.digest.clone();
+        // Where each log line about this call says it came from.
+        let mut about = crate::broker::Broker::summary(&ask.fields);
+        about.insert("digest".into(), digest.clone().into());
+        about.insert("pid".into(), proc.id.into());
+        let (verdict, via) = match self.broker.ask(ask) {
+            Err(why) => (Err(why), None),
+            Ok(Asked::PreApproved) => (Ok(()), Some("session-scope".to_owned())),
             Ok(Asked::Waiting(id, rx)) => {
+                about.insert("id".into(), id.clone().into());
                 let mut stop = proc.stop.subscribe();
                 let outcome = tokio::select! {
                     o = self.broker.wait(&id, rx) => o,
@@ -599,28 +641,58 @@ impl Session {
                         Outcome::Denied("the call was stopped before the operator answered".into())
                     }
                 };
-                match outcome {
+                let v = match outcome {
                     Outcome::Approved => Ok(()),
-                    Outcome::Denied(m) => refuse(format!(
+                    Outcome::Denied(m) => Err(format!(
                         "escalation denied by the operator: {m}; nothing was run"
                     )),
-                    Outcome::Expired => refuse(format!(
+                    Outcome::Expired => Err(format!(
                         "escalation denied: no answer from the operator within {} s; nothing was run",
                         self.broker.deadline().as_secs()
                     )),
-                }
+                };
+                (v, Some("approval".to_owned()))
             }
         };
         let result = match verdict {
             Err(e) => Err(e),
             // Re-check everything bound; any difference voids the approval.
-            Ok(()) => match tokio::task::spawn_blocking(move || binding.recheck())
-                .await
-                .unwrap_or_else(|e| Err(format!("the binding thread failed: {e}")))
-            {
-                Err(why) => refuse(format!("approval voided: {why}; nothing was run")),
+            Ok(()) => match tokio::task::spawn_blocking(move || {
+                binding.recheck().map_err(|why| {
+                    let now = crate::binding::compute(
+                        &binding
+                            .argv_raw
+                            .iter()
+                            .map(|b| std::os::unix::ffi::OsStringExt::from_vec(b.clone()))
+                            .collect::<Vec<OsString>>(),
+                        &binding.cwd,
+                        &binding.env,
+                    )
+                    .map(|b| b.digest())
+                    .ok();
+                    (why, binding.digest(), now)
+                })
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err((
+                    format!("the binding thread failed: {e}"),
+                    String::new(),
+                    None,
+                ))
+            }) {
+                Err((why, was, now)) => {
+                    let why = format!("approval voided: {why}; nothing was run");
+                    let mut f = about.clone();
+                    f.insert("verdict".into(), "denied".into());
+                    f.insert("why".into(), why.clone().into());
+                    f.insert("binding_approved".into(), was.into());
+                    f.insert("binding_now".into(), now.into());
+                    self.broker.log("voided", f);
+                    Err(why)
+                }
                 Ok(()) if *proc.stop.borrow() => {
-                    refuse("the call was stopped; nothing was run".to_owned())
+                    Err("the call was stopped; nothing was run".to_owned())
                 }
                 Ok(()) => {
                     let mut req = RunRequest::new(inv.argv, self.workdir.clone());
@@ -649,10 +721,25 @@ impl Session {
                 }
             },
         };
+        let ran = result.is_ok();
         let f = match result {
             Ok(run) => finish_of(&proc, &render, run),
             Err(why) => not_run(&proc, why),
         };
+        if ran {
+            let mut l = about;
+            if let Some(v) = via {
+                l.insert("approved_by".into(), v.into());
+            }
+            l.insert("status".into(), f.status().into());
+            if let Some(s) = &f.stopped_by {
+                l.insert("stopped_by".into(), s.clone().into());
+            }
+            if let Some(e) = &f.error {
+                l.insert("error".into(), e.clone().into());
+            }
+            self.broker.log("ran", l);
+        }
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
         self.procs.finish(&proc, f);
     }
