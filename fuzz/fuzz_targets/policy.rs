@@ -94,7 +94,11 @@ fuzz_target!(|data: &[u8]| {
         ) => {
             assert!(connect.is_subset(c0) && bind.is_subset(b0), "ports widened");
         }
-        (Network::Tcp { .. }, Network::Off) => panic!("network turned on by a layer"),
+        (_, Network::All) => {}
+        (Network::All, Network::Tcp { .. }) => panic!("the whole network opened by a layer"),
+        (Network::Tcp { .. } | Network::All, Network::Off) => {
+            panic!("network turned on by a layer")
+        }
     }
     for p in &base.fs.protected {
         assert!(n.fs.protected.contains(p), "a protected path was dropped");

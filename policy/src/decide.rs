@@ -8,7 +8,8 @@ use std::path::{Component, PathBuf};
 /// One extra permission an agent asks for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Grant {
-    /// Any TCP network access.
+    /// The host network: TCP and UDP to any host and port, bind and listen
+    /// ([`Network::All`]).
     Net,
     /// TCP connect to one port.
     NetPort(u16),
@@ -16,7 +17,9 @@ pub enum Grant {
     Read(PathBuf),
     /// Write access to a path.
     Write(PathBuf),
-    /// Run without the sandbox.
+    /// Run without filesystem and network confinement (no Landlock, no read-only mounts, the
+    /// host network), keeping capabilities dropped, `no_new_privs`, seccomp, limits and the
+    /// environment allowlist ([`ResolvedPolicy::unsandboxed`]).
     Unsandboxed,
 }
 
@@ -194,6 +197,12 @@ pub(crate) fn normal_abs(p: &std::path::Path) -> bool {
 ///
 /// Order: empty → deny; malformed or secret paths → deny (no human can grant a secret);
 /// kinds the policy does not allow → deny; already covered → allow; else ask.
+///
+/// Covered means: `net` by [`Network::All`] only; `net:PORT` by `All` or a TCP connect set
+/// holding `PORT`; `read:P` / `write:P` by the policy's rules ([`ResolvedPolicy::access_of`]);
+/// `unsandboxed` only by a policy an approved `unsandboxed` grant already widened
+/// ([`ResolvedPolicy::unsandboxed`]), which no policy file or layer can be, so for every
+/// stored policy it needs a human.
 pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
     if req.grants.is_empty() {
         return Decision::Deny(DenyReason::Empty);
@@ -214,14 +223,15 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
         }
     }
     let covered = req.grants.iter().all(|g| match g {
-        Grant::Net => false,
+        Grant::Net => policy.network == Network::All,
         Grant::NetPort(port) => match &policy.network {
             Network::Off => false,
             Network::Tcp { connect, .. } => connect.contains(port),
+            Network::All => true,
         },
         Grant::Read(p) => policy.access_of(p).is_some(),
         Grant::Write(p) => policy.access_of(p) == Some(Access::ReadWrite),
-        Grant::Unsandboxed => false,
+        Grant::Unsandboxed => policy.unsandboxed(),
     });
     if covered {
         Decision::Allow
@@ -291,6 +301,46 @@ mod tests {
             decide(&closed, &req(vec![Grant::Net])),
             Decision::Deny(DenyReason::KindNotAllowed(EscalationKind::Net))
         ));
+    }
+
+    #[test]
+    fn network_grants_are_covered_by_the_widest_mode_only() {
+        const ESC: &str = "[escalations]\nallow=[\"net\",\"unsandboxed\"]";
+        let off = pol(ESC);
+        let tcp = pol(&format!(
+            "[network]\nmode=\"tcp\"\nconnect=[443]\nbind=[8080]\n{ESC}"
+        ));
+        let all = pol(&format!("[network]\nmode=\"all\"\n{ESC}"));
+        let d = |p: &ResolvedPolicy, g: Grant| decide(p, &req(vec![g]));
+        let asks = |dec: Decision| matches!(dec, Decision::NeedsApproval(_));
+        // net: only all covers it.
+        assert!(asks(d(&off, Grant::Net)));
+        assert!(asks(d(&tcp, Grant::Net)));
+        assert_eq!(d(&all, Grant::Net), Decision::Allow);
+        // net:PORT: all, or a connect set holding the port (a bind port is not a connect
+        // port).
+        assert!(asks(d(&off, Grant::NetPort(443))));
+        assert_eq!(d(&tcp, Grant::NetPort(443)), Decision::Allow);
+        assert!(asks(d(&tcp, Grant::NetPort(8080))));
+        assert!(asks(d(&tcp, Grant::NetPort(22))));
+        for port in [1, 22, 443, 8080, 65535] {
+            assert_eq!(d(&all, Grant::NetPort(port)), Decision::Allow, "{port}");
+        }
+        // unsandboxed: never covered by a stored policy, however wide its network.
+        for p in [&off, &tcp, &all] {
+            assert!(asks(d(p, Grant::Unsandboxed)), "{:?}", p.network);
+            assert!(asks(decide(p, &req(vec![Grant::Net, Grant::Unsandboxed]))));
+        }
+        // Only a policy an approved grant made unsandboxed covers it (and net with it).
+        let granted = off.with_grants(&[Grant::Unsandboxed]).unwrap();
+        assert_eq!(d(&granted, Grant::Unsandboxed), Decision::Allow);
+        assert_eq!(d(&granted, Grant::Net), Decision::Allow);
+        // The kind check still comes first.
+        let closed = pol("[network]\nmode=\"all\"");
+        assert_eq!(
+            d(&closed, Grant::Net),
+            Decision::Deny(DenyReason::KindNotAllowed(EscalationKind::Net))
+        );
     }
 
     fn arb_path() -> impl Strategy<Value = PathBuf> {
@@ -442,10 +492,48 @@ mod tests {
         }
 
         #[test]
-        fn unsandboxed_is_never_allowed_without_a_human(grants in proptest::collection::vec(arb_grant(), 0..4)) {
-            let p = pol("[fs]\nwrite=[\"{workdir}\"]\n[escalations]\nallow=[\"net\",\"read\",\"write\",\"unsandboxed\"]");
+        fn unsandboxed_is_never_allowed_without_a_human(
+            grants in proptest::collection::vec(arb_grant(), 0..4),
+            network in prop_oneof![
+                Just(""),
+                Just("[network]\nmode=\"tcp\"\nconnect=[80,443]\n"),
+                Just("[network]\nmode=\"all\"\n"),
+            ],
+            read_all in any::<bool>(),
+        ) {
+            let p = pol(&format!(
+                "[fs]\nwrite=[\"{{workdir}}\"]\nread_all={read_all}\n{network}[escalations]\nallow=[\"net\",\"read\",\"write\",\"unsandboxed\"]"
+            ));
             if grants.contains(&Grant::Unsandboxed) {
                 prop_assert!(decide(&p, &req(grants)) != Decision::Allow);
+            }
+        }
+
+        #[test]
+        fn network_grants_are_allowed_exactly_when_covered(
+            grants in proptest::collection::vec(
+                prop_oneof![Just(Grant::Net), any::<u16>().prop_map(Grant::NetPort)],
+                1..4,
+            ),
+            mode in 0..3u8,
+            connect in proptest::collection::btree_set(any::<u16>().prop_filter("port", |p| *p != 0), 0..4),
+        ) {
+            let network = match mode {
+                0 => String::new(),
+                1 => format!("[network]\nmode=\"tcp\"\nconnect={:?}\n", connect.iter().collect::<Vec<_>>()),
+                _ => "[network]\nmode=\"all\"\n".to_string(),
+            };
+            let p = pol(&format!("{network}[escalations]\nallow=[\"net\"]"));
+            let covered = grants.iter().all(|g| match (g, &p.network) {
+                (_, Network::All) => true,
+                (Grant::NetPort(port), Network::Tcp { connect, .. }) => connect.contains(port),
+                _ => false,
+            });
+            let d = decide(&p, &req(grants));
+            if covered {
+                prop_assert_eq!(d, Decision::Allow);
+            } else {
+                prop_assert!(matches!(d, Decision::NeedsApproval(_)), "{:?}", d);
             }
         }
     }

@@ -9,9 +9,12 @@
 //!   one) is rejected when the policy is resolved, and [`ResolvedPolicy::secrets_within`] tells
 //!   the enforcer which secret paths it must carve out of a broader grant.
 //! - Layering ([`Policy::narrow`]) can only narrow; any attempt to widen is an error.
-//! - The only widening is [`ResolvedPolicy::with_grants`]: a copy for one run, grown by exactly
-//!   the grants a human approved ([`Grant::parse`] reads the agent's spelling), never by a
-//!   secret location, `net` without a port, or `unsandboxed`.
+//! - The only widening is [`ResolvedPolicy::with_grants`] (and [`Policy::with_grants`], which
+//!   applies the same rules): a copy for one run, grown by exactly the grants a human approved
+//!   ([`Grant::parse`] reads the agent's spelling), never by a secret location. `net` gives
+//!   [`Network::All`] (the host network, TCP and UDP, every port); `unsandboxed` gives a copy
+//!   whose filesystem rules the enforcer does not apply ([`Policy::unsandboxed`]), which no
+//!   policy file or layer can produce.
 //! - [`decide`] is a pure function from a policy and an escalation request to a
 //!   [`Decision`] (`Allow | Deny(reason) | NeedsApproval(request)`).
 //!

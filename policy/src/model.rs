@@ -159,7 +159,11 @@ pub struct FsRules {
     pub read_all: bool,
 }
 
-/// Network policy.
+/// Network policy, from narrowest to widest: `Off` < `Tcp { .. }` < `All` (a layer may only
+/// move down this order: [`Policy::narrow`]).
+///
+/// In a policy file: `network.mode = "off"` (the default; no port lists), `"tcp"` (with
+/// `connect` and `bind` port lists) or `"all"` (no port lists: every port is allowed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Network {
     /// No sockets except AF_UNIX socketpairs; no connect/bind/listen.
@@ -171,6 +175,11 @@ pub enum Network {
         /// Ports that may be bound.
         bind: BTreeSet<u16>,
     },
+    /// The host network: TCP and UDP over IPv4 and IPv6 to any host and port (so DNS over
+    /// UDP works), bind and listen allowed, ports unfiltered. Raw, packet, netlink and
+    /// AF_UNIX sockets stay denied, as under `Tcp`. What an approved `net` grant gives
+    /// ([`ResolvedPolicy::with_grants`]).
+    All,
 }
 
 /// The seccomp profile.
@@ -289,6 +298,9 @@ pub struct Policy {
     pub env: EnvPolicy,
     /// Escalations that may be requested.
     pub escalations: BTreeSet<EscalationKind>,
+    /// Set only by an approved `unsandboxed` grant ([`Policy::with_grants`]); no policy file
+    /// and no layer can set it (private, no TOML key): see [`Policy::unsandboxed`].
+    unsandboxed: bool,
 }
 
 /// Variable-name fragments that mark a secret; such names can never be allowlisted.
@@ -409,6 +421,20 @@ impl TryFrom<RawPolicy> for Policy {
                 }
                 Network::Off
             }
+            Some("all") => {
+                for (key, ports) in [
+                    ("network.connect", &raw.network.connect),
+                    ("network.bind", &raw.network.bind),
+                ] {
+                    if !ports.is_empty() {
+                        return Err(invalid(
+                            key,
+                            "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
+                        ));
+                    }
+                }
+                Network::All
+            }
             Some("tcp") => {
                 let mut connect = BTreeSet::new();
                 for (i, p) in raw.network.connect.iter().enumerate() {
@@ -423,7 +449,7 @@ impl TryFrom<RawPolicy> for Policy {
             Some(m) => {
                 return Err(invalid(
                     "network.mode",
-                    format!("unknown mode {m:?} (valid: off, tcp)"),
+                    format!("unknown mode {m:?} (valid: off, tcp, all)"),
                 ));
             }
         };
@@ -526,6 +552,7 @@ impl TryFrom<RawPolicy> for Policy {
             limits,
             env,
             escalations,
+            unsandboxed: false,
         })
     }
 }
@@ -567,6 +594,8 @@ pub struct ResolvedPolicy {
     pub network: Network,
     /// Environment values to set, with anchors substituted.
     pub env_set: BTreeMap<String, String>,
+    /// Set only by an approved `unsandboxed` grant: see [`ResolvedPolicy::unsandboxed`].
+    unsandboxed: bool,
 }
 
 fn normal_abs(key: &str, p: &Path) -> Result<(), PolicyError> {
@@ -649,12 +678,45 @@ impl Policy {
             fs,
             network: self.network.clone(),
             env_set,
+            unsandboxed: self.unsandboxed,
         })
+    }
+
+    /// Whether this policy was widened by an approved `unsandboxed` grant
+    /// ([`Policy::with_grants`]; never true for a policy read from TOML or narrowed by a
+    /// layer). Such a policy's network is [`Network::All`], and the enforcer applies none of
+    /// its filesystem rules: no Landlock (so no secret-location carve-outs either), no
+    /// read-only mounts or protected islands. Everything else still applies: capabilities
+    /// dropped, `no_new_privs`, the seccomp profile (with the `All` network rules), limits and
+    /// the environment allowlist. The filesystem rules are kept only as data (what
+    /// [`ResolvedPolicy::access_of`] reports).
+    pub fn unsandboxed(&self) -> bool {
+        self.unsandboxed
+    }
+
+    pub(crate) fn set_unsandboxed(&mut self) {
+        self.unsandboxed = true;
+        self.network = Network::All;
     }
 }
 
 impl ResolvedPolicy {
-    /// The strongest access any rule grants on `path` (lexically), ignoring secrets.
+    /// Whether the run was approved unsandboxed (an `unsandboxed` grant through
+    /// [`ResolvedPolicy::with_grants`], or a [`Policy`] made so by [`Policy::with_grants`]).
+    /// The enforcer then applies no filesystem rule and uses the host network: see
+    /// [`Policy::unsandboxed`].
+    pub fn unsandboxed(&self) -> bool {
+        self.unsandboxed
+    }
+
+    pub(crate) fn set_unsandboxed(&mut self) {
+        self.unsandboxed = true;
+        self.network = Network::All;
+    }
+
+    /// The strongest access any rule grants on `path` (lexically), ignoring secrets. These
+    /// are the rules as data; for an [`unsandboxed`](Self::unsandboxed) run the enforcer
+    /// applies none of them.
     pub fn access_of(&self, path: &Path) -> Option<Access> {
         if secrets::secret_containing(path, &self.ctx.home).is_some() {
             return None;
@@ -774,6 +836,34 @@ mod tests {
         assert!(err("[escalations]\nallow = [\"root\"]").starts_with("escalations.allow[0]:"));
         assert!(err("landlock_min_abi = 0").starts_with("landlock_min_abi:"));
         assert!(err("[fs]\nprotected = [\"{workdir}/.git\"]").starts_with("fs.protected[0]:"));
+    }
+
+    #[test]
+    fn network_mode_all_is_strict() {
+        let p = Policy::from_toml("[network]\nmode = \"all\"").unwrap();
+        assert_eq!(p.network, Network::All);
+        assert!(
+            !p.unsandboxed(),
+            "a policy file never makes an unsandboxed policy"
+        );
+        assert_eq!(
+            err("[network]\nmode = \"all\"\nconnect = [443]"),
+            "network.connect: mode \"all\" allows every port; port lists need network.mode = \"tcp\""
+        );
+        assert!(err("[network]\nmode = \"all\"\nbind = [8080]").starts_with("network.bind:"));
+        for bad in ["ALL", "any", "unsandboxed", "all "] {
+            let e = err(&format!("[network]\nmode = {bad:?}"));
+            assert!(e.ends_with("(valid: off, tcp, all)"), "{e}");
+        }
+        // There is no key that turns the sandbox off.
+        for text in [
+            "unsandboxed = true",
+            "[fs]\nunsandboxed = true",
+            "[network]\nunsandboxed = true",
+            "[syscalls]\nprofile = \"unsandboxed\"",
+        ] {
+            assert!(Policy::from_toml(text).is_err(), "{text}");
+        }
     }
 
     #[test]

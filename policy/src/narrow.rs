@@ -14,7 +14,8 @@ pub struct Layer {
     pub write: Option<Vec<PathTemplate>>,
     /// Extra protected paths (adding protection narrows).
     pub protect: Vec<PathTemplate>,
-    /// Replacement network; must be a subset of the base.
+    /// Replacement network; must be a subset of the base (`Off` < `Tcp { .. }` < `All`; a TCP
+    /// layer on a TCP base only keeps ports the base lists).
     pub network: Option<Network>,
     /// Replacement limits; each must be ≤ the base.
     pub limits: Option<Limits>,
@@ -39,6 +40,12 @@ pub enum NarrowError {
         /// What exceeded the base.
         reason: String,
     },
+    /// The base was widened by an approved `unsandboxed` grant: none of its filesystem or
+    /// network rules is enforced, so a layer could only pretend to narrow it.
+    #[error(
+        "a layer cannot narrow an unsandboxed policy (its filesystem and network rules are not enforced); apply layers before the grant"
+    )]
+    Unsandboxed,
 }
 
 fn widens(key: impl Into<String>, reason: impl Into<String>) -> NarrowError {
@@ -54,8 +61,12 @@ fn covered(p: &PathTemplate, by: &[&PathTemplate]) -> bool {
 }
 
 impl Policy {
-    /// Applies a layer. The result grants nothing the base does not.
+    /// Applies a layer. The result grants nothing the base does not. An
+    /// [`unsandboxed`](Policy::unsandboxed) base is refused ([`NarrowError::Unsandboxed`]).
     pub fn narrow(&self, layer: &Layer) -> Result<Policy, NarrowError> {
+        if self.unsandboxed() {
+            return Err(NarrowError::Unsandboxed);
+        }
         let mut out = self.clone();
         let all: Vec<&PathTemplate> = self
             .fs
@@ -108,8 +119,9 @@ impl Policy {
         }
         if let Some(net) = &layer.network {
             let ok = match (&self.network, net) {
-                (_, Network::Off) => true,
-                (Network::Off, Network::Tcp { .. }) => false,
+                (_, Network::Off) | (Network::All, _) => true,
+                (Network::Off, Network::Tcp { .. } | Network::All)
+                | (Network::Tcp { .. }, Network::All) => false,
                 (
                     Network::Tcp {
                         connect: bc,
@@ -243,6 +255,117 @@ mod tests {
         );
     }
 
+    fn tcp(connect: &[u16], bind: &[u16]) -> Network {
+        Network::Tcp {
+            connect: connect.iter().copied().collect(),
+            bind: bind.iter().copied().collect(),
+        }
+    }
+
+    fn with_network(n: Network) -> Policy {
+        let mut p = Policy::from_toml(BASE).unwrap();
+        p.network = n;
+        p
+    }
+
+    fn layer(n: Network) -> Layer {
+        Layer {
+            network: Some(n),
+            ..Layer::default()
+        }
+    }
+
+    #[test]
+    fn network_narrows_from_all_to_tcp_to_off_and_never_back() {
+        let all = with_network(Network::All);
+        for n in [
+            Network::All,
+            tcp(&[443], &[]),
+            tcp(&[], &[8080]),
+            Network::Off,
+        ] {
+            assert_eq!(all.narrow(&layer(n.clone())).unwrap().network, n);
+        }
+        let t = with_network(tcp(&[80, 443], &[8080]));
+        assert_eq!(
+            t.narrow(&layer(Network::Off)).unwrap().network,
+            Network::Off
+        );
+        assert_eq!(
+            t.narrow(&layer(tcp(&[443], &[]))).unwrap().network,
+            tcp(&[443], &[])
+        );
+        for wider in [Network::All, tcp(&[22], &[]), tcp(&[80], &[9090])] {
+            let e = t.narrow(&layer(wider.clone())).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "network: a layer may only narrow the policy (ports or mode exceed the base)",
+                "{wider:?}"
+            );
+        }
+        let off = with_network(Network::Off);
+        for wider in [Network::All, tcp(&[], &[])] {
+            assert!(off.narrow(&layer(wider)).is_err());
+        }
+        assert_eq!(
+            off.narrow(&layer(Network::Off)).unwrap().network,
+            Network::Off
+        );
+    }
+
+    #[test]
+    fn an_unsandboxed_policy_cannot_be_narrowed() {
+        let ctx = ResolveContext {
+            workdir: "/w".into(),
+            home: "/home/u".into(),
+        };
+        let base = Policy::from_toml(BASE).unwrap();
+        let wide = base
+            .with_grants(&[crate::Grant::Unsandboxed], &ctx)
+            .unwrap();
+        assert!(wide.unsandboxed());
+        for l in [
+            Layer::default(),
+            layer(Network::Off),
+            layer(tcp(&[80], &[])),
+        ] {
+            let e = wide.narrow(&l).unwrap_err();
+            assert_eq!(e, NarrowError::Unsandboxed);
+            assert!(
+                e.to_string()
+                    .starts_with("a layer cannot narrow an unsandboxed policy")
+            );
+        }
+        // A layer never makes a policy unsandboxed.
+        let n = base.narrow(&layer(Network::Off)).unwrap();
+        assert!(!n.unsandboxed() && !resolve(&n).unsandboxed());
+    }
+
+    /// `a` grants no network access `b` does not.
+    fn within(a: &Network, b: &Network) -> bool {
+        match (a, b) {
+            (Network::Off, _) | (_, Network::All) => true,
+            (
+                Network::Tcp { connect, bind },
+                Network::Tcp {
+                    connect: c,
+                    bind: bb,
+                },
+            ) => connect.is_subset(c) && bind.is_subset(bb),
+            _ => false,
+        }
+    }
+
+    fn arb_network() -> impl Strategy<Value = Network> {
+        let ports =
+            || proptest::collection::btree_set(prop_oneof![Just(80u16), Just(443), Just(22)], 0..3);
+        prop_oneof![
+            Just(Network::Off),
+            Just(Network::All),
+            (ports(), ports()).prop_map(|(connect, bind)| Network::Tcp { connect, bind }),
+        ]
+    }
+
     fn arb_tpl() -> impl Strategy<Value = PathTemplate> {
         prop_oneof![
             Just("/usr"),
@@ -286,6 +409,18 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn network_narrowing_is_exactly_the_order(base in arb_network(), new in arb_network()) {
+            let p = with_network(base.clone());
+            match p.narrow(&layer(new.clone())) {
+                Ok(n) => {
+                    prop_assert!(within(&n.network, &base));
+                    prop_assert_eq!(n.network, new);
+                }
+                Err(_) => prop_assert!(!within(&new, &base)),
+            }
+        }
+
         #[test]
         fn narrowing_never_grants_more(layer in arb_layer(), probe in arb_tpl()) {
             let base = Policy::from_toml(BASE).unwrap();

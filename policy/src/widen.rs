@@ -1,12 +1,31 @@
 //! Widening a resolved policy by grants a human approved through the broker.
 //!
 //! This is the one place a policy grows. It is only for the exact run an approval covers:
-//! the result is a new [`ResolvedPolicy`] and the stored policy is never changed.
+//! the result is a new [`ResolvedPolicy`] (or [`Policy`]) and the stored policy is never
+//! changed. It is also the only way to an unsandboxed policy: no policy file or layer can
+//! make one.
 
 use crate::decide::{Grant, normal_abs};
 use crate::model::{Access, Network, PathTemplate, Policy, ResolveContext, ResolvedPolicy};
 use crate::secrets;
 use std::collections::BTreeSet;
+
+/// `net:PORT` on a network: `Off` becomes TCP with just that connect port (and no bind
+/// ports), TCP gains the connect port, `All` already allows it.
+fn add_connect_port(network: &mut Network, port: u16) {
+    match network {
+        Network::Off => {
+            *network = Network::Tcp {
+                connect: BTreeSet::from([port]),
+                bind: BTreeSet::new(),
+            };
+        }
+        Network::Tcp { connect, .. } => {
+            connect.insert(port);
+        }
+        Network::All => {}
+    }
+}
 
 impl ResolvedPolicy {
     /// Returns a copy widened by exactly `grants` and nothing else.
@@ -19,11 +38,16 @@ impl ResolvedPolicy {
     ///   lifting the island would widen more than `P`.
     /// - `net:PORT` adds `PORT` to the TCP connect set; `Network::Off` becomes TCP with just
     ///   that connect port and no bind ports (which also lets the run create TCP sockets).
-    /// - `net` is refused: [`Network`] can only list ports, and listing all 65535 would turn
-    ///   "any port" into a quiet, permanent-looking policy that the enforcer must carry rule by
-    ///   rule. The agent asks for `net:PORT` instead, which is what a human can judge.
-    /// - `unsandboxed` is refused: it is not a policy; the caller runs the command outside the
-    ///   sandbox.
+    ///   Under [`Network::All`] it is a no-op.
+    /// - `net` makes the network [`Network::All`]: the host network, TCP and UDP to any host
+    ///   and port, bind and listen (raw, packet, netlink and AF_UNIX sockets stay denied).
+    ///   Later `net:PORT` grants add nothing.
+    /// - `unsandboxed` marks the copy [`unsandboxed`](ResolvedPolicy::unsandboxed) and makes
+    ///   the network [`Network::All`]: the enforcer applies no filesystem rule (no Landlock,
+    ///   so no secret-location carve-outs; no read-only mounts or protected islands) and keeps
+    ///   capabilities dropped, `no_new_privs`, seccomp, limits and the environment allowlist.
+    ///   This is the only way to an unsandboxed policy. The filesystem rules stay in the copy
+    ///   as data, and `read:`/`write:` grants next to it are still checked and added.
     ///
     /// Paths must be absolute and normal (as [`Grant::parse`] requires), and no path may be, or lie inside, a secret location
     /// ([`secrets::secret_containing`]); `decide` already denies these, this re-checks.
@@ -32,7 +56,8 @@ impl ResolvedPolicy {
     ///
     /// Limits, environment, syscall profile, Landlock floor, best effort, escalation kinds,
     /// `env_set`, the context, the source `policy` and every other rule are unchanged. Any
-    /// error refuses the whole list (nothing is partially applied).
+    /// error refuses the whole list (nothing is partially applied). Whether a grant's kind may
+    /// be asked for at all is [`decide`](crate::decide)'s question, not this one's.
     pub fn with_grants(&self, grants: &[Grant]) -> Result<ResolvedPolicy, String> {
         let mut out = self.clone();
         for g in grants {
@@ -66,26 +91,9 @@ impl ResolvedPolicy {
                     }
                 }
                 Grant::NetPort(0) => return Err("net:0: port 0 is not a port".to_string()),
-                Grant::NetPort(port) => match &mut out.network {
-                    Network::Off => {
-                        out.network = Network::Tcp {
-                            connect: BTreeSet::from([*port]),
-                            bind: BTreeSet::new(),
-                        };
-                    }
-                    Network::Tcp { connect, .. } => {
-                        connect.insert(*port);
-                    }
-                },
-                Grant::Net => {
-                    return Err(
-                        "net cannot be expressed as a policy: network rules list ports, ask for net:PORT"
-                            .to_string(),
-                    );
-                }
-                Grant::Unsandboxed => {
-                    return Err("unsandboxed cannot be expressed as a policy: the caller runs the command outside the sandbox".to_string());
-                }
+                Grant::NetPort(port) => add_connect_port(&mut out.network, *port),
+                Grant::Net => out.network = Network::All,
+                Grant::Unsandboxed => out.set_unsandboxed(),
             }
         }
         Ok(out)
@@ -95,7 +103,9 @@ impl ResolvedPolicy {
 impl Policy {
     /// The policy (as the sandbox takes it) widened by exactly `grants` for a run in `ctx`:
     /// the same checks and the same rules as [`ResolvedPolicy::with_grants`], which it runs
-    /// first; grants already covered add nothing.
+    /// first; grants already covered add nothing. `net` makes the network [`Network::All`];
+    /// `unsandboxed` makes the copy [`unsandboxed`](Policy::unsandboxed) (the only way to
+    /// one) with the network `All`.
     pub fn with_grants(&self, grants: &[Grant], ctx: &ResolveContext) -> Result<Policy, String> {
         let resolved = self.resolve(ctx).map_err(|e| e.to_string())?;
         resolved.with_grants(grants)?;
@@ -121,19 +131,9 @@ impl Policy {
                         }
                     }
                 }
-                Grant::NetPort(port) => match &mut out.network {
-                    Network::Off => {
-                        out.network = Network::Tcp {
-                            connect: BTreeSet::from([*port]),
-                            bind: BTreeSet::new(),
-                        };
-                    }
-                    Network::Tcp { connect, .. } => {
-                        connect.insert(*port);
-                    }
-                },
-                // Refused by `ResolvedPolicy::with_grants` above.
-                Grant::Net | Grant::Unsandboxed => {}
+                Grant::NetPort(port) => add_connect_port(&mut out.network, *port),
+                Grant::Net => out.network = Network::All,
+                Grant::Unsandboxed => out.set_unsandboxed(),
             }
             now = now.with_grants(std::slice::from_ref(g))?;
         }
@@ -166,7 +166,7 @@ mod tests {
         [network]\nmode=\"tcp\"\nconnect=[443]\nbind=[8080]\n\
         [limits]\ncpu_seconds=7\ntimeout_seconds=9\n\
         [env]\nallow=[\"PATH\"]\nset={TMPDIR=\"{workdir}/.tmp\"}\n\
-        [escalations]\nallow=[\"net\",\"read\",\"write\"]";
+        [escalations]\nallow=[\"net\",\"read\",\"write\",\"unsandboxed\"]";
 
     fn g(s: &str) -> Grant {
         Grant::parse(s).unwrap()
@@ -200,7 +200,30 @@ mod tests {
         );
         assert_eq!(wide.limits, base.limits);
         assert_eq!(wide.env, base.env);
-        assert!(base.with_grants(&[g("net")], &ctx).is_err());
+        assert!(!wide.unsandboxed());
+        // net and unsandboxed too.
+        for grants in [
+            vec![g("net")],
+            vec![g("net:443"), g("net")],
+            vec![g("unsandboxed")],
+            vec![g("unsandboxed"), g("read:/srv/data"), g("net:22")],
+        ] {
+            let wide = base.with_grants(&grants, &ctx).unwrap();
+            let want = base.resolve(&ctx).unwrap().with_grants(&grants).unwrap();
+            let got = wide.resolve(&ctx).unwrap();
+            assert_eq!(got.fs, want.fs, "{grants:?}");
+            assert_eq!(got.network, Network::All, "{grants:?}");
+            assert_eq!(got.network, want.network, "{grants:?}");
+            let unsandboxed = grants.contains(&Grant::Unsandboxed);
+            assert_eq!(wide.unsandboxed(), unsandboxed, "{grants:?}");
+            assert_eq!(got.unsandboxed(), unsandboxed, "{grants:?}");
+            assert_eq!(want.unsandboxed(), unsandboxed, "{grants:?}");
+            assert_eq!((wide.limits, &wide.env), (base.limits, &base.env));
+            assert_eq!(wide.syscalls, base.syscalls);
+        }
+        // The stored policy is never changed.
+        assert!(!base.unsandboxed());
+        assert_eq!(base.network, Network::Off);
         assert!(
             base.with_grants(&[g("read:/home/u/.ssh/id_rsa")], &ctx)
                 .is_err()
@@ -256,6 +279,68 @@ mod tests {
     }
 
     #[test]
+    fn net_opens_the_whole_network_and_covers_every_port() {
+        for text in [
+            BASE,
+            "[fs]\nwrite=[\"{workdir}\"]",
+            "[network]\nmode=\"all\"",
+        ] {
+            let before = pol(text);
+            for grants in [
+                vec![g("net")],
+                vec![g("net"), g("net:22")],
+                vec![g("net:22"), g("net")],
+            ] {
+                let after = before.with_grants(&grants).unwrap();
+                let mut expected = before.clone();
+                expected.network = Network::All;
+                assert_eq!(after, expected, "{text}: {grants:?}");
+                assert!(!after.unsandboxed());
+            }
+        }
+        // Under All, net:PORT adds nothing.
+        let all = pol("[network]\nmode=\"all\"");
+        assert_eq!(all.with_grants(&[g("net:443")]).unwrap(), all);
+    }
+
+    #[test]
+    fn unsandboxed_marks_the_copy_and_opens_the_network_only() {
+        let before = pol(BASE);
+        assert!(!before.unsandboxed());
+        let after = before.with_grants(&[g("unsandboxed")]).unwrap();
+        assert!(after.unsandboxed());
+        assert_eq!(after.network, Network::All);
+        // Everything else is as it was: the rules stay as data, limits and environment apply.
+        assert_eq!(after.fs, before.fs);
+        assert_eq!(after.policy, before.policy);
+        assert_eq!(after.env_set, before.env_set);
+        assert_eq!(after.ctx, before.ctx);
+        assert_eq!(
+            after.access_of(Path::new("/home/u/.ssh/id_rsa")),
+            None,
+            "secrets are never granted as rules"
+        );
+        // Read and write grants next to it are checked as ever.
+        let e = before
+            .with_grants(&[g("unsandboxed"), g("read:/home/u/.ssh")])
+            .unwrap_err();
+        assert!(e.contains("secret location"), "{e}");
+        let e = before
+            .with_grants(&[g("unsandboxed"), g("write:/w/.git/x")])
+            .unwrap_err();
+        assert!(e.contains("protected path /w/.git"), "{e}");
+        let e = before
+            .with_grants(&[Grant::Read("/a/../b".into()), g("unsandboxed")])
+            .unwrap_err();
+        assert!(e.contains("absolute and normal"), "{e}");
+        // Idempotent.
+        assert_eq!(
+            after.with_grants(&[g("unsandboxed"), g("net")]).unwrap(),
+            after
+        );
+    }
+
+    #[test]
     fn covered_grants_are_no_ops() {
         let before = pol(BASE);
         for grants in [
@@ -297,12 +382,11 @@ mod tests {
     fn refusals_are_clear() {
         let p = pol(BASE);
         let err = |grants: &[Grant]| p.with_grants(grants).unwrap_err();
+        assert_eq!(err(&[Grant::NetPort(0)]), "net:0: port 0 is not a port");
         assert_eq!(
-            err(&[g("read:/opt"), Grant::Unsandboxed]),
-            "unsandboxed cannot be expressed as a policy: the caller runs the command outside the sandbox"
+            err(&[Grant::Net, Grant::NetPort(0)]),
+            "net:0: port 0 is not a port"
         );
-        assert!(err(&[Grant::Net]).contains("ask for net:PORT"));
-        assert!(err(&[Grant::NetPort(0)]).starts_with("net:0:"));
         for s in [
             "/home/u/.ssh",
             "/home/u/.ssh/id_ed25519",
@@ -329,17 +413,28 @@ mod tests {
 
     #[test]
     fn approved_requests_become_allowed() {
-        let p = pol(BASE);
-        let grants = vec![g("read:/opt"), g("write:/srv"), g("net:22")];
-        let req = EscalationRequest {
-            grants: grants.clone(),
-            reason: "r".into(),
-        };
-        assert!(matches!(decide(&p, &req), Decision::NeedsApproval(_)));
-        assert_eq!(
-            decide(&p.with_grants(&grants).unwrap(), &req),
-            Decision::Allow
+        let p = pol(
+            "[fs]\nwrite=[\"{workdir}\"]\n[escalations]\nallow=[\"net\",\"read\",\"write\",\"unsandboxed\"]",
         );
+        for grants in [
+            vec![g("read:/opt"), g("write:/srv"), g("net:22")],
+            vec![g("net")],
+            vec![g("unsandboxed")],
+            vec![g("unsandboxed"), g("net:22"), g("read:/opt")],
+        ] {
+            let req = EscalationRequest {
+                grants: grants.clone(),
+                reason: "r".into(),
+            };
+            assert!(matches!(decide(&p, &req), Decision::NeedsApproval(_)));
+            assert_eq!(
+                decide(&p.with_grants(&grants).unwrap(), &req),
+                Decision::Allow,
+                "{grants:?}"
+            );
+            // The stored policy still asks.
+            assert!(matches!(decide(&p, &req), Decision::NeedsApproval(_)));
+        }
     }
 
     fn arb_path() -> impl Strategy<Value = PathBuf> {
@@ -384,12 +479,11 @@ mod tests {
             let before = pol(BASE);
             let result = before.with_grants(&grants);
             let refusable = grants.iter().any(|g| match g {
-                Grant::Net | Grant::Unsandboxed => true,
                 Grant::Read(p) | Grant::Write(p) => {
                     secrets::secret_containing(p, Path::new("/home/u")).is_some()
                         || (matches!(g, Grant::Write(_)) && p.starts_with("/w/.git"))
                 }
-                Grant::NetPort(_) => false,
+                Grant::Net | Grant::NetPort(_) | Grant::Unsandboxed => false,
             });
             prop_assert_eq!(result.is_err(), refusable, "{:?}", result);
             let Ok(after) = result else { return Ok(()) };
@@ -419,13 +513,21 @@ mod tests {
             if secrets::secret_containing(&probe, Path::new("/home/u")).is_some() {
                 prop_assert_eq!(a, None);
             }
-            // Network: bind unchanged, connect = base ∪ granted ports.
-            let (Network::Tcp { connect: ac, bind: ab }, Network::Tcp { connect: bc, bind: bb }) =
-                (&after.network, &before.network) else { unreachable!() };
-            prop_assert_eq!(ab, bb);
-            let mut want = bc.clone();
-            want.extend(grants.iter().filter_map(|g| match g { Grant::NetPort(p) => Some(*p), _ => None }));
-            prop_assert_eq!(ac, &want);
+            // Unsandboxed exactly when granted.
+            let unsandboxed = grants.contains(&Grant::Unsandboxed);
+            prop_assert_eq!(after.unsandboxed(), unsandboxed);
+            // Network: the whole network after net or unsandboxed; otherwise bind unchanged
+            // and connect = base ∪ granted ports.
+            if unsandboxed || grants.contains(&Grant::Net) {
+                prop_assert_eq!(&after.network, &Network::All);
+            } else {
+                let (Network::Tcp { connect: ac, bind: ab }, Network::Tcp { connect: bc, bind: bb }) =
+                    (&after.network, &before.network) else { unreachable!() };
+                prop_assert_eq!(ab, bb);
+                let mut want = bc.clone();
+                want.extend(grants.iter().filter_map(|g| match g { Grant::NetPort(p) => Some(*p), _ => None }));
+                prop_assert_eq!(ac, &want);
+            }
             // Every grant is now covered.
             let req = EscalationRequest { grants: grants.clone(), reason: "r".into() };
             if !grants.is_empty() {

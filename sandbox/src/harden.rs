@@ -67,9 +67,11 @@ pub struct ServerHardening {
     /// Fds ≥ 3 that stay open (the server's control socket, listeners, …). Every other fd ≥ 3
     /// is closed; 0–2 are never closed (stdin becomes `/dev/null`).
     pub keep_fds: Vec<RawFd>,
-    /// Whether AF_INET/AF_INET6 sockets and TCP stay possible for the server and every tool
-    /// it starts. Must be true when any tool's policy grants network (`mode = "tcp"`): the
-    /// tools inherit the server's filter and Landlock domain, which only narrow.
+    /// Whether AF_INET/AF_INET6 sockets (TCP and UDP) stay possible for the server and every
+    /// tool it starts. Must be true when any tool's policy grants network (`mode = "tcp"` or
+    /// `"all"`) or may be widened to it by an approved grant (`net`, `net:PORT`,
+    /// `unsandboxed`): the tools inherit the server's filter and Landlock domain, which only
+    /// narrow.
     pub allow_inet: bool,
 }
 

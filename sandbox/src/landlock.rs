@@ -1,5 +1,9 @@
-//! Landlock: one ruleset handling every filesystem right of the ABI, TCP bind/connect and both
-//! scopes, built in the parent and applied by the child with `landlock_restrict_self`.
+//! Landlock: one ruleset handling every filesystem right of the ABI, TCP bind/connect (unless
+//! the network is `Network::All`: then no port is restricted) and both scopes, built in the
+//! parent and applied by the child with `landlock_restrict_self`.
+//!
+//! A run approved unsandboxed ([`ResolvedPolicy::unsandboxed`]) gets no ruleset at all: the
+//! record says so ([`EnforcementStatus::NotApplied`], [`LandlockRecord::not_applied`]).
 
 use crate::sys;
 use ollie_policy::{Network, ResolvedPolicy};
@@ -120,7 +124,13 @@ pub enum EnforcementStatus {
     FullyEnforced,
     /// The kernel is older than the floor and `best_effort` allowed running anyway.
     PartiallyEnforced,
+    /// Landlock was not applied: a human approved this run unsandboxed
+    /// ([`LandlockRecord::not_applied`] says so).
+    NotApplied,
 }
+
+/// [`LandlockRecord::not_applied`] for a run approved unsandboxed.
+pub const NOT_APPLIED_UNSANDBOXED: &str = "unsandboxed grant: a human approved running this command without filesystem and network confinement";
 
 /// What the ruleset actually does, for the run record.
 #[derive(Debug, Clone, Serialize)]
@@ -143,6 +153,9 @@ pub struct LandlockRecord {
     pub port_rules: usize,
     /// Secret locations carved out of broader grants.
     pub carved_out: Vec<PathBuf>,
+    /// Why Landlock was not applied at all ([`EnforcementStatus::NotApplied`]:
+    /// [`NOT_APPLIED_UNSANDBOXED`]); `None` when it was.
+    pub not_applied: Option<&'static str>,
 }
 
 /// Errors building the ruleset.
@@ -179,8 +192,9 @@ pub enum LandlockError {
 /// A built ruleset ready for `restrict_self` in the child.
 #[derive(Debug)]
 pub struct Ruleset {
-    /// The ruleset fd.
-    pub fd: OwnedFd,
+    /// The ruleset fd; `None` when Landlock is not applied (an unsandboxed run: the child
+    /// then skips `restrict_self`).
+    pub fd: Option<OwnedFd>,
     /// What it enforces.
     pub record: LandlockRecord,
 }
@@ -270,7 +284,8 @@ fn consider(
     Ok(())
 }
 
-/// Builds the ruleset for a resolved policy.
+/// Builds the ruleset for a resolved policy; for an unsandboxed one, no ruleset and a
+/// record saying Landlock is not applied (the ABI floor does not matter then).
 ///
 /// `simulated_abi` (tests only) pretends the kernel offers a lower ABI.
 pub fn build(
@@ -280,6 +295,23 @@ pub fn build(
     let kernel = kernel_abi();
     let abi = simulated_abi.map_or(kernel, |s| s.min(kernel));
     let required = policy.policy.landlock_min_abi;
+    if policy.unsandboxed() {
+        return Ok(Ruleset {
+            fd: None,
+            record: LandlockRecord {
+                abi,
+                required_abi: required,
+                status: EnforcementStatus::NotApplied,
+                handled_fs: Vec::new(),
+                handled_net: Vec::new(),
+                scopes: Vec::new(),
+                path_rules: 0,
+                port_rules: 0,
+                carved_out: Vec::new(),
+                not_applied: Some(NOT_APPLIED_UNSANDBOXED),
+            },
+        });
+    }
     let status = if abi >= required && abi >= 7 {
         EnforcementStatus::FullyEnforced
     } else if policy.policy.best_effort && abi >= 1 {
@@ -291,7 +323,8 @@ pub fn build(
         });
     };
     let all_fs = fs_rights_for_abi(abi);
-    let handled_net = if abi >= 4 {
+    // The whole network: TCP ports are not handled at all (UDP never is by Landlock).
+    let handled_net = if abi >= 4 && policy.network != Network::All {
         NET_BIND_TCP | NET_CONNECT_TCP
     } else {
         0
@@ -344,7 +377,7 @@ pub fn build(
         }
     }
     Ok(Ruleset {
-        fd,
+        fd: Some(fd),
         record: LandlockRecord {
             abi,
             required_abi: required,
@@ -355,6 +388,7 @@ pub fn build(
             path_rules,
             port_rules,
             carved_out: carved,
+            not_applied: None,
         },
     })
 }

@@ -16,7 +16,8 @@
 //!    pipes),
 //!    `setsid`, rlimits, every capability set emptied (bounding and ambient included,
 //!    securebits locked), `no_new_privs`, Landlock (every ABI-7 filesystem right handled in one
-//!    ruleset, TCP bind/connect, both scopes; a working directory other than the workdir,
+//!    ruleset, TCP bind/connect unless the network is `all`, both scopes; a working directory
+//!    other than the workdir,
 //!    [`RunRequest::cwd`], must then be listable, or the run fails with
 //!    [`SandboxError::Cwd`]), seccomp last (allowlist), `execve`.
 //! 4. The environment is cleared and rebuilt from the policy's allowlist.
@@ -51,8 +52,25 @@
 //! layer. The only degradation is a Landlock ABI below the floor with `best_effort = true`,
 //! which is recorded in the [`RunRecord`].
 //!
+//! Network modes (`ollie_policy::Network`): `off` (no inet socket at all), `tcp` (TCP only,
+//! Landlock filters the connect and bind ports), `all` (TCP and UDP, any port; what an
+//! approved `net` grant gives). No mode allows raw, packet, netlink or AF_UNIX sockets
+//! (`socketpair(AF_UNIX)` excepted). There is no network namespace: inet sockets reach the
+//! host's network, loopback included.
+//!
+//! An approved `unsandboxed` grant (`ollie_policy::Policy::with_grants`, the only way to one)
+//! makes [`run`] skip the filesystem and network confinement: no Landlock ruleset (so no
+//! secret-location carve-outs), no read-only mounts, protected islands or private `/dev/shm`
+//! (the mount namespace only has its propagation made private), and the `all` network. It
+//! keeps steps 1 (namespaces, cgroup) and 3–6 otherwise: fds, setsid, rlimits, every
+//! capability dropped, `no_new_privs`, the seccomp profile, the environment allowlist, output
+//! caps, timeout, cancel and the disk watchdog on the policy's writable trees. The record says
+//! so ([`Layers::unsandboxed`], `landlock.status = "not_applied"` with the reason).
+//! [`Prepared`] refuses an unsandboxed policy.
+//!
 //! What it does not guarantee: protection against kernel bugs; confidentiality of files the
-//! policy grants; UDP/DNS when the policy grants TCP (never allowed). See SECURITY.md.
+//! policy grants; UDP/DNS unless the network is `all`; anything about the filesystem for an
+//! unsandboxed run. See SECURITY.md.
 //!
 //! Tested by unit tests here, the integration tests in `tests/` (`harden.rs` has its own
 //! harness and re-executes itself as a single-threaded probe, since hardening is irreversible),

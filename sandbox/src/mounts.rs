@@ -49,11 +49,29 @@ impl MountPlan {
     /// root and a protected island pinned; protected islands (placeholders created for missing
     /// ones) and secret locations inside writable trees bound read-only; a private
     /// `/dev/shm` mounted last. `abi` is the Landlock ABI of the ruleset the tmpfs rule joins.
+    ///
+    /// A run approved unsandboxed ([`ResolvedPolicy::unsandboxed`]) mounts nothing: its
+    /// mount namespace only has its propagation made private, so the tool sees (and may
+    /// write, as far as file permissions allow) the host's filesystem as it is, with no
+    /// read-only root, islands or private `/dev/shm`; the record says so.
     pub(crate) fn new(
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
         abi: u32,
     ) -> Result<MountPlan, SandboxError> {
+        if resolved.unsandboxed() {
+            return Ok(MountPlan {
+                steps: vec![MountStep::MakePrivate],
+                record: MountRecord {
+                    read_only_root: false,
+                    writable: Vec::new(),
+                    protected: Vec::new(),
+                    placeholders: Vec::new(),
+                    private_shm: None,
+                },
+                islands: Protected::default(),
+            });
+        }
         // Protected islands: existing ones are bound read-only; for missing ones the first
         // missing component is created as an empty placeholder and bound read-only.
         let islands = Protected::prepare(&resolved.fs.protected, &writable)?;

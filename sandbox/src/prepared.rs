@@ -119,9 +119,11 @@ fn fast_filter(
 ) -> Option<Vec<libc::sock_filter>> {
     static OFF: OnceLock<Option<Vec<libc::sock_filter>>> = OnceLock::new();
     static TCP: OnceLock<Option<Vec<libc::sock_filter>>> = OnceLock::new();
+    static ALL: OnceLock<Option<Vec<libc::sock_filter>>> = OnceLock::new();
     let cell = match network {
         Network::Off => &OFF,
         Network::Tcp { .. } => &TCP,
+        Network::All => &ALL,
     };
     cell.get_or_init(|| bpf::compile(network).filter(|f| bpf::equivalent(f, reference)))
         .clone()
@@ -144,8 +146,15 @@ impl Prepared {
     /// Sets up the session's sandbox for `policy` in the workspace `workdir` (absolute) with
     /// the user's `home`: resolves the policy, builds the Landlock ruleset and the seccomp
     /// program, and starts the zygote (namespaces, id maps, mounts; a pids cgroup as root).
-    /// Fails closed like [`crate::run`], naming the layer.
+    /// Fails closed like [`crate::run`], naming the layer. An unsandboxed policy (an approved
+    /// `unsandboxed` grant, [`Policy::unsandboxed`]) is refused: it is for the one run the
+    /// approval covers, through [`crate::run`], never a session.
     pub fn new(policy: &Policy, workdir: &Path, home: &Path) -> Result<Prepared, SandboxError> {
+        if policy.unsandboxed() {
+            return Err(SandboxError::InvalidRequest {
+                reason: "an unsandboxed policy is for the one approved run (ollie_sandbox::run), never a prepared session".into(),
+            });
+        }
         let workdir = spawn::canonical_workdir(workdir)?;
         let resolved = policy
             .resolve(&ResolveContext {
@@ -187,8 +196,12 @@ impl Prepared {
         let (control, control_child) =
             sys::seqpacket_pair().map_err(io_err("create the control link"))?;
         let (uid, _) = sys::ids();
-        let mut base =
-            spawn::child_plan(ruleset.fd.as_raw_fd(), steps, spawn::rlimits(&l), programs)?;
+        let mut base = spawn::child_plan(
+            ruleset.fd.as_ref().map(AsRawFd::as_raw_fd),
+            steps,
+            spawn::rlimits(&l),
+            programs,
+        )?;
         base.err_w = err_w.as_raw_fd();
         let plan = ZygotePlan {
             base,
@@ -327,6 +340,11 @@ impl Prepared {
             Some(abi) => Some(landlock::build(&self.resolved, Some(abi))?),
             None => None,
         };
+        // (Always a ruleset: a prepared session is never unsandboxed.)
+        let own_fd = own_ruleset
+            .as_ref()
+            .and_then(|r| r.fd.as_ref())
+            .map(AsRawFd::as_raw_fd);
         let fault = spawn::child_fault(req.fault) as u32;
         let cwd = spawn::tool_cwd(&workdir, req.cwd.as_deref())?;
         let l = spawn::effective_limits(&self.resolved.policy.limits, req)?;
@@ -382,7 +400,7 @@ impl Prepared {
             envc: env.len() as u32,
             payload_len: payload.len() as u32,
             in_memfd: u32::from(memfd.is_some()),
-            own_ruleset: u32::from(own_ruleset.is_some()),
+            own_ruleset: u32::from(own_fd.is_some()),
             check_cwd: u32::from(cwd != workdir),
         };
         let hdr_bytes = hdr.to_bytes();
@@ -404,8 +422,8 @@ impl Prepared {
         if let Some(m) = &memfd {
             fds.push(m.as_raw_fd());
         }
-        if let Some(r) = &own_ruleset {
-            fds.push(r.fd.as_raw_fd());
+        if let Some(fd) = own_fd {
+            fds.push(fd);
         }
         let gone = |source| SandboxError::Io {
             op: "reach the prepared sandbox",

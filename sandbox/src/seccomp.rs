@@ -365,8 +365,31 @@ pub(crate) const GROUP_SOCKET_IO: &[i64] = &[
     SYS_getpeername,
 ];
 
-/// TCP client/server calls, only when the policy grants TCP (Landlock filters the ports).
-pub(crate) const GROUP_TCP: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
+/// Client/server socket calls, only when the policy grants network: TCP (`Network::Tcp`,
+/// Landlock filters the ports) or the whole network (`Network::All`: TCP and UDP, any port).
+pub(crate) const GROUP_INET: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
+
+/// The `socket(2)` calls a network mode allows, as `(family, type & 0xf, protocol)`: none
+/// without network; TCP over IPv4/IPv6 for `Tcp` (no UDP, raw, MPTCP or SCTP, and no AF_UNIX
+/// sockets that could reach pathname sockets); TCP and UDP over IPv4/IPv6 for `All` (still no
+/// raw, packet, ICMP, MPTCP, SCTP, netlink or AF_UNIX sockets). Protocol 0 is the family's
+/// default for the type (TCP for streams, UDP for datagrams).
+pub(crate) fn socket_triples(network: &Network) -> Vec<(i32, i32, i32)> {
+    let types: &[(i32, i32)] = match network {
+        Network::Off => &[],
+        Network::Tcp { .. } => &[(SOCK_STREAM, IPPROTO_TCP)],
+        Network::All => &[(SOCK_STREAM, IPPROTO_TCP), (SOCK_DGRAM, IPPROTO_UDP)],
+    };
+    let mut out = Vec::new();
+    for family in [AF_INET, AF_INET6] {
+        for (ty, proto) in types {
+            for p in [0, *proto] {
+                out.push((family, *ty, p));
+            }
+        }
+    }
+    out
+}
 
 fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
     let mut rules = Rules::new();
@@ -416,19 +439,16 @@ fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
         SYS_socketpair,
         vec![rule(vec![cond(0, Op::Eq, AF_UNIX as u64)?])?],
     );
-    if let Network::Tcp { .. } = network {
-        allow(&mut rules, GROUP_TCP);
-        // socket: TCP over IPv4/IPv6 only (no UDP, raw, MPTCP, SCTP, or AF_UNIX sockets
-        // that could reach pathname sockets).
+    let triples = socket_triples(network);
+    if !triples.is_empty() {
+        allow(&mut rules, GROUP_INET);
         let mut socket_rules = Vec::new();
-        for family in [AF_INET, AF_INET6] {
-            for proto in [0, IPPROTO_TCP] {
-                socket_rules.push(rule(vec![
-                    cond(0, Op::Eq, family as u64)?,
-                    cond(1, Op::MaskedEq(0xf), SOCK_STREAM as u64)?,
-                    cond(2, Op::Eq, proto as u64)?,
-                ])?);
-            }
+        for (family, ty, proto) in triples {
+            socket_rules.push(rule(vec![
+                cond(0, Op::Eq, family as u64)?,
+                cond(1, Op::MaskedEq(0xf), ty as u64)?,
+                cond(2, Op::Eq, proto as u64)?,
+            ])?);
         }
         rules.insert(SYS_socket, socket_rules);
     }
@@ -493,13 +513,16 @@ fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
     })
 }
 
-/// The compiled filters for a network mode (compiled once per mode).
+/// The compiled filters for a network mode (compiled once per mode; the ports of `Tcp` are
+/// Landlock's business, not seccomp's).
 pub fn filters(network: &Network) -> Result<Filters, SeccompError> {
     static OFF: OnceLock<Filters> = OnceLock::new();
     static TCP: OnceLock<Filters> = OnceLock::new();
+    static ALL: OnceLock<Filters> = OnceLock::new();
     let cell = match network {
         Network::Off => &OFF,
         Network::Tcp { .. } => &TCP,
+        Network::All => &ALL,
     };
     if let Some(f) = cell.get() {
         return Ok(f.clone());
@@ -513,15 +536,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compiles_for_both_modes_and_denies_by_default() {
+    fn compiles_for_every_mode_and_denies_by_default() {
         let off = filters(&Network::Off).unwrap();
         let tcp = filters(&Network::Tcp {
             connect: [80].into(),
             bind: Default::default(),
         })
         .unwrap();
+        let all = filters(&Network::All).unwrap();
         assert_ne!(off.record.hash, tcp.record.hash);
+        assert_ne!(tcp.record.hash, all.record.hash);
+        assert_ne!(off.record.hash, all.record.hash);
         assert_eq!(off.programs.len(), 2);
+        assert_eq!(all.programs.len(), 2);
+        // The network modes differ in the client/server calls and socket(2) only.
+        let (r_off, r_all) = (
+            build_allowlist(&Network::Off).unwrap(),
+            build_allowlist(&Network::All).unwrap(),
+        );
+        let extra: Vec<i64> = r_all
+            .keys()
+            .filter(|k| !r_off.contains_key(k))
+            .copied()
+            .collect();
+        let mut want: Vec<i64> = GROUP_INET.to_vec();
+        want.push(SYS_socket);
+        want.sort_unstable();
+        assert_eq!(extra, want);
+        let tcp_rules = build_allowlist(&Network::Tcp {
+            connect: Default::default(),
+            bind: Default::default(),
+        })
+        .unwrap();
+        assert_eq!(
+            r_all.keys().collect::<Vec<_>>(),
+            tcp_rules.keys().collect::<Vec<_>>()
+        );
         let rules = build_allowlist(&Network::Off).unwrap();
         for denied in [
             SYS_io_uring_setup,
@@ -561,6 +611,37 @@ mod tests {
             SYS_name_to_handle_at,
         ] {
             assert!(!rules.contains_key(&denied), "{denied} must not be allowed");
+        }
+    }
+
+    #[test]
+    fn socket_families_and_types_per_mode() {
+        let tcp = Network::Tcp {
+            connect: Default::default(),
+            bind: Default::default(),
+        };
+        assert!(socket_triples(&Network::Off).is_empty());
+        for (family, ty, proto) in socket_triples(&tcp) {
+            assert!([AF_INET, AF_INET6].contains(&family));
+            assert_eq!(ty, SOCK_STREAM);
+            assert!([0, IPPROTO_TCP].contains(&proto));
+        }
+        let all = socket_triples(&Network::All);
+        assert_eq!(all.len(), 8);
+        for want in [
+            (AF_INET, SOCK_STREAM, 0),
+            (AF_INET6, SOCK_STREAM, IPPROTO_TCP),
+            (AF_INET, SOCK_DGRAM, 0),
+            (AF_INET, SOCK_DGRAM, IPPROTO_UDP),
+            (AF_INET6, SOCK_DGRAM, 0),
+        ] {
+            assert!(all.contains(&want), "{want:?}");
+        }
+        // Never raw, packet, netlink or AF_UNIX sockets, ICMP datagrams, MPTCP or SCTP.
+        for (family, ty, proto) in all {
+            assert!([AF_INET, AF_INET6].contains(&family));
+            assert!([SOCK_STREAM, SOCK_DGRAM].contains(&ty));
+            assert!(![IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_MPTCP, IPPROTO_SCTP].contains(&proto));
         }
     }
 }

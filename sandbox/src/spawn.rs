@@ -454,6 +454,12 @@ pub struct MountRecord {
 /// The layers active for a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Layers {
+    /// A human approved this run unsandboxed (an `unsandboxed` grant): Landlock was not
+    /// applied (`landlock.status` is `not_applied`, `landlock.not_applied` says why), nothing
+    /// was mounted read-only (`mounts.read_only_root` is false) and the network was the
+    /// host's (TCP and UDP, any port). Capabilities, `no_new_privs`, seccomp, the namespaces,
+    /// the limits and the environment allowlist applied as to every run.
+    pub unsandboxed: bool,
     /// Landlock.
     pub landlock: LandlockRecord,
     /// seccomp.
@@ -468,7 +474,8 @@ pub struct Layers {
     pub mounts: MountRecord,
     /// The pids cgroup, when one was used (root only).
     pub cgroup: Option<PathBuf>,
-    /// Whether the run had to degrade (only possible with `best_effort`).
+    /// Whether the run had to degrade (only possible with `best_effort`; an approved
+    /// unsandboxed run is not a degradation).
     pub best_effort_degraded: bool,
 }
 
@@ -1007,7 +1014,9 @@ pub(crate) fn policy_hash(p: &ResolvedPolicy) -> String {
 
 /// Runs one command under `policy`. Blocks until the command and every process it started
 /// are gone. Fails closed: if any required layer cannot be applied, the command does not run
-/// and the error says which layer.
+/// and the error says which layer. A policy widened by an approved `unsandboxed` grant
+/// ([`Policy::unsandboxed`]) runs without Landlock and without read-only mounts, with every
+/// other layer, and the record says so ([`Layers::unsandboxed`]).
 pub fn run(policy: &Policy, req: &RunRequest) -> Result<RunOutput, SandboxError> {
     run_streaming(policy, req, &mut |_, _| {})
 }
@@ -1037,6 +1046,7 @@ pub fn run_streaming(
         .map_err(|source| SandboxError::Policy { source })?;
 
     // Landlock ruleset (parent side).
+    // (None for an approved unsandboxed run: no Landlock, recorded.)
     let ruleset = landlock::build(&resolved, simulated_abi(req.fault))?;
     let filters = seccomp::filters(&resolved.network)?;
 
@@ -1065,11 +1075,15 @@ pub fn run_streaming(
 
     let writable = crate::mounts::writable_trees(&resolved);
     // The post-run diff's baseline: the workspace as the host has it (before placeholders);
-    // only when the tool can write somewhere in it.
-    let snapshot_before = writable
-        .iter()
-        .any(|w| workdir.starts_with(w) || w.starts_with(&workdir))
-        .then(|| crate::postrun::Snapshot::take(&workdir));
+    // only when the tool can write somewhere in it (always when it runs unsandboxed).
+    let snapshot_before = (resolved.unsandboxed()
+        || writable
+            .iter()
+            .any(|w| workdir.starts_with(w) || w.starts_with(&workdir)))
+    .then(|| crate::postrun::Snapshot::take(&workdir));
+    // The disk watchdog watches the policy's writable trees' filesystems, also when an
+    // unsandboxed run mounts none of them.
+    let watched = writable.clone();
     let MountPlan {
         steps: mounts,
         record: mount_record,
@@ -1084,7 +1098,7 @@ pub fn run_streaming(
     let (sync_r, sync_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (uid, _) = sys::ids();
     let mut plan = child_plan(
-        ruleset.fd.as_raw_fd(),
+        ruleset.fd.as_ref().map(AsRawFd::as_raw_fd),
         mounts,
         rlimits(&l),
         filters.programs.iter().map(to_sock_filters).collect(),
@@ -1117,7 +1131,7 @@ pub fn run_streaming(
     (running.cgroup, cgroup_degraded) =
         place_in_cgroup(uid, pid, l.processes, resolved.policy.best_effort)?;
     // The disk watchdog's baseline, taken before the tool can write anything.
-    let disk = DiskWatch::start(&mount_record.writable, &l, Instant::now())?;
+    let disk = DiskWatch::start(&watched, &l, Instant::now())?;
     let go = sys::write_all(sync_w.as_raw_fd(), b"g");
     drop(sync_w);
     go.map_err(io_err("start the sandbox"))?;
@@ -1260,10 +1274,11 @@ pub(crate) fn to_sock_filters(p: &seccompiler::BpfProgram) -> Vec<libc::sock_fil
 }
 
 /// The plan of pid 1 of new namespaces (the init stage, or a prepared sandbox's zygote): id
-/// maps for the caller's uid and gid, mounts, rlimits, the ruleset and the seccomp programs.
+/// maps for the caller's uid and gid, mounts, rlimits, the ruleset (`None`: Landlock is not
+/// applied, an approved unsandboxed run) and the seccomp programs.
 /// The per-run fields (stdio, pipes, exec) are unset (`-1`, empty) for the caller to fill.
 pub(crate) fn child_plan(
-    ruleset: RawFd,
+    ruleset: Option<RawFd>,
     mounts: Vec<MountStep>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     filters: Vec<Vec<libc::sock_filter>>,
@@ -1276,7 +1291,8 @@ pub(crate) fn child_plan(
         err_w: -1,
         status_w: -1,
         sync_r: -1,
-        ruleset,
+        ruleset: ruleset.unwrap_or(-1),
+        landlock: ruleset.is_some(),
         setgroups_path: c"/proc/self/setgroups".to_owned(),
         uid_map_path: c"/proc/self/uid_map".to_owned(),
         gid_map_path: c"/proc/self/gid_map".to_owned(),
@@ -1636,7 +1652,8 @@ pub(crate) fn exit_of(
 impl Layers {
     /// The layers of a run that started: capabilities all empty with securebits locked and
     /// `no_new_privs` (the child fails closed otherwise); degraded when the cgroup was
-    /// missing or Landlock not fully enforced (`best_effort` only).
+    /// missing or Landlock only partially enforced (`best_effort` only); unsandboxed when
+    /// Landlock was not applied (which only an approved `unsandboxed` grant does).
     pub(crate) fn enforced(
         landlock: LandlockRecord,
         seccomp: SeccompRecord,
@@ -1647,7 +1664,8 @@ impl Layers {
     ) -> Layers {
         Layers {
             best_effort_degraded: cgroup_degraded
-                || landlock.status != landlock::EnforcementStatus::FullyEnforced,
+                || landlock.status == landlock::EnforcementStatus::PartiallyEnforced,
+            unsandboxed: landlock.status == landlock::EnforcementStatus::NotApplied,
             landlock,
             seccomp,
             capabilities: CapabilityRecord {

@@ -626,7 +626,11 @@ pub(crate) struct ChildPlan {
     pub status_w: RawFd,
     /// The parent writes one byte here once it has placed the child in its cgroup.
     pub sync_r: RawFd,
+    /// The Landlock ruleset (-1 when `landlock` is false).
     pub ruleset: RawFd,
+    /// Whether the tool restricts itself with `ruleset`; false only for a run approved
+    /// unsandboxed, which has no ruleset.
+    pub landlock: bool,
     pub setgroups_path: CString,
     pub uid_map_path: CString,
     pub gid_map_path: CString,
@@ -1085,6 +1089,7 @@ fn tool_main(plan: &ChildPlan) -> ! {
         rlimits: &plan.rlimits,
         cwd: plan.cwd.as_ptr(),
         check_cwd: plan.check_cwd,
+        landlock: plan.landlock,
         session: SessionSteps::InTool {
             cap_last: plan.cap_last,
         },
@@ -1113,6 +1118,9 @@ struct ToolExec<'a> {
     cwd: *const libc::c_char,
     /// `cwd` is not the workspace: check under Landlock that the tool may list it.
     check_cwd: bool,
+    /// Restrict the tool with the ruleset at `FD_RULESET` (false: an unsandboxed run, no
+    /// ruleset).
+    landlock: bool,
     session: SessionSteps,
     /// BPF programs in installation order.
     filters: &'a [Vec<libc::sock_filter>],
@@ -1125,9 +1133,10 @@ struct ToolExec<'a> {
 /// The tool's fixed sequence, shared by both spawn paths (STYLE.md): fds ≥ 3 are already
 /// closed except the close-on-exec error pipe and ruleset; then setsid, rlimits, chdir,
 /// capabilities (bounding set, ambient set, locked securebits, then the three sets),
-/// no_new_privs, Landlock `restrict_self` (then, for a working directory other than the
-/// workspace, a check that Landlock lets the tool list it), signals (dispositions, then an
-/// empty mask), seccomp last, execve. Reports the failed stage on the error pipe instead. Never returns.
+/// no_new_privs, Landlock `restrict_self` (skipped only for a run approved unsandboxed; then,
+/// for a working directory other than the workspace, a check that the tool may list it),
+/// signals (dispositions, then an empty mask), seccomp last, execve. Reports the failed stage
+/// on the error pipe instead. Never returns.
 fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
     // SAFETY (whole function): only raw, async-signal-safe syscalls on prepared data.
     unsafe {
@@ -1175,13 +1184,16 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
         if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
             fail(Stage::NoNewPrivs, errno());
         }
-        if t.fault == ChildFault::LandlockRestrict {
-            fail(Stage::Landlock, libc::EINVAL);
+        if t.landlock {
+            if t.fault == ChildFault::LandlockRestrict {
+                fail(Stage::Landlock, libc::EINVAL);
+            }
+            check(
+                Stage::Landlock,
+                libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
+            );
         }
-        check(
-            Stage::Landlock,
-            libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
-        );
+        // Closed either way: without a ruleset the number may hold anything inherited.
         libc::close(FD_RULESET);
         // A working directory other than the workspace must be listable under Landlock
         // (which has no chdir hook, but decides this open): the tool starts only where the
@@ -2028,6 +2040,7 @@ fn prepared_tool_main(call: &Call<'_>) -> ! {
         rlimits: &plan.rlimits,
         cwd: call.cwd,
         check_cwd: call.check_cwd,
+        landlock: plan.landlock,
         session: SessionSteps::InZygote,
         filters: &plan.filters,
         fault: ChildFault::from_u32(call.fault),

@@ -380,7 +380,7 @@ async fn bypass_is_for_the_operator_only() {
 
     assert_eq!(
         ls(&op, "bypass").await,
-        BTreeSet::from(["pending".to_owned(), "resolve".to_owned()])
+        BTreeSet::from(["log".to_owned(), "pending".to_owned(), "resolve".to_owned()])
     );
     let pending = open(&op, "bypass/pending", om::OREAD)
         .await
@@ -951,12 +951,14 @@ async fn escalation_is_refused_and_nothing_runs() {
     let args = serde_json::json!({
         "language": "bash",
         "code": format!("touch {}", marker.to_str().unwrap()),
-        "escalate": {"grants": ["net"], "reason": "need the network"},
+        "escalate": {"grants": ["unsandboxed"], "reason": "need the network"},
     });
     let e = run(&a, &tool("execute_code", args))
         .await
         .expect_err("escalation accepted");
+    // The workspace policy does not let agents ask for unsandboxed runs.
     assert!(e.contains("escalation refused"), "{e}");
+    assert!(e.contains("does not let it ask"), "{e}");
     assert!(e.contains("nothing was run"), "{e}");
     let e = run_bg(
         &a,

@@ -358,9 +358,20 @@ fn named_file(cwd: &Path, arg: &OsStr) -> Option<PathBuf> {
     }
     let path = cwd.join(arg);
     match std::fs::metadata(&path) {
-        Ok(m) if m.is_file() => std::fs::canonicalize(&path).ok(),
+        Ok(m) if m.is_file() => std::fs::canonicalize(&path)
+            .ok()
+            .filter(|p| !is_kernel_file(p)),
         _ => None,
     }
+}
+
+/// Files of the kernel's pseudo filesystems (`/proc/self/status`, `/sys/…`, `/dev/…`):
+/// not programs or scripts, their content changes by itself, and `/proc/self` means
+/// another process in the tool. They are not bound.
+fn is_kernel_file(p: &Path) -> bool {
+    ["/proc", "/sys", "/dev"]
+        .iter()
+        .any(|root| p.starts_with(root))
 }
 
 /// Opens `path` (canonical), and takes device, inode and size from the open descriptor and
@@ -776,5 +787,18 @@ mod tests {
         assert_eq!(words("cat a | sh 'b.sh'"), ["cat", "sh", "b.sh"]);
         assert_eq!(words(". ./env.sh"), [".", "./env.sh"]);
         assert!(words("single").is_empty());
+    }
+
+    #[test]
+    fn kernel_files_named_in_code_are_not_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let argv = [
+            OsString::from("bash"),
+            OsString::from("-c"),
+            OsString::from("grep CapEff /proc/self/status; cat /sys/kernel/osrelease /dev/null"),
+        ];
+        let b = compute(&argv, dir.path(), &BTreeMap::new()).unwrap();
+        assert!(b.scripts.is_empty(), "{:?}", b.scripts);
+        assert!(b.recheck().is_ok());
     }
 }

@@ -223,21 +223,13 @@ impl Broker {
                     DENIAL_MEMO.as_secs()
                 ));
             }
-            let mine = t.pending.values().filter(|e| e.agent == ask.agent).count();
-            if mine >= MAX_PENDING_PER_AGENT {
-                return Some(format!(
-                    "escalation refused: {mine} requests of this agent are already waiting for the operator (limit {MAX_PENDING_PER_AGENT}); nothing was run"
-                ));
-            }
-            if t.pending.len() >= MAX_PENDING {
-                return Some(format!(
-                    "escalation refused: {} requests are already waiting for the operator in this session (limit {MAX_PENDING}); nothing was run",
-                    t.pending.len()
-                ));
-            }
             None
         };
-        if let Some(why) = refused(&t) {
+        if let Some(why) = refused(&t).or_else(|| {
+            let mine = t.pending.values().filter(|e| e.agent == ask.agent).count();
+            (mine >= MAX_PENDING_PER_AGENT || t.pending.len() >= MAX_PENDING)
+                .then(|| self.full_text(mine, t.pending.len()))
+        }) {
             drop(t);
             self.refused(&ask, &why);
             return Err(why);
@@ -447,6 +439,28 @@ impl Broker {
             f.insert("verdict".into(), Value::from("denied"));
             f.insert("why".into(), Value::from(why));
             self.log("denied", f);
+        }
+    }
+
+    /// Why a new request of `agent` would be refused by the flood bounds right now, if it
+    /// would. Checked before the costly binding, so a flood costs no hashing; a request
+    /// identical to a pending one then is refused rather than joined.
+    pub fn full(&self, agent: &str) -> Option<String> {
+        let t = lock(&self.table);
+        let mine = t.pending.values().filter(|e| e.agent == agent).count();
+        (mine >= MAX_PENDING_PER_AGENT || t.pending.len() >= MAX_PENDING)
+            .then(|| self.full_text(mine, t.pending.len()))
+    }
+
+    fn full_text(&self, mine: usize, all: usize) -> String {
+        if mine >= MAX_PENDING_PER_AGENT {
+            format!(
+                "escalation refused: {mine} requests of this agent are already waiting for the operator (limit {MAX_PENDING_PER_AGENT}); nothing was run"
+            )
+        } else {
+            format!(
+                "escalation refused: {all} requests are already waiting for the operator in this session (limit {MAX_PENDING}); nothing was run"
+            )
         }
     }
 

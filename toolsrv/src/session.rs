@@ -201,12 +201,16 @@ impl Session {
         })
     }
 
-    /// Whether any policy lets tools use TCP (toolsrv's own filter must then allow inet
-    /// sockets, since tools inherit it).
+    /// Whether any policy lets tools use the network, now or after an approved `net` or
+    /// `unsandboxed` escalation (toolsrv's own filter must then allow inet sockets, since
+    /// tools inherit it).
     pub fn needs_inet(&self) -> bool {
-        self.policies
-            .values()
-            .any(|p| !matches!(p.network, Network::Off))
+        use ollie_policy::EscalationKind;
+        self.policies.values().any(|p| {
+            !matches!(p.network, Network::Off)
+                || p.escalations.contains(&EscalationKind::Net)
+                || p.escalations.contains(&EscalationKind::Unsandboxed)
+        })
     }
 
     fn cfg(&self, agent: &str) -> AgentCfg {
@@ -480,7 +484,7 @@ impl Session {
         inv: &Invocation,
         cwd: Option<&Path>,
     ) -> Result<Option<Escalation>, String> {
-        use ollie_policy::{Decision, DenyReason, Grant, ResolveContext};
+        use ollie_policy::{Decision, DenyReason, ResolveContext};
         let ctx = ResolveContext {
             workdir: self.workdir.clone(),
             home: self.home.clone(),
@@ -528,9 +532,6 @@ impl Session {
             return Err(format!(
                 "escalation refused without asking: this agent's profile does not let it ask for {g} (its escalations: {list}); nothing was run"
             ));
-        }
-        if req.grants.contains(&Grant::Unsandboxed) {
-            return Err("escalation refused: this toolsrv does not run commands outside the sandbox (ask for the read:, write: or net:PORT grants the command needs); nothing was run".into());
         }
         let widened = policy
             .with_grants(&req.grants, &ctx)
@@ -600,14 +601,22 @@ impl Session {
         use crate::broker::{Asked, Outcome};
         let render = inv.render.clone();
         let (argv, cwd_b, env) = (e.argv.clone(), e.cwd.clone(), e.env.clone());
-        let bound =
-            tokio::task::spawn_blocking(move || crate::binding::compute(&argv, &cwd_b, &env))
-                .await
-                .unwrap_or_else(|e| Err(format!("the binding thread failed: {e}")));
+        let bound = match self.broker.full(&e.owner) {
+            Some(why) => Err(why),
+            None => tokio::task::spawn_blocking(move || {
+                crate::binding::compute(&argv, &cwd_b, &env)
+                    .map_err(|why| format!("escalation refused: {why}; nothing was run"))
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(format!(
+                    "escalation refused: the binding thread failed: {e}; nothing was run"
+                ))
+            }),
+        };
         let binding = match bound {
             Ok(b) => b,
             Err(why) => {
-                let why = format!("escalation refused: {why}; nothing was run");
                 let mut f = serde_json::Map::new();
                 f.insert("agent".into(), e.owner.clone().into());
                 f.insert("tool".into(), e.tool.clone().into());

@@ -2,8 +2,8 @@
 //! of seccompiler's linear chain, for the prepared (per-call) spawn path.
 //!
 //! Same rules, same actions: the allowed numbers are `seccomp.rs`'s groups, and the few
-//! argument-filtered calls (ioctl, clone, unshare, personality, socketpair, socket) are
-//! re-expressed here. [`equivalent`] runs both programs through a small classic-BPF
+//! argument-filtered calls (ioctl, clone, unshare, personality, socketpair, socket: TCP for
+//! `Network::Tcp`, TCP and UDP for `Network::All`) are re-expressed here. [`equivalent`] runs both programs through a small classic-BPF
 //! interpreter over every syscall number (and argument probes for the filtered calls), and
 //! the prepared path falls back to the reference programs if they ever disagree. A filter of
 //! ~210 instructions whose every path is at most ~20 instructions long costs the kernel a
@@ -51,7 +51,10 @@ enum Class {
     Unshare,
     Personality,
     Socketpair,
+    /// `socket(2)` under `Network::Tcp`: TCP over IPv4/IPv6.
     Socket,
+    /// `socket(2)` under `Network::All`: TCP and UDP over IPv4/IPv6.
+    SocketAll,
     Clone3,
 }
 
@@ -66,9 +69,13 @@ fn classes(network: &Network) -> Vec<Class> {
         seccomp::GROUP_TIME_INFO,
         seccomp::GROUP_SOCKET_IO,
     ];
-    let tcp = matches!(network, Network::Tcp { .. });
-    if tcp {
-        groups.push(seccomp::GROUP_TCP);
+    let socket = match network {
+        Network::Off => None,
+        Network::Tcp { .. } => Some(Class::Socket),
+        Network::All => Some(Class::SocketAll),
+    };
+    if socket.is_some() {
+        groups.push(seccomp::GROUP_INET);
     }
     for g in groups {
         for nr in g {
@@ -88,8 +95,8 @@ fn classes(network: &Network) -> Vec<Class> {
     set(libc::SYS_personality, Class::Personality);
     set(libc::SYS_socketpair, Class::Socketpair);
     set(libc::SYS_clone3, Class::Clone3);
-    if tcp {
-        set(libc::SYS_socket, Class::Socket);
+    if let Some(class) = socket {
+        set(libc::SYS_socket, class);
     }
     c
 }
@@ -142,6 +149,28 @@ fn leaf(class: Class, out: &mut Vec<sock_filter>) {
             ld_arg_lo(2),
             ins(JEQ_K, 2, 0, 0),
             ins(JEQ_K, 1, 0, libc::IPPROTO_TCP as u32),
+            ret(EPERM),
+            ret(RET_ALLOW),
+        ]),
+        Class::SocketAll => out.extend([
+            // 0: family
+            ld_arg_lo(0),
+            ins(JEQ_K, 1, 0, libc::AF_INET as u32),
+            ins(JEQ_K, 0, 10, libc::AF_INET6 as u32),
+            // 3: type & 0xf (kept in A for the datagram test at 9)
+            ld_arg_lo(1),
+            ins(AND_K, 0, 0, 0xf),
+            ins(JEQ_K, 0, 3, libc::SOCK_STREAM as u32),
+            // 6: stream: protocol 0 or TCP
+            ld_arg_lo(2),
+            ins(JEQ_K, 6, 0, 0),
+            ins(JEQ_K, 5, 4, libc::IPPROTO_TCP as u32),
+            // 9: datagram: protocol 0 or UDP
+            ins(JEQ_K, 0, 3, libc::SOCK_DGRAM as u32),
+            ld_arg_lo(2),
+            ins(JEQ_K, 2, 0, 0),
+            ins(JEQ_K, 1, 0, libc::IPPROTO_UDP as u32),
+            // 13, 14
             ret(EPERM),
             ret(RET_ALLOW),
         ]),
@@ -284,8 +313,17 @@ fn probes() -> Vec<u64> {
         libc::AF_NETLINK as u64,
         (libc::SOCK_STREAM | libc::SOCK_CLOEXEC) as u64,
         libc::SOCK_RAW as u64,
+        libc::SOCK_DGRAM as u64,
+        (libc::SOCK_DGRAM | libc::SOCK_NONBLOCK) as u64,
+        libc::SOCK_SEQPACKET as u64,
         libc::IPPROTO_UDP as u64,
+        libc::IPPROTO_ICMP as u64,
+        libc::IPPROTO_ICMPV6 as u64,
+        libc::IPPROTO_UDPLITE as u64,
+        libc::IPPROTO_SCTP as u64,
         libc::IPPROTO_MPTCP as u64,
+        libc::AF_PACKET as u64,
+        libc::AF_UNIX as u64,
         CLONE_NEWTIME,
         libc::SIGCHLD as u64,
         (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u64,
@@ -387,13 +425,14 @@ mod tests {
     }
 
     #[test]
-    fn tree_filter_matches_the_reference_for_both_network_modes() {
+    fn tree_filter_matches_the_reference_for_every_network_mode() {
         for network in [
             Network::Off,
             Network::Tcp {
                 connect: [80].into(),
                 bind: Default::default(),
             },
+            Network::All,
         ] {
             let fast = compile(&network).unwrap();
             let reference = reference(&network);
@@ -426,5 +465,70 @@ mod tests {
         })
         .unwrap();
         assert!(!equivalent(&tcp, &reference));
+        // And the whole-network profile against the TCP reference, both ways (UDP differs).
+        let tcp_ref = super::tests::reference(&Network::Tcp {
+            connect: [80].into(),
+            bind: Default::default(),
+        });
+        let all = compile(&Network::All).unwrap();
+        assert!(!equivalent(&all, &tcp_ref));
+        assert!(!equivalent(&tcp, &super::tests::reference(&Network::All)));
+        // A UDP leaf that lets ICMP datagrams through must be noticed.
+        let mut icmp = all.clone();
+        for i in &mut icmp {
+            if i.code == JEQ_K && i.k == libc::IPPROTO_UDP as u32 {
+                i.k = libc::IPPROTO_ICMP as u32;
+            }
+        }
+        assert!(!equivalent(&icmp, &super::tests::reference(&Network::All)));
+    }
+
+    #[test]
+    fn socket_leaf_decides_like_the_policy_says() {
+        let prog = compile(&Network::All).unwrap();
+        let verdict = |family: i32, ty: i32, proto: i32| {
+            let d = data(
+                AUDIT_ARCH_X86_64,
+                libc::SYS_socket as u32,
+                [family as u64, ty as u64, proto as u64, 0, 0, 0],
+            );
+            interpret(&prog, &d).unwrap().0
+        };
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            for (ty, proto) in [
+                (libc::SOCK_STREAM, 0),
+                (libc::SOCK_STREAM, libc::IPPROTO_TCP),
+                (libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
+                (libc::SOCK_DGRAM, 0),
+                (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+                (
+                    libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    0,
+                ),
+            ] {
+                assert_eq!(
+                    verdict(family, ty, proto),
+                    RET_ALLOW,
+                    "{family} {ty} {proto}"
+                );
+            }
+            for (ty, proto) in [
+                (libc::SOCK_RAW, 0),
+                (libc::SOCK_RAW, libc::IPPROTO_ICMP),
+                (libc::SOCK_DGRAM, libc::IPPROTO_ICMP),
+                (libc::SOCK_DGRAM, libc::IPPROTO_TCP),
+                (libc::SOCK_STREAM, libc::IPPROTO_UDP),
+                (libc::SOCK_STREAM, libc::IPPROTO_MPTCP),
+                (libc::SOCK_SEQPACKET, 0),
+                (libc::SOCK_STREAM, libc::IPPROTO_SCTP),
+            ] {
+                assert_eq!(verdict(family, ty, proto), EPERM, "{family} {ty} {proto}");
+            }
+        }
+        for family in [libc::AF_UNIX, libc::AF_NETLINK, libc::AF_PACKET, 0] {
+            for ty in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_RAW] {
+                assert_eq!(verdict(family, ty, 0), EPERM, "{family} {ty}");
+            }
+        }
     }
 }
