@@ -474,7 +474,20 @@ impl Namespace {
     /// `from_json(&ns.to_json())` rebuilds `ns` exactly. Nothing on disk is read: beads are
     /// taken on trust, and write authority is checked again on every write.
     pub fn from_json(text: &str) -> Result<Namespace, Error> {
-        let bad = |reason: String| Error::NamespaceFile { reason };
+        // serde_json quotes parts of the input in its messages; keep them on one line.
+        let bad = |reason: String| Error::NamespaceFile {
+            reason: reason
+                .chars()
+                .flat_map(|c| {
+                    let e: Vec<char> = if c.is_control() {
+                        c.escape_default().collect()
+                    } else {
+                        vec![c]
+                    };
+                    e
+                })
+                .collect(),
+        };
         let raw: RawFile = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         if raw.profile != PROFILE {
             return Err(bad(format!(

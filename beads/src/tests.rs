@@ -1065,6 +1065,11 @@ fn namespace_file_parsing_is_strict() {
         assert!(msg.contains(want), "{text}\n  got: {msg}\n  want: {want}");
         assert!(!msg.contains('\n'));
     }
+    // An unknown key split by a newline: the error stays one line.
+    let e = Namespace::from_json(r#"{"sta\nrted": 1}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains('\n') && e.contains("sta\\nrted"), "{e}");
 }
 
 // ---- naming ----------------------------------------------------------------------------------

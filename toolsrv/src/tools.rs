@@ -647,35 +647,7 @@ pub fn render(render: &Render, combined: &[u8], stdout: &[u8], stderr: &[u8], ok
             if !ok {
                 return String::from_utf8_lossy(stderr).into_owned();
             }
-            if stdout.contains(&0) {
-                return format!("binary file ({}+ bytes); not shown\n", stdout.len());
-            }
-            let text = String::from_utf8_lossy(stdout);
-            let mut out = String::new();
-            let mut n = 0u64;
-            for (i, line) in text.split_inclusive('\n').enumerate() {
-                let i = i as u64;
-                if i >= *want {
-                    out.push_str(&format!(
-                        "[more lines follow; continue with offset={}]\n",
-                        first + want
-                    ));
-                    break;
-                }
-                out.push_str(&format!("{:>6}\t{}", first + i, line));
-                if !line.ends_with('\n') {
-                    out.push('\n');
-                }
-                n += 1;
-            }
-            if n == 0 && *first > 1 {
-                out.push_str(&format!(
-                    "[no lines at offset {first}; the file is shorter]\n"
-                ));
-            } else if n == 0 {
-                out.push_str("[empty file]\n");
-            }
-            out
+            ollie_link::tools::number_lines(stdout, *first, *want)
         }
         Render::Wrote { summary, .. } => {
             if ok {
