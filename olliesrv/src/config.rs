@@ -4,6 +4,11 @@
 //!
 //! Parsed strictly (unknown keys are errors) from raw serde types into validated ones; every
 //! error names the file and the key path and fits on one line.
+//!
+//! Top-level keys of `config.toml`: `default_backend`, `[backends.NAME]`, `[remotes.NAME]`,
+//! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, and `beads_dir` (the
+//! bead registry of the session and agent namespaces, an absolute path; default
+//! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::ns`]).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -206,6 +211,8 @@ pub struct Config {
     pub compact_at: f64,
     /// How long an escalation request waits for the operator before it is denied.
     pub bypass_timeout_s: u64,
+    /// The bead registry (`beads_dir`, absolute); `None`: `ollie_beads::Registry::from_env`.
+    pub beads_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -227,6 +234,7 @@ struct RawConfig {
     cost_cap_usd: Option<f64>,
     compact_at: Option<f64>,
     bypass_timeout_s: Option<i64>,
+    beads_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -530,6 +538,7 @@ impl Config {
             cost_cap_usd: None,
             compact_at: DEFAULT_COMPACT_AT,
             bypass_timeout_s: DEFAULT_BYPASS_TIMEOUT_S,
+            beads_dir: None,
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -850,6 +859,14 @@ impl Config {
                 ));
             }
         };
+        if let Some(d) = &raw.beads_dir
+            && !d.is_absolute()
+        {
+            return Err(invalid(
+                "beads_dir".into(),
+                format!("{:?} must be an absolute path", d.display().to_string()),
+            ));
+        }
         Ok(Config {
             path: Some(path.to_owned()),
             default_backend: raw.default_backend,
@@ -859,6 +876,7 @@ impl Config {
             cost_cap_usd: raw.cost_cap_usd,
             compact_at,
             bypass_timeout_s,
+            beads_dir: raw.beads_dir,
             ..Config::builtin()
         })
     }
@@ -924,6 +942,9 @@ mod tests {
             Some(Path::new("/k/key"))
         );
         assert_eq!(c.backends["x"].context_limit, Some(200_000));
+        assert_eq!(c.beads_dir, None);
+        let b = parse("beads_dir = \"/srv/beads\"").unwrap();
+        assert_eq!(b.beads_dir.as_deref(), Some(Path::new("/srv/beads")));
         let d = parse("").unwrap();
         assert_eq!(
             (d.cost_cap_usd, d.compact_at, d.bypass_timeout_s),
@@ -955,6 +976,12 @@ mod tests {
                 "[backends.x]\nkind = \"openai\"\ncontext_limit = 0",
                 "backends.x.context_limit: 0 is out of range",
             ),
+            (
+                "beads_dir = \"beads\"",
+                "beads_dir: \"beads\" must be an absolute path",
+            ),
+            ("beads_dir = 1", "beads_dir: invalid type"),
+            ("beads-dir = \"/x\"", "beads-dir"),
         ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");

@@ -3,7 +3,9 @@
 //! Static tables ([`ROOT_FILES`], [`SESSION_FILES`], [`AGENT_FILES`], …) define every file,
 //! its mode and its `help` text, so listings, permissions and the reference can never
 //! disagree. Sessions and agents are live objects ([`crate::model`]); fids hold them, so a
-//! rename keeps open fids valid, and a killed one reads as gone.
+//! rename keeps open fids valid, and a killed one reads as gone. The union directories of a
+//! bead namespace (`…/ns/POINT/…`) are dynamic: [`Node::U`] names a path in a view and
+//! [`crate::ns`] resolves it on every request (so `help` lists them as a pattern).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,6 +24,7 @@ use crate::config::Config;
 use crate::events::Events;
 use crate::link::LinkState;
 use crate::model::{Agent, ChatKind, Registry, Session, clip, parse_spec};
+use crate::ns::{NsOwner, UnionFile, UnionNode};
 
 /// The group every file belongs to; everyone but the owner gets its bits.
 pub const GROUP: &str = "agent";
@@ -65,6 +68,9 @@ pub enum SFile {
     AgentNew,
     AgentIdx,
     Toolsrv,
+    Ns,
+    NsCtl,
+    NsTable,
 }
 
 /// Files of an agent directory.
@@ -86,6 +92,9 @@ pub enum AFile {
     Id,
     ProcDir,
     ProcTop,
+    Ns,
+    NsCtl,
+    NsTable,
 }
 
 /// A file's definition: name, mode, one line for `help`.
@@ -238,6 +247,44 @@ pub const SESSION_FILES: &[FileDef<SFile>] = &[
         dm::DIR | 0o500,
         "the session's toolsrv tree (owner only): read-only views, and bypass/ for approvals",
     ),
+    f(
+        "ns",
+        SFile::Ns,
+        dm::DIR | 0o555,
+        "the session's bead namespace: ctl, table, one union directory per mount point; agents created later copy it",
+    ),
+];
+
+/// Files of `session/NAME/ns/` (besides one union directory per mount point).
+pub const SESSION_NS_FILES: &[FileDef<SFile>] = &[
+    f(
+        "ctl",
+        SFile::NsCtl,
+        0o660,
+        "write a bead command (start, mount, unmount, ns, rfork; see below), read its reply on the same fid",
+    ),
+    f(
+        "table",
+        SFile::NsTable,
+        0o444,
+        "the mount table: POINT (union), then [N] NAME URI read|read,create* per member in search order",
+    ),
+];
+
+/// Files of `session/NAME/agent/NAME/ns/` (besides one union directory per mount point).
+pub const AGENT_NS_FILES: &[FileDef<AFile>] = &[
+    f(
+        "ctl",
+        AFile::NsCtl,
+        0o660,
+        "write a bead command to the agent's own namespace, read its reply on the same fid",
+    ),
+    f(
+        "table",
+        AFile::NsTable,
+        0o444,
+        "the agent's mount table (as session/NAME/ns/table)",
+    ),
 ];
 
 /// Files of `session/NAME/agent/`.
@@ -337,6 +384,12 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         dm::DIR | 0o555,
         "the agent's processes in toolsrv: top, and N/out wait stat record ctl",
     ),
+    f(
+        "ns",
+        AFile::Ns,
+        dm::DIR | 0o555,
+        "the agent's own bead namespace, a copy of the session's made when the agent was created (its file tools see it)",
+    ),
 ];
 
 /// Files of `…/agent/NAME/proc/`.
@@ -397,6 +450,27 @@ pub const SESSION_CTL: &[(&str, &str)] = &[
     ("help", "list these commands"),
 ];
 
+/// Commands of `ns/ctl` (a session's or an agent's), also accepted with the `bead-` prefix.
+pub const NS_CTL: &[(&str, &str)] = &[
+    (
+        "start [SLUG]",
+        "birth a bead in the registry and open it (one already open: name it SLUG); replies its file:// uri",
+    ),
+    (
+        "mount [-b|-a] [-c] BEAD POINT",
+        "union BEAD (uri, path, uuid or short name) at POINT (/NAME): -b searched first, -a last, neither replaces; -c: creates land in it",
+    ),
+    (
+        "unmount [BEAD] POINT",
+        "remove one member from POINT, or the whole point",
+    ),
+    ("ns", "the mount table (as table)"),
+    (
+        "rfork",
+        "changes nothing: every agent's namespace is already private, and the session's is the template new agents copy",
+    ),
+];
+
 /// Commands of an agent's `ctl`.
 pub const AGENT_CTL: &[(&str, &str)] = &[
     ("stop", "interrupt the running turn"),
@@ -455,6 +529,12 @@ pub fn help_text() -> String {
         "session/NAME/", "d555", "one session (NAME or its id)"
     ));
     table(&mut s, "session/NAME/", SESSION_FILES);
+    table(&mut s, "session/NAME/ns/", SESSION_NS_FILES);
+    s.push_str(&format!(
+        "  {:<38} {}\n",
+        "session/NAME/ns/POINT/",
+        "(one per mount point, /ctx as ctx/) the union view; entries show the real file's owner bits to owner and group"
+    ));
     table(&mut s, "session/NAME/agent/", AGENTS_FILES);
     s.push_str(&format!(
         "  {:<38} {}  {}\n",
@@ -462,6 +542,11 @@ pub fn help_text() -> String {
     ));
     table(&mut s, "session/NAME/agent/NAME/", AGENT_FILES);
     table(&mut s, "session/NAME/agent/NAME/proc/", PROC_FILES);
+    table(&mut s, "session/NAME/agent/NAME/ns/", AGENT_NS_FILES);
+    s.push_str(&format!(
+        "  {:<38} {}\n",
+        "session/NAME/agent/NAME/ns/POINT/", "(one per mount point) the agent's union view"
+    ));
     for (n, m, h) in PID_FILES {
         s.push_str(&format!(
             "  {:<38} {m:04o}  {h}\n",
@@ -480,6 +565,10 @@ pub fn help_text() -> String {
     for (c, h) in AGENT_CTL {
         s.push_str(&format!("  {c:<32} {h}\n"));
     }
+    s.push_str("\nns/ctl commands (bead namespaces; the bead- prefix is optional):\n");
+    for (c, h) in NS_CTL {
+        s.push_str(&format!("  {c:<32} {h}\n"));
+    }
     s.push_str(
         "\nConventions:\n  \
          request/response files (ctl, new, generate, cfg): the write is processed when it\n  \
@@ -488,6 +577,11 @@ pub fn help_text() -> String {
          blocking files (eventwait, statewait, feed, chat at its end, proc/N/wait): a read waits\n  \
          for something new for that fid; flushing the read cancels it; they end when their\n  \
          session or agent goes away.\n  \
+         bead namespaces (ns/): reads search the members in order, first hit wins, and the\n  \
+         shadow layer (files written here) hides them all; creates under notes/, skills/ and\n  \
+         artifacts/ land in the -c member's dated kind folder, or stay in the shadow layer\n  \
+         until a -c member is mounted; read-only members are never changed (writes copy up).\n  \
+         Each agent has a private copy of its session's namespace, made when it was created.\n  \
          attach as your own user (or as \"agent\" to get only the group's rights).\n",
     );
     s
@@ -596,6 +690,8 @@ pub enum Node {
     R(RootFile),
     S(Arc<Session>, SFile),
     A(Arc<Agent>, AFile),
+    /// A name in a union view of a bead namespace (`…/ns/POINT/…`).
+    U(UnionNode),
 }
 
 /// Per-fid state.
@@ -622,6 +718,8 @@ pub struct OllieFid {
     trunc: bool,
     /// An auth fid (TCP): where its exchange is.
     auth: Option<TcpAuth>,
+    /// An open file of a union view.
+    ufile: Option<UnionFile>,
 }
 
 /// The Tauth exchange of a TCP connection: write the key (from `<state>/tcp.key`), then
@@ -650,6 +748,7 @@ impl OllieFid {
             waiting: None,
             trunc: false,
             auth: None,
+            ufile: None,
         }
     }
 }
@@ -710,6 +809,9 @@ impl OllieFs {
     }
 
     fn qid(&self, node: &Node) -> Qid {
+        if let Node::U(u) = node {
+            return u.qid;
+        }
         let (path, dir) = match node {
             Node::Root => (0, true),
             Node::R(r) => (
@@ -718,12 +820,13 @@ impl OllieFs {
             ),
             Node::S(s, k) => (
                 (1 << 40) | (u64::from(s.handle) << 8) | *k as u64,
-                matches!(k, SFile::Dir | SFile::AgentDir | SFile::Toolsrv),
+                matches!(k, SFile::Dir | SFile::AgentDir | SFile::Toolsrv | SFile::Ns),
             ),
             Node::A(a, k) => (
                 (2 << 40) | (u64::from(a.handle) << 8) | *k as u64,
-                matches!(k, AFile::Dir | AFile::ProcDir),
+                matches!(k, AFile::Dir | AFile::ProcDir | AFile::Ns),
             ),
+            Node::U(u) => (u.qid.path, u.qid.is_dir()),
         };
         let version = match node {
             Node::R(RootFile::Eventwait) => self.shared.events.cursor() as u32,
@@ -760,14 +863,17 @@ impl OllieFs {
             Node::S(_, k) => SESSION_FILES
                 .iter()
                 .chain(AGENTS_FILES)
+                .chain(SESSION_NS_FILES)
                 .find(|d| d.kind == *k)
                 .map_or(0, |d| d.mode),
             Node::A(_, AFile::Dir) => dm::DIR | 0o555,
             Node::A(_, k) => AGENT_FILES
                 .iter()
                 .chain(PROC_FILES)
+                .chain(AGENT_NS_FILES)
                 .find(|d| d.kind == *k)
                 .map_or(0, |d| d.mode),
+            Node::U(u) => u.mode(),
         }
     }
 
@@ -785,6 +891,7 @@ impl OllieFs {
             Node::S(_, k) => SESSION_FILES
                 .iter()
                 .chain(AGENTS_FILES)
+                .chain(SESSION_NS_FILES)
                 .find(|d| d.kind == *k)
                 .map_or("?", |d| d.name)
                 .into(),
@@ -792,18 +899,27 @@ impl OllieFs {
             Node::A(_, k) => AGENT_FILES
                 .iter()
                 .chain(PROC_FILES)
+                .chain(AGENT_NS_FILES)
                 .find(|d| d.kind == *k)
                 .map_or("?", |d| d.name)
                 .into(),
+            Node::U(u) => u.name(),
         }
     }
 
     fn stat_of(&self, node: &Node) -> Stat {
+        if let Node::U(u) = node
+            && let Ok(st) = u.stat(&self.shared.owner)
+        {
+            return st;
+        }
         let length = match node {
             Node::R(RootFile::Help) => help_text().len() as u64,
             Node::A(a, AFile::ChatRaw) => a.chat.len(ChatKind::Raw),
             Node::A(a, AFile::Chat) => a.chat.len(ChatKind::Text),
             Node::A(a, AFile::Plan) => a.plan().len() as u64,
+            Node::S(s, SFile::NsTable) => s.ns.table().len() as u64,
+            Node::A(a, AFile::NsTable) => a.ns.table().len() as u64,
             _ => 0,
         };
         let mtime = match node {
@@ -889,6 +1005,24 @@ impl OllieFs {
                 .iter()
                 .map(|d| st(Node::A(Arc::clone(a), d.kind)))
                 .collect(),
+            Node::S(s, SFile::Ns) => {
+                let mut v: Vec<Stat> = SESSION_NS_FILES
+                    .iter()
+                    .map(|d| st(Node::S(Arc::clone(s), d.kind)))
+                    .collect();
+                let owner = NsOwner::Session(Arc::clone(s));
+                v.extend(crate::ns::point_stats(&owner, &self.shared.owner));
+                v
+            }
+            Node::A(a, AFile::Ns) => {
+                let mut v: Vec<Stat> = AGENT_NS_FILES
+                    .iter()
+                    .map(|d| st(Node::A(Arc::clone(a), d.kind)))
+                    .collect();
+                let owner = NsOwner::Agent(Arc::clone(a));
+                v.extend(crate::ns::point_stats(&owner, &self.shared.owner));
+                v
+            }
             _ => Vec::new(),
         }
     }
@@ -935,6 +1069,43 @@ impl OllieFs {
                 .iter()
                 .find(|d| d.name == n)
                 .map(|d| Node::A(Arc::clone(a), d.kind)),
+            (Node::S(s, SFile::Ns), "..") => Some(Node::S(Arc::clone(s), SFile::Dir)),
+            (Node::S(s, SFile::Ns), n) => SESSION_NS_FILES
+                .iter()
+                .find(|d| d.name == n)
+                .map(|d| Node::S(Arc::clone(s), d.kind)),
+            (Node::A(a, AFile::Ns), "..") => Some(Node::A(Arc::clone(a), AFile::Dir)),
+            (Node::A(a, AFile::Ns), n) => AGENT_NS_FILES
+                .iter()
+                .find(|d| d.name == n)
+                .map(|d| Node::A(Arc::clone(a), d.kind)),
+            _ => None,
+        }
+    }
+
+    /// A step into, inside or out of a union view (`ns/POINT/…`); `None` when `name` is not
+    /// one (the tree's own nodes, [`OllieFs::step`]).
+    fn ns_step(node: &Node, name: &str) -> Option<Result<Node>> {
+        let into = |owner: NsOwner| UnionNode::top(owner, name).map(Node::U).map_err(err);
+        match node {
+            Node::U(u) if name == ".." => Some(match u.parent() {
+                Some(p) => p.map(Node::U).map_err(err),
+                None => Ok(match &u.owner {
+                    NsOwner::Session(s) => Node::S(Arc::clone(s), SFile::Ns),
+                    NsOwner::Agent(a) => Node::A(Arc::clone(a), AFile::Ns),
+                }),
+            }),
+            Node::U(u) => Some(u.child(name).map(Node::U).map_err(err)),
+            Node::S(s, SFile::Ns)
+                if name != ".." && !SESSION_NS_FILES.iter().any(|d| d.name == name) =>
+            {
+                Some(into(NsOwner::Session(Arc::clone(s))))
+            }
+            Node::A(a, AFile::Ns)
+                if name != ".." && !AGENT_NS_FILES.iter().any(|d| d.name == name) =>
+            {
+                Some(into(NsOwner::Agent(Arc::clone(a))))
+            }
             _ => None,
         }
     }
@@ -943,6 +1114,7 @@ impl OllieFs {
         match node {
             Node::S(s, _) if s.is_killed() => Err(gone()),
             Node::A(a, _) if a.is_killed() => Err(gone()),
+            Node::U(u) if u.owner.is_killed() => Err(gone()),
             _ => Ok(()),
         }
     }
@@ -1612,6 +1784,17 @@ impl OllieFs {
                     Err(_) => Ok(Walked { qids, fid: None }),
                 };
             }
+            if let Some(r) = Self::ns_step(&node, name) {
+                match r {
+                    Ok(n) => {
+                        qids.push(self.qid(&n));
+                        node = n;
+                        continue;
+                    }
+                    Err(e) if i == 0 => return Err(e),
+                    Err(_) => return Ok(Walked { qids, fid: None }),
+                }
+            }
             match self.step(&node, name) {
                 Some(n) => {
                     qids.push(self.qid(&n));
@@ -1734,6 +1917,14 @@ impl Filesystem for OllieFs {
             return Ok((p.qid, 0));
         }
         Self::alive(&fid.node)?;
+        if let Node::U(u) = &fid.node {
+            if !may_open(u.mode(), fid.class, mode) {
+                return Err(Error::permission_denied());
+            }
+            let (qid, file) = u.open(mode).map_err(err)?;
+            fid.ufile = file;
+            return Ok((qid, 0));
+        }
         if !may_open(Self::mode(&fid.node), fid.class, mode) {
             return Err(Error::permission_denied());
         }
@@ -1776,6 +1967,8 @@ impl Filesystem for OllieFs {
             Node::A(a, AFile::ProcTop) => {
                 fid.content = Some(Bytes::from(self.proc_top(a).await?));
             }
+            Node::S(s, SFile::NsTable) => fid.content = Some(Bytes::from(s.ns.table())),
+            Node::A(a, AFile::NsTable) => fid.content = Some(Bytes::from(a.ns.table())),
             _ => {}
         }
         Ok((self.qid(&fid.node), 0))
@@ -1828,10 +2021,24 @@ impl Filesystem for OllieFs {
                 .map_or(Bytes::new(), |c| read_at(c, offset, count)))
         };
         match &node {
+            Node::U(u) => match &fid.ufile {
+                Some(f) => crate::ns::read_file_at(f, offset, count)
+                    .map(Bytes::from)
+                    .map_err(err),
+                None => {
+                    if offset == 0 || fid.dir.is_none() {
+                        let entries = u.list(&self.shared.owner).map_err(err)?;
+                        fid.dir = Some(DirSnapshot::new(&entries));
+                    }
+                    fid.dir
+                        .as_ref()
+                        .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
+                }
+            },
             Node::Root
             | Node::R(RootFile::SessionDir | RootFile::BypassDir)
-            | Node::S(_, SFile::Dir | SFile::AgentDir)
-            | Node::A(_, AFile::Dir | AFile::ProcDir) => {
+            | Node::S(_, SFile::Dir | SFile::AgentDir | SFile::Ns)
+            | Node::A(_, AFile::Dir | AFile::ProcDir | AFile::Ns) => {
                 if offset == 0 || fid.dir.is_none() {
                     let mut entries = self.entries(&node);
                     if let Node::A(a, AFile::ProcDir) = &node
@@ -1875,8 +2082,8 @@ impl Filesystem for OllieFs {
                     .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
             }
             Node::R(RootFile::Ctl | RootFile::Generate | RootFile::SessionNew)
-            | Node::S(_, SFile::Ctl)
-            | Node::A(_, AFile::Ctl) => Ok(fid
+            | Node::S(_, SFile::Ctl | SFile::NsCtl)
+            | Node::A(_, AFile::Ctl | AFile::NsCtl) => Ok(fid
                 .reply
                 .as_ref()
                 .map_or(Bytes::new(), |r| read_at(r, offset, count))),
@@ -1965,10 +2172,24 @@ impl Filesystem for OllieFs {
             | Node::R(RootFile::Aliases)
             | Node::R(RootFile::SessionIdx)
             | Node::R(RootFile::BypassAudit)
-            | Node::S(_, SFile::Env | SFile::Paused | SFile::Name | SFile::Id | SFile::AgentIdx)
+            | Node::S(
+                _,
+                SFile::Env
+                | SFile::Paused
+                | SFile::Name
+                | SFile::Id
+                | SFile::AgentIdx
+                | SFile::NsTable,
+            )
             | Node::A(
                 _,
-                AFile::Log | AFile::Cfg | AFile::Stats | AFile::Name | AFile::Id | AFile::ProcTop,
+                AFile::Log
+                | AFile::Cfg
+                | AFile::Stats
+                | AFile::Name
+                | AFile::Id
+                | AFile::ProcTop
+                | AFile::NsTable,
             ) => frozen(fid),
             _ => Err(Error::permission_denied()),
         }
@@ -2174,8 +2395,87 @@ impl Filesystem for OllieFs {
                 fid.content = Some(Bytes::from(format!("{t}\n")));
                 Ok(n)
             }
+            Node::S(s, SFile::NsCtl) => {
+                fid.reply = None;
+                let owner = NsOwner::Session(Arc::clone(s));
+                let reply =
+                    crate::ns::ctl(&owner, text(&data)?, &self.shared.events).map_err(err)?;
+                fid.reply = Some(Bytes::from(reply));
+                Ok(n)
+            }
+            Node::A(a, AFile::NsCtl) => {
+                fid.reply = None;
+                let owner = NsOwner::Agent(Arc::clone(a));
+                let reply =
+                    crate::ns::ctl(&owner, text(&data)?, &self.shared.events).map_err(err)?;
+                fid.reply = Some(Bytes::from(reply));
+                Ok(n)
+            }
+            Node::U(_) => {
+                let f = fid
+                    .ufile
+                    .as_ref()
+                    .ok_or_else(|| err("permission denied: not open for writing"))?;
+                crate::ns::write_file_at(f, offset, &data).map_err(err)?;
+                Ok(n)
+            }
             _ => Err(Error::permission_denied()),
         }
+    }
+
+    async fn create(
+        &self,
+        fid: &mut OllieFid,
+        name: &str,
+        perm: u32,
+        mode: u8,
+    ) -> Result<(Qid, u32)> {
+        if fid.proxy.is_some() {
+            return Err(err(
+                "permission denied: cannot create files in a view of toolsrv",
+            ));
+        }
+        Self::alive(&fid.node)?;
+        let Node::U(dir) = &fid.node else {
+            return Err(match &fid.node {
+                Node::S(_, SFile::Ns) | Node::A(_, AFile::Ns) => err(
+                    "permission denied: mount points are made by mount (write mount [-b|-a] [-c] BEAD /NAME to ctl)",
+                ),
+                _ => err("permission denied: cannot create files here"),
+            });
+        };
+        if !may_open(dir.mode(), fid.class, om::OWRITE) {
+            return Err(Error::permission_denied());
+        }
+        let is_dir = perm & dm::DIR != 0;
+        if is_dir && (mode & 3 != om::OREAD || mode & om::OTRUNC != 0) {
+            return Err(err(
+                "a directory is created open for reading only (invalid argument)",
+            ));
+        }
+        let (node, file) = dir.create(name, is_dir, mode).map_err(err)?;
+        let qid = node.qid;
+        fid.node = Node::U(node);
+        fid.ufile = file;
+        fid.dir = None;
+        Ok((qid, 0))
+    }
+
+    async fn remove(&self, fid: OllieFid) -> Result<()> {
+        if fid.proxy.is_some() {
+            return Err(err("permission denied: a view of toolsrv is read-only"));
+        }
+        Self::alive(&fid.node)?;
+        let Node::U(u) = &fid.node else {
+            return Err(err("permission denied: cannot remove this file"));
+        };
+        if let Some(p) = u.parent() {
+            let m = p.map_err(err)?.mode();
+            if !may_open(m, fid.class, om::OWRITE) {
+                return Err(Error::permission_denied());
+            }
+        }
+        u.remove().map_err(err)
     }
 
     async fn stat(&self, fid: &mut OllieFid) -> Result<Stat> {
@@ -2190,10 +2490,34 @@ impl Filesystem for OllieFs {
             return Ok(st);
         }
         Self::alive(&fid.node)?;
+        if let Node::U(u) = &fid.node {
+            return u.stat(&self.shared.owner).map_err(err);
+        }
         Ok(self.stat_of(&fid.node))
     }
 
     async fn wstat(&self, fid: &mut OllieFid, st: &Stat) -> Result<()> {
+        if fid.proxy.is_none()
+            && let Node::U(u) = &mut fid.node
+        {
+            if u.owner.is_killed() {
+                return Err(gone());
+            }
+            // A length change needs write permission on the file, a rename on its directory.
+            if st.length != u64::MAX && !may_open(u.mode(), fid.class, om::OWRITE) {
+                return Err(Error::permission_denied());
+            }
+            if !st.name.is_empty() {
+                let dir_mode = match u.parent() {
+                    Some(p) => p.map_err(err)?.mode(),
+                    None => 0,
+                };
+                if dir_mode != 0 && !may_open(dir_mode, fid.class, om::OWRITE) {
+                    return Err(Error::permission_denied());
+                }
+            }
+            return u.wstat(st, &self.shared.owner).map_err(err);
+        }
         // `echo cmd > ctl` through 9pfuse truncates first: a no-op for synthetic files the
         // caller may write (the plan really is truncated).
         let mut trunc = Stat::dont_touch();
@@ -2264,8 +2588,44 @@ mod tests {
             );
         }
         assert!(PID_FILES.iter().any(|(n, _, _)| *n == "record"));
-        for (c, _) in CTL_COMMANDS.iter().chain(SESSION_CTL).chain(AGENT_CTL) {
+        for d in SESSION_NS_FILES {
+            assert!(
+                h.contains(&format!(
+                    "  {:<38} {:04o}  ",
+                    format!("session/NAME/ns/{}", d.name),
+                    d.mode
+                )),
+                "{}",
+                d.name
+            );
+        }
+        for d in AGENT_NS_FILES {
+            assert!(
+                h.contains(&format!(
+                    "  {:<38} {:04o}  ",
+                    format!("session/NAME/agent/NAME/ns/{}", d.name),
+                    d.mode
+                )),
+                "{}",
+                d.name
+            );
+        }
+        assert!(h.contains("  session/NAME/ns/POINT/ "), "{h}");
+        assert!(h.contains("  session/NAME/agent/NAME/ns/POINT/ "), "{h}");
+        for (c, _) in CTL_COMMANDS
+            .iter()
+            .chain(SESSION_CTL)
+            .chain(AGENT_CTL)
+            .chain(NS_CTL)
+        {
             assert!(h.contains(c), "{c}");
+        }
+        // The union directories are a pattern, not a path with a mode (so a walk of the
+        // served tree never expects one).
+        for l in h.lines().filter(|l| l.contains("/ns/POINT/")) {
+            let second = l.split_whitespace().nth(1).unwrap_or("");
+            assert!(!second.starts_with('d') || second.len() != 4, "{l}");
+            assert!(second.parse::<u32>().is_err(), "{l}");
         }
     }
 

@@ -7,7 +7,9 @@
 //! one; a unix client may attach only as its own user (checked with SO_PEERCRED; root too)
 //! or as `agent`, and everyone but the owner gets the group bits. Sessions and agents
 //! ([`model`]) persist in the state directory ([`store`]) and are restored on start; each
-//! session has its own toolsrv ([`link`]), restarted when it dies. SIGTERM, SIGINT or `kill`
+//! session has its own toolsrv ([`link`]), restarted when it dies. Every session and agent has
+//! a bead namespace ([`ns`]), kept beside its record and served under its `ns/` directory; an
+//! agent's copy is forked from its session's when the agent is created. SIGTERM, SIGINT or `kill`
 //! on `ctl` stop it cleanly, after a `server-stopping` event. It never runs a tool or a
 //! command itself.
 //!
@@ -27,6 +29,8 @@ pub mod fs;
 pub mod link;
 pub mod listen;
 pub mod model;
+pub mod ns;
+pub mod nstools;
 pub mod store;
 pub mod turn;
 

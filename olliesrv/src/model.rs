@@ -18,6 +18,7 @@ use tokio::sync::{Notify, watch};
 use crate::config::Config;
 use crate::events::Events;
 use crate::link::ToolLink;
+use crate::ns::NsHome;
 use crate::store::{AgentRecord, SessionRecord, Store, Sync};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -436,6 +437,8 @@ pub struct Agent {
     stop: watch::Sender<u64>,
     /// The last finished turn.
     turns: watch::Sender<Option<TurnEnd>>,
+    /// The agent's own bead namespace (forked from the session's at creation, [`crate::ns`]).
+    pub ns: NsHome,
     store: Arc<Store>,
 }
 
@@ -993,6 +996,8 @@ pub struct Session {
     pub link: ToolLink,
     /// The session's own cost cap in US dollars (`None`: `cost_cap_usd` of the config).
     cost_cap: Mutex<Option<f64>>,
+    /// The session's bead namespace, the template new agents copy ([`crate::ns`]).
+    pub ns: NsHome,
     store: Arc<Store>,
 }
 
@@ -1279,10 +1284,12 @@ impl Registry {
                 r.paused,
             );
             *lock(&s.cost_cap) = r.cost_cap_usd;
+            self.restore_ns(&s.ns);
             for la in ls.agents {
                 let a = la.record;
                 max_order = max_order.max(a.order);
                 let agent = self.build_agent(&s, &a);
+                self.restore_ns(&agent.ns);
                 agent.chat.restore(
                     self.store
                         .read_chat(&s.id, &agent.id, 0, la.chat_raw_len as usize)
@@ -1315,6 +1322,20 @@ impl Registry {
         self.bump();
     }
 
+    /// Replays a saved namespace; problems are logged and announced like those of the store.
+    fn restore_ns(&self, ns: &NsHome) {
+        for (path, reason) in ns.restore() {
+            tracing::error!(path = %path.display(), %reason, "namespace skipped");
+            self.events.emit(
+                "state-skipped",
+                ev(&[
+                    ("path", Value::from(path.display().to_string())),
+                    ("reason", Value::from(reason)),
+                ]),
+            );
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn build_session(
         &self,
@@ -1327,7 +1348,15 @@ impl Registry {
         order: u64,
         paused: bool,
     ) -> Arc<Session> {
+        let ns = NsHome::new(
+            &id,
+            self.store
+                .session_path(&id)
+                .map_err(|e| crate::error_chain(&e)),
+            Arc::clone(&self.config),
+        );
         Arc::new(Session {
+            ns,
             handle: self.handle(),
             id,
             created,
@@ -1353,7 +1382,15 @@ impl Registry {
         } else {
             AgentState::Idle
         };
+        let ns = NsHome::new(
+            &r.id,
+            self.store
+                .agent_path(&s.id, &r.id)
+                .map_err(|e| crate::error_chain(&e)),
+            Arc::clone(&self.config),
+        );
         Arc::new(Agent {
+            ns,
             handle: self.handle(),
             id: r.id.clone(),
             session: Arc::downgrade(s),
@@ -1614,7 +1651,16 @@ impl Registry {
             in_turn: None,
         };
         let a = self.build_agent(s, &rec);
+        // Isolation by default: the agent starts with a private copy of the session's
+        // namespace as it is now (its shadow layer starts empty).
+        a.ns.set(s.ns.fork(&a.id));
         a.save()?;
+        if let Err(e) = a.ns.save() {
+            if let Err(r) = self.store.remove_agent(&s.id, &a.id) {
+                tracing::warn!(agent = %a.id, error = %crate::error_chain(&r), "cannot remove a half-created agent");
+            }
+            return Err(e);
+        }
         if let Ok(mut v) = s.agents.write() {
             v.push(Arc::clone(&a));
         }

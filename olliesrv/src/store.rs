@@ -5,7 +5,11 @@
 //! ```text
 //! <dir>/                                                 0700
 //! <dir>/sessions/<session-id>/session.json
+//! <dir>/sessions/<session-id>/ns.json                    the session's bead namespace (crate::ns)
+//! <dir>/sessions/<session-id>/ns-shadow/                 its shadow layers, one directory a point
 //! <dir>/sessions/<session-id>/agents/<agent-id>/agent.json
+//! <dir>/sessions/<session-id>/agents/<agent-id>/ns.json  the agent's own bead namespace
+//! <dir>/sessions/<session-id>/agents/<agent-id>/ns-shadow/
 //! <dir>/sessions/<session-id>/agents/<agent-id>/plan
 //! <dir>/sessions/<session-id>/agents/<agent-id>/chat.raw        append-only
 //! <dir>/sessions/<session-id>/agents/<agent-id>/history.jsonl   append-only, one JSON value a line
@@ -545,6 +549,19 @@ impl Store {
         let s = self.session_dir(session)?;
         check_id("agent", agent)?;
         Ok(s.join(AGENTS).join(agent))
+    }
+
+    /// The directory of a session (`<dir>/sessions/<id>/`, not created), for state other
+    /// modules keep beside its record (the bead namespace, [`crate::ns`]). It goes with the
+    /// session when the session is removed.
+    pub fn session_path(&self, session: &str) -> Result<PathBuf, StoreError> {
+        self.session_dir(session)
+    }
+
+    /// The directory of an agent (`<dir>/sessions/<sid>/agents/<aid>/`, not created), as
+    /// [`Store::session_path`] is for a session.
+    pub fn agent_path(&self, session: &str, agent: &str) -> Result<PathBuf, StoreError> {
+        self.agent_dir(session, agent)
     }
 
     /// Every session and agent on disk. Never fails as a whole: an unreadable, corrupt or

@@ -323,6 +323,22 @@ async fn run_tool_inner(
     call: &ToolCall,
     config: &Config,
 ) -> Result<Outcome, String> {
+    // File tools on the agent's bead namespace are served here, through the union (off the
+    // async workers: it is filesystem work).
+    let (me, name, args) = (Arc::clone(a), call.name.clone(), call.arguments.clone());
+    let served = tokio::task::spawn_blocking(move || crate::nstools::file_tool(&me, &name, &args))
+        .await
+        .unwrap_or_else(|e| Some(Err(format!("the namespace thread failed: {e}"))));
+    if let Some(r) = served {
+        return Ok(match r {
+            Ok(text) => Outcome {
+                text,
+                ok: true,
+                attrs: "namespace=1".to_owned(),
+            },
+            Err(e) => Outcome::error(e),
+        });
+    }
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
     let root = c.agent_root(a, config).await?;

@@ -9,12 +9,14 @@
 //! When the run itself is refused, it prints one line to stderr and exits 125 (126: the
 //! program cannot be executed, 127: not found).
 //!
-//! `o ls`, `o new`, `o attach`, `o prompt`, `o ctl`, `o kill`, `o logs` and `o approve` talk
-//! to olliesrv over 9P (`-a ADDR`, default `unix!$NAMESPACE/ollie`), attached as the current
+//! `o ls`, `o new`, `o attach`, `o prompt`, `o ctl`, `o kill`, `o logs`, `o bead` and
+//! `o approve` talk to olliesrv over 9P (`-a ADDR`, default `unix!$NAMESPACE/ollie`), attached as the current
 //! user; see the `sessions` module (and `approve` for the escalation requests).
 
 #[path = "o/approve.rs"]
 mod approve;
+#[path = "o/bead.rs"]
+mod bead;
 #[path = "o/render.rs"]
 mod render;
 #[path = "o/sessions.rs"]
@@ -37,6 +39,7 @@ use std::process::ExitCode;
         o prompt proj 'fix the build'      one prompt, wait, print the reply\n  \
         o ls                               sessions and agents\n  \
         o approve                          answer escalation requests (y/N/s)\n  \
+        o bead mount -ac notes /ctx        compose a bead into the chat's namespace\n  \
         o -a unix!/run/ollie/ollie ls      another server\n  \
         o sandbox -- make test             run a command in the tool sandbox\n\n\
         The default address is unix!$NAMESPACE/ollie, NAMESPACE defaulting to /tmp/ns.$USER.$DISPLAY.\n\

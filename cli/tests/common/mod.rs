@@ -79,6 +79,8 @@ impl Srv {
             .arg("--toolsrv")
             .arg(bin("toolsrv"))
             .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
+            // A private bead registry (XDG_DATA_HOME/ollie/beads).
+            .env("XDG_DATA_HOME", dir.path().join("data"))
             .env("OLLIE_LOG", "warn")
             // No discovered default backend (see tests/tests/common).
             .env("OLLAMA_HOST", "127.0.0.1:9")

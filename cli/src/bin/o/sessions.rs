@@ -124,6 +124,26 @@ pub enum Command {
         #[arg(long)]
         raw: bool,
     },
+    /// Compose beads into a chat's namespace (start, mount, unmount, ns, rfork).
+    #[command(
+        after_help = "Writes the command to the namespace's ctl (session/S/ns/ctl, or \
+        session/S/agent/A/ns/ctl with --agent) and prints the reply. Without --session, the \
+        only session (an error when there are several). The union views are served as \
+        session/S/ns/ctx/ for the point /ctx.\n\n\
+        EXAMPLES:\n  o bead start sensor-fusion-notes\n  o bead mount -b 883c513f-… /ctx\n  \
+        o bead mount -ac sensor-fusion-notes /ctx\n  o bead ns\n  \
+        o bead --session proj --agent coder unmount storm-event /ctx"
+    )]
+    Bead {
+        /// The session (default: the only one).
+        #[arg(long, value_name = "NAME")]
+        session: Option<String>,
+        /// An agent's own namespace instead of the session's.
+        #[arg(long, value_name = "AGENT")]
+        agent: Option<String>,
+        #[command(subcommand)]
+        verb: crate::bead::Verb,
+    },
     /// Answer escalation requests: show each in full, ask y/N/s, send the verdict.
     #[command(
         after_help = "Waits for the next request (every session's, or one session's \
@@ -252,6 +272,10 @@ async fn run(
             )));
         }
         Command::Approve { .. } => None,
+        Command::Bead { verb, .. } => {
+            verb.check().map_err(Fail::Usage)?;
+            None
+        }
         Command::New { target, .. }
         | Command::Attach { target, .. }
         | Command::Prompt { target, .. }
@@ -265,6 +289,22 @@ async fn run(
         (Command::Ls { json }, _) => ls(&conn, json).await.and(ok),
         (Command::Approve { session, once }, _) => {
             crate::approve::approve(&conn, session.as_deref(), once).await
+        }
+        (
+            Command::Bead {
+                session,
+                agent,
+                verb,
+            },
+            _,
+        ) => {
+            let session = match session {
+                Some(s) => s,
+                None => only_session(&conn).await?,
+            };
+            let dir = conn.target_dir(&Target { session, agent }).await?;
+            let reply = request(&dir, &["ns", "ctl"], &verb.line()).await?;
+            stdout_write(reply.as_bytes()).and(ok)
         }
         (Command::New { spec, .. }, Some(t)) => new(&conn, &t, &spec).await.and(ok),
         (Command::Attach { history, .. }, Some(t)) => attach(&conn, &t, history).await,
@@ -322,6 +362,25 @@ pub(crate) async fn write_one(f: &Fid, data: &str) -> Result<(), Fail> {
 }
 
 /// A request/response file: write `req`, read the reply on the same fid.
+/// The name of the only session (for commands whose session may be left out).
+async fn only_session(conn: &Conn) -> Result<String, Fail> {
+    let all = collect(conn).await?;
+    match all.as_slice() {
+        [one] => Ok(one.name.clone()),
+        [] => Err(Fail::Server(
+            "there is no session (o new NAME creates one)".into(),
+        )),
+        many => Err(Fail::Usage(format!(
+            "there are {} sessions: give --session ({})",
+            many.len(),
+            many.iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 async fn request(dir: &Fid, path: &[&str], req: &str) -> Result<String, Fail> {
     let f = open(dir, path, om::ORDWR).await?;
     write_one(&f, req).await?;

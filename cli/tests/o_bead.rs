@@ -1,0 +1,149 @@
+//! `o bead` against a real olliesrv (tier 2): the five commands through `ns/ctl`, their
+//! usage errors, and an agent (replay backend) whose `file_write` and `file_read` of
+//! `/ctx/notes/…` go through its namespace: the note lands in the create target's dated
+//! `notes/` folder on disk and is read back through the union.
+//!
+//! Needs the workspace binaries (`cargo build --workspace --bins`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+use common::{Srv, fails, ok};
+
+use std::path::{Path, PathBuf};
+
+/// The bead directory a `file://` URI names.
+fn dir_of(uri: &str) -> PathBuf {
+    let p = uri
+        .trim()
+        .strip_prefix("file://")
+        .unwrap_or_else(|| panic!("not a file URI: {uri:?}"));
+    PathBuf::from(p.trim_end_matches('/'))
+}
+
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (y, m, d, ..) = ollie_p9::util::civil(secs);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn replay(config: &Path, turns: &str) {
+    std::fs::write(config.join("turns.jsonl"), turns).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        format!(
+            "default_backend = \"r\"\n[backends.r]\nkind = \"replay\"\nfile = \"{}\"\n",
+            config.join("turns.jsonl").display()
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_five_commands_and_their_errors() {
+    let srv = Srv::start();
+    let work = srv.workdir();
+    // No session yet.
+    fails(&srv.run(&["bead", "ns"], b""), 1, "no session");
+    ok(&srv.run(&["new", "proj", "--cwd", work.to_str().unwrap()], b""));
+    // start: a new bead, by URI; start again records the slug on the same bead.
+    let uri = ok(&srv.run(&["bead", "start", "notes"], b""))
+        .trim()
+        .to_owned();
+    let bead = dir_of(&uri);
+    assert!(bead.join("agent.json").is_file(), "{uri}");
+    assert!(bead.join(today()).join("notes").is_dir(), "{uri}");
+    let again = ok(&srv.run(&["bead", "start", "notes2"], b""))
+        .trim()
+        .to_owned();
+    assert_eq!(dir_of(&again), bead, "a second start made another bead");
+    // mount -ac by short name, then the table.
+    ok(&srv.run(&["bead", "mount", "-ac", "notes2", "/ctx"], b""));
+    let table = ok(&srv.run(&["bead", "ns"], b"")).to_owned();
+    assert!(table.starts_with("/ctx (union)\n"), "{table}");
+    assert!(
+        table.contains(&uri) && table.contains("read,create*"),
+        "{table}"
+    );
+    // A second create target at the point is refused, naming the first.
+    let other = ok(&srv.run(&["bead", "start"], b"")).trim().to_owned();
+    assert_eq!(
+        dir_of(&other),
+        bead,
+        "start made a second bead for the chat"
+    );
+    // Usage errors are refused before anything is sent (exit 2).
+    let clash = srv.run(&["bead", "mount", "-a", "-b", "x", "/ctx"], b"");
+    assert_eq!(clash.code, Some(2), "{clash:?}");
+    assert!(clash.stderr.contains("cannot be used with"), "{clash:?}");
+    fails(
+        &srv.run(&["bead", "mount", "x y", "/ctx"], b""),
+        2,
+        "single words",
+    );
+    // Server-side errors: one line, exit 1, nothing changed.
+    fails(
+        &srv.run(&["bead", "mount", "https://example.org/b/", "/ctx"], b""),
+        1,
+        "remote beads are not supported",
+    );
+    assert_eq!(ok(&srv.run(&["bead", "ns"], b"")), table);
+    // rfork replies; unmount of the whole point empties the table.
+    assert!(!ok(&srv.run(&["bead", "rfork"], b"")).is_empty());
+    ok(&srv.run(&["bead", "unmount", "/ctx"], b""));
+    assert!(!ok(&srv.run(&["bead", "ns"], b"")).contains("/ctx"));
+    // With two sessions, --session is needed.
+    ok(&srv.run(&["new", "other", "--cwd", work.to_str().unwrap()], b""));
+    fails(&srv.run(&["bead", "ns"], b""), 2, "--session");
+    ok(&srv.run(&["bead", "--session", "other", "ns"], b""));
+}
+
+#[test]
+fn an_agents_file_tools_write_and_read_through_its_namespace() {
+    let call = |name: &str, args: serde_json::Value| {
+        serde_json::json!({"tool_calls": [{"name": name, "arguments": args}]}).to_string()
+    };
+    let turns = [
+        call(
+            "file_write",
+            serde_json::json!({"path": "/ctx/notes/idea.md", "content": "fuse the sensors\n"}),
+        ),
+        call(
+            "file_read",
+            serde_json::json!({"path": "/ctx/notes/idea.md"}),
+        ),
+        call("file_read", serde_json::json!({"path": "/ctx/about.md"})),
+        r#"{"text": "noted"}"#.to_owned(),
+    ]
+    .join("\n");
+    let srv = Srv::start_with(|config| replay(config, &format!("{turns}\n")));
+    let work = srv.workdir();
+    ok(&srv.run(&["new", "proj", "--cwd", work.to_str().unwrap()], b""));
+    let uri = ok(&srv.run(&["bead", "start", "fusion"], b""))
+        .trim()
+        .to_owned();
+    ok(&srv.run(&["bead", "mount", "-c", "fusion", "/ctx"], b""));
+    // The agent is created after the mount: it starts with a copy of the session's table.
+    ok(&srv.run(&["new", "proj/main"], b""));
+    let out = srv.run(&["prompt", "proj/main", "write the idea down"], b"");
+    let text = ok(&out);
+    assert!(
+        text.contains("wrote 17 bytes to /ctx/notes/idea.md"),
+        "{text}"
+    );
+    assert!(text.contains("     1\tfuse the sensors"), "{text}");
+    assert!(
+        text.contains("# fusion"),
+        "about.md read through the union: {text}"
+    );
+    let note = dir_of(&uri).join(today()).join("notes").join("idea.md");
+    assert_eq!(
+        std::fs::read_to_string(&note).unwrap_or_default(),
+        "fuse the sensors\n",
+        "the note is not in the bead's dated notes/ folder"
+    );
+    // Nothing was written in the workspace.
+    assert!(!work.join("ctx").exists());
+}
