@@ -84,15 +84,7 @@ impl Bead {
 
     /// Reads `agent.json`.
     pub fn info(&self) -> Result<AgentInfo, Error> {
-        let path = self.dir.join("agent.json");
-        let text = read_meta(&path)?;
-        serde_json::from_str(&text).map_err(|e| {
-            Error::io(
-                "parse",
-                &path,
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
-            )
-        })
+        parse_meta(&self.dir.join("agent.json"))
     }
 
     /// Reads `names.json` (short name → bead URI). A missing file is an empty map.
@@ -102,14 +94,7 @@ impl Bead {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
             _ => {}
         }
-        let text = read_meta(&path)?;
-        serde_json::from_str(&text).map_err(|e| {
-            Error::io(
-                "parse",
-                &path,
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
-            )
-        })
+        parse_meta(&path)
     }
 
     /// The name a mount gets when the bead was not named by a short name: its slug if
@@ -151,6 +136,18 @@ pub(crate) fn read_meta(path: &Path) -> Result<String, Error> {
         ));
     }
     Ok(text)
+}
+
+/// A metadata file ([`read_meta`]) parsed as JSON.
+fn parse_meta<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
+    let text = read_meta(path)?;
+    serde_json::from_str(&text).map_err(|e| {
+        Error::io(
+            "parse",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+        )
+    })
 }
 
 /// How a bead was named, for the mount alias.
