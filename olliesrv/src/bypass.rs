@@ -365,8 +365,12 @@ impl Bypass {
     /// Records a verdict written for `session` (through the root file or the session's own)
     /// and its outcome; marks the request answered when toolsrv took it.
     pub fn decided(&self, session: &str, data: &[u8], by: &str, result: &Result<(), String>) {
-        let Ok(r) = ollie_link::bypass::parse_resolve(data) else {
-            return;
+        let r = match ollie_link::bypass::parse_resolve(data) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refused_input(Some(session), data, by, &e.to_string());
+                return;
+            }
         };
         let mut fields = serde_json::Map::new();
         fields.insert("session".into(), Value::from(session));
@@ -398,6 +402,25 @@ impl Bypass {
         }
     }
 
+    /// Records a verdict that was refused before it reached a request (malformed, or an id
+    /// no session holds: truncated, re-cased, padded, confusable): who wrote it, what (its
+    /// first 256 bytes, display-escaped) and why. Nothing else changes.
+    fn refused_input(&self, session: Option<&str>, data: &[u8], by: &str, why: &str) {
+        let shown: String = String::from_utf8_lossy(&data[..data.len().min(256)]).into_owned();
+        let mut fields = serde_json::Map::new();
+        if let Some(s) = session {
+            fields.insert("session".into(), Value::from(s));
+        }
+        fields.insert("by".into(), Value::from(by));
+        fields.insert(
+            "input".into(),
+            Value::from(ollie_link::bypass::display_escape(&shown)),
+        );
+        fields.insert("bytes".into(), Value::from(data.len()));
+        fields.insert("refused".into(), Value::from(why));
+        self.audit("decision-refused", fields);
+    }
+
     /// The root `bypass/resolve`: checks the verdict, finds its session, forwards it.
     pub async fn resolve(
         &self,
@@ -405,10 +428,16 @@ impl Bypass {
         data: &[u8],
         by: &str,
     ) -> Result<(), String> {
-        let r = ollie_link::bypass::parse_resolve(data).map_err(|e| e.to_string())?;
-        let sid = self
-            .session_of(&r.id)
-            .ok_or_else(|| format!("resolve: no request {}", r.id))?;
+        let r = ollie_link::bypass::parse_resolve(data).map_err(|e| {
+            let e = e.to_string();
+            self.refused_input(None, data, by, &e);
+            e
+        })?;
+        let Some(sid) = self.session_of(&r.id) else {
+            let e = format!("resolve: no request {}", r.id);
+            self.refused_input(None, data, by, &e);
+            return Err(e);
+        };
         let s = reg
             .sessions()
             .into_iter()
@@ -514,6 +543,64 @@ mod tests {
         assert_eq!(lines[3]["event"], "decision");
         assert_eq!(lines[3]["verdict"], "denied");
         assert_eq!(lines[3]["message"], "no");
+        // Verdicts refused before reaching a request are audited with what was written.
+        let upper = format!(r#"{{"id":"{}","approved":true}}"#, id.to_uppercase());
+        b.decided("s1", upper.as_bytes(), "me", &Ok(()));
+        let reg = crate::model::Registry::new(
+            Arc::new(crate::events::Events::new()),
+            Arc::new(crate::store::Store::open(&dir.path().join("state")).unwrap()),
+            Arc::new(std::sync::RwLock::new(Arc::new(
+                crate::config::Config::default(),
+            ))),
+            PathBuf::from("/nonexistent/toolsrv"),
+        );
+        let e = b
+            .resolve(
+                &reg,
+                "{\"id\":\"x\u{202e}\",\"approved\":true}".as_bytes(),
+                "me",
+            )
+            .await
+            .unwrap_err();
+        assert!(e.starts_with("resolve:"), "{e}");
+        let e = b
+            .resolve(
+                &reg,
+                format!(r#"{{"id":"{}","approved":true}}"#, "a".repeat(32)).as_bytes(),
+                "me",
+            )
+            .await
+            .unwrap_err();
+        assert!(e.contains("no request"), "{e}");
+        let audit = String::from_utf8(b.audit_text().to_vec()).unwrap();
+        let refused: Vec<Value> = audit
+            .lines()
+            .skip(4)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(refused.len(), 3, "{audit}");
+        assert!(
+            refused
+                .iter()
+                .all(|r| r["event"] == "decision-refused" && r["by"] == "me")
+        );
+        assert_eq!(refused[0]["session"], "s1");
+        assert!(
+            refused[0]["input"]
+                .as_str()
+                .unwrap()
+                .contains(&id.to_uppercase())
+        );
+        assert!(
+            !refused[1]["input"].as_str().unwrap().contains('\u{202e}'),
+            "{audit}"
+        );
+        assert!(
+            refused[2]["refused"]
+                .as_str()
+                .unwrap()
+                .contains("no request")
+        );
         // The link going down denies what is still pending, once.
         let v = json!({"id": "e".repeat(32), "expires": "2999-01-01T00:00:00Z"});
         b.add("s2", v.clone(), format!("{v}\n"));
@@ -522,7 +609,7 @@ mod tests {
         let audit = String::from_utf8(b.audit_text().to_vec()).unwrap();
         let last: Vec<Value> = audit
             .lines()
-            .skip(4)
+            .skip(7)
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(last.len(), 2, "{audit}");
