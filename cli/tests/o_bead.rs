@@ -147,3 +147,113 @@ fn an_agents_file_tools_write_and_read_through_its_namespace() {
     // Nothing was written in the workspace.
     assert!(!work.join("ctx").exists());
 }
+
+/// `ollie-9p` against the test server.
+fn nine(srv: &Srv, args: &[&str], stdin: &[u8]) -> common::Out {
+    let mut cmd = std::process::Command::new(common::bin("ollie-9p"));
+    cmd.arg("-a").arg(srv.addr()).args(args);
+    common::run(&mut cmd, stdin)
+}
+
+/// The seed's worked example, as written there: a chat fuses the doorbell work with the
+/// storm-event viewer and writes new shared notes into a fresh design bead.
+///
+/// ```text
+/// bead-start sensor-fusion-notes
+/// bead-mount -b 883c513f-…/ /ctx
+/// bead-mount -a 1c0f5851-…/ /ctx
+/// bead-mount -ac sensor-fusion-notes /ctx
+/// bead-ns
+/// ```
+#[test]
+fn the_seeds_worked_example_sensor_fusion_notes() {
+    let srv = Srv::start();
+    let work = srv.workdir();
+    let cwd = work.to_str().unwrap();
+    // The two earlier beads, each started by its own chat, with notes of their own.
+    let mut earlier = Vec::new();
+    for (chat, slug, files) in [
+        (
+            "doorbell",
+            "doorbell",
+            &[("chirp.md", "doorbell: 4 kHz chirp\n")][..],
+        ),
+        (
+            "storm",
+            "storm-event",
+            &[
+                ("chirp.md", "storm: lightning crackle\n"),
+                ("front.md", "storm: gust front at 14:02\n"),
+            ][..],
+        ),
+    ] {
+        ok(&srv.run(&["new", chat, "--cwd", cwd], b""));
+        let uri = ok(&srv.run(&["bead", "--session", chat, "start", slug], b""))
+            .trim()
+            .to_owned();
+        let notes = dir_of(&uri).join(today()).join("notes");
+        for (name, text) in files {
+            std::fs::write(notes.join(name), text).unwrap();
+        }
+        earlier.push(uri);
+    }
+    let uuid = |uri: &str| {
+        dir_of(uri)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    };
+    // The chat.
+    ok(&srv.run(&["new", "fusion", "--cwd", cwd], b""));
+    let bead = |args: &[&str]| {
+        let mut a = vec!["bead", "--session", "fusion"];
+        a.extend_from_slice(args);
+        ok(&srv.run(&a, b"")).to_owned()
+    };
+    let fusion = bead(&["start", "sensor-fusion-notes"]).trim().to_owned();
+    bead(&["mount", "-b", &format!("{}/", uuid(&earlier[0])), "/ctx"]);
+    bead(&["mount", "-a", &format!("{}/", uuid(&earlier[1])), "/ctx"]);
+    bead(&["mount", "-ac", "sensor-fusion-notes", "/ctx"]);
+    assert_eq!(
+        bead(&["ns"]),
+        format!(
+            "/ctx (union)\n  [1] doorbell {} read\n  [2] storm-event {} read\n  [3] sensor-fusion-notes {fusion} read,create*\n",
+            earlier[0], earlier[1]
+        )
+    );
+    // Reads union across doorbell and storm-event: first hit wins.
+    let read = |p: &str| ok(&nine(&srv, &["read", p], b"")).to_owned();
+    assert_eq!(
+        read("session/fusion/ns/ctx/notes/chirp.md"),
+        "doorbell: 4 kHz chirp\n"
+    );
+    assert_eq!(
+        read("session/fusion/ns/ctx/notes/front.md"),
+        "storm: gust front at 14:02\n"
+    );
+    // Every emitted note persists into sensor-fusion-notes/notes/.
+    ok(&nine(
+        &srv,
+        &["create", "session/fusion/ns/ctx/notes/fused.md"],
+        b"chirp + crackle: same event\n",
+    ));
+    assert_eq!(
+        std::fs::read_to_string(dir_of(&fusion).join(today()).join("notes/fused.md")).unwrap(),
+        "chirp + crackle: same event\n"
+    );
+    let listing = ok(&nine(&srv, &["ls", "session/fusion/ns/ctx/notes"], b"")).to_owned();
+    for n in ["chirp.md", "front.md", "fused.md"] {
+        assert!(listing.contains(n), "{listing}");
+    }
+    // Creating it again is refused (it exists); the earlier beads are unchanged.
+    let again = nine(
+        &srv,
+        &["create", "session/fusion/ns/ctx/notes/fused.md"],
+        b"x",
+    );
+    assert_eq!(again.code, Some(1), "{again:?}");
+    for uri in &earlier {
+        assert!(!dir_of(uri).join(today()).join("notes/fused.md").exists());
+    }
+}

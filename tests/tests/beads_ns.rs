@@ -927,10 +927,16 @@ async fn agents_copy_the_session_namespace_when_created() {
         read_all(&root, "session/s/agent/late/ns/ctx/x").await,
         "A\n"
     );
-    // Nor does the agent's own mount change the session.
+    // Nor does the agent's own mount change the session, or its sibling.
     let before = table(&root, "s").await;
     ns(&root, "s/agent/late", "mount beta /lib").await.unwrap();
     assert_eq!(table(&root, "s").await, before);
+    assert_eq!(table(&root, "s/agent/early").await, "");
+    assert!(
+        try_read(&root, "session/s/agent/early/ns/lib/x")
+            .await
+            .is_err()
+    );
     assert_eq!(
         table(&root, "s/agent/late").await,
         format!("{t}{}", point_table("/lib", &[line("beta", &beta, false)]))

@@ -22,6 +22,7 @@ const EXIT_CONNECT: u8 = 3;
     about = "Read and write files on a 9P server (like plan9port's 9p)",
     after_help = "EXAMPLES:\n  \
         echo name=myproj | ollie-9p write session/new\n  \
+        echo 'an idea' | ollie-9p create session/myproj/ns/ctx/notes/idea.md\n  \
         printf 'name=a\\n' | ollie-9p rdwr session/myproj/agent/new\n  \
         ollie-9p read session/myproj/agent/coding/chat\n  \
         ollie-9p -a tcp!127.0.0.1!5640 -k ~/.local/state/ollie/tcp.key ls -l /\n\n\
@@ -68,6 +69,8 @@ enum Cmd {
         lines: bool,
         path: String,
     },
+    /// Create a file (Tcreate, mode 0644; an error if it exists) and copy standard input to it.
+    Create { path: String },
     /// Write standard input as one request, then print the reply read on the same fid.
     Rdwr { path: String },
     /// Print a file's attributes.
@@ -202,6 +205,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         }
         Cmd::Read { path } => read(&root, &path).await,
         Cmd::Write { lines, path } => write(&root, &path, lines).await,
+        Cmd::Create { path } => create(&root, &path).await,
         Cmd::Rdwr { path } => rdwr(&root, &path).await,
         Cmd::Stat { path } => {
             let f = walk(&root, &path).await?;
@@ -278,6 +282,20 @@ async fn write(root: &Fid, path: &str, lines: bool) -> Result<(), Failure> {
                 .map_err(server(path))?;
         }
     }
+    let data = read_stdin()?;
+    f.write_all(0, &data).await.map_err(server(path))?;
+    Ok(())
+}
+
+async fn create(root: &Fid, path: &str) -> Result<(), Failure> {
+    let mut names = path_names(path);
+    let Some(name) = names.pop() else {
+        return Err(Failure::Usage(format!("{path}: name a file to create")));
+    };
+    let mut f = root.walk(&names).await.map_err(server(path))?;
+    f.create(&name, 0o644, om::OWRITE)
+        .await
+        .map_err(server(path))?;
     let data = read_stdin()?;
     f.write_all(0, &data).await.map_err(server(path))?;
     Ok(())
