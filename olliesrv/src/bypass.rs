@@ -82,6 +82,28 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// toolsrv's request line (`{…}\n`, display-escaped) with `session_name` and `agent_name`
+/// added in front, from the session (when it and the agent still exist).
+fn with_names(text: &str, v: &Value, s: &std::sync::Weak<crate::model::Session>) -> String {
+    let Some(s) = s.upgrade() else {
+        return text.to_owned();
+    };
+    let mut extra = serde_json::Map::new();
+    extra.insert("session_name".into(), Value::from(s.name()));
+    if let Some(id) = v.get("agent").and_then(Value::as_str)
+        && let Some(a) = s.agents().into_iter().find(|a| a.id == id)
+    {
+        extra.insert("agent_name".into(), Value::from(a.name()));
+    }
+    let extra = ollie_link::bypass::display_escape_json(&Value::Object(extra)).to_string();
+    match (extra.strip_suffix('}'), text.strip_prefix('{')) {
+        (Some(head), Some(rest)) if !rest.trim_start().starts_with('}') => {
+            format!("{head},{rest}")
+        }
+        _ => text.to_owned(),
+    }
+}
+
 /// Parses toolsrv's `YYYY-MM-DDTHH:MM:SSZ` into Unix seconds.
 fn parse_time(s: &str) -> Option<u64> {
     let b = s.as_bytes();
@@ -167,19 +189,21 @@ impl Bypass {
     /// the connection and records the session's unanswered requests as denied).
     pub fn watch(
         self: &Arc<Self>,
-        session: String,
+        s: &Arc<crate::model::Session>,
         conn: Arc<Conn>,
         done: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let me = Arc::clone(self);
+        let session = s.id.clone();
+        let names = Arc::downgrade(s);
         tokio::spawn(async move {
             tokio::select! {
-                r = me.read_lines(&session, &conn, "pending") => {
+                r = me.read_lines(&session, &conn, "pending", &names) => {
                     if let Err(e) = r {
                         tracing::debug!(session = %session, error = %e, "bypass/pending reader ended");
                     }
                 }
-                r = me.read_lines(&session, &conn, "log") => {
+                r = me.read_lines(&session, &conn, "log", &names) => {
                     if let Err(e) = r {
                         tracing::debug!(session = %session, error = %e, "bypass/log reader ended");
                     }
@@ -192,8 +216,15 @@ impl Bypass {
     }
 
     /// Reads one JSON object per read from `bypass/FILE` (a long one comes in pieces, the
-    /// last ending in a newline) and takes each in.
-    async fn read_lines(&self, session: &str, conn: &Conn, file: &str) -> Result<(), String> {
+    /// last ending in a newline) and takes each in. Requests get the session's and the
+    /// agent's names (`session_name`, `agent_name`) next to toolsrv's ids.
+    async fn read_lines(
+        &self,
+        session: &str,
+        conn: &Conn,
+        file: &str,
+        names: &std::sync::Weak<crate::model::Session>,
+    ) -> Result<(), String> {
         let mut f = conn
             .operator
             .walk(&["bypass", file])
@@ -220,6 +251,8 @@ impl Bypass {
                 continue;
             };
             if file == "pending" {
+                let text = with_names(&text, &v, names);
+                let v = serde_json::from_str(&text).unwrap_or(v);
                 self.add(session, v, text);
             } else {
                 self.event(session, v);
@@ -299,7 +332,17 @@ impl Bypass {
         let mut fields = serde_json::Map::new();
         fields.insert("session".into(), Value::from(session));
         for k in [
-            "id", "agent", "tool", "argv", "cwd", "grants", "reason", "expires", "digest",
+            "id",
+            "agent",
+            "agent_name",
+            "session_name",
+            "tool",
+            "argv",
+            "cwd",
+            "grants",
+            "reason",
+            "expires",
+            "digest",
         ] {
             if let Some(x) = v.get(k) {
                 fields.insert(k.into(), x.clone());

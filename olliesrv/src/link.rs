@@ -351,7 +351,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
             // (closing the link is what ends toolsrv).
             let mut st = link.state.subscribe();
             reg.bypass
-                .watch(s.id.clone(), Arc::clone(&conn), async move {
+                .watch(&s, Arc::clone(&conn), async move {
                     let _ = st.wait_for(|x| !matches!(x, LinkState::Up(_))).await;
                 });
         }

@@ -511,6 +511,10 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
         .unwrap();
     let seen: serde_json::Value = serde_json::from_slice(&seen).unwrap();
     assert_eq!(seen["id"], id.as_str(), "{seen}");
+    // With the names a person knows, next to toolsrv's ids.
+    assert_eq!(seen["session_name"], "s", "{seen}");
+    assert_eq!(seen["agent_name"], "a", "{seen}");
+    assert_eq!(seen["agent"], req["agent"], "{seen}");
     // Answered through the root resolve, which finds the session.
     let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);
     let mut r = root.walk_path("bypass/resolve").await.unwrap();
@@ -546,6 +550,7 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
         "{audit}"
     );
     assert_eq!(events[0]["digest"].as_str().unwrap().len(), 64, "{audit}");
+    assert_eq!(events[0]["agent_name"], "a", "{audit}");
     let by = |k: &str| events.iter().find(|e| e["event"] == k).unwrap();
     assert_eq!(by("decision")["verdict"], "approved", "{audit}");
     assert_eq!(by("ran")["id"], id.as_str(), "{audit}");
