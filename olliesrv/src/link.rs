@@ -350,10 +350,9 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
             // The reader lets go of the connection as soon as the link is not up any more
             // (closing the link is what ends toolsrv).
             let mut st = link.state.subscribe();
-            reg.bypass
-                .watch(&s, Arc::clone(&conn), async move {
-                    let _ = st.wait_for(|x| !matches!(x, LinkState::Up(_))).await;
-                });
+            reg.bypass.watch(&s, Arc::clone(&conn), async move {
+                let _ = st.wait_for(|x| !matches!(x, LinkState::Up(_))).await;
+            });
         }
         reg.events.emit(
             "toolsrv-started",
