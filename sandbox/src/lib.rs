@@ -89,6 +89,7 @@ mod prepared;
 pub mod seccomp;
 mod spawn;
 mod sys;
+mod unions;
 pub mod workspace;
 
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
@@ -102,6 +103,7 @@ pub use spawn::{
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
 pub use spawn::{forwardable_stdin, tool_environment};
+pub use unions::{MAX_UNION_LOWERS, UnionMount};
 pub use workspace::{GitDecision, GitRefused};
 
 /// Close-on-exec duplicates of descriptors this process inherited by number (a server's
