@@ -1098,14 +1098,15 @@ pub fn run_streaming(
             .iter()
             .any(|w| workdir.starts_with(w) || w.starts_with(&workdir)))
     .then(|| crate::postrun::Snapshot::take(&workdir));
-    // The disk watchdog watches the policy's writable trees' filesystems, also when an
-    // unsandboxed run mounts none of them.
-    let watched = writable.clone();
     let unions = crate::unions::validate(
         &req.unions,
         &crate::unions::resolved_secrets(&resolved.ctx.home),
         &writable,
     )?;
+    // The disk watchdog watches the policy's writable trees' filesystems, also when an
+    // unsandboxed run mounts none of them, and the filesystems of the unions' upper layers.
+    let mut watched = writable.clone();
+    watched.extend(unions.iter().map(|u| u.upper.clone()));
     let MountPlan {
         steps: mounts,
         record: mount_record,

@@ -36,7 +36,7 @@ const MOUNT_ATTR_NODEV: u64 = 0x4;
 const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
 const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
 const FSCONFIG_SET_FLAG: libc::c_uint = 0;
-const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_SET_FD: libc::c_uint = 5;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const CLONE_PIDFD: libc::c_ulong = 0x1000;
 
@@ -544,7 +544,9 @@ pub(crate) enum MountStep {
         root_rule_access: u64,
     },
     /// Create an overlay (`lowerdir+` per entry of `lowers`, in search order; `upperdir`,
-    /// `workdir`; `userxattr`) as a detached nosuid, nodev mount in slot `slot`. Runs before
+    /// `workdir`; `userxattr`) as a detached nosuid, nodev mount in slot `slot`. Every layer
+    /// is opened without following symlinks (the paths are resolved by the parent) and passed
+    /// by fd. Runs before
     /// [`MountStep::ReadOnlyAll`]: the overlay takes its own private clone of the upper
     /// directory's mount, which must be writable then.
     UnionCreate {
@@ -1150,24 +1152,34 @@ fn create_overlay(lowers: &[CString], upper: &CStr, work: &CStr) -> RawFd {
     unsafe {
         let fs = libc::syscall(SYS_FSOPEN, c"overlay".as_ptr(), FSOPEN_CLOEXEC);
         check(Stage::Mount, fs);
-        let set = |key: &CStr, value: &CStr| {
+        // Each layer is opened here without following any symlink (the parent resolved the
+        // paths; a component swapped for a symlink since then fails the run instead of
+        // pointing the overlay elsewhere) and handed to overlayfs by fd (Linux 6.13+).
+        let layer = |key: &CStr, path: &CStr| {
+            let how = OpenHow {
+                flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+                mode: 0,
+                resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+            };
+            let fd = libc::syscall(
+                SYS_OPENAT2,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            );
+            check(Stage::Mount, fd);
             check(
                 Stage::Mount,
-                libc::syscall(
-                    SYS_FSCONFIG,
-                    fs,
-                    FSCONFIG_SET_STRING,
-                    key.as_ptr(),
-                    value.as_ptr(),
-                    0,
-                ),
+                libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_FD, key.as_ptr(), null, fd),
             );
+            libc::close(fd as RawFd);
         };
         for l in lowers {
-            set(c"lowerdir+", l);
+            layer(c"lowerdir+", l);
         }
-        set(c"upperdir", upper);
-        set(c"workdir", work);
+        layer(c"upperdir", upper);
+        layer(c"workdir", work);
         // Overlay metadata in `user.overlay.*` xattrs: `trusted.*` needs privileges over the
         // whole host, which a user namespace never has.
         check(

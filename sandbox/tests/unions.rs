@@ -247,13 +247,15 @@ fn new_root_keeps_the_hosts_top_level_and_mounts() {
         want
     );
     // Submounts came along: /proc is a procfs, /dev/null works, /dev/shm is the run's own.
+    // The only mount at / is the new root (read-only); the host's root is detached.
     let o = sc.run(
         "stat -f -c %T /proc /ctx; echo x > /dev/null && echo null-ok; \
-         echo s > /dev/shm/s && cat /dev/shm/s",
+         echo s > /dev/shm/s && cat /dev/shm/s; \
+         awk '$5 == \"/\" {print $9, substr($6, 1, 3)}' /proc/self/mountinfo",
     );
     assert_eq!(
         String::from_utf8_lossy(&o.stdout),
-        "proc\noverlayfs\nnull-ok\ns\n"
+        "proc\noverlayfs\nnull-ok\ns\ntmpfs ro,\n"
     );
     // `ls /` answers as it does without a union (Landlock decides, the root is not listable
     // under the workspace profile), apart from the point.
