@@ -36,6 +36,13 @@
 //!    settings files in [`RunRecord::post_run`]; [`workspace::Workspace`] refuses host-side
 //!    git until a human acknowledges them.
 //!
+//! With [`RunRequest::unions`] (bead namespaces; one-shot runs only), step 2 starts by
+//! `pivot_root`ing into a new read-only root that holds the host's top-level entries (bound
+//! from the host with their submounts) and one directory per union point, and each union is an
+//! overlay of read-only members over a writable shadow layer, attached at its point after
+//! everything else went read-only, with Landlock's read-write rights (no execute) beneath it
+//! (see [`UnionMount`] and SECURITY.md, "Union mounts").
+//!
 //! [`Prepared`] sets up what every tool of a session shares once (namespaces, mounts, the
 //! Landlock ruleset, the seccomp program) in a zygote, and runs each call in a pid namespace
 //! of its own, with the same per-call steps, record, and controls (cwd, timeout, [`Cancel`]).
