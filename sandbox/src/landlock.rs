@@ -197,6 +197,10 @@ pub struct Ruleset {
     pub fd: Option<OwnedFd>,
     /// What it enforces.
     pub record: LandlockRecord,
+    /// The rights granted by a rule on the host's `/` itself (0: none, the usual case, since
+    /// secret locations split a grant of `/` into its children). A run with a new root
+    /// (union mounts) grants them again on that root, which is another inode.
+    pub root_access: u64,
 }
 
 fn names(bits: u64, table: &[&'static str]) -> Vec<&'static str> {
@@ -217,6 +221,8 @@ struct RuleSink<'a> {
     added: usize,
     /// Locations excluded from broader grants.
     carved: Vec<PathBuf>,
+    /// Rights granted on `/` itself.
+    root_access: u64,
 }
 
 impl RuleSink<'_> {
@@ -271,6 +277,9 @@ fn consider(
         return Ok(());
     }
     if !excluded.iter().any(|s| s.starts_with(&real)) {
+        if real == Path::new("/") {
+            sink.root_access |= access & sink.handled;
+        }
         return sink.add(path, &fd, is_dir, access);
     }
     drop(fd);
@@ -310,6 +319,7 @@ pub fn build(
                 carved_out: Vec::new(),
                 not_applied: Some(NOT_APPLIED_UNSANDBOXED),
             },
+            root_access: 0,
         });
     }
     let status = if abi >= required && abi >= 7 {
@@ -343,6 +353,7 @@ pub fn build(
         handled: all_fs,
         added: 0,
         carved: Vec::new(),
+        root_access: 0,
     };
     if policy.fs.read_all {
         // "Everything readable" never includes device nodes (a raw disk would bypass every
@@ -361,7 +372,7 @@ pub fn build(
             consider(p, access, &secrets, &mut sink)?;
         }
     }
-    let (path_rules, carved) = (sink.added, sink.carved);
+    let (path_rules, carved, root_access) = (sink.added, sink.carved, sink.root_access);
     let mut port_rules = 0;
     if let (Network::Tcp { connect, bind }, true) = (&policy.network, handled_net != 0) {
         for (ports, right) in [(connect, NET_CONNECT_TCP), (bind, NET_BIND_TCP)] {
@@ -390,5 +401,6 @@ pub fn build(
             carved_out: carved,
             not_applied: None,
         },
+        root_access,
     })
 }

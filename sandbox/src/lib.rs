@@ -36,6 +36,13 @@
 //!    settings files in [`RunRecord::post_run`]; [`workspace::Workspace`] refuses host-side
 //!    git until a human acknowledges them.
 //!
+//! With [`RunRequest::unions`] (bead namespaces; one-shot runs only), step 2 starts by
+//! `pivot_root`ing into a new read-only root that holds the host's top-level entries (bound
+//! from the host with their submounts) and one directory per union point, and each union is an
+//! overlay of read-only members over a writable shadow layer, attached at its point after
+//! everything else went read-only, with Landlock's read-write rights (no execute) beneath it
+//! (see [`UnionMount`] and SECURITY.md, "Union mounts").
+//!
 //! [`Prepared`] sets up what every tool of a session shares once (namespaces, mounts, the
 //! Landlock ruleset, the seccomp program) in a zygote, and runs each call in a pid namespace
 //! of its own, with the same per-call steps, record, and controls (cwd, timeout, [`Cancel`]).
@@ -89,6 +96,7 @@ mod prepared;
 pub mod seccomp;
 mod spawn;
 mod sys;
+mod unions;
 pub mod workspace;
 
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
@@ -102,6 +110,7 @@ pub use spawn::{
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
 pub use spawn::{forwardable_stdin, tool_environment};
+pub use unions::{MAX_UNION_LOWERS, UnionMount};
 pub use workspace::{GitDecision, GitRefused};
 
 /// Close-on-exec duplicates of descriptors this process inherited by number (a server's

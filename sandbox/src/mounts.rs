@@ -6,6 +6,7 @@ use crate::landlock;
 use crate::placeholder::Protected;
 use crate::spawn::{cstr, io_err};
 use crate::sys::{self, MountStep};
+use crate::unions::{self, UnionMount};
 use crate::{MountRecord, SandboxError};
 use ollie_policy::ResolvedPolicy;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,11 @@ impl MountPlan {
     /// ones) and secret locations inside writable trees bound read-only; a private
     /// `/dev/shm` mounted last. `abi` is the Landlock ABI of the ruleset the tmpfs rule joins.
     ///
+    /// With `unions` (validated, [`unions::validate`]) the root is first replaced by a new one
+    /// holding the points ([`MountStep::NewRoot`]; `root_access` is the ruleset's
+    /// [`landlock::Ruleset::root_access`]); each overlay is created before everything goes
+    /// read-only and attached after, with the read-write rights beneath its point.
+    ///
     /// A run approved unsandboxed ([`ResolvedPolicy::unsandboxed`]) mounts nothing: its
     /// mount namespace only has its propagation made private, so the tool sees (and may
     /// write, as far as file permissions allow) the host's filesystem as it is, with no
@@ -58,16 +64,27 @@ impl MountPlan {
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
         abi: u32,
+        unions: &[UnionMount],
+        root_access: u64,
     ) -> Result<MountPlan, SandboxError> {
+        let mut steps = vec![MountStep::MakePrivate];
+        if !unions.is_empty() {
+            steps.push(unions::new_root_step(unions, root_access)?);
+        }
         if resolved.unsandboxed() {
+            // The unions still appear (no Landlock rule: there is no ruleset).
+            let (create, attach) = unions::overlay_steps(unions, 0, 0)?;
+            steps.extend(create);
+            steps.extend(attach);
             return Ok(MountPlan {
-                steps: vec![MountStep::MakePrivate],
+                steps,
                 record: MountRecord {
                     read_only_root: false,
                     writable: Vec::new(),
                     protected: Vec::new(),
                     placeholders: Vec::new(),
                     private_shm: None,
+                    unions: unions.to_vec(),
                 },
                 islands: Protected::default(),
             });
@@ -88,19 +105,26 @@ impl MountPlan {
             }
         }
         let c = |p: &Path| sys::cstring(p).map_err(io_err("prepare mounts"));
-        let mut steps = vec![MountStep::MakePrivate];
+        let pinned = pinned_ancestors(&protected, &writable);
+        let (create, attach) = unions::overlay_steps(
+            unions,
+            writable.len() + pinned.len(),
+            landlock::writable_rights(abi),
+        )?;
         for (slot, w) in writable.iter().enumerate() {
             steps.push(MountStep::CloneTree { path: c(w)?, slot });
         }
+        steps.extend(create);
         steps.push(MountStep::ReadOnlyAll);
         for (slot, w) in writable.iter().enumerate() {
             steps.push(MountStep::Attach { slot, path: c(w)? });
         }
+        steps.extend(attach);
         // Pin every directory between a writable root and a protected island with a
         // read-write bind onto itself: a mount point cannot be renamed or removed (EBUSY), so
         // the tool cannot move `.git` (and the read-only `.git/hooks` inside it) aside and
         // create a fresh one.
-        for (i, a) in pinned_ancestors(&protected, &writable).iter().enumerate() {
+        for (i, a) in pinned.iter().enumerate() {
             let slot = writable.len() + i;
             let path = c(a)?;
             steps.push(MountStep::CloneTree {
@@ -143,6 +167,7 @@ impl MountPlan {
                 protected,
                 placeholders: islands.placeholders.clone(),
                 private_shm,
+                unions: unions.to_vec(),
             },
             islands,
         })

@@ -189,6 +189,8 @@ impl Prepared {
             &resolved,
             mounts::writable_trees(&resolved),
             ruleset.record.abi,
+            &[],
+            0,
         )?;
         let l = resolved.policy.limits;
         let devnull = spawn::open_devnull()?;
@@ -313,6 +315,11 @@ impl Prepared {
         if req.argv.is_empty() {
             return Err(SandboxError::InvalidRequest {
                 reason: "no command given".into(),
+            });
+        }
+        if !req.unions.is_empty() {
+            return Err(SandboxError::InvalidRequest {
+                reason: "union mounts are supported by one-shot runs only".into(),
             });
         }
         // From here on the call is started: signals sent to its handle are queued for it.

@@ -284,6 +284,11 @@ pub struct RunRequest {
     /// is the smaller of `limits.timeout_seconds` and this (recorded in
     /// [`RunRecord::limits`]). 0 is refused.
     pub timeout_seconds: Option<u64>,
+    /// Union mounts (bead namespaces): each an overlay of read-only lower layers over a
+    /// writable upper layer, at a point that need not exist on the host (see
+    /// [`crate::UnionMount`]). Not empty: the run gets a new root that holds the points. One-shot
+    /// runs only; [`crate::Prepared::run`] refuses them.
+    pub unions: Vec<crate::UnionMount>,
     /// Tests only: force a failure.
     pub fault: Option<Fault>,
 }
@@ -310,6 +315,7 @@ impl RunRequest {
             stdin_fd: None,
             cwd: None,
             timeout_seconds: None,
+            unions: Vec::new(),
             fault: None,
         }
     }
@@ -352,6 +358,14 @@ pub enum SandboxError {
         /// The cause.
         #[source]
         source: io::Error,
+    },
+    /// A union mount ([`RunRequest::unions`]) is malformed or unsafe; nothing ran.
+    #[error("union at {point} refused: {reason}")]
+    Union {
+        /// The union's point as given.
+        point: PathBuf,
+        /// What was wrong.
+        reason: String,
     },
     /// Running as root without a usable pids cgroup: nothing would bound the process count.
     #[error(
@@ -449,6 +463,9 @@ pub struct MountRecord {
     pub placeholders: Vec<PathBuf>,
     /// The run's private tmpfs at `/dev/shm` (size in `limits.shm_bytes`), if any.
     pub private_shm: Option<PathBuf>,
+    /// Union mounts, paths resolved (missing lower layers left out). Not empty: the root was
+    /// a new read-only tmpfs holding the host's top-level entries and the points.
+    pub unions: Vec<crate::UnionMount>,
 }
 
 /// The layers active for a run.
@@ -1081,14 +1098,26 @@ pub fn run_streaming(
             .iter()
             .any(|w| workdir.starts_with(w) || w.starts_with(&workdir)))
     .then(|| crate::postrun::Snapshot::take(&workdir));
+    let unions = crate::unions::validate(
+        &req.unions,
+        &crate::unions::resolved_secrets(&resolved.ctx.home),
+        &writable,
+    )?;
     // The disk watchdog watches the policy's writable trees' filesystems, also when an
-    // unsandboxed run mounts none of them.
-    let watched = writable.clone();
+    // unsandboxed run mounts none of them, and the filesystems of the unions' upper layers.
+    let mut watched = writable.clone();
+    watched.extend(unions.iter().map(|u| u.upper.clone()));
     let MountPlan {
         steps: mounts,
         record: mount_record,
         islands,
-    } = MountPlan::new(&resolved, writable, ruleset.record.abi)?;
+    } = MountPlan::new(
+        &resolved,
+        writable,
+        ruleset.record.abi,
+        &unions,
+        ruleset.root_access,
+    )?;
 
     let (stdin_child, stdin_feed) = tool_stdin(req, open_devnull)?;
     let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;

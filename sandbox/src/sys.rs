@@ -14,6 +14,9 @@ use std::path::Path;
 const SYS_PIDFD_SEND_SIGNAL: libc::c_long = 424;
 const SYS_OPEN_TREE: libc::c_long = 428;
 const SYS_MOVE_MOUNT: libc::c_long = 429;
+const SYS_FSOPEN: libc::c_long = 430;
+const SYS_FSCONFIG: libc::c_long = 431;
+const SYS_FSMOUNT: libc::c_long = 432;
 const SYS_CLOSE_RANGE: libc::c_long = 436;
 const SYS_OPENAT2: libc::c_long = 437;
 const SYS_MOUNT_SETATTR: libc::c_long = 442;
@@ -28,6 +31,13 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 /// `MOUNT_ATTR_NOSUID`.
 pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// `MOUNT_ATTR_NODEV`.
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
+const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_SET_FD: libc::c_uint = 5;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const CLONE_PIDFD: libc::c_ulong = 0x1000;
 
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
@@ -520,7 +530,66 @@ pub(crate) enum MountStep {
         options: CString,
         rule_access: u64,
     },
+    /// Replace the root by a fresh tmpfs (`options`) that holds one entry per entry of the
+    /// host's `/` (`entries`: directories and files bound recursively from the host, symlinks
+    /// recreated) plus empty directories for union points; the tmpfs is mounted on `stage`
+    /// (an existing host directory) after every bind source has been cloned, made read-only,
+    /// and `pivot_root`ed into; the old root is detached. `root_rule_access` (the Landlock
+    /// rights the policy grants on the host's `/` itself, usually none) is granted on the new
+    /// root, which is another inode.
+    NewRoot {
+        stage: CString,
+        options: CString,
+        entries: Vec<RootEntry>,
+        root_rule_access: u64,
+    },
+    /// Create an overlay (`lowerdir+` per entry of `lowers`, in search order; `upperdir`,
+    /// `workdir`; `userxattr`) as a detached nosuid, nodev mount in slot `slot`. Every layer
+    /// is opened without following symlinks (the paths are resolved by the parent) and passed
+    /// by fd. Runs before
+    /// [`MountStep::ReadOnlyAll`]: the overlay takes its own private clone of the upper
+    /// directory's mount, which must be writable then.
+    UnionCreate {
+        lowers: Vec<CString>,
+        upper: CString,
+        work: CString,
+        slot: usize,
+    },
+    /// Attach the overlay in slot `slot` at `point` (after [`MountStep::ReadOnlyAll`], so it
+    /// stays writable), and grant `rule_access` beneath it in the run's Landlock ruleset (the
+    /// rule must name the overlay's root; 0: no rule).
+    UnionAttach {
+        slot: usize,
+        point: CString,
+        rule_access: u64,
+    },
 }
+
+/// One entry of the new root ([`MountStep::NewRoot`]).
+#[derive(Debug)]
+pub(crate) struct RootEntry {
+    /// The entry's name in the new root (one component).
+    pub name: CString,
+    /// The host path it comes from (`/name`).
+    pub source: CString,
+    pub kind: RootKind,
+}
+
+/// What a [`RootEntry`] becomes.
+#[derive(Debug)]
+pub(crate) enum RootKind {
+    /// An empty directory with the host's tree bound onto it recursively.
+    Dir,
+    /// An empty file with the host's file bound onto it.
+    File,
+    /// A symlink with this target.
+    Symlink(CString),
+    /// An empty directory (a union point).
+    Point,
+}
+
+/// At most this many entries in a new root (the child keeps their clones on its stack).
+pub(crate) const MAX_ROOT_ENTRIES: usize = 256;
 
 /// A failure inside the child: the stage and errno, sent over the error pipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -679,7 +748,11 @@ fn clone_namespaced<T>(
     arg: &T,
 ) -> io::Result<(libc::pid_t, OwnedFd)> {
     if mounts.iter().any(|m| match m {
-        MountStep::CloneTree { slot, .. } | MountStep::Attach { slot, .. } => *slot >= MAX_SLOTS,
+        MountStep::CloneTree { slot, .. }
+        | MountStep::Attach { slot, .. }
+        | MountStep::UnionCreate { slot, .. }
+        | MountStep::UnionAttach { slot, .. } => *slot >= MAX_SLOTS,
+        MountStep::NewRoot { entries, .. } => entries.len() > MAX_ROOT_ENTRIES,
         _ => false,
     }) {
         return Err(io::Error::new(
@@ -899,8 +972,271 @@ fn run_mounts(plan: &ChildPlan) {
                     options,
                     rule_access,
                 } => mount_private_tmpfs(path, options, *rule_access),
+                MountStep::NewRoot {
+                    stage,
+                    options,
+                    entries,
+                    root_rule_access,
+                } => {
+                    pivot_to_new_root(stage, options, entries);
+                    if *root_rule_access != 0 {
+                        add_rule_beneath(root, *root_rule_access);
+                    }
+                }
+                MountStep::UnionCreate {
+                    lowers,
+                    upper,
+                    work,
+                    slot,
+                } => slots[*slot] = create_overlay(lowers, upper, work),
+                MountStep::UnionAttach {
+                    slot,
+                    point,
+                    rule_access,
+                } => {
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            slots[*slot],
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            point.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(slots[*slot]);
+                    if *rule_access != 0 {
+                        add_rule_beneath(point, *rule_access);
+                    }
+                }
             }
         }
+    }
+}
+
+/// The init stage's [`MountStep::NewRoot`]. Child only (raw syscalls on prepared data; the
+/// clones live in a fixed array on the stack).
+///
+/// Every bind source is cloned first (detached copies of the host's trees, submounts
+/// included, taken before the tmpfs hides `stage`); then the tmpfs is mounted on `stage`,
+/// populated, made read-only, and becomes the root: `pivot_root(".", ".")` stacks the old
+/// root on the new one, and `umount2(".", MNT_DETACH)` takes it out of the namespace. The
+/// clones keep the host's mount locks (an unprivileged namespace cannot unmount what the
+/// host stacked inside a tree), and `pivot_root` moves the root's lock to the new root.
+fn pivot_to_new_root(stage: &CStr, options: &CStr, entries: &[RootEntry]) {
+    let mut fds = [-1 as RawFd; MAX_ROOT_ENTRIES];
+    let empty = c"";
+    // SAFETY (whole function): valid C strings, stack arrays and structs; raw syscalls in the
+    // child's own mount namespace; every fd opened here is closed before returning.
+    unsafe {
+        for (i, e) in entries.iter().enumerate().take(MAX_ROOT_ENTRIES) {
+            let recursive = match e.kind {
+                RootKind::Dir => AT_RECURSIVE as libc::c_ulong,
+                RootKind::File => 0,
+                RootKind::Symlink(_) | RootKind::Point => continue,
+            };
+            let fd = libc::syscall(
+                SYS_OPEN_TREE,
+                libc::AT_FDCWD,
+                e.source.as_ptr(),
+                OPEN_TREE_CLONE
+                    | libc::O_CLOEXEC as libc::c_ulong
+                    | recursive
+                    | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
+            );
+            if fd < 0 {
+                // Gone since the parent listed `/`: the new root simply lacks it.
+                if errno() == libc::ENOENT {
+                    continue;
+                }
+                fail(Stage::Mount, errno());
+            }
+            fds[i] = fd as RawFd;
+        }
+        check(
+            Stage::Mount,
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                stage.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                options.as_ptr().cast(),
+            ) as libc::c_long,
+        );
+        let dir = libc::open(
+            stage.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        );
+        if dir < 0 {
+            fail(Stage::Mount, errno());
+        }
+        for (i, e) in entries.iter().enumerate().take(MAX_ROOT_ENTRIES) {
+            let name = e.name.as_ptr();
+            let r = match &e.kind {
+                RootKind::Dir | RootKind::File if fds[i] < 0 => continue,
+                RootKind::Dir | RootKind::Point => libc::mkdirat(dir, name, 0o755),
+                RootKind::File => {
+                    let f = libc::openat(
+                        dir,
+                        name,
+                        libc::O_WRONLY
+                            | libc::O_CREAT
+                            | libc::O_EXCL
+                            | libc::O_NOFOLLOW
+                            | libc::O_CLOEXEC,
+                        0o644 as libc::c_uint,
+                    );
+                    if f >= 0 {
+                        libc::close(f);
+                    }
+                    f
+                }
+                RootKind::Symlink(target) => libc::symlinkat(target.as_ptr(), dir, name),
+            };
+            check(Stage::Mount, r as libc::c_long);
+            if fds[i] >= 0 {
+                check(
+                    Stage::Mount,
+                    libc::syscall(
+                        SYS_MOVE_MOUNT,
+                        fds[i],
+                        empty.as_ptr(),
+                        dir,
+                        name,
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ),
+                );
+                libc::close(fds[i]);
+            }
+        }
+        // The new root's own entries never change (whatever ReadOnlyAll does later).
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        check(
+            Stage::Mount,
+            libc::syscall(
+                SYS_MOUNT_SETATTR,
+                dir,
+                empty.as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            ),
+        );
+        check(Stage::Mount, libc::fchdir(dir) as libc::c_long);
+        libc::close(dir);
+        let dot = c".";
+        check(
+            Stage::Mount,
+            libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()),
+        );
+        check(
+            Stage::Mount,
+            libc::umount2(dot.as_ptr(), libc::MNT_DETACH) as libc::c_long,
+        );
+        check(Stage::Mount, libc::chdir(c"/".as_ptr()) as libc::c_long);
+    }
+}
+
+/// The init stage's [`MountStep::UnionCreate`]: a detached overlay mount, nosuid and nodev.
+/// Returns its fd. Child only (raw syscalls on prepared data).
+fn create_overlay(lowers: &[CString], upper: &CStr, work: &CStr) -> RawFd {
+    let null = std::ptr::null::<libc::c_char>();
+    // SAFETY: valid C strings; raw new-mount-API syscalls; the fs context fd is closed before
+    // returning, the mount fd is the caller's.
+    unsafe {
+        let fs = libc::syscall(SYS_FSOPEN, c"overlay".as_ptr(), FSOPEN_CLOEXEC);
+        check(Stage::Mount, fs);
+        // Each layer is opened here without following any symlink (the parent resolved the
+        // paths; a component swapped for a symlink since then fails the run instead of
+        // pointing the overlay elsewhere) and handed to overlayfs by fd (Linux 6.13+).
+        let layer = |key: &CStr, path: &CStr| {
+            let how = OpenHow {
+                flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+                mode: 0,
+                resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+            };
+            let fd = libc::syscall(
+                SYS_OPENAT2,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            );
+            check(Stage::Mount, fd);
+            check(
+                Stage::Mount,
+                libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_FD, key.as_ptr(), null, fd),
+            );
+            libc::close(fd as RawFd);
+        };
+        for l in lowers {
+            layer(c"lowerdir+", l);
+        }
+        layer(c"upperdir", upper);
+        layer(c"workdir", work);
+        // Overlay metadata in `user.overlay.*` xattrs: `trusted.*` needs privileges over the
+        // whole host, which a user namespace never has.
+        check(
+            Stage::Mount,
+            libc::syscall(
+                SYS_FSCONFIG,
+                fs,
+                FSCONFIG_SET_FLAG,
+                c"userxattr".as_ptr(),
+                null,
+                0,
+            ),
+        );
+        check(
+            Stage::Mount,
+            libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, null, null, 0),
+        );
+        let mnt = libc::syscall(
+            SYS_FSMOUNT,
+            fs,
+            FSMOUNT_CLOEXEC,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        );
+        check(Stage::Mount, mnt);
+        libc::close(fs as RawFd);
+        mnt as RawFd
+    }
+}
+
+/// Grants `access` beneath the object at `path` (as the child's mounts have it now) in the
+/// run's Landlock ruleset (`FD_RULESET`). Child only.
+fn add_rule_beneath(path: &CStr, access: u64) {
+    // SAFETY: a valid C string and a live, packed rule struct; the O_PATH fd is closed before
+    // returning.
+    unsafe {
+        let fd = libc::open(
+            path.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        );
+        if fd < 0 {
+            fail(Stage::Mount, errno());
+        }
+        let attr = LandlockPathBeneathAttr {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        check(
+            Stage::Landlock,
+            libc::syscall(
+                SYS_LANDLOCK_ADD_RULE,
+                FD_RULESET,
+                LANDLOCK_RULE_PATH_BENEATH,
+                &attr as *const LandlockPathBeneathAttr,
+                0u32,
+            ),
+        );
+        libc::close(fd);
     }
 }
 
@@ -1244,8 +1580,7 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
 /// The init stage's [`MountStep::PrivateTmpfs`]: mount, then add the Landlock rule for the new
 /// root through the inherited ruleset fd. Child only (raw syscalls, no allocation).
 fn mount_private_tmpfs(path: &CStr, options: &CStr, rule_access: u64) {
-    // SAFETY: valid C strings and a live, packed rule struct; raw syscalls in the child's own
-    // mount namespace; the O_PATH fd is closed before returning.
+    // SAFETY: valid C strings; a raw mount(2) in the child's own mount namespace.
     unsafe {
         check(
             Stage::Mount,
@@ -1257,31 +1592,9 @@ fn mount_private_tmpfs(path: &CStr, options: &CStr, rule_access: u64) {
                 options.as_ptr().cast(),
             ) as libc::c_long,
         );
-        if rule_access == 0 {
-            return;
-        }
-        let fd = libc::open(
-            path.as_ptr(),
-            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-        );
-        if fd < 0 {
-            fail(Stage::Mount, errno());
-        }
-        let attr = LandlockPathBeneathAttr {
-            allowed_access: rule_access,
-            parent_fd: fd,
-        };
-        check(
-            Stage::Landlock,
-            libc::syscall(
-                SYS_LANDLOCK_ADD_RULE,
-                FD_RULESET,
-                LANDLOCK_RULE_PATH_BENEATH,
-                &attr as *const LandlockPathBeneathAttr,
-                0u32,
-            ),
-        );
-        libc::close(fd);
+    }
+    if rule_access != 0 {
+        add_rule_beneath(path, rule_access);
     }
 }
 
