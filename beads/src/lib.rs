@@ -211,7 +211,7 @@ pub use names::{
 pub use namespace::{Env, Member, MountReport, Namespace, Outcome, PROFILE, Point};
 pub use registry::{AgentInfo, Bead, MAX_META_BYTES, Named, Registry};
 pub use store::{DIR_MODE, FILE_MODE, write_atomic};
-pub use union::{Entry, Kept, Layer, Moved, NodeKind, Resolved, SettleReport};
+pub use union::{Entry, Kept, Layer, Moved, NodeKind, OverlayLayers, Resolved, SettleReport};
 
 #[cfg(test)]
 mod tests;

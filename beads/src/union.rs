@@ -119,6 +119,20 @@ pub struct SettleReport {
     pub kept: Vec<Kept>,
 }
 
+/// The layers of one point as an overlay mount ([`Namespace::overlay_layers`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverlayLayers {
+    /// The mount point, e.g. `/ctx`.
+    pub point: String,
+    /// Read-only layers, highest priority first.
+    pub lowers: Vec<PathBuf>,
+    /// The shadow layer.
+    pub upper: PathBuf,
+    /// An empty directory beside the shadow layer, for overlayfs.
+    pub work: PathBuf,
+}
+
 /// Whether a hit may be changed in place.
 enum Access {
     Writable,
@@ -517,6 +531,44 @@ fn refuse_kind_root(comps: &[&str], view: &str, what: &str) -> Result<(), Error>
 }
 
 impl Namespace {
+    /// The layers of `point` for an overlay mount (what sandboxed commands see at the point):
+    /// the read-only `lowers` in search order — for each member, its dated folders newest
+    /// first, then the member directory (so `notes/` merges like [`Namespace::lookup`]) —
+    /// and the shadow layer as the writable `upper`, with an empty overlay work directory
+    /// beside it (`<shadow_root>/.work-<name>`, created 0700). Members whose directory is
+    /// missing are left out. Unlike this crate's view, the overlay also shows symlinks and
+    /// special files, and a removal leaves a whiteout in the upper layer; files it creates
+    /// under the kind folders reach the create target with [`Namespace::settle`].
+    pub fn overlay_layers(&self, env: &Env, point: &str) -> Result<OverlayLayers, Error> {
+        let view = View::new(self, env, point)?;
+        let mut lowers = Vec::new();
+        for layer in 1..view.layers.len() {
+            if let Some(root) = view.root(layer) {
+                for d in crate::layout::dated_dirs(root) {
+                    lowers.push(root.join(d));
+                }
+                lowers.push(root.to_path_buf());
+            }
+        }
+        let upper = view
+            .root(0)
+            .map(Path::to_path_buf)
+            .ok_or(Error::UnknownPoint {
+                point: point.to_string(),
+            })?;
+        let work = env
+            .shadow_root
+            .join(format!(".work-{}", view.point.dir_name()));
+        crate::store::ensure_dir_private(&work)?;
+        let work = fs::canonicalize(&work).map_err(|e| Error::io("resolve", &work, e))?;
+        Ok(OverlayLayers {
+            point: view.point.path().to_string(),
+            lowers,
+            upper,
+            work,
+        })
+    }
+
     /// The first object named `rel` in the view of `point`: the shadow layer first, then the
     /// members in search order. `Ok(None)` when no layer has it. `""` is the point itself (the
     /// shadow layer's directory).

@@ -257,3 +257,81 @@ fn the_seeds_worked_example_sensor_fusion_notes() {
         assert!(!dir_of(uri).join(today()).join("notes/fused.md").exists());
     }
 }
+
+/// Commands an agent runs see its namespace at `/ctx` too (an overlay in the tool's mount
+/// namespace): they read the members in search order, and what they create under
+/// `/ctx/notes/` reaches the create target's dated `notes/` folder after the run; read-only
+/// members never change.
+#[test]
+fn commands_the_agent_runs_see_the_same_union() {
+    let script = "cat /ctx/notes/chirp.md; echo sandboxed > /ctx/notes/from-tool.md; \
+        echo changed > /ctx/notes/chirp.md; ls /ctx/notes; \
+        (echo x > /ctx-escape) 2>/dev/null || echo no-new-top-level";
+    let turns = [
+        serde_json::json!({"tool_calls": [{"name": "execute_code",
+            "arguments": {"language": "bash", "code": script}}]})
+        .to_string(),
+        r#"{"text": "ran"}"#.to_owned(),
+    ]
+    .join("\n");
+    let srv = Srv::start_with(|config| replay(config, &format!("{turns}\n")));
+    let work = srv.workdir();
+    let cwd = work.to_str().unwrap();
+    ok(&srv.run(&["new", "doorbell", "--cwd", cwd], b""));
+    let door = ok(&srv.run(&["bead", "--session", "doorbell", "start", "doorbell"], b""))
+        .trim()
+        .to_owned();
+    let door_notes = dir_of(&door).join(today()).join("notes");
+    std::fs::write(door_notes.join("chirp.md"), "doorbell: 4 kHz chirp\n").unwrap();
+    ok(&srv.run(&["new", "proj", "--cwd", cwd], b""));
+    let fusion = ok(&srv.run(&["bead", "--session", "proj", "start", "fusion"], b""))
+        .trim()
+        .to_owned();
+    ok(&srv.run(
+        &[
+            "bead",
+            "--session",
+            "proj",
+            "mount",
+            "-b",
+            "doorbell",
+            "/ctx",
+        ],
+        b"",
+    ));
+    ok(&srv.run(
+        &[
+            "bead",
+            "--session",
+            "proj",
+            "mount",
+            "-ac",
+            "fusion",
+            "/ctx",
+        ],
+        b"",
+    ));
+    ok(&srv.run(&["new", "proj/main"], b""));
+    let out = srv.run(&["prompt", "proj/main", "run it"], b"");
+    let text = ok(&out);
+    assert!(text.contains("doorbell: 4 kHz chirp"), "{text}");
+    assert!(text.contains("from-tool.md"), "{text}");
+    assert!(text.contains("no-new-top-level"), "{text}");
+    // The new note is in the create target; the member's file is unchanged (the change was
+    // copied up into the agent's shadow layer).
+    assert_eq!(
+        std::fs::read_to_string(dir_of(&fusion).join(today()).join("notes/from-tool.md"))
+            .unwrap_or_default(),
+        "sandboxed\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(door_notes.join("chirp.md")).unwrap(),
+        "doorbell: 4 kHz chirp\n"
+    );
+    assert!(!door_notes.join("from-tool.md").exists());
+    assert!(
+        !std::path::Path::new("/ctx").exists(),
+        "/ctx appeared on the host"
+    );
+    assert!(!std::path::Path::new("/ctx-escape").exists());
+}

@@ -127,6 +127,9 @@ pub struct NsHome {
     /// ids the store made).
     place: Result<(PathBuf, PathBuf), String>,
     config: Arc<RwLock<Arc<Config>>>,
+    /// The agent's overlays were sent to its toolsrv (so an empty namespace must be sent
+    /// once, as `none`).
+    pub unions_sent: std::sync::atomic::AtomicBool,
 }
 
 /// A problem found while restoring a namespace (path, one-line reason).
@@ -139,6 +142,7 @@ impl NsHome {
             ns: Mutex::new(Namespace::new(id)),
             place: dir.map(|d| (d.join(NS_FILE), d.join(SHADOW_DIR))),
             config,
+            unions_sent: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -461,6 +465,39 @@ impl Agent {
     pub fn ns_write(&self, path: &str, content: &[u8]) -> Option<Result<usize, String>> {
         let split = split_path(&self.ns.points(), path)?;
         Some(split.and_then(|(point, rel)| self.ns.write_file(&point, &rel, content)))
+    }
+
+    /// The agent's points as overlay layers, for the commands its tools run (toolsrv mounts
+    /// them at the points in the tool's mount namespace); empty without points.
+    pub fn ns_overlays(&self) -> Result<Vec<ollie_beads::OverlayLayers>, String> {
+        let ns = self.ns.snapshot();
+        if ns.points().is_empty() {
+            return Ok(Vec::new());
+        }
+        let env = self.ns.env(false)?;
+        ns.points()
+            .iter()
+            .map(|p| ns.overlay_layers(&env, p.path()).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    /// Moves what the agent's commands created under the kind folders of a point with a
+    /// create target from its shadow layer into that target (as a create through the view
+    /// would have); returns how many files moved.
+    pub fn ns_settle(&self) -> Result<usize, String> {
+        let ns = self.ns.snapshot();
+        let env = self.ns.env(false)?;
+        let mut moved = 0;
+        for p in ns.points() {
+            if p.create_target().is_some() {
+                moved += ns
+                    .settle(&env, p.path())
+                    .map_err(|e| e.to_string())?
+                    .moved
+                    .len();
+            }
+        }
+        Ok(moved)
     }
 }
 

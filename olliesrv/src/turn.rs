@@ -342,6 +342,7 @@ async fn run_tool_inner(
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
     let root = c.agent_root(a, config).await?;
+    send_unions(a, &c).await?;
     let bg = background(call);
     if bg {
         watch_completions(reg, a);
@@ -371,6 +372,13 @@ async fn run_tool_inner(
         .map_err(|e| e.to_string())?;
     let b = f.read_to_end().await.map_err(|e| e.to_string())?;
     let reply = String::from_utf8_lossy(&b).into_owned();
+    if !bg && a.ns.unions_sent.load(std::sync::atomic::Ordering::SeqCst) {
+        // What the command created under /ctx/notes/… reaches the create target now.
+        let me = Arc::clone(a);
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || me.ns_settle()).await {
+            tracing::warn!(agent = %a.id, error = %e, "cannot settle the agent's namespace");
+        }
+    }
     if bg {
         let pid = reply.trim();
         return Ok(Outcome {
@@ -382,6 +390,31 @@ async fn run_tool_inner(
         });
     }
     Ok(outcome_of_reply(&reply))
+}
+
+/// Tells toolsrv the agent's bead namespace as overlay mounts before one of its runs (its
+/// commands then see `/ctx` as the file tools do), or that it has none any more; and moves
+/// what earlier runs created under the kind folders into the create targets.
+async fn send_unions(a: &Arc<Agent>, c: &crate::link::Conn) -> Result<(), String> {
+    use std::sync::atomic::Ordering;
+    let me = Arc::clone(a);
+    let overlays = tokio::task::spawn_blocking(move || {
+        me.ns_settle()?;
+        me.ns_overlays()
+    })
+    .await
+    .map_err(|e| format!("the namespace thread failed: {e}"))?
+    .map_err(|e| format!("the agent's namespace: {e}"))?;
+    if overlays.is_empty() {
+        if a.ns.unions_sent.swap(false, Ordering::SeqCst) {
+            c.ctl(&format!("unions {} none", a.id)).await?;
+        }
+        return Ok(());
+    }
+    let json = serde_json::to_string(&overlays).map_err(|e| e.to_string())?;
+    c.ctl(&format!("unions {} {json}", a.id)).await?;
+    a.ns.unions_sent.store(true, Ordering::SeqCst);
+    Ok(())
 }
 
 /// Splits a `record=1` reply: the first line is `{"pid","record"|"error"}`, the rest the

@@ -555,6 +555,10 @@ pub(crate) enum MountStep {
         work: CString,
         slot: usize,
     },
+    /// Create a read-only overlay of `lowers` only (a merge of nested lower layers) and
+    /// attach it at `at`, an empty directory of the new root, where a union's
+    /// [`MountStep::UnionCreate`] then takes it as one lower layer.
+    MergeCreate { lowers: Vec<CString>, at: CString },
     /// Attach the overlay in slot `slot` at `point` (after [`MountStep::ReadOnlyAll`], so it
     /// stays writable), and grant `rule_access` beneath it in the run's Landlock ruleset (the
     /// rule must name the overlay's root; 0: no rule).
@@ -988,7 +992,22 @@ fn run_mounts(plan: &ChildPlan) {
                     upper,
                     work,
                     slot,
-                } => slots[*slot] = create_overlay(lowers, upper, work),
+                } => slots[*slot] = create_overlay(lowers, Some((upper, work))),
+                MountStep::MergeCreate { lowers, at } => {
+                    let fd = create_overlay(lowers, None);
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            fd,
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            at.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(fd);
+                }
                 MountStep::UnionAttach {
                     slot,
                     point,
@@ -1145,7 +1164,7 @@ fn pivot_to_new_root(stage: &CStr, options: &CStr, entries: &[RootEntry]) {
 
 /// The init stage's [`MountStep::UnionCreate`]: a detached overlay mount, nosuid and nodev.
 /// Returns its fd. Child only (raw syscalls on prepared data).
-fn create_overlay(lowers: &[CString], upper: &CStr, work: &CStr) -> RawFd {
+fn create_overlay(lowers: &[CString], upper_work: Option<(&CString, &CString)>) -> RawFd {
     let null = std::ptr::null::<libc::c_char>();
     // SAFETY: valid C strings; raw new-mount-API syscalls; the fs context fd is closed before
     // returning, the mount fd is the caller's.
@@ -1178,8 +1197,10 @@ fn create_overlay(lowers: &[CString], upper: &CStr, work: &CStr) -> RawFd {
         for l in lowers {
             layer(c"lowerdir+", l);
         }
-        layer(c"upperdir", upper);
-        layer(c"workdir", work);
+        if let Some((upper, work)) = upper_work {
+            layer(c"upperdir", upper);
+            layer(c"workdir", work);
+        }
         // Overlay metadata in `user.overlay.*` xattrs: `trusted.*` needs privileges over the
         // whole host, which a user namespace never has.
         check(
@@ -1201,7 +1222,11 @@ fn create_overlay(lowers: &[CString], upper: &CStr, work: &CStr) -> RawFd {
             SYS_FSMOUNT,
             fs,
             FSMOUNT_CLOEXEC,
-            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            if upper_work.is_some() {
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+            } else {
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+            },
         );
         check(Stage::Mount, mnt);
         libc::close(fs as RawFd);

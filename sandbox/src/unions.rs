@@ -210,6 +210,59 @@ fn c(p: &Path) -> Result<CString, SandboxError> {
     cstr(p.as_os_str().as_bytes(), "union path")
 }
 
+/// Name of the empty directory the new root holds for padding merges.
+const EMPTY_NAME: &str = ".ollie-empty";
+
+/// The top-level name a merge of union `u`'s lowers is attached at in the new root.
+fn merge_name(u: usize, m: usize) -> String {
+    format!(".ollie-merge-{u}-{m}")
+}
+
+/// overlayfs refuses a lower layer inside another lower layer of the same mount (ELOOP):
+/// a bead's dated folders lie inside the bead. Runs of consecutive lowers that lie inside
+/// another lower of the union are therefore merged first, each into a read-only overlay of
+/// their own (padded with an empty directory: a lower-only overlay needs two layers), which
+/// then stands for them in the union; the search order is unchanged. Returns, per lower
+/// position of the union, the merge it belongs to (`Some(m)`) or `None` (used directly).
+fn merge_runs(lowers: &[PathBuf]) -> Vec<Option<usize>> {
+    let nested = |i: usize| {
+        lowers
+            .iter()
+            .enumerate()
+            .any(|(j, o)| j != i && lowers[i].starts_with(o) && lowers[i] != *o)
+    };
+    let mut out = Vec::with_capacity(lowers.len());
+    let mut next = 0usize;
+    let mut open = false;
+    for i in 0..lowers.len() {
+        if nested(i) {
+            if !open {
+                open = true;
+                next += 1;
+            }
+            out.push(Some(next - 1));
+        } else {
+            open = false;
+            out.push(None);
+        }
+    }
+    out
+}
+
+/// The merges of `lowers` ([`merge_runs`]): each one's layers in order.
+fn merges(lowers: &[PathBuf]) -> Vec<Vec<PathBuf>> {
+    let mut out: Vec<Vec<PathBuf>> = Vec::new();
+    for (l, m) in lowers.iter().zip(merge_runs(lowers)) {
+        if let Some(m) = m {
+            if out.len() <= m {
+                out.push(Vec::new());
+            }
+            out[m].push(l.clone());
+        }
+    }
+    out
+}
+
 /// The step that builds the new root for `unions` (validated): the host's `/` as listed now,
 /// plus one empty directory per point. `root_access`: see [`MountStep::NewRoot`].
 pub(crate) fn new_root_step(
@@ -249,11 +302,26 @@ pub(crate) fn new_root_step(
             kind,
         });
     }
-    for u in unions {
+    for (ui, u) in unions.iter().enumerate() {
         let name = u.point.strip_prefix(root).unwrap_or(&u.point);
         entries.push(RootEntry {
             name: c(name)?,
             source: c(&u.point)?,
+            kind: RootKind::Point,
+        });
+        for m in 0..merges(&u.lowers).len() {
+            let name = merge_name(ui, m);
+            entries.push(RootEntry {
+                name: c(Path::new(&name))?,
+                source: c(&root.join(&name))?,
+                kind: RootKind::Point,
+            });
+        }
+    }
+    if unions.iter().any(|u| !merges(&u.lowers).is_empty()) {
+        entries.push(RootEntry {
+            name: c(Path::new(EMPTY_NAME))?,
+            source: c(&root.join(EMPTY_NAME))?,
             kind: RootKind::Point,
         });
     }
@@ -294,8 +362,29 @@ pub(crate) fn overlay_steps(
     let mut attach = Vec::new();
     for (i, u) in unions.iter().enumerate() {
         let slot = first_slot + i;
+        // Nested lowers go through their merges (attached in the new root first).
+        for (m, layers) in merges(&u.lowers).iter().enumerate() {
+            let mut lowers = layers.iter().map(|l| c(l)).collect::<Result<Vec<_>, _>>()?;
+            lowers.push(c(&Path::new("/").join(EMPTY_NAME))?);
+            create.push(MountStep::MergeCreate {
+                lowers,
+                at: c(&Path::new("/").join(merge_name(i, m)))?,
+            });
+        }
+        let runs = merge_runs(&u.lowers);
+        let mut lowers = Vec::new();
+        for (k, l) in u.lowers.iter().enumerate() {
+            match runs[k] {
+                None => lowers.push(c(l)?),
+                // The merge stands for its whole run, once, where the run starts.
+                Some(m) if k == 0 || runs[k - 1] != Some(m) => {
+                    lowers.push(c(&Path::new("/").join(merge_name(i, m)))?);
+                }
+                Some(_) => {}
+            }
+        }
         create.push(MountStep::UnionCreate {
-            lowers: u.lowers.iter().map(|l| c(l)).collect::<Result<_, _>>()?,
+            lowers,
             upper: c(&u.upper)?,
             work: c(&u.work)?,
             slot,
@@ -321,6 +410,31 @@ pub(crate) fn resolved_secrets(home: &Path) -> Vec<PathBuf> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn nested_lowers_are_merged_in_runs_keeping_the_order() {
+        let p = |s: &str| PathBuf::from(s);
+        let lowers = vec![
+            p("/b/m1/2026-11-30"),
+            p("/b/m1/2026-11-29"),
+            p("/b/m1"),
+            p("/b/m2/2026-01-01"),
+            p("/b/m2"),
+            p("/b/m3"),
+        ];
+        assert_eq!(
+            merge_runs(&lowers),
+            vec![Some(0), Some(0), None, Some(1), None, None]
+        );
+        assert_eq!(
+            merges(&lowers),
+            vec![
+                vec![p("/b/m1/2026-11-30"), p("/b/m1/2026-11-29")],
+                vec![p("/b/m2/2026-01-01")]
+            ]
+        );
+        assert!(merges(&[p("/a"), p("/b")]).is_empty());
+    }
 
     fn tmp(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("ollie-unions-{}-{name}", std::process::id()));

@@ -293,3 +293,63 @@ fn unions_are_checked_before_anything_runs() {
     assert!(refused(u).contains("no lower layer"));
     assert!(!marker.exists());
 }
+
+/// A bead's dated folders lie inside the bead; overlayfs refuses nested lower layers (ELOOP),
+/// so such runs are merged first. The search order is kept: the newest dated folder, the
+/// older one, the member itself, then the next member.
+#[test]
+fn nested_lower_layers_are_merged_in_search_order() {
+    if !features_ok("nested_lower_layers_are_merged_in_search_order") {
+        return;
+    }
+    let sc = Scratch::new("nested");
+    for (d, x, only) in [
+        ("A/2026-11-30", "new\n", "n"),
+        ("A/2026-11-29", "old\n", "o"),
+    ] {
+        std::fs::create_dir_all(sc.p(d).join("notes")).unwrap();
+        std::fs::write(sc.p(d).join("notes/x"), x).unwrap();
+        std::fs::write(sc.p(d).join("notes").join(only), only).unwrap();
+    }
+    std::fs::create_dir_all(sc.p("B/2026-01-01/notes")).unwrap();
+    std::fs::write(sc.p("B/2026-01-01/notes/x"), "b-dated\n").unwrap();
+    std::fs::write(sc.p("B/2026-01-01/notes/b"), "b").unwrap();
+    let before = (sc.tree("A"), sc.tree("B"));
+    let mut r = sc.req(
+        "cat /ctx/notes/x /ctx/notes/n /ctx/notes/o /ctx/notes/b /ctx/x /ctx/y; \
+         echo made > /ctx/notes/made; echo changed > /ctx/notes/x; cat /ctx/notes/x",
+        false,
+    );
+    r.unions = vec![UnionMount {
+        point: PathBuf::from(POINT),
+        lowers: vec![
+            sc.p("A/2026-11-30"),
+            sc.p("A/2026-11-29"),
+            sc.p("A"),
+            sc.p("B/2026-01-01"),
+            sc.p("B"),
+        ],
+        upper: sc.p("U"),
+        work: sc.p("W"),
+    }];
+    let o = ollie_sandbox::run(&policy(), &r).unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.record.exit.code,
+        Some(0),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // x from the newest dated folder, n and o from both, b from B's, then A/x and B/y.
+    assert_eq!(out, "new\nnoba\nb\nchanged\n");
+    // Writes are in the shadow layer only; the members are as they were.
+    assert_eq!(
+        std::fs::read_to_string(sc.p("U/notes/made")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(sc.p("U/notes/x")).unwrap(),
+        "changed\n"
+    );
+    assert_eq!((sc.tree("A"), sc.tree("B")), before);
+}

@@ -1,7 +1,8 @@
 //! The toolsrv tree, served over 9P on the link (the seed's tree, DESIGN.md §4):
 //!
 //! ```text
-//! ctl            w     load AGENT TOOL | unload AGENT TOOL | policy AGENT NAME (operator)
+//! ctl            w     load AGENT TOOL | unload AGENT TOOL | policy AGENT NAME | escalations AGENT KINDS|none
+//!                      | unions AGENT JSON|none | bypass_timeout SECONDS (the last four: operator)
 //! tools          rw    write an agent id (optionally followed by " json"), read its tools
 //! info           r     platform=, arch=, the sandbox layers the kernel offers, the session
 //! bypass/pending r     (operator) blocks until an escalation request is pending

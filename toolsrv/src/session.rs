@@ -27,6 +27,54 @@ struct AgentCfg {
     /// The escalation kinds (`net`, `read`, `write`, `unsandboxed`) the agent's profile lets
     /// it ask for; `None`: whatever its policy allows (an agent olliesrv did not configure).
     escalations: Option<BTreeSet<String>>,
+    /// The agent's bead namespace as overlay mounts (olliesrv's `unions AGENT JSON`): its
+    /// ordinary runs get them, as one-shot sandboxes (a prepared one cannot change its
+    /// mounts), one at a time per session (two overlays on one upper layer are undefined).
+    unions: Vec<ollie_sandbox::UnionMount>,
+}
+
+/// One point of `unions AGENT JSON`: the layers of an overlay at `point`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnionSpec {
+    point: PathBuf,
+    lowers: Vec<PathBuf>,
+    upper: PathBuf,
+    work: PathBuf,
+}
+
+/// At most this many points, and lower layers per point, in `unions`.
+const MAX_UNIONS: usize = 16;
+const MAX_LOWERS: usize = 256;
+
+/// Parses the JSON of `unions AGENT JSON` (`none` clears).
+fn parse_unions(json: &str) -> Result<Vec<ollie_sandbox::UnionMount>, String> {
+    if json.trim() == "none" {
+        return Ok(Vec::new());
+    }
+    let specs: Vec<UnionSpec> = serde_json::from_str(json)
+        .map_err(|e| format!("unions: {}", e.to_string().escape_debug()))?;
+    if specs.len() > MAX_UNIONS {
+        return Err(format!("unions: at most {MAX_UNIONS} points"));
+    }
+    specs
+        .into_iter()
+        .map(|u| {
+            if u.lowers.len() > MAX_LOWERS {
+                return Err(format!("unions: at most {MAX_LOWERS} layers per point"));
+            }
+            let all = u.lowers.iter().chain([&u.upper, &u.work]);
+            if let Some(p) = all.into_iter().find(|p| !p.is_absolute()) {
+                return Err(format!("unions: {} is not an absolute path", p.display()));
+            }
+            Ok(ollie_sandbox::UnionMount {
+                point: u.point,
+                lowers: u.lowers,
+                upper: u.upper,
+                work: u.work,
+            })
+        })
+        .collect()
 }
 
 /// Everything toolsrv knows about its session.
@@ -44,6 +92,8 @@ pub struct Session {
     pub broker: crate::broker::Broker,
     agents: Mutex<HashMap<String, AgentCfg>>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+    /// Held by a run with union mounts (see [`AgentCfg::unions`]).
+    union_runs: tokio::sync::Mutex<()>,
 }
 
 /// An escalated call, decided as needing the operator; bound (hashing files, so off the
@@ -198,6 +248,7 @@ impl Session {
             procs: Procs::new(boot.max_procs_per_agent, boot.max_procs, boot.max_exited),
             agents: Mutex::new(HashMap::new()),
             prepared: tokio::sync::Mutex::new(HashMap::new()),
+            union_runs: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -221,6 +272,7 @@ impl Session {
                 tools: tools::names().into_iter().map(String::from).collect(),
                 policy: self.default_policy.clone(),
                 escalations: None,
+                unions: Vec::new(),
             })
     }
 
@@ -243,7 +295,20 @@ impl Session {
     /// `ctl`: one command from `who`.
     pub fn ctl(&self, who: &Identity, line: &str) -> Result<(), String> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, escalations AGENT KINDS|none, bypass_timeout SECONDS (operator)";
+        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, escalations AGENT KINDS|none, unions AGENT JSON|none, bypass_timeout SECONDS (operator)";
+        if let Some(rest) = line.trim_start().strip_prefix("unions ") {
+            if *who != Identity::Operator {
+                return Err("permission denied: only the operator sets unions".into());
+            }
+            let rest = rest.trim_start();
+            let (agent, json) = rest
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| format!("unions: give AGENT and JSON or none ({usage})"))?;
+            crate::auth::validate_agent_id(agent)?;
+            let unions = parse_unions(json)?;
+            self.update(agent, |c| c.unions = unions);
+            return Ok(());
+        }
         if let ["bypass_timeout", secs] = words.as_slice() {
             if *who != Identity::Operator {
                 return Err("permission denied: only the operator sets bypass_timeout".into());
@@ -396,6 +461,7 @@ impl Session {
                 tools: tools::names().into_iter().map(String::from).collect(),
                 policy: self.default_policy.clone(),
                 escalations: None,
+                unions: Vec::new(),
             }
         } else {
             self.cfg(&owner)
@@ -465,7 +531,7 @@ impl Session {
         let pr = Arc::clone(&proc);
         tokio::spawn(async move {
             match escalation {
-                None => me.run(pr, cfg.policy, inv, cwd).await,
+                None => me.run(pr, cfg.policy, cfg.unions, inv, cwd).await,
                 Some(e) => me.run_escalated(pr, e, inv, cwd).await,
             }
         });
@@ -785,10 +851,48 @@ impl Session {
         self: Arc<Self>,
         proc: Arc<Proc>,
         policy: String,
+        unions: Vec<ollie_sandbox::UnionMount>,
         inv: Invocation,
         cwd: Option<PathBuf>,
     ) {
         let render = inv.render.clone();
+        if !unions.is_empty() {
+            let result = match self.policies.get(&policy).cloned() {
+                None => Err(SandboxError::InvalidRequest {
+                    reason: format!("unknown policy {policy:?}"),
+                }),
+                Some(pol) => {
+                    let mut req = RunRequest::new(inv.argv, self.workdir.clone());
+                    req.home = self.home.clone();
+                    req.base_env = self.env.clone();
+                    req.stdin = inv.stdin;
+                    req.cancel = Some(proc.cancel.clone());
+                    req.cwd = cwd;
+                    req.timeout_seconds = inv.timeout_seconds;
+                    req.unions = unions;
+                    let _one = self.union_runs.lock().await;
+                    let pr = Arc::clone(&proc);
+                    tokio::task::spawn_blocking(move || {
+                        ollie_sandbox::run_streaming(&pol, &req, &mut |_s: Stream, chunk: &[u8]| {
+                            pr.out
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .push(chunk);
+                        })
+                    })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(SandboxError::InvalidRequest {
+                            reason: format!("the runner thread failed: {e}"),
+                        })
+                    })
+                }
+            };
+            let f = finish_of(&proc, &render, result);
+            tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "process with union mounts ended");
+            self.procs.finish(&proc, f);
+            return;
+        }
         let result = match self.prepared(&policy).await {
             Err(e) => Err(SandboxError::InvalidRequest {
                 reason: format!("the sandbox for policy {policy} could not be set up: {e}"),
