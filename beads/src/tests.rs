@@ -1498,3 +1498,43 @@ fn the_shadow_layer_lives_under_the_shadow_root_per_point() {
     assert_eq!(point_dir_name(ns.points()[0].path()), "ctx");
     assert_eq!(ns.points()[0].dir_name(), "ctx");
 }
+
+#[test]
+fn overlay_layers_list_members_with_dated_folders_newest_first() {
+    let fx = Fixture::new();
+    let (a, c) = (fx.plain("A"), fx.plain("C"));
+    for d in ["2026-11-29", "2026-11-30", "not-a-date"] {
+        fs::create_dir_all(a.join(d).join("notes")).unwrap();
+    }
+    let mut ns = Namespace::new("s1");
+    fx.ok(&mut ns, &format!("mount -b {} /ctx", a.display()));
+    fx.ok(&mut ns, &format!("mount -ac {} /ctx", c.display()));
+    let l = ns.overlay_layers(&fx.env, "/ctx").unwrap();
+    let a = fs::canonicalize(&a).unwrap();
+    let c = fs::canonicalize(&c).unwrap();
+    let mut want = vec![a.join("2026-11-30"), a.join("2026-11-29"), a.clone()];
+    // C's own dated folders (from start, if any), then C.
+    let mut c_dates: Vec<PathBuf> = fs::read_dir(&c)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.file_name().unwrap().len() == 10)
+        .collect();
+    c_dates.sort();
+    c_dates.reverse();
+    want.extend(c_dates);
+    want.push(c);
+    assert_eq!(l.point, "/ctx");
+    assert_eq!(l.lowers, want);
+    assert_eq!(
+        l.upper,
+        fs::canonicalize(fx.env.shadow_root.join("ctx")).unwrap()
+    );
+    assert!(
+        l.work.is_dir()
+            && l.work
+                .starts_with(fs::canonicalize(&fx.env.shadow_root).unwrap())
+    );
+    assert!(!l.work.starts_with(&l.upper) && !l.upper.starts_with(&l.work));
+    assert!(ns.overlay_layers(&fx.env, "/none").is_err());
+}
