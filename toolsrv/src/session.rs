@@ -770,13 +770,7 @@ impl Session {
                     Err("the call was stopped; nothing was run".to_owned())
                 }
                 Ok(()) => {
-                    let mut req = RunRequest::new(inv.argv, self.workdir.clone());
-                    req.home = self.home.clone();
-                    req.base_env = self.env.clone();
-                    req.stdin = inv.stdin;
-                    req.cancel = Some(proc.cancel.clone());
-                    req.cwd = cwd;
-                    req.timeout_seconds = inv.timeout_seconds;
+                    let req = self.request(&proc, inv, cwd);
                     let pr = Arc::clone(&proc);
                     let policy = e.widened;
                     tokio::task::spawn_blocking(move || {
@@ -817,6 +811,19 @@ impl Session {
         }
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
         self.procs.finish(&proc, f);
+    }
+
+    /// The sandbox request of `inv` for `proc` (the session's workspace, home and
+    /// environment; the call's stdin, cwd, timeout and cancel handle).
+    fn request(&self, proc: &Proc, inv: Invocation, cwd: Option<PathBuf>) -> RunRequest {
+        let mut req = RunRequest::new(inv.argv, self.workdir.clone());
+        req.home = self.home.clone();
+        req.base_env = self.env.clone();
+        req.stdin = inv.stdin;
+        req.cancel = Some(proc.cancel.clone());
+        req.cwd = cwd;
+        req.timeout_seconds = inv.timeout_seconds;
+        req
     }
 
     /// A `cwd=` value: absolute, or relative to the workspace; `..` may not climb above it.
@@ -862,13 +869,7 @@ impl Session {
                     reason: format!("unknown policy {policy:?}"),
                 }),
                 Some(pol) => {
-                    let mut req = RunRequest::new(inv.argv, self.workdir.clone());
-                    req.home = self.home.clone();
-                    req.base_env = self.env.clone();
-                    req.stdin = inv.stdin;
-                    req.cancel = Some(proc.cancel.clone());
-                    req.cwd = cwd;
-                    req.timeout_seconds = inv.timeout_seconds;
+                    let mut req = self.request(&proc, inv, cwd);
                     req.unions = unions;
                     let _one = self.union_runs.lock().await;
                     let pr = Arc::clone(&proc);
@@ -898,13 +899,7 @@ impl Session {
                 reason: format!("the sandbox for policy {policy} could not be set up: {e}"),
             }),
             Ok(prepared) => {
-                let mut req = RunRequest::new(inv.argv, self.workdir.clone());
-                req.home = self.home.clone();
-                req.base_env = self.env.clone();
-                req.stdin = inv.stdin;
-                req.cancel = Some(proc.cancel.clone());
-                req.cwd = cwd;
-                req.timeout_seconds = inv.timeout_seconds;
+                let req = self.request(&proc, inv, cwd);
                 let pr = Arc::clone(&proc);
                 let sb = Arc::clone(&prepared);
                 let r = tokio::task::spawn_blocking(move || {
