@@ -486,6 +486,9 @@ impl Agent {
     /// would have); returns how many files moved.
     pub fn ns_settle(&self) -> Result<usize, String> {
         let ns = self.ns.snapshot();
+        if ns.points().iter().all(|p| p.create_target().is_none()) {
+            return Ok(0);
+        }
         let env = self.ns.env(false)?;
         let mut moved = 0;
         for p in ns.points() {
