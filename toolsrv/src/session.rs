@@ -29,7 +29,8 @@ struct AgentCfg {
     escalations: Option<BTreeSet<String>>,
     /// The agent's bead namespace as overlay mounts (olliesrv's `unions AGENT JSON`): its
     /// ordinary runs get them, as one-shot sandboxes (a prepared one cannot change its
-    /// mounts), one at a time per session (two overlays on one upper layer are undefined).
+    /// mounts), one at a time per agent (two overlays on one upper layer are undefined; a
+    /// background run holds the agent's next runs until it ends).
     unions: Vec<ollie_sandbox::UnionMount>,
 }
 
@@ -92,8 +93,8 @@ pub struct Session {
     pub broker: crate::broker::Broker,
     agents: Mutex<HashMap<String, AgentCfg>>,
     prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
-    /// Held by a run with union mounts (see [`AgentCfg::unions`]).
-    union_runs: tokio::sync::Mutex<()>,
+    /// Per agent, held by its runs with union mounts (see [`AgentCfg::unions`]).
+    union_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// An escalated call, decided as needing the operator; bound (hashing files, so off the
@@ -248,7 +249,7 @@ impl Session {
             procs: Procs::new(boot.max_procs_per_agent, boot.max_procs, boot.max_exited),
             agents: Mutex::new(HashMap::new()),
             prepared: tokio::sync::Mutex::new(HashMap::new()),
-            union_runs: tokio::sync::Mutex::new(()),
+            union_runs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -871,7 +872,13 @@ impl Session {
                 Some(pol) => {
                     let mut req = self.request(&proc, inv, cwd);
                     req.unions = unions;
-                    let _one = self.union_runs.lock().await;
+                    // One run at a time per agent: its overlays share one upper layer.
+                    let one = Arc::clone(
+                        lock(&self.union_runs)
+                            .entry(proc.owner.clone())
+                            .or_default(),
+                    );
+                    let _one = one.lock().await;
                     let pr = Arc::clone(&proc);
                     tokio::task::spawn_blocking(move || {
                         ollie_sandbox::run_streaming(&pol, &req, &mut |_s: Stream, chunk: &[u8]| {
