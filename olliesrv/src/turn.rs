@@ -325,10 +325,15 @@ async fn run_tool_inner(
 ) -> Result<Outcome, String> {
     // File tools on the agent's bead namespace are served here, through the union (off the
     // async workers: it is filesystem work).
-    let (me, name, args) = (Arc::clone(a), call.name.clone(), call.arguments.clone());
-    let served = tokio::task::spawn_blocking(move || crate::nstools::file_tool(&me, &name, &args))
-        .await
-        .unwrap_or_else(|e| Some(Err(format!("the namespace thread failed: {e}"))));
+    let served =
+        if matches!(call.name.as_str(), "file_read" | "file_write") && !a.ns_points().is_empty() {
+            let (me, name, args) = (Arc::clone(a), call.name.clone(), call.arguments.clone());
+            tokio::task::spawn_blocking(move || crate::nstools::file_tool(&me, &name, &args))
+                .await
+                .unwrap_or_else(|e| Some(Err(format!("the namespace thread failed: {e}"))))
+        } else {
+            None
+        };
     if let Some(r) = served {
         return Ok(match r {
             Ok(text) => Outcome {
@@ -397,6 +402,10 @@ async fn run_tool_inner(
 /// what earlier runs created under the kind folders into the create targets.
 async fn send_unions(a: &Arc<Agent>, c: &crate::link::Conn) -> Result<(), String> {
     use std::sync::atomic::Ordering;
+    if a.ns_points().is_empty() && !a.ns.unions_sent.load(Ordering::SeqCst) {
+        // No namespace now and none sent: nothing to do (most agents, every call).
+        return Ok(());
+    }
     let me = Arc::clone(a);
     let overlays = tokio::task::spawn_blocking(move || {
         me.ns_settle()?;
