@@ -63,6 +63,11 @@ fn server_with(turns: &str, other: &str, top: &str, profile: &str) -> (Srv, std:
 
 /// Session `s` in `work` with agent `a`.
 async fn session_with_agent(root: &Fid, work: &std::path::Path) {
+    session_with_profiled_agent(root, work, None).await;
+}
+
+/// Session `s` in `work` with agent `a` under `profile` (the default one when `None`).
+async fn session_with_profiled_agent(root: &Fid, work: &std::path::Path, profile: Option<&str>) {
     rdwr(
         root,
         "session/new",
@@ -70,7 +75,11 @@ async fn session_with_agent(root: &Fid, work: &std::path::Path) {
     )
     .await
     .unwrap();
-    rdwr(root, "session/s/agent/new", "name=a").await.unwrap();
+    let spec = match profile {
+        Some(p) => format!("name=a profile={p}"),
+        None => "name=a".to_owned(),
+    };
+    rdwr(root, "session/s/agent/new", &spec).await.unwrap();
 }
 
 /// Waits (bounded) until `path` contains `needle`; returns the content.
@@ -449,16 +458,7 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
             .next(),
         Some("config reloaded: 2 backends")
     );
-    rdwr(
-        &root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(&root, "session/s/agent/new", "name=a profile=asker")
-        .await
-        .unwrap();
+    session_with_profiled_agent(&root, &work, Some("asker")).await;
     let mut sw = root.walk_path("session/s/agent/a/statewait").await.unwrap();
     sw.open(om::OREAD).await.unwrap();
     write(&root, "session/s/agent/a/prompt", "connect").await;
@@ -613,16 +613,7 @@ async fn an_unanswered_escalation_is_denied_at_the_configured_deadline() {
         "escalations = [\"net\"]\n",
     );
     let (_c, root) = attach(&srv, &me()).await;
-    rdwr(
-        &root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(&root, "session/s/agent/new", "name=a profile=asker")
-        .await
-        .unwrap();
+    session_with_profiled_agent(&root, &work, Some("asker")).await;
     write(&root, "session/s/agent/a/prompt", "go").await;
     let raw = wait_for(&root, "session/s/agent/a/log", "[[[assistant\ngave up").await;
     assert!(
@@ -654,16 +645,7 @@ async fn a_sandboxed_tool_cannot_answer_a_pending_request() {
     let other = format!("{other}\n{}\n", r#"{"text": "tried"}"#);
     std::fs::write(srv.dir.path().join("other.jsonl"), other).unwrap();
     let (_c, root) = attach(&srv, &me()).await;
-    rdwr(
-        &root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(&root, "session/s/agent/new", "name=a profile=asker")
-        .await
-        .unwrap();
+    session_with_profiled_agent(&root, &work, Some("asker")).await;
     write(&root, "session/s/agent/a/prompt", "ask").await;
     let mut pending = root.walk_path("bypass/pending").await.unwrap();
     pending.open(om::OREAD).await.unwrap();
