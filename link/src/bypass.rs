@@ -272,6 +272,7 @@ fn hex(bytes: &[u8]) -> String {
 /// | variation selectors 1–16 | U+FE00–U+FE0F |
 /// | zero width no-break space (BOM) | U+FEFF |
 /// | halfwidth Hangul filler | U+FFA0 |
+/// | interlinear annotation anchor, separator, terminator | U+FFF9–U+FFFB |
 /// | tag characters | U+E0000–U+E007F |
 /// | variation selectors 17–256 | U+E0100–U+E01EF |
 ///
@@ -297,6 +298,7 @@ pub fn needs_display_escape(c: char) -> bool {
             | '\u{FE00}'..='\u{FE0F}'
             | '\u{FEFF}'
             | '\u{FFA0}'
+            | '\u{FFF9}'..='\u{FFFB}'
             | '\u{E0000}'..='\u{E007F}'
             | '\u{E0100}'..='\u{E01EF}'
     )
@@ -1091,6 +1093,7 @@ mod tests {
         (0xFE00, 0xFE0F),
         (0xFEFF, 0xFEFF),
         (0xFFA0, 0xFFA0),
+        (0xFFF9, 0xFFFB),
         (0xE0000, 0xE007F),
         (0xE0100, 0xE01EF),
     ];

@@ -70,21 +70,10 @@ pub struct Request {
     pub expires: String,
 }
 
-/// Whether `c` must never reach the terminal as it is: C0 controls, DEL, C1 controls, bidi
-/// embeddings/overrides/isolates/marks and invisible format characters.
+/// Whether `c` must never reach the terminal as it is: the server's display-escape set
+/// (controls, bidi, invisible and format characters), checked again on this side.
 fn is_unsafe(c: char) -> bool {
-    matches!(c,
-        '\u{0}'..='\u{1F}'
-        | '\u{7F}'..='\u{9F}'
-        | '\u{AD}'
-        | '\u{61C}'
-        | '\u{180E}'
-        | '\u{200B}'..='\u{200F}'
-        | '\u{2028}'..='\u{202E}'
-        | '\u{2060}'..='\u{2069}'
-        | '\u{FEFF}'
-        | '\u{FFF9}'..='\u{FFFB}'
-    )
+    ollie_link::bypass::needs_display_escape(c)
 }
 
 /// `s` with every unsafe character written as `\u{XX}` (upper-case hex, as the server does).
