@@ -112,6 +112,30 @@ struct Escalation {
     widened: Policy,
 }
 
+/// Runs `run` (a sandbox run) on a blocking thread, its output streaming into `proc`'s.
+async fn on_runner(
+    proc: &Arc<Proc>,
+    run: impl FnOnce(&mut dyn FnMut(Stream, &[u8])) -> Result<ollie_sandbox::RunOutput, SandboxError>
+    + Send
+    + 'static,
+) -> Result<ollie_sandbox::RunOutput, SandboxError> {
+    let pr = Arc::clone(proc);
+    tokio::task::spawn_blocking(move || {
+        run(&mut |_s: Stream, chunk: &[u8]| {
+            pr.out
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(chunk);
+        })
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(SandboxError::InvalidRequest {
+            reason: format!("the runner thread failed: {e}"),
+        })
+    })
+}
+
 /// A binding part as JSON for the request (plain data; a path that is not UTF-8 shows as
 /// null).
 fn to_json<T: serde::Serialize>(v: &T) -> serde_json::Value {
@@ -879,21 +903,10 @@ impl Session {
                             .or_default(),
                     );
                     let _one = one.lock().await;
-                    let pr = Arc::clone(&proc);
-                    tokio::task::spawn_blocking(move || {
-                        ollie_sandbox::run_streaming(&pol, &req, &mut |_s: Stream, chunk: &[u8]| {
-                            pr.out
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .push(chunk);
-                        })
+                    on_runner(&proc, move |sink| {
+                        ollie_sandbox::run_streaming(&pol, &req, sink)
                     })
                     .await
-                    .unwrap_or_else(|e| {
-                        Err(SandboxError::InvalidRequest {
-                            reason: format!("the runner thread failed: {e}"),
-                        })
-                    })
                 }
             };
             let f = finish_of(&proc, &render, result);
@@ -907,22 +920,8 @@ impl Session {
             }),
             Ok(prepared) => {
                 let req = self.request(&proc, inv, cwd);
-                let pr = Arc::clone(&proc);
                 let sb = Arc::clone(&prepared);
-                let r = tokio::task::spawn_blocking(move || {
-                    sb.run_streaming(&req, &mut |_s: Stream, chunk: &[u8]| {
-                        pr.out
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(chunk);
-                    })
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    Err(SandboxError::InvalidRequest {
-                        reason: format!("the runner thread failed: {e}"),
-                    })
-                });
+                let r = on_runner(&proc, move |sink| sb.run_streaming(&req, sink)).await;
                 if let Err(SandboxError::Io { op, .. }) = &r
                     && op.starts_with("reach the prepared sandbox")
                 {
