@@ -725,20 +725,36 @@ fn cgroup_parents() -> Vec<PathBuf> {
 }
 
 /// Creates a fresh pids cgroup with `pids.max` = `max` under the runner's own cgroup (root).
+/// Only real cgroup filesystems count (a plain directory would limit nothing). A name left
+/// by a dead process with the same pid (killed before it could remove its cgroup) is removed
+/// when it is empty, or skipped for the next name.
 pub(crate) fn make_cgroup(max: u64) -> Option<PathBuf> {
     static N: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        "ollie-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
     for base in cgroup_parents() {
-        let dir = base.join(&name);
-        if std::fs::create_dir(&dir).is_ok() {
+        if !sys::is_cgroup_fs(&base) {
+            continue;
+        }
+        for _ in 0..8 {
+            let name = format!(
+                "ollie-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
+            let dir = base.join(&name);
+            let made = match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    std::fs::remove_dir(&dir).is_ok() && std::fs::create_dir(&dir).is_ok()
+                }
+                r => r.is_ok(),
+            };
+            if !made {
+                continue;
+            }
             if std::fs::write(dir.join("pids.max"), max.to_string()).is_ok() {
                 return Some(dir);
             }
             let _ = std::fs::remove_dir(&dir);
+            break;
         }
     }
     None
@@ -1955,6 +1971,27 @@ pub struct Probe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pids_cgroups_are_made_only_on_cgroup_filesystems() {
+        let t = std::env::temp_dir();
+        assert!(
+            !sys::is_cgroup_fs(&t),
+            "a temporary directory counted as a cgroup"
+        );
+        // As root on a host with a writable pids hierarchy it is a real cgroup; elsewhere none.
+        if let Some(dir) = make_cgroup(8) {
+            assert!(sys::is_cgroup_fs(&dir), "{}", dir.display());
+            assert_eq!(
+                std::fs::read_to_string(dir.join("pids.max"))
+                    .unwrap()
+                    .trim(),
+                "8"
+            );
+            remove_cgroup(&dir);
+            assert!(!dir.exists());
+        }
+    }
 
     fn space(free: u64, avail: u64, free_inodes: u64) -> sys::FsSpace {
         sys::FsSpace {

@@ -2542,6 +2542,24 @@ pub(crate) fn fstatfs(fd: &OwnedFd) -> io::Result<FsSpace> {
     })
 }
 
+/// Whether `path` is on a cgroup filesystem (v1 or v2), not a directory that merely sits
+/// where one is usually mounted (`/sys/fs/cgroup` is a tmpfs on cgroup-v1 hosts).
+pub(crate) fn is_cgroup_fs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: zeroed plain data.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and an out pointer to a properly sized struct.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } < 0 {
+        return false;
+    }
+    matches!(st.f_type as i64, CGROUP_SUPER_MAGIC | CGROUP2_SUPER_MAGIC)
+}
+
 /// A close-on-exec duplicate of `fd`, owned by the caller. Used for descriptors a process
 /// inherited by number (a server's link, a boot memfd): duplicating instead of adopting
 /// means no other owner of `fd` can be invalidated. Fails with EBADF if `fd` is not open.
