@@ -71,7 +71,7 @@ fn boot_memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
 
 impl Toolsrv {
     /// Starts `program` for a session with a fresh master key. The child gets an empty
-    /// environment (plus `RUST_LOG` if set), stdin and stdout on /dev/null, stderr inherited
+    /// environment (plus `RUST_LOG` and `JOURNAL_STREAM` if set), stdin and stdout on /dev/null, stderr inherited
     /// (its log), the link as fd 3 and the boot memfd as fd 4.
     pub fn spawn(program: &Path, boot: &Bootstrap) -> std::io::Result<Toolsrv> {
         Self::spawn_with_key(program, MasterKey::generate()?, boot)
@@ -91,8 +91,12 @@ impl Toolsrv {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        if let Some(v) = std::env::var_os("RUST_LOG") {
-            cmd.env("RUST_LOG", v);
+        // RUST_LOG sets toolsrv's log level; JOURNAL_STREAM lets it log in the journal's
+        // format when the inherited stderr is the journal.
+        for k in ["RUST_LOG", "JOURNAL_STREAM"] {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
         }
         cmd.fd_mappings(vec![
             FdMapping {

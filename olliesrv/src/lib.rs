@@ -32,6 +32,7 @@ pub mod model;
 pub mod ns;
 pub mod nstools;
 pub mod store;
+pub mod systemd;
 pub mod turn;
 
 use std::path::PathBuf;
@@ -52,7 +53,7 @@ use crate::listen::ListenError;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// What to serve and where.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Options {
     /// `--config FILE`; otherwise the default location, if it exists.
     pub config: Option<PathBuf>,
@@ -63,6 +64,12 @@ pub struct Options {
     pub state_dir: Option<PathBuf>,
     /// The toolsrv binary; otherwise `$OLLIE_TOOLSRV`, next to this executable, or `PATH`.
     pub toolsrv: Option<PathBuf>,
+    /// Sockets passed by socket activation ([`systemd::Environment::take`]), served besides
+    /// `addrs`; when there are some and `addrs` is empty, the default address is not used.
+    pub activated: Vec<systemd::Activated>,
+    /// The service manager's notification socket: `READY=1` once every listener serves,
+    /// `STOPPING=1` when the server starts to stop.
+    pub notify: Option<systemd::Notifier>,
 }
 
 /// Why the server could not run.
@@ -184,9 +191,12 @@ pub fn tcp_key(dir: &std::path::Path) -> Result<Vec<u8>, RunError> {
 }
 
 /// Runs the server until `stop` is set (by the caller, a signal handler, or `ctl kill`).
-pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunError> {
+pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), RunError> {
     let config = Config::load(opts.config.as_deref())?;
-    let addrs = if opts.addrs.is_empty() {
+    let activated = std::mem::take(&mut opts.activated);
+    let addrs = if opts.addrs.is_empty() && !activated.is_empty() {
+        Vec::new()
+    } else if opts.addrs.is_empty() {
         vec![default_addr()]
     } else {
         opts.addrs.clone()
@@ -212,6 +222,33 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
                 tcps.push((a.to_string(), l));
             }
         }
+    }
+    // Activated sockets belong to the service manager: served, never removed.
+    let mut passed_unix = Vec::new();
+    let mut names: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+    for a in activated {
+        let addr = a.describe();
+        let serve_err = |source| RunError::Serve {
+            addr: addr.clone(),
+            source,
+        };
+        match a {
+            systemd::Activated::Unix(l) => {
+                l.set_nonblocking(true).map_err(serve_err)?;
+                passed_unix.push((
+                    addr.clone(),
+                    tokio::net::UnixListener::from_std(l).map_err(serve_err)?,
+                ));
+            }
+            systemd::Activated::Tcp(l) => {
+                l.set_nonblocking(true).map_err(serve_err)?;
+                tcps.push((
+                    addr.clone(),
+                    tokio::net::TcpListener::from_std(l).map_err(serve_err)?,
+                ));
+            }
+        }
+        names.push(addr);
     }
     let key = if tcps.is_empty() {
         None
@@ -241,13 +278,10 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
 
     let mut f = Map::new();
     f.insert("pid".into(), Value::from(std::process::id()));
-    f.insert(
-        "addresses".into(),
-        Value::from(addrs.iter().map(ToString::to_string).collect::<Vec<_>>()),
-    );
+    f.insert("addresses".into(), Value::from(names.clone()));
     f.insert("state".into(), Value::from(dir.display().to_string()));
     events.emit("server-started", f);
-    for a in &addrs {
+    for a in &names {
         tracing::info!(addr = %a, state = %dir.display(), "serving");
     }
 
@@ -256,8 +290,13 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
     let (down_tx, down_rx) = watch::channel(false);
     let mut stop_rx = stop.subscribe();
     let ev = Arc::clone(&events);
+    let notify = opts.notify.take().map(Arc::new);
+    let stop_notify = notify.clone();
     let announcer = tokio::spawn(async move {
         let _ = stop_rx.wait_for(|s| *s).await;
+        if let Some(n) = &stop_notify {
+            n.send("STOPPING=1\nSTATUS=stopping: ending sessions' toolsrv");
+        }
         let mut f = Map::new();
         f.insert("pid".into(), Value::from(std::process::id()));
         ev.emit("server-stopping", f);
@@ -282,6 +321,17 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
             r.map_err(|source| RunError::Serve { addr, source })
         });
     }
+    for (addr, listener) in passed_unix {
+        let server = Arc::clone(&server);
+        let mut down = down_rx.clone();
+        tasks.spawn(async move {
+            let shutdown = async move {
+                let _ = down.wait_for(|d| *d).await;
+            };
+            let r = server.serve_unix(listener, shutdown, SHUTDOWN_GRACE).await;
+            r.map_err(|source| RunError::Serve { addr, source })
+        });
+    }
     for (addr, listener) in tcps {
         let server = Arc::clone(&server);
         let mut down = down_rx.clone();
@@ -293,6 +343,13 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
             r.map_err(|source| RunError::Serve { addr, source })
         });
     }
+    if let Some(n) = &notify {
+        n.send(&format!(
+            "READY=1\nSTATUS=serving {} ({} sessions restored)",
+            names.join(" "),
+            reg.sessions().len()
+        ));
+    }
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
         if let Ok(Err(e)) = r {
@@ -300,10 +357,18 @@ pub async fn run(opts: Options, stop: watch::Sender<bool>) -> Result<(), RunErro
         }
     }
     announcer.abort();
-    // Every session's toolsrv ends with the server (their state stays on disk).
-    for s in reg.sessions() {
+    // Every session's toolsrv ends with the server (their state stays on disk), and the
+    // server waits for each to be gone (toolsrv ends its tools first; SIGKILL after 2 s).
+    let sessions = reg.sessions();
+    for s in &sessions {
         s.link.stop();
     }
-    tracing::info!("stopped");
+    for s in &sessions {
+        s.link.finished().await;
+    }
+    tracing::info!(
+        sessions = sessions.len(),
+        "stopped; every toolsrv has exited"
+    );
     result
 }

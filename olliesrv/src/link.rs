@@ -107,6 +107,8 @@ impl LinkState {
 pub struct ToolLink {
     state: watch::Sender<LinkState>,
     stop: watch::Sender<bool>,
+    /// Whether the supervisor task runs (it ends once toolsrv has exited for good).
+    running: watch::Sender<bool>,
     /// How many times toolsrv was started.
     pub starts: Mutex<u64>,
 }
@@ -129,6 +131,7 @@ impl ToolLink {
         ToolLink {
             state: watch::Sender::new(LinkState::Starting),
             stop: watch::Sender::new(false),
+            running: watch::Sender::new(false),
             starts: Mutex::new(0),
         }
     }
@@ -183,7 +186,18 @@ impl ToolLink {
 
     /// Starts the supervisor task.
     pub fn start(&self, s: Arc<Session>, reg: Arc<Registry>) {
-        tokio::spawn(supervise(s, reg));
+        self.running.send_replace(true);
+        tokio::spawn(async move {
+            supervise(Arc::clone(&s), reg).await;
+            s.link.running.send_replace(false);
+        });
+    }
+
+    /// Waits until the supervisor has ended after [`ToolLink::stop`]: toolsrv has exited (or
+    /// was killed), so none of the session's processes remain.
+    pub async fn finished(&self) {
+        let mut rx = self.running.subscribe();
+        let _ = rx.wait_for(|r| !*r).await;
     }
 }
 

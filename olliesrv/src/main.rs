@@ -14,6 +14,8 @@ use tokio::signal::unix::{SignalKind, signal};
     name = "olliesrv",
     about = "The ollie 9P server: sessions, agents and everything else as files",
     after_help = "The default address is unix!$NAMESPACE/ollie (NAMESPACE defaults to /tmp/ns.$USER.$DISPLAY).\n\
+        Under systemd: serves the sockets passed by socket activation (LISTEN_FDS; unix or TCP, instead of\n\
+        the default address unless -a is given), reports readiness (Type=notify) and logs in the journal's format.\n\
         Logging: OLLIE_LOG=debug (tracing filter syntax).\n\
         EXIT STATUS: 0 stopped cleanly, 1 failed while serving, 2 bad configuration or usage, 3 cannot listen."
 )]
@@ -46,13 +48,19 @@ fn main() -> ExitCode {
             };
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OLLIE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Socket activation and the notify socket, before any thread exists.
+    let env = match ollie_olliesrv::systemd::Environment::take() {
+        Ok(env) => env,
+        Err(e) => {
+            eprintln!("olliesrv: socket activation: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    ollie_link::logging::init(
+        tracing_subscriber::EnvFilter::try_from_env("OLLIE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        true,
+    );
     let mut addrs = Vec::new();
     for a in &args.addr {
         match Addr::parse(a) {
@@ -79,6 +87,8 @@ fn main() -> ExitCode {
         addrs,
         state_dir: args.state_dir,
         toolsrv: args.toolsrv,
+        activated: env.sockets,
+        notify: env.notify,
     };
     let result = rt.block_on(async move {
         let (stop, _) = tokio::sync::watch::channel(false);

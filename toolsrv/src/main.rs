@@ -170,11 +170,10 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(1, "hardening", &e),
     };
-    tracing_subscriber::fmt()
-        .with_max_level(log_level())
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    ollie_link::logging::init(
+        tracing_subscriber::EnvFilter::new(log_level().as_str()),
+        false,
+    );
     tracing::debug!(hardening = ?record, session = %session.id, "hardened");
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
