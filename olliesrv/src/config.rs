@@ -6,9 +6,11 @@
 //! error names the file and the key path and fits on one line.
 //!
 //! Top-level keys of `config.toml`: `default_backend`, `[backends.NAME]`, `[remotes.NAME]`,
-//! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, and `beads_dir` (the
+//! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, `beads_dir` (the
 //! bead registry of the session and agent namespaces, an absolute path; default
-//! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::ns`]).
+//! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::ns`]), and
+//! `operators` (who else attaches as the owner: user names, and `@group` for the members of a
+//! group; for a system service that people reach through a shared socket).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -213,6 +215,43 @@ pub struct Config {
     pub bypass_timeout_s: u64,
     /// The bead registry (`beads_dir`, absolute); `None`: `ollie_beads::Registry::from_env`.
     pub beads_dir: Option<PathBuf>,
+    /// Besides the server's own user and root, who attaches as the owner (the operator).
+    pub operators: Vec<Operator>,
+}
+
+/// An entry of `operators`: a user, or every member of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operator {
+    User(String),
+    Group(String),
+}
+
+impl Operator {
+    /// Parses `NAME` or `@GROUP` (names as `useradd` allows them: letters, digits, `_`, `-`,
+    /// `.`, not starting with `-`; a trailing `$` for machine accounts).
+    pub fn parse(s: &str) -> Result<Operator, String> {
+        let (group, name) = match s.strip_prefix('@') {
+            Some(g) => (true, g),
+            None => (false, s),
+        };
+        let body = name.strip_suffix('$').unwrap_or(name);
+        let ok = !body.is_empty()
+            && body.len() <= 64
+            && !body.starts_with('-')
+            && body
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !ok {
+            return Err(format!(
+                "{s:?} is not a user name or @group (letters, digits, '_', '-', '.')"
+            ));
+        }
+        Ok(if group {
+            Operator::Group(name.to_owned())
+        } else {
+            Operator::User(name.to_owned())
+        })
+    }
 }
 
 impl Default for Config {
@@ -235,6 +274,8 @@ struct RawConfig {
     compact_at: Option<f64>,
     bypass_timeout_s: Option<i64>,
     beads_dir: Option<PathBuf>,
+    #[serde(default)]
+    operators: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -539,6 +580,7 @@ impl Config {
             compact_at: DEFAULT_COMPACT_AT,
             bypass_timeout_s: DEFAULT_BYPASS_TIMEOUT_S,
             beads_dir: None,
+            operators: Vec::new(),
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -867,6 +909,10 @@ impl Config {
                 format!("{:?} must be an absolute path", d.display().to_string()),
             ));
         }
+        let mut operators = Vec::new();
+        for (i, o) in raw.operators.iter().enumerate() {
+            operators.push(Operator::parse(o).map_err(|m| invalid(format!("operators[{i}]"), m))?);
+        }
         Ok(Config {
             path: Some(path.to_owned()),
             default_backend: raw.default_backend,
@@ -877,6 +923,7 @@ impl Config {
             compact_at,
             bypass_timeout_s,
             beads_dir: raw.beads_dir,
+            operators,
             ..Config::builtin()
         })
     }
@@ -919,6 +966,35 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(s, Path::new("config.toml"))
+    }
+
+    #[test]
+    fn operators_are_users_and_groups_and_bad_names_are_refused() {
+        let c = parse("operators = [\"alice\", \"@ollie-admin\", \"svc$\"]").unwrap();
+        assert_eq!(
+            c.operators,
+            vec![
+                Operator::User("alice".into()),
+                Operator::Group("ollie-admin".into()),
+                Operator::User("svc$".into()),
+            ]
+        );
+        assert!(parse("").unwrap().operators.is_empty());
+        for bad in [
+            "\"\"",
+            "\"@\"",
+            "\"-rf\"",
+            "\"a b\"",
+            "\"al/ice\"",
+            "\"a\\nb\"",
+        ] {
+            let e = parse(&format!("operators = [\"ok\", {bad}]"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("operators[1]"), "{bad}: {e}");
+            assert!(!e.contains('\n'), "{bad}: {e}");
+        }
+        assert!(parse("operators = \"alice\"").is_err());
     }
 
     #[test]

@@ -582,15 +582,34 @@ pub fn help_text() -> String {
          artifacts/ land in the -c member's dated kind folder, or stay in the shadow layer\n  \
          until a -c member is mounted; read-only members are never changed (writes copy up).\n  \
          Each agent has a private copy of its session's namespace, made when it was created.\n  \
-         attach as your own user (or as \"agent\" to get only the group's rights).\n",
+         attach as your own user (or as \"agent\" to get only the group's rights); the server's\n  \
+         user, root and config.toml's operators get the owner's rights.\n",
     );
     s
+}
+
+/// Whether `operators` names user `name` (whose primary group is `primary`), or a group it
+/// belongs to: its primary group, or one listing it as a member. `group` looks a group up by
+/// name: its gid and members.
+fn operator_matches(
+    operators: &[crate::config::Operator],
+    name: &str,
+    primary: Option<u32>,
+    group: impl Fn(&str) -> Option<(u32, Vec<String>)>,
+) -> bool {
+    use crate::config::Operator;
+    operators.iter().any(|o| match o {
+        Operator::User(u) => u == name,
+        Operator::Group(g) => {
+            group(g).is_some_and(|(gid, mem)| Some(gid) == primary || mem.iter().any(|m| m == name))
+        }
+    })
 }
 
 /// Who a fid acts for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// The server's own user: owner bits.
+    /// The server's own user, root, and the `operators` of config.toml: owner bits.
     Owner,
     /// Anyone else (including agents): group bits.
     Group,
@@ -961,11 +980,36 @@ impl OllieFs {
                 "permission denied: attach as {uname:?} refused; you are {peer_name:?} (attach as yourself or as \"agent\")"
             )));
         }
-        if uname == self.shared.owner {
+        if uname == self.shared.owner
+            || peer.uid == self.shared.owner_uid
+            || peer.uid == 0
+            || self.is_operator(uname, peer.uid)
+        {
             Ok(Class::Owner)
         } else {
             Ok(Class::Group)
         }
+    }
+
+    /// Whether config `operators` names this user, or a group it belongs to.
+    fn is_operator(&self, name: &str, uid: u32) -> bool {
+        let config = self.shared.config();
+        if config.operators.is_empty() {
+            return false;
+        }
+        let primary = match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+            Ok(Some(u)) => Some(u.gid.as_raw()),
+            _ => None,
+        };
+        operator_matches(
+            &config.operators,
+            name,
+            primary,
+            |g| match nix::unistd::Group::from_name(g) {
+                Ok(Some(grp)) => Some((grp.gid.as_raw(), grp.mem)),
+                _ => None,
+            },
+        )
     }
 
     fn entries(&self, node: &Node) -> Vec<Stat> {
@@ -2551,6 +2595,32 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operators_match_users_and_group_members_only() {
+        use crate::config::Operator;
+        let ops = vec![
+            Operator::User("alice".into()),
+            Operator::Group("admins".into()),
+        ];
+        let groups = |g: &str| match g {
+            "admins" => Some((500, vec!["carol".to_owned()])),
+            _ => None,
+        };
+        // Named directly.
+        assert!(operator_matches(&ops, "alice", Some(1000), groups));
+        // A listed member of the group, and a user whose primary group it is.
+        assert!(operator_matches(&ops, "carol", Some(1000), groups));
+        assert!(operator_matches(&ops, "dave", Some(500), groups));
+        // Anyone else, a user without a primary group, a group that does not exist.
+        assert!(!operator_matches(&ops, "mallory", Some(1000), groups));
+        assert!(!operator_matches(&ops, "mallory", None, groups));
+        let missing = vec![Operator::Group("nosuch".into())];
+        assert!(!operator_matches(&missing, "carol", Some(500), groups));
+        // A prefix of a name is not the name.
+        assert!(!operator_matches(&ops, "alic", Some(1000), groups));
+        assert!(!operator_matches(&[], "alice", Some(500), groups));
+    }
 
     #[test]
     fn help_lists_every_file() {
