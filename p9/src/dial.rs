@@ -113,6 +113,32 @@ pub fn namespace_dir() -> PathBuf {
     ))
 }
 
+/// The server a client dials when given no address: `$NAMESPACE/ollie` when `NAMESPACE` is
+/// set; otherwise the first socket that exists of the plan9port default
+/// (`/tmp/ns.$USER.$DISPLAY/ollie`), the user service's (`$XDG_RUNTIME_DIR/ollie/ollie`) and
+/// the system service's (`/run/ollie/ollie`); with none, the plan9port default (so the
+/// connection error names it).
+pub fn default_server() -> Addr {
+    let plan9 = namespace_dir().join("ollie");
+    if std::env::var("NAMESPACE").is_ok_and(|ns| !ns.is_empty()) {
+        return Addr::Unix(plan9);
+    }
+    let mut candidates = vec![plan9.clone()];
+    if let Some(rt) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        candidates.push(PathBuf::from(rt).join("ollie").join("ollie"));
+    }
+    candidates.push(PathBuf::from("/run/ollie/ollie"));
+    Addr::Unix(pick_socket(candidates).unwrap_or(plan9))
+}
+
+/// The first of `candidates` that is a socket.
+fn pick_socket(candidates: Vec<PathBuf>) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    candidates
+        .into_iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket()))
+}
+
 fn canonical_display(d: &str) -> String {
     let d = if d.is_empty() { ":0" } else { d };
     let d = d.rsplit('/').next().unwrap_or(d);
@@ -133,6 +159,22 @@ fn canonical_display(d: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_existing_socket_is_picked() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("file");
+        std::fs::write(&plain, "").unwrap();
+        let sock = dir.path().join("sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let missing = dir.path().join("missing");
+        // A missing path and a regular file are passed over.
+        assert_eq!(
+            pick_socket(vec![missing.clone(), plain.clone(), sock.clone()]),
+            Some(sock.clone())
+        );
+        assert_eq!(pick_socket(vec![missing, plain]), None);
+    }
 
     #[test]
     fn parses_dial_strings() {

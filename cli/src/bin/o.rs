@@ -42,7 +42,7 @@ use std::process::ExitCode;
         o bead mount -ac notes /ctx        compose a bead into the chat's namespace\n  \
         o -a unix!/run/ollie/ollie ls      another server\n  \
         o sandbox -- make test             run a command in the tool sandbox\n\n\
-        The default address is unix!$NAMESPACE/ollie, NAMESPACE defaulting to /tmp/ns.$USER.$DISPLAY.\n\
+        The default address is unix!$NAMESPACE/ollie when NAMESPACE is set; otherwise the first socket found of\n        /tmp/ns.$USER.$DISPLAY/ollie, $XDG_RUNTIME_DIR/ollie/ollie (user service) and /run/ollie/ollie (system service).\n\
         EXIT STATUS (session commands): 0 ok, 1 the server refused or the turn failed, 2 usage, \
         3 cannot connect."
 )]

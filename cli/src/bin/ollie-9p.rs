@@ -27,7 +27,7 @@ const EXIT_CONNECT: u8 = 3;
         ollie-9p read session/myproj/agent/coding/chat\n  \
         ollie-9p -a tcp!127.0.0.1!5640 -k ~/.local/state/ollie/tcp.key ls -l /\n\n\
         EXIT STATUS: 0 ok, 1 the server refused (its error is printed), 2 usage, 3 cannot connect.\n\
-        The default address is unix!$NAMESPACE/ollie, NAMESPACE defaulting to /tmp/ns.$USER.$DISPLAY."
+        The default address is unix!$NAMESPACE/ollie when NAMESPACE is set; otherwise the first socket found of\n        /tmp/ns.$USER.$DISPLAY/ollie, $XDG_RUNTIME_DIR/ollie/ollie (user service) and /run/ollie/ollie (system service)."
 )]
 struct Args {
     /// Server address: unix!/path/to/socket or tcp!host!port.
@@ -154,7 +154,7 @@ fn stdout_failure(e: std::io::Error) -> Failure {
 async fn run(args: Args) -> Result<(), Failure> {
     let addr = match &args.addr {
         Some(a) => Addr::parse(a).map_err(|e| Failure::Usage(e.to_string()))?,
-        None => Addr::Unix(dial::namespace_dir().join("ollie")),
+        None => dial::default_server(),
     };
     let client = Client::dial(&addr)
         .await

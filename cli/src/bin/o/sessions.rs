@@ -423,7 +423,7 @@ impl Conn {
     async fn connect(addr: Option<&str>, key: Option<&std::path::Path>) -> Result<Conn, Fail> {
         let addr = match addr {
             Some(a) => Addr::parse(a).map_err(|e| Fail::Usage(e.to_string()))?,
-            None => Addr::Unix(dial::namespace_dir().join("ollie")),
+            None => dial::default_server(),
         };
         let client = Client::dial(&addr)
             .await
