@@ -102,7 +102,7 @@ pub mod workspace;
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::ProtectError;
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
-pub use prepared::{PREPARED_NAMESPACES, Prepared, SessionRecord};
+pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
 pub use spawn::{
     Cancel, CapabilityRecord, ExitRecord, Fault, Layers, LimitsRecord, MountRecord, OutputRecord,
     Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
@@ -110,6 +110,7 @@ pub use spawn::{
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
 pub use spawn::{forwardable_stdin, tool_environment};
+pub use sys::ipc_namespaces;
 pub use unions::{MAX_UNION_LOWERS, UnionMount};
 pub use workspace::{GitDecision, GitRefused};
 

@@ -61,15 +61,21 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-/// Namespaces of a prepared call, as recorded: the session's four (set up once, inherited)
-/// and the call's own pid namespace.
-pub const PREPARED_NAMESPACES: [&str; 5] = [
-    "user (session, inherited)",
-    "pid (session, inherited)",
-    "mount (session, inherited)",
-    "ipc (session, inherited)",
-    "pid (per call)",
-];
+/// Namespaces of a prepared call, as recorded: the session's (set up once, inherited; IPC only
+/// where IPC namespaces may be created, see [`crate::ipc_namespaces`]) and the call's own pid
+/// namespace.
+pub fn prepared_namespaces() -> Vec<&'static str> {
+    let mut v = vec![
+        "user (session, inherited)",
+        "pid (session, inherited)",
+        "mount (session, inherited)",
+    ];
+    if sys::ipc_namespaces() {
+        v.push("ipc (session, inherited)");
+    }
+    v.push("pid (per call)");
+    v
+}
 
 /// What a [`Prepared`] sandbox set up once for the whole session.
 #[derive(Debug, Clone, Serialize)]
@@ -272,7 +278,11 @@ impl Prepared {
             workdir: self.workdir.clone(),
             policy_hash: self.policy_hash.clone(),
             set_up_once: vec![
-                "user, pid, mount and ipc namespaces",
+                if sys::ipc_namespaces() {
+                    "user, pid, mount and ipc namespaces"
+                } else {
+                    "user, pid and mount namespaces (ipc namespaces are not permitted here)"
+                },
                 "id maps",
                 "mounts (read-only root, writable trees, protected islands)",
                 "landlock ruleset (built once; restrict_self per call)",
@@ -541,7 +551,7 @@ impl Prepared {
                 layers: Layers::enforced(
                     landlock_record,
                     self.seccomp.clone(),
-                    PREPARED_NAMESPACES.to_vec(),
+                    prepared_namespaces(),
                     self.mounts.clone(),
                     self.cgroup.clone(),
                     self.cgroup_degraded,

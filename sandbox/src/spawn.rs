@@ -1232,7 +1232,7 @@ pub fn run_streaming(
             layers: Layers::enforced(
                 ruleset.record,
                 filters.record,
-                vec!["user", "pid", "mount", "ipc"],
+                sys::namespace_names(),
                 mount_record,
                 cgroup,
                 cgroup_degraded,

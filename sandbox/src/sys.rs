@@ -9,6 +9,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::OnceLock;
 
 // x86_64 system call numbers that older libc releases may lack.
 const SYS_PIDFD_SEND_SIGNAL: libc::c_long = 424;
@@ -615,6 +616,7 @@ pub(crate) enum Stage {
     OomScore,
     Signals,
     Dumpable,
+    UnionRoot,
 }
 
 impl Stage {
@@ -637,6 +639,7 @@ impl Stage {
             OomScore,
             Signals,
             Dumpable,
+            UnionRoot,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -660,6 +663,10 @@ impl Stage {
             Stage::OomScore => "oom_score_adj",
             Stage::Signals => "signal set-up",
             Stage::Dumpable => "PR_SET_DUMPABLE",
+            Stage::UnionRoot => {
+                "pivot_root into the union root (under the shipped systemd unit, bead unions \
+                 need the drop-in /usr/share/ollie/systemd/unions.conf)"
+            }
         }
     }
 }
@@ -724,10 +731,60 @@ pub(crate) struct ChildPlan {
     pub fault: ChildFault,
 }
 
-/// Namespaces the init stage is created in.
-pub(crate) const NAMESPACE_FLAGS: libc::c_ulong =
-    (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC)
-        as libc::c_ulong;
+/// Namespaces the init stage is always created in.
+const BASE_NAMESPACE_FLAGS: libc::c_ulong =
+    (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) as libc::c_ulong;
+
+/// Namespaces the init stage is created in: user, pid and mount, plus IPC where this process
+/// may create IPC namespaces ([`ipc_namespaces`]).
+pub(crate) fn namespace_flags() -> libc::c_ulong {
+    if ipc_namespaces() {
+        BASE_NAMESPACE_FLAGS | libc::CLONE_NEWIPC as libc::c_ulong
+    } else {
+        BASE_NAMESPACE_FLAGS
+    }
+}
+
+/// The namespaces a run's init stage gets, as recorded.
+pub(crate) fn namespace_names() -> Vec<&'static str> {
+    if ipc_namespaces() {
+        vec!["user", "pid", "mount", "ipc"]
+    } else {
+        vec!["user", "pid", "mount"]
+    }
+}
+
+/// Whether new IPC namespaces can be created here (probed once: a forked child tries
+/// `unshare(CLONE_NEWUSER | CLONE_NEWIPC)`). A service manager may forbid them (systemd's
+/// `RestrictNamespaces=` without `ipc`: each allowed kind counts against the unit's exposure).
+/// Runs then share the runner's IPC namespace, which loses nothing a tool could reach: the
+/// tool filter allows none of the SysV IPC or POSIX message-queue calls (`shmget`, `shmat`,
+/// `semget`, `semop`, `msgget`, `msgsnd`, `mq_open`, …), and POSIX shared memory is files
+/// under Landlock.
+pub fn ipc_namespaces() -> bool {
+    static PROBED: OnceLock<bool> = OnceLock::new();
+    *PROBED.get_or_init(|| {
+        // SAFETY: the child runs only unshare and _exit (async-signal-safe) and never
+        // returns; the parent reaps it.
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                let r = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC);
+                libc::_exit(if r == 0 { 0 } else { 1 });
+            }
+            if pid < 0 {
+                return false;
+            }
+            let mut status = 0;
+            while libc::waitpid(pid, &mut status, 0) < 0 {
+                if errno() != libc::EINTR {
+                    return false;
+                }
+            }
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+        }
+    })
+}
 
 /// Target fd numbers in the child.
 const FD_ERR: RawFd = 3;
@@ -764,6 +821,8 @@ fn clone_namespaced<T>(
             "too many writable paths",
         ));
     }
+    // (Probed before the signal mask changes: the first call forks a probe child.)
+    let flags = namespace_flags() | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong;
     let mut pidfd: RawFd = -1;
     // SAFETY: plain sigset manipulation on stack values; pthread_sigmask only affects this
     // thread and is restored right after the clone.
@@ -781,7 +840,7 @@ fn clone_namespaced<T>(
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
-            NAMESPACE_FLAGS | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong,
+            flags,
             0usize,
             &mut pidfd as *mut RawFd,
             0usize,
@@ -1151,7 +1210,7 @@ fn pivot_to_new_root(stage: &CStr, options: &CStr, entries: &[RootEntry]) {
         libc::close(dir);
         let dot = c".";
         check(
-            Stage::Mount,
+            Stage::UnionRoot,
             libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()),
         );
         check(
@@ -1433,6 +1492,62 @@ fn drop_bounding_set(cap_last: u32) {
     }
 }
 
+/// Whether `execve` will leave this process no capability although it still holds some: by
+/// capabilities(7) the new permitted set is (inheritable & file inheritable) | (file permitted
+/// & bounding) | ambient, and root's implicit full file sets do not apply under SECBIT_NOROOT.
+/// So it suffices that the bounding set (`0..=cap_last`), the ambient set and the inheritable
+/// set are empty and SECBIT_NOROOT is set and locked. Each is read back from the kernel.
+/// Child only.
+fn execve_drops_every_capability(cap_last: u32) -> bool {
+    const SECBIT_NOROOT: libc::c_int = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_int = 1 << 1;
+    const PR_CAPBSET_READ: libc::c_int = 23;
+    const PR_GET_SECUREBITS: libc::c_int = 27;
+    const PR_CAP_AMBIENT_IS_SET: libc::c_ulong = 1;
+    // SAFETY (whole function): raw prctl/capget on integer arguments and a stack buffer.
+    unsafe {
+        for cap in 0..=cap_last {
+            if libc::prctl(PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) != 0 {
+                return false;
+            }
+            if libc::prctl(
+                PR_CAP_AMBIENT,
+                PR_CAP_AMBIENT_IS_SET,
+                cap as libc::c_ulong,
+                0,
+                0,
+            ) != 0
+            {
+                return false;
+            }
+        }
+        let bits = libc::prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+        if bits < 0
+            || bits & (SECBIT_NOROOT | SECBIT_NOROOT_LOCKED) != SECBIT_NOROOT | SECBIT_NOROOT_LOCKED
+        {
+            return false;
+        }
+        let mut hdr = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let mut data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(
+            libc::SYS_capget,
+            &mut hdr as *mut CapHeader,
+            data.as_mut_ptr(),
+        ) < 0
+        {
+            return false;
+        }
+        data.iter().all(|d| d.inheritable == 0)
+    }
+}
+
 /// Resets every signal disposition to the default (signals stay blocked). Child only.
 fn reset_signal_dispositions() {
     for sig in 1..=64 {
@@ -1448,6 +1563,7 @@ fn reset_signal_dispositions() {
 fn tool_main(plan: &ChildPlan) -> ! {
     restrict_and_exec(&ToolExec {
         rlimits: &plan.rlimits,
+        cap_last: plan.cap_last,
         cwd: plan.cwd.as_ptr(),
         check_cwd: plan.check_cwd,
         landlock: plan.landlock,
@@ -1476,6 +1592,8 @@ enum SessionSteps {
 /// clone (the one-shot plan, or a call's region in the zygote).
 struct ToolExec<'a> {
     rlimits: &'a [(libc::__rlimit_resource_t, u64)],
+    /// The highest capability number (`/proc/sys/kernel/cap_last_cap`).
+    cap_last: u32,
     cwd: *const libc::c_char,
     /// `cwd` is not the workspace: check under Landlock that the tool may list it.
     check_cwd: bool,
@@ -1538,10 +1656,15 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
             permitted: 0,
             inheritable: 0,
         }; 2];
-        check(
-            Stage::Capabilities,
-            libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()),
-        );
+        if libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) < 0 {
+            // A service manager's filter may refuse capset (systemd counts it as
+            // @privileged). execve then leaves the tool no capability, provided what makes
+            // that so is verified here; otherwise the run fails as before.
+            let e = errno();
+            if e != libc::EPERM || !execve_drops_every_capability(t.cap_last) {
+                fail(Stage::Capabilities, e);
+            }
+        }
         if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
             fail(Stage::NoNewPrivs, errno());
         }
@@ -2376,6 +2499,7 @@ fn prepared_tool_main(call: &Call<'_>) -> ! {
     let plan = &call.z.base;
     restrict_and_exec(&ToolExec {
         rlimits: &plan.rlimits,
+        cap_last: plan.cap_last,
         cwd: call.cwd,
         check_cwd: call.check_cwd,
         landlock: plan.landlock,
