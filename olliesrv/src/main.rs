@@ -12,6 +12,7 @@ use tokio::signal::unix::{SignalKind, signal};
 #[derive(Parser, Debug)]
 #[command(
     name = "olliesrv",
+    version,
     about = "The ollie 9P server: sessions, agents and everything else as files",
     after_help = "The default address is unix!$NAMESPACE/ollie (NAMESPACE defaults to /tmp/ns.$USER.$DISPLAY).\n\
         Under systemd: serves the sockets passed by socket activation (LISTEN_FDS; unix or TCP, instead of\n\

@@ -32,6 +32,7 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(
     name = "o",
+    version,
     about = "ollie command line",
     after_help = "EXAMPLES:\n  \
         o new proj --cwd ~/src/proj        create a session\n  \

@@ -19,6 +19,7 @@ const EXIT_CONNECT: u8 = 3;
 #[derive(Parser, Debug)]
 #[command(
     name = "ollie-9p",
+    version,
     about = "Read and write files on a 9P server (like plan9port's 9p)",
     after_help = "EXAMPLES:\n  \
         echo name=myproj | ollie-9p write session/new\n  \
