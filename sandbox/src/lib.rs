@@ -79,9 +79,10 @@
 //! policy grants; UDP/DNS unless the network is `all`; anything about the filesystem for an
 //! unsandboxed run. See SECURITY.md.
 //!
-//! Tested by unit tests here, the integration tests in `tests/` (`harden.rs` has its own
-//! harness and re-executes itself as a single-threaded probe, since hardening is irreversible),
-//! and the escape suite in the workspace's `tests/` crate; the benchmark is
+//! Tested by unit tests here, the integration tests in `tests/` (`harden.rs` and
+//! `service_filter.rs` — the sandbox under a systemd unit's seccomp filter — have their own
+//! harness and re-execute themselves as a single-threaded probe, since a filter is
+//! irreversible), and the escape suite in the workspace's `tests/` crate; the benchmark is
 //! `benches/spawn.rs`.
 //!
 //! All `unsafe` is in the private `sys` module.
