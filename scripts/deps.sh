@@ -5,12 +5,16 @@ set -euo pipefail
 
 # command → Debian package. The escape suite's shell probes use these tools; a probe whose tool
 # is missing would prove nothing, so the suite refuses to run without them under
-# OLLIE_TEST_REQUIRE=all. bwrap is for the spawn benchmark.
+# OLLIE_TEST_REQUIRE=all. bwrap is for the spawn benchmark. The systemd tools check the units
+# and stand in for the service manager; nspawn, debootstrap and the dpkg tools are for the
+# package and the boot test.
 tools="python3:python3 pip3:python3-pip git:git make:make gcc:gcc curl:curl wget:wget
 ssh:openssh-client ping:iputils-ping strace:strace gdb:gdb tmux:tmux screen:screen
 dbus-send:dbus busctl:systemd systemd-run:systemd gpg-connect-agent:gnupg flock:util-linux
 unshare:util-linux ipcmk:util-linux runuser:util-linux setsid:util-linux ps:procps
-useradd:passwd sudo:sudo bwrap:bubblewrap"
+useradd:passwd sudo:sudo bwrap:bubblewrap
+systemd-analyze:systemd systemd-socket-activate:systemd systemd-nspawn:systemd-container
+debootstrap:debootstrap dpkg-deb:dpkg dpkg-shlibdeps:dpkg-dev help2man:help2man"
 need_apt=()
 for pair in $tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")

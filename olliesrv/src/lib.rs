@@ -5,7 +5,10 @@
 //! namespace convention) and optionally on TCP, where every connection must authenticate
 //! with Tauth and the key in `<state>/tcp.key`. It replaces a stale socket but never a live
 //! one; a unix client may attach only as its own user (checked with SO_PEERCRED; root too)
-//! or as `agent`, and everyone but the owner gets the group bits. Sessions and agents
+//! or as `agent`, and everyone but the owner (the server's user, root and config.toml's
+//! `operators`) gets the group bits. Under systemd ([`systemd`]) it serves the sockets passed
+//! by socket activation instead of the default address, reports readiness and stopping, and
+//! waits for every toolsrv to exit before it does. Sessions and agents
 //! ([`model`]) persist in the state directory ([`store`]) and are restored on start; each
 //! session has its own toolsrv ([`link`]), restarted when it dies. Every session and agent has
 //! a bead namespace ([`ns`]), kept beside its record and served under its `ns/` directory; an
@@ -13,8 +16,7 @@
 //! on `ctl` stop it cleanly, after a `server-stopping` event. It never runs a tool or a
 //! command itself.
 //!
-//! Not yet: model calls (every turn ends with "no backend configured"), the bypass broker,
-//! remote sessions.
+//! Not yet: remote sessions (toolsrv on another host).
 //!
 //! Tested by unit tests here, and by cross-process tests in `tests/` that start the real
 //! binary and drive it with our client, the `ninep` crate's client and py9p.

@@ -111,7 +111,7 @@ pub use spawn::{
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
 pub use spawn::{forwardable_stdin, tool_environment};
-pub use sys::ipc_namespaces;
+pub use sys::{ipc_namespaces, seccomp_available, user_namespaces};
 pub use unions::{MAX_UNION_LOWERS, UnionMount};
 pub use workspace::{GitDecision, GitRefused};
 

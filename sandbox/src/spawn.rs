@@ -1952,10 +1952,7 @@ impl RunRecord {
 pub fn probe() -> Probe {
     Probe {
         landlock_abi: landlock::kernel_abi(),
-        user_namespaces: std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .is_some_and(|n| n > 0),
+        user_namespaces: sys::user_namespaces(),
     }
 }
 
@@ -1971,6 +1968,26 @@ pub struct Probe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capability_count_and_kernel_features_are_asked_of_the_kernel() {
+        // The kernel's answer matches the sysctl where the sysctl is visible.
+        let proc: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(sys::cap_last_cap(), proc);
+        assert!(sys::seccomp_available());
+        // Where the sysctl allows user namespaces, the probe can make one (the probe is
+        // what the sandbox relies on; the sysctl may be hidden under a service manager).
+        let sysctl = std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+            .map(|s| s.trim() != "0")
+            .unwrap_or(false);
+        if sysctl {
+            assert!(sys::user_namespaces());
+        }
+    }
 
     #[test]
     fn pids_cgroups_are_made_only_on_cgroup_filesystems() {

@@ -496,11 +496,58 @@ pub(crate) fn wait4(pid: libc::pid_t) -> io::Result<(i32, Rusage)> {
 }
 
 /// The last capability number of the running kernel.
+/// The highest capability number the kernel knows. Asked of the kernel itself
+/// (`PR_CAPBSET_READ` fails with EINVAL past the last one), not of
+/// `/proc/sys/kernel/cap_last_cap`, which a service manager may hide (systemd's
+/// `ProcSubset=pid`): guessing too high would make every bounding-set drop fail.
 pub(crate) fn cap_last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(63)
+    const PR_CAPBSET_READ: libc::c_int = 23;
+    let mut last = 0;
+    for cap in 0..64u32 {
+        // SAFETY: raw prctl on integer arguments.
+        if unsafe { libc::prctl(PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) } < 0 {
+            break;
+        }
+        last = cap;
+    }
+    last
+}
+
+/// Whether user namespaces can be created here (probed once: a forked child tries
+/// `unshare(CLONE_NEWUSER)`), which says more than `/proc/sys/user/max_user_namespaces`
+/// (a sysctl a service manager may hide, and not the only way to forbid them).
+pub fn user_namespaces() -> bool {
+    static PROBED: OnceLock<bool> = OnceLock::new();
+    *PROBED.get_or_init(|| can_unshare(libc::CLONE_NEWUSER))
+}
+
+/// Whether the kernel has seccomp filtering (`PR_GET_SECCOMP` answers instead of EINVAL).
+pub fn seccomp_available() -> bool {
+    // SAFETY: raw prctl without pointers.
+    unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) >= 0 }
+}
+
+/// Whether a forked child may `unshare(flags)`. The child runs only unshare and _exit.
+fn can_unshare(flags: libc::c_int) -> bool {
+    // SAFETY: the child runs only unshare and _exit (async-signal-safe) and never returns;
+    // the parent reaps it.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let r = libc::unshare(flags);
+            libc::_exit(if r == 0 { 0 } else { 1 });
+        }
+        if pid < 0 {
+            return false;
+        }
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 {
+            if errno() != libc::EINTR {
+                return false;
+            }
+        }
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    }
 }
 
 /// Effective uid/gid of the caller.
@@ -763,27 +810,7 @@ pub(crate) fn namespace_names() -> Vec<&'static str> {
 /// under Landlock.
 pub fn ipc_namespaces() -> bool {
     static PROBED: OnceLock<bool> = OnceLock::new();
-    *PROBED.get_or_init(|| {
-        // SAFETY: the child runs only unshare and _exit (async-signal-safe) and never
-        // returns; the parent reaps it.
-        unsafe {
-            let pid = libc::fork();
-            if pid == 0 {
-                let r = libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC);
-                libc::_exit(if r == 0 { 0 } else { 1 });
-            }
-            if pid < 0 {
-                return false;
-            }
-            let mut status = 0;
-            while libc::waitpid(pid, &mut status, 0) < 0 {
-                if errno() != libc::EINTR {
-                    return false;
-                }
-            }
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
-        }
-    })
+    *PROBED.get_or_init(|| can_unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC))
 }
 
 /// Target fd numbers in the child.

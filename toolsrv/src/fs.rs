@@ -353,7 +353,7 @@ impl ToolFs {
             std::env::consts::ARCH,
             pr.landlock_abi,
             pr.user_namespaces,
-            std::path::Path::new("/proc/sys/kernel/seccomp/actions_avail").exists(),
+            ollie_sandbox::seccomp_available(),
             s.id,
             s.workdir.display(),
             s.policies.keys().cloned().collect::<Vec<_>>().join(","),
