@@ -274,8 +274,27 @@ pub(crate) fn openat2_beneath(
     )
 }
 
-/// `openat2` with explicit resolve flags; always close-on-exec.
+/// `openat2` with explicit resolve flags; always close-on-exec. Where `openat2` is answered
+/// ENOSYS (a seccomp filter that cannot inspect its arguments refuses it that way: systemd's
+/// `RestrictSUIDSGID=yes` does), the same resolution is done one component at a time
+/// ([`openat2_by_components`]).
 fn openat2(dir: RawFd, p: &Path, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
+    match openat2_syscall(dir, p, flags, mode, resolve) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            openat2_by_components(dir, p, flags, mode, resolve)
+        }
+        r => r,
+    }
+}
+
+/// `openat2` itself.
+fn openat2_syscall(
+    dir: RawFd,
+    p: &Path,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
     let c = cstring(p)?;
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
@@ -294,6 +313,121 @@ fn openat2(dir: RawFd, p: &Path, flags: i32, mode: u32, resolve: u64) -> io::Res
     })?;
     // SAFETY: new fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The resolution `openat2` does for the flags used here, with plain `openat` one component
+/// at a time, each opened relative to the previous one's fd: `RESOLVE_NO_SYMLINKS` (and so
+/// `RESOLVE_NO_MAGICLINKS`) fails with ELOOP on any symlink component, checked with fstat on
+/// an `O_PATH | O_NOFOLLOW` fd (which opens a symlink itself instead of following it);
+/// `RESOLVE_BENEATH` refuses an absolute path and a `..` that would leave `dir` with EXDEV.
+/// The last component is opened with the caller's flags plus `O_NOFOLLOW`.
+fn openat2_by_components(
+    dir: RawFd,
+    p: &Path,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    use std::path::Component;
+    let supported = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    if resolve & !supported != 0 || resolve & RESOLVE_NO_SYMLINKS == 0 {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    let beneath = resolve & RESOLVE_BENEATH != 0;
+    let open_at = |at: RawFd, name: &std::ffi::OsStr, fl: i32| -> io::Result<OwnedFd> {
+        let c = cstring(Path::new(name))?;
+        // SAFETY: valid C string; the kernel checks the fd.
+        let fd = unsafe { libc::openat(at, c.as_ptr(), fl | libc::O_CLOEXEC, mode) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: new fd owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let refuse_link = |fd: &OwnedFd| -> io::Result<()> {
+        // SAFETY: zeroed plain data; valid fd and out pointer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            return Err(io::Error::from_raw_os_error(libc::ELOOP));
+        }
+        Ok(())
+    };
+    let names: Vec<Component<'_>> = p.components().collect();
+    if names.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    // The directories walked so far (for `..`), starting at `dir` or at `/`.
+    let mut stack: Vec<OwnedFd> = Vec::new();
+    let base = if p.is_absolute() {
+        if beneath {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        open_at(libc::AT_FDCWD, std::ffi::OsStr::new("/"), libc::O_PATH)?
+    } else {
+        open_at(dir, std::ffi::OsStr::new("."), libc::O_PATH)?
+    };
+    stack.push(base);
+    let last = names.len() - 1;
+    for (i, c) in names.iter().enumerate() {
+        let name = match c {
+            Component::RootDir | Component::CurDir => {
+                if i == last {
+                    std::ffi::OsStr::new(".")
+                } else {
+                    continue;
+                }
+            }
+            Component::ParentDir => {
+                if stack.len() == 1 {
+                    if beneath {
+                        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+                    }
+                    // Above the root of an absolute path (or `dir`): `..` opens its parent.
+                    let up = open_at(
+                        stack[0].as_raw_fd(),
+                        std::ffi::OsStr::new(".."),
+                        libc::O_PATH,
+                    )?;
+                    stack[0] = up;
+                } else {
+                    stack.pop();
+                }
+                if i == last {
+                    let cur = stack.last().map(AsRawFd::as_raw_fd).unwrap_or(dir);
+                    return open_at(cur, std::ffi::OsStr::new("."), flags);
+                }
+                continue;
+            }
+            Component::Normal(n) => *n,
+            Component::Prefix(_) => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        };
+        let cur = stack.last().map(AsRawFd::as_raw_fd).unwrap_or(dir);
+        if i == last {
+            return match open_at(cur, name, flags | libc::O_NOFOLLOW) {
+                Ok(fd) => {
+                    if flags & libc::O_PATH != 0 {
+                        refuse_link(&fd)?;
+                    }
+                    Ok(fd)
+                }
+                // A symlink with O_DIRECTORY gives ENOTDIR here; openat2 says ELOOP.
+                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                    let itself = open_at(cur, name, libc::O_PATH | libc::O_NOFOLLOW)?;
+                    refuse_link(&itself)?;
+                    Err(e)
+                }
+                Err(e) => Err(e),
+            };
+        }
+        let next = open_at(cur, name, libc::O_PATH | libc::O_NOFOLLOW)?;
+        refuse_link(&next)?;
+        stack.push(next);
+    }
+    Err(io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 /// `mkdirat(dir, name)` for a single component (no slashes; the caller checks).
@@ -2925,4 +3059,99 @@ pub(crate) fn probe_bpf() -> io::Result<()> {
 /// Probes whether `socketpair(AF_UNIX, SOCK_STREAM)` works (both ends closed at once).
 pub(crate) fn probe_socketpair() -> io::Result<()> {
     socketpair().map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// The component walk must decide exactly as `openat2` does, for every path shape the
+    /// sandbox opens: plain, nested, `.`/`..`, symlinks at the end and in the middle, magic
+    /// links, escapes, absolute paths, missing and non-directory components.
+    #[test]
+    fn component_walk_decides_as_openat2_does() {
+        let t = std::env::temp_dir().join(format!("ollie-walk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&t);
+        let root = t.as_path();
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join("a/b/f"), "x").unwrap();
+        symlink("b", root.join("a/lb")).unwrap();
+        symlink("/etc", root.join("a/abs")).unwrap();
+        symlink("f", root.join("a/b/lf")).unwrap();
+        let dir = open_path(root).unwrap().0;
+        let rels = [
+            "a",
+            "a/b",
+            "a/b/c",
+            "a/b/f",
+            "a/./b",
+            "a/b/..",
+            "a/b/../b/c",
+            "a/lb",
+            "a/lb/c",
+            "a/abs",
+            "a/b/lf",
+            "..",
+            "a/../..",
+            "a/b/../../..",
+            "nope",
+            "a/nope/c",
+            "a/b/f/x",
+            ".",
+            "a/b/c/",
+            "/etc",
+            "/proc/self/fd/0",
+        ];
+        let resolves = [
+            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+            RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        ];
+        let flags = [
+            libc::O_PATH,
+            libc::O_RDONLY,
+            libc::O_PATH | libc::O_DIRECTORY,
+        ];
+        let mut compared = 0;
+        for rel in rels {
+            for resolve in resolves {
+                for fl in flags {
+                    let p = Path::new(rel);
+                    let want = openat2_syscall(dir.as_raw_fd(), p, fl, 0, resolve);
+                    let got = openat2_by_components(dir.as_raw_fd(), p, fl, 0, resolve);
+                    match (&want, &got) {
+                        (Ok(a), Ok(b)) => {
+                            let ia = std::fs::read_link(format!("/proc/self/fd/{}", a.as_raw_fd()));
+                            let ib = std::fs::read_link(format!("/proc/self/fd/{}", b.as_raw_fd()));
+                            assert_eq!(ia.unwrap(), ib.unwrap(), "{rel} {resolve:#x} {fl:#x}");
+                        }
+                        (Err(a), Err(b)) => {
+                            assert_eq!(
+                                a.raw_os_error(),
+                                b.raw_os_error(),
+                                "{rel} {resolve:#x} {fl:#x}"
+                            );
+                        }
+                        _ => panic!("{rel} {resolve:#x} {fl:#x}: openat2 {want:?}, walk {got:?}"),
+                    }
+                    compared += 1;
+                }
+            }
+        }
+        assert_eq!(compared, rels.len() * resolves.len() * flags.len());
+        // Resolve flags the walk does not implement are not silently ignored.
+        assert_eq!(
+            openat2_by_components(
+                dir.as_raw_fd(),
+                Path::new("a"),
+                libc::O_PATH,
+                0,
+                RESOLVE_BENEATH
+            )
+            .unwrap_err()
+            .raw_os_error(),
+            Some(libc::ENOSYS)
+        );
+        std::fs::remove_dir_all(&t).unwrap();
+    }
 }

@@ -17,8 +17,9 @@
 //!   capability, so the run must fail at the capabilities stage without running the command.
 //! - `noipc`: IPC namespaces (and `clone3`). Runs share the probe's IPC namespace (the record
 //!   says so), and the tool filter still denies SysV IPC.
-//! - `unit`: all of the above plus `pivot_root`. Union runs must fail with a clear one-line
-//!   error; plain runs still work.
+//! - `unit`: all of the above plus `pivot_root` (EPERM) and `openat2` (ENOSYS, as
+//!   `RestrictSUIDSGID=yes` answers it). Union runs must fail with a clear one-line error;
+//!   plain runs (whose Landlock rule paths are then resolved without openat2) still work.
 //!
 //! Each test compares with the same step outside the filter (in the harness process), so the
 //! difference is the filter's. Skips (printing `SKIP <test>: <reason>`) without Landlock ABI 7
@@ -285,10 +286,13 @@ fn service_filter(variant: &str) -> Result<Vec<seccompiler::BpfProgram>, String>
     };
     let mut programs = vec![compile(eperm, libc::EPERM)?];
     if noipc {
-        programs.push(compile(
-            BTreeMap::from([(libc::SYS_clone3, vec![])]),
-            libc::ENOSYS,
-        )?);
+        // `unit` also answers openat2 with ENOSYS, as RestrictSUIDSGID=yes does (its filter
+        // cannot see inside openat2's struct): the sandbox must then resolve paths itself.
+        let mut enosys = BTreeMap::from([(libc::SYS_clone3, vec![])]);
+        if pivot_root {
+            enosys.insert(libc::SYS_openat2, vec![]);
+        }
+        programs.push(compile(enosys, libc::ENOSYS)?);
     }
     Ok(programs)
 }

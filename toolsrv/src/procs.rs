@@ -526,7 +526,13 @@ pub fn not_run(p: &Proc, msg: String) -> Finish {
 pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) -> Finish {
     let duration = p.t0.elapsed();
     match r {
-        Err(e) => not_run(p, crate::error_chain(&e)),
+        Err(e) => {
+            // The operator's journal says so too, not only the agent's chat: a sandbox that
+            // cannot start is the host's or the deployment's problem, not the agent's.
+            let msg = crate::error_chain(&e);
+            tracing::warn!(pid = p.id, owner = %p.owner, tool = %p.tool, policy = %p.policy, error = %msg, "sandbox refused to start the tool");
+            not_run(p, msg)
+        }
         Ok(out) => {
             let exit = &out.record.exit;
             let ok = exit.code == Some(0);
