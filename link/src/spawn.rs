@@ -24,6 +24,20 @@ pub struct Toolsrv {
     child: Child,
     key: MasterKey,
     link: Option<UnixStream>,
+    /// A second handle on the connected link, to end it whoever still holds the client.
+    closer: Option<LinkCloser>,
+}
+
+/// Ends a toolsrv link for both sides at once (`shutdown(2)`), however many holders of the
+/// client remain: toolsrv reads end of file, stops its tools and exits, and every pending
+/// request on our side fails.
+#[derive(Debug)]
+pub struct LinkCloser(UnixStream);
+
+impl LinkCloser {
+    pub fn close(&self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 /// The toolsrv binary next to the current executable (or the one named by
@@ -116,6 +130,7 @@ impl Toolsrv {
             child,
             key,
             link: Some(ours),
+            closer: None,
         })
     }
 
@@ -139,10 +154,16 @@ impl Toolsrv {
         let link = self.take_link().ok_or_else(|| {
             ollie_p9::ClientError::from(std::io::Error::other("the link was already taken"))
         })?;
+        self.closer = Some(LinkCloser(link.try_clone()?));
         link.set_nonblocking(true)?;
         let s = tokio::net::UnixStream::from_std(link)?;
         let (r, w) = s.into_split();
         Client::handshake(r, w, msize).await
+    }
+
+    /// The handle that ends the link (after [`Toolsrv::connect`]).
+    pub fn take_closer(&mut self) -> Option<LinkCloser> {
+        self.closer.take()
     }
 
     /// The child process (to wait for or kill it).

@@ -375,6 +375,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
                 ("pid", Value::from(pid)),
             ]),
         );
+        let closer = t.take_closer();
         let mut waiter = tokio::task::spawn_blocking(move || {
             let st = t.child().wait();
             (t, st)
@@ -385,11 +386,17 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
         };
         match status {
             None => {
-                // The session was killed: closing the link ends toolsrv (and every tool);
-                // SIGKILL if it has not gone within two seconds.
+                // The session was killed: closing the link ends toolsrv (and every tool,
+                // after their SIGTERM grace: toolsrv's SHUTDOWN_WAIT); SIGKILL if it has not
+                // gone within six seconds.
                 link.state.send_replace(LinkState::Stopped);
                 drop(conn);
-                if tokio::time::timeout(Duration::from_secs(2), &mut waiter)
+                // Other holders of the connection (an agent's turn waiting for a tool) must
+                // not keep the link open: end it for both sides now.
+                if let Some(c) = &closer {
+                    c.close();
+                }
+                if tokio::time::timeout(Duration::from_secs(6), &mut waiter)
                     .await
                     .is_err()
                 {

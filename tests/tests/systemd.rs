@@ -418,3 +418,61 @@ fn logs_carry_journal_priorities_when_stderr_is_the_journal() {
     assert!(log.contains("serving"), "{log}");
     assert!(!log.starts_with("<6>"), "{log}");
 }
+
+/// What `systemctl stop` (SIGTERM to olliesrv) does to a tool that is still running: it gets
+/// SIGTERM and its grace period before anything is killed, even while an agent's turn still
+/// holds the session's toolsrv connection (a background tool).
+#[test]
+fn stopping_the_server_gives_running_tools_their_sigterm() {
+    let case = "stopping_the_server_gives_running_tools_their_sigterm";
+    if !features_ok(case) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let turns = dir.path().join("turns.jsonl");
+    std::fs::write(
+        &turns,
+        concat!(
+            r#"{"tool_calls":[{"name":"execute_code","arguments":{"language":"bash","code":"trap 'echo got-term > got-term.txt; exit 0' TERM; echo started > started.txt; sleep 300 & wait","background":true}}]}"#,
+            "\n",
+            r#"{"text":"started"}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let config = format!(
+        "default_backend = \"bg\"\n[backends.bg]\nkind = \"replay\"\nfile = \"{}\"\n",
+        turns.display()
+    );
+    let mut srv = common::Srv::start(&config);
+    let addr = srv.addr();
+    let spec = format!("name=p cwd={}", work.display());
+    let out = ollie9p(&addr, &["rdwr", "session/new"], spec.as_bytes());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = ollie9p(
+        &addr,
+        &["rdwr", "session/p/agent/new"],
+        b"name=bg prompt=start it\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while !work.join("started.txt").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the tool never started: {}",
+            srv.stderr()
+        );
+        std::thread::sleep(STEP);
+    }
+    srv.signal(nix::sys::signal::Signal::SIGTERM);
+    let st = srv.wait_exit();
+    assert!(st.success(), "{st}: {}", srv.stderr());
+    assert_eq!(
+        std::fs::read_to_string(work.join("got-term.txt")).unwrap_or_default(),
+        "got-term\n",
+        "the tool was killed without its SIGTERM: {}",
+        srv.stderr()
+    );
+}

@@ -498,6 +498,11 @@ impl Procs {
         }
     }
 
+    /// Whether any process still runs.
+    pub fn any_running(&self) -> bool {
+        lock(&self.table).procs.values().any(|p| p.running())
+    }
+
     /// Asks every running process to stop (SIGTERM, SIGKILL after the grace period).
     pub fn cancel_all(&self) {
         let t = lock(&self.table);

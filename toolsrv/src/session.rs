@@ -78,6 +78,10 @@ fn parse_unions(json: &str) -> Result<Vec<ollie_sandbox::UnionMount>, String> {
         .collect()
 }
 
+/// The longest a closing link waits for tools to end after their SIGTERM (the shipped
+/// policies' grace period is 2 s; olliesrv allows toolsrv 6 s before it kills it).
+pub const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Everything toolsrv knows about its session.
 #[derive(Debug)]
 pub struct Session {
@@ -452,9 +456,16 @@ impl Session {
         }
     }
 
-    /// Drops every prepared sandbox (their zygotes end, and with them every tool).
+    /// Stops every tool, then drops every prepared sandbox (their zygotes end, and with them
+    /// anything left). Tools first get their SIGTERM and grace period (`kill_grace_ms`), up
+    /// to [`SHUTDOWN_WAIT`] in all: dropping a zygote at once would SIGKILL them without a
+    /// chance to clean up.
     pub async fn shutdown(&self) {
         self.procs.cancel_all();
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+        while self.procs.any_running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         self.prepared.lock().await.clear();
     }
 
