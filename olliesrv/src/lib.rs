@@ -307,23 +307,16 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
     });
 
     let mut tasks = tokio::task::JoinSet::new();
+    // Unix listeners: the ones bound here (their socket file is removed when the guard drops,
+    // after serving) and the passed ones (no guard: the file is the service manager's).
+    let mut unix: Vec<(String, tokio::net::UnixListener, Option<listen::UnixSocket>)> =
+        passed_unix.into_iter().map(|(a, l)| (a, l, None)).collect();
     for mut s in sockets {
-        let Some(listener) = s.listener.take() else {
-            continue;
-        };
-        let server = Arc::clone(&server);
-        let mut down = down_rx.clone();
-        tasks.spawn(async move {
-            let shutdown = async move {
-                let _ = down.wait_for(|d| *d).await;
-            };
-            let r = server.serve_unix(listener, shutdown, SHUTDOWN_GRACE).await;
-            let addr = format!("unix!{}", s.path.display());
-            drop(s);
-            r.map_err(|source| RunError::Serve { addr, source })
-        });
+        if let Some(listener) = s.listener.take() {
+            unix.push((format!("unix!{}", s.path.display()), listener, Some(s)));
+        }
     }
-    for (addr, listener) in passed_unix {
+    for (addr, listener, guard) in unix {
         let server = Arc::clone(&server);
         let mut down = down_rx.clone();
         tasks.spawn(async move {
@@ -331,6 +324,7 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
                 let _ = down.wait_for(|d| *d).await;
             };
             let r = server.serve_unix(listener, shutdown, SHUTDOWN_GRACE).await;
+            drop(guard);
             r.map_err(|source| RunError::Serve { addr, source })
         });
     }

@@ -53,42 +53,7 @@ fn main() -> ExitCode {
             allow_inet_keeps_tcp_for_the_server_and_its_tools,
         ),
     ];
-    let (mut filters, mut skips) = (Vec::new(), Vec::new());
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--skip" => skips.extend(it.next()),
-            // libtest options (--test-threads=N, --nocapture, --exact, …) do not apply.
-            a if a.starts_with('-') => {}
-            a => filters.push(a.to_string()),
-        }
-    }
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
-        .filter(|(n, _)| !skips.iter().any(|s| n.contains(s.as_str())))
-        .collect();
-    println!("\nrunning {} tests", selected.len());
-    let mut failed = Vec::new();
-    for (name, test) in &selected {
-        let ok = std::panic::catch_unwind(test).is_ok();
-        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
-        if !ok {
-            failed.push(*name);
-        }
-    }
-    println!(
-        "\ntest result: {}. {} passed; {} failed; 0 ignored; 0 measured; {} filtered out\n",
-        if failed.is_empty() { "ok" } else { "FAILED" },
-        selected.len() - failed.len(),
-        failed.len(),
-        tests.len() - selected.len()
-    );
-    if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(101)
-    }
+    common::run_harness(&tests, &args)
 }
 
 fn probe_main(args: &[String]) -> ExitCode {

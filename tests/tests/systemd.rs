@@ -340,26 +340,28 @@ fn a_passed_socket_that_cannot_serve_9p_is_refused_in_one_line() {
     assert_eq!(notify.next(Duration::from_millis(100)), None);
 }
 
-#[test]
-fn logs_carry_journal_priorities_when_stderr_is_the_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let stderr_path = dir.path().join("journal");
-    let f = std::fs::File::create(&stderr_path).unwrap();
-    let m = f.metadata().unwrap();
-    let sock = dir.path().join("ns").join("ollie");
-    std::fs::create_dir_all(dir.path().join("xdg-empty")).unwrap();
+/// Runs olliesrv until it serves, stops it with SIGTERM, and returns what it logged to
+/// `stderr` (a file), with `JOURNAL_STREAM` set to `journal_stream`.
+fn serve_once(dir: &Path, stderr: &Path, journal_stream: &str) -> String {
+    let sock = dir.join("ns").join("ollie");
+    std::fs::create_dir_all(dir.join("xdg-empty")).unwrap();
     let mut child = Command::new(bin("olliesrv"))
         .arg("-a")
         .arg(format!("unix!{}", sock.display()))
         .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .env("XDG_CONFIG_HOME", dir.path().join("xdg-empty"))
+        .arg(dir.join("state"))
+        .env("XDG_CONFIG_HOME", dir.join("xdg-empty"))
         .env("OLLAMA_HOST", "127.0.0.1:9")
         .env("OLLIE_LOG", "info")
-        .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
+        .env("JOURNAL_STREAM", journal_stream)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(f)
+        .stderr(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(stderr)
+                .unwrap(),
+        )
         .spawn()
         .unwrap();
     let deadline = Instant::now() + UP_TIMEOUT;
@@ -373,7 +375,16 @@ fn logs_carry_journal_priorities_when_stderr_is_the_journal() {
     )
     .unwrap();
     assert!(wait_child(&mut child, UP_TIMEOUT, "olliesrv").success());
-    let log = std::fs::read_to_string(&stderr_path).unwrap();
+    std::fs::read_to_string(stderr).unwrap()
+}
+
+#[test]
+fn logs_carry_journal_priorities_when_stderr_is_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    let m = std::fs::File::create(&journal).unwrap().metadata().unwrap();
+    let stream = format!("{}:{}", m.dev(), m.ino());
+    let log = serve_once(dir.path(), &journal, &stream);
     let serving = log
         .lines()
         .find(|l| l.contains("serving"))
@@ -388,33 +399,9 @@ fn logs_carry_journal_priorities_when_stderr_is_the_journal() {
     assert!(log.lines().all(|l| l.starts_with('<')), "{log}");
 
     // The same server with stderr elsewhere than JOURNAL_STREAM names logs normally.
-    let other = dir.path().join("plain");
-    let f = std::fs::File::create(&other).unwrap();
-    let mut child = Command::new(bin("olliesrv"))
-        .arg("-a")
-        .arg(format!("unix!{}", sock.display()))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .env("XDG_CONFIG_HOME", dir.path().join("xdg-empty"))
-        .env("OLLAMA_HOST", "127.0.0.1:9")
-        .env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + UP_TIMEOUT;
-    while UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "olliesrv did not come up");
-        std::thread::sleep(STEP);
-    }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert!(wait_child(&mut child, UP_TIMEOUT, "olliesrv").success());
-    let log = std::fs::read_to_string(&other).unwrap();
+    let plain = dir.path().join("plain");
+    std::fs::File::create(&plain).unwrap();
+    let log = serve_once(dir.path(), &plain, &stream);
     assert!(log.contains("serving"), "{log}");
     assert!(!log.starts_with("<6>"), "{log}");
 }
