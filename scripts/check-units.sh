@@ -23,7 +23,7 @@ for set in system user; do
   args=(--man=no)
   [ "$set" = user ] && args+=(--user)
   # (a user manager needs a runtime directory, even to verify)
-  mkdir -p -m 0700 "$tmp/runtime"
+  [ -d "$tmp/runtime" ] || mkdir -m 0700 "$tmp/runtime"
   out=$(cd "$tmp/$set" && XDG_RUNTIME_DIR="$tmp/runtime" \
     systemd-analyze verify "${args[@]}" ./olliesrv.socket ./olliesrv.service 2>&1) || status=1
   if [ -n "$out" ]; then

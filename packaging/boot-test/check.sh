@@ -261,6 +261,33 @@ step_restart() {
 	note "session proj, agent esc and its log restored (MainPID $before -> $after)"
 }
 
+# e2. an upgrade (the same package repacked with a higher version) restarts the running
+# server on the new files, keeps the edited conffile, and the state survives.
+step_upgrade() {
+	local dir next before after ver
+	dir=$(mktemp -d)
+	dpkg-deb -R "$DEB" "$dir/pkg" || die "dpkg-deb -R failed"
+	ver=$(sed -n 's/^Version: //p' "$dir/pkg/DEBIAN/control")
+	sed -i "s/^Version: .*/Version: ${ver%-*}-2/" "$dir/pkg/DEBIAN/control"
+	next="$dir/ollie-next.deb"
+	dpkg-deb --root-owner-group -b "$dir/pkg" "$next" >/dev/null || die "dpkg-deb -b failed"
+	before=$(prop olliesrv.service MainPID)
+	[ "$before" != 0 ] || die "olliesrv.service is not running before the upgrade"
+	local out
+	out=$(timeout 120 dpkg -i --force-confold "$next" 2>&1) ||
+		die "dpkg -i (upgrade) failed: $(printf '%s' "$out" | tail -n 3 | paste -sd' ' -)"
+	printf '%s\n' "$out"
+	[ "$(dpkg-query -W -f '${Version}' ollie)" = "${ver%-*}-2" ] || die "the version after the upgrade is $(dpkg-query -W -f '${Version}' ollie)"
+	wait_for 20 "olliesrv.service to become active" active olliesrv.service
+	after=$(prop olliesrv.service MainPID)
+	[ "$before" != "$after" ] || die "MainPID unchanged ($after): the upgrade did not restart the server"
+	active olliesrv.socket || die "olliesrv.socket is $(systemctl is-active olliesrv.socket) after the upgrade"
+	grep -q 'added by the boot test' /etc/ollie/config.toml || die "the upgrade replaced the edited /etc/ollie/config.toml"
+	o9 ls session | grep -qx proj/ || die "session proj is gone after the upgrade"
+	rm -rf "$dir"
+	note "upgraded to ${ver%-*}-2: server restarted (MainPID $before -> $after), config and session proj kept"
+}
+
 # f. stopping the service and the socket leaves no process (a background tool was running).
 step_stop() {
 	local reply cg pid t cgdir
@@ -477,13 +504,14 @@ step() {
 	fi
 }
 
-STEPS=(install activation session landlock restart stop user_units purge)
+STEPS=(install activation session landlock restart upgrade stop user_units purge)
 declare -A NEEDS=(
 	[install]=""
 	[activation]="install"
 	[session]="activation"
 	[landlock]="session"
 	[restart]="landlock"
+	[upgrade]="restart"
 	[stop]="session"
 	[user_units]="install"
 	[purge]="install"
@@ -497,7 +525,7 @@ fi
 say "# ollie boot test: $(. /etc/os-release && echo "$PRETTY_NAME"), kernel $(uname -r), $(systemctl --version | head -n 1)"
 for s in "${STEPS[@]}"; do
 	declare -F "step_$s" >/dev/null || {
-		say "not ok - $s: no such step (steps: install activation session landlock restart stop user_units purge)"
+		say "not ok - $s: no such step (steps: ${STEPS[*]})"
 		RESULT[$s]=fail
 		continue
 	}
