@@ -94,11 +94,15 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         let (stop, _) = tokio::sync::watch::channel(false);
         let sig_stop = stop.clone();
+        // The handlers are in place before anything is bound: a SIGTERM that arrives as soon
+        // as the socket accepts (a service manager stopping a just-started unit) must stop
+        // the server, not be lost between installing a handler and listening to it.
+        let signals = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        );
         tokio::spawn(async move {
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
+            let (Ok(mut term), Ok(mut int)) = signals else {
                 return;
             };
             tokio::select! {
@@ -109,6 +113,9 @@ fn main() -> ExitCode {
         });
         run(opts, stop).await
     });
+    // Every toolsrv has exited by now; a blocking task still running (a file operation of
+    // an agent's tool call) must not hold the exit up.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
