@@ -354,7 +354,7 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
     }
     announcer.abort();
     // Every session's toolsrv ends with the server (their state stays on disk), and the
-    // server waits for each to be gone (toolsrv ends its tools first; SIGKILL after 2 s).
+    // server waits for each to be gone (toolsrv ends its tools first; SIGKILL after 6 s).
     let sessions = reg.sessions();
     for s in &sessions {
         s.link.stop();
