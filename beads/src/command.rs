@@ -170,10 +170,12 @@ impl fmt::Display for Command {
                     Order::Replace => "",
                 };
                 let c = if flags.create { "c" } else { "" };
+                // A bead that looks like a flag was given after `--`, and needs it again.
+                let end = if bead.starts_with('-') { "-- " } else { "" };
                 if order.is_empty() && c.is_empty() {
-                    write!(f, "mount {bead} {point}")
+                    write!(f, "mount {end}{bead} {point}")
                 } else {
-                    write!(f, "mount -{order}{c} {bead} {point}")
+                    write!(f, "mount -{order}{c} {end}{bead} {point}")
                 }
             }
             Command::Unmount { bead: None, point } => write!(f, "unmount {point}"),
@@ -190,6 +192,27 @@ impl fmt::Display for Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bead_that_looks_like_a_flag_prints_back_after_double_dash() {
+        // Found by the fuzz target: `mount -- -ac[ 8` printed as `mount -ac[ 8`.
+        for line in [
+            "mount --  -ac[\r\r8",
+            "mount -b -- -x /ctx",
+            "mount -- - /ctx",
+        ] {
+            let c = Command::parse(line).unwrap();
+            assert_eq!(
+                Command::parse(&c.to_string()).unwrap(),
+                c,
+                "{line:?} -> {c}"
+            );
+        }
+        assert_eq!(
+            Command::parse("mount -- -ac[ 8").unwrap().to_string(),
+            "mount -- -ac[ 8"
+        );
+    }
 
     fn mount(order: Order, create: bool, bead: &str) -> Command {
         Command::Mount {
