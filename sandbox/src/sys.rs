@@ -1119,22 +1119,11 @@ fn run_mounts(plan: &ChildPlan) {
                     slots[*slot] = fd as RawFd;
                 }
                 MountStep::ReadOnlyAll => {
-                    let attr = MountAttr {
-                        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
-                        attr_clr: 0,
-                        propagation: 0,
-                        userns_fd: 0,
-                    };
-                    check(
-                        Stage::Mount,
-                        libc::syscall(
-                            SYS_MOUNT_SETATTR,
-                            libc::AT_FDCWD,
-                            root.as_ptr(),
-                            AT_RECURSIVE,
-                            &attr as *const MountAttr,
-                            std::mem::size_of::<MountAttr>(),
-                        ),
+                    mount_setattr(
+                        libc::AT_FDCWD,
+                        root.as_ptr(),
+                        AT_RECURSIVE as libc::c_uint,
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
                     );
                 }
                 MountStep::Attach { slot, path } => {
@@ -1161,22 +1150,11 @@ fn run_mounts(plan: &ChildPlan) {
                             | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
                     );
                     check(Stage::Mount, fd);
-                    let attr = MountAttr {
-                        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
-                        attr_clr: 0,
-                        propagation: 0,
-                        userns_fd: 0,
-                    };
-                    check(
-                        Stage::Mount,
-                        libc::syscall(
-                            SYS_MOUNT_SETATTR,
-                            fd,
-                            empty.as_ptr(),
-                            libc::AT_EMPTY_PATH as libc::c_uint,
-                            &attr as *const MountAttr,
-                            std::mem::size_of::<MountAttr>(),
-                        ),
+                    mount_setattr(
+                        fd as libc::c_int,
+                        empty.as_ptr(),
+                        libc::AT_EMPTY_PATH as libc::c_uint,
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
                     );
                     check(
                         Stage::Mount,
@@ -1350,22 +1328,11 @@ fn pivot_to_new_root(stage: &CStr, options: &CStr, entries: &[RootEntry]) {
             }
         }
         // The new root's own entries never change (whatever ReadOnlyAll does later).
-        let attr = MountAttr {
-            attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: 0,
-        };
-        check(
-            Stage::Mount,
-            libc::syscall(
-                SYS_MOUNT_SETATTR,
-                dir,
-                empty.as_ptr(),
-                libc::AT_EMPTY_PATH as libc::c_uint,
-                &attr as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            ),
+        mount_setattr(
+            dir,
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
         );
         check(Stage::Mount, libc::fchdir(dir) as libc::c_long);
         libc::close(dir);
@@ -1380,6 +1347,33 @@ fn pivot_to_new_root(stage: &CStr, options: &CStr, entries: &[RootEntry]) {
         );
         check(Stage::Mount, libc::chdir(c"/".as_ptr()) as libc::c_long);
     }
+}
+
+/// `mount_setattr(dirfd, path, flags)` setting `attr_set` (nothing cleared, propagation
+/// unchanged); a failure fails the mount stage. Child only.
+fn mount_setattr(
+    dirfd: libc::c_int,
+    path: *const libc::c_char,
+    flags: libc::c_uint,
+    attr_set: u64,
+) {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: raw syscall on a live struct of the size passed; `path` is a C string.
+    check(Stage::Mount, unsafe {
+        libc::syscall(
+            SYS_MOUNT_SETATTR,
+            dirfd,
+            path,
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    });
 }
 
 /// The init stage's [`MountStep::UnionCreate`]: a detached overlay mount, nosuid and nodev.
