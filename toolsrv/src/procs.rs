@@ -498,9 +498,14 @@ impl Procs {
         }
     }
 
-    /// Whether any process still runs.
-    pub fn any_running(&self) -> bool {
-        lock(&self.table).procs.values().any(|p| p.running())
+    /// The processes still running.
+    pub fn still_running(&self) -> Vec<Arc<Proc>> {
+        lock(&self.table)
+            .procs
+            .values()
+            .filter(|p| p.running())
+            .cloned()
+            .collect()
     }
 
     /// Asks every running process to stop (SIGTERM, SIGKILL after the grace period).

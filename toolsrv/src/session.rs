@@ -461,11 +461,14 @@ impl Session {
     /// to [`SHUTDOWN_WAIT`] in all: dropping a zygote at once would SIGKILL them without a
     /// chance to clean up.
     pub async fn shutdown(&self) {
+        let running = self.procs.still_running();
         self.procs.cancel_all();
-        let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-        while self.procs.any_running() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        let _ = tokio::time::timeout(SHUTDOWN_WAIT, async {
+            for p in &running {
+                p.finished().await;
+            }
+        })
+        .await;
         self.prepared.lock().await.clear();
     }
 
