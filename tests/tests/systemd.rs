@@ -141,11 +141,14 @@ impl Activated {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap());
         let child = cmd.spawn().expect("spawn systemd-socket-activate");
+        // The socket file appears at bind(2), before listen(2): a connection in between is
+        // refused. systemd-socket-activate says "Listening on …" once it listens.
         let deadline = Instant::now() + UP_TIMEOUT;
-        while !sock.exists() {
+        while !std::fs::read_to_string(&stderr).is_ok_and(|e| e.contains("Listening on")) {
             assert!(Instant::now() < deadline, "{ACTIVATE} never listened");
             std::thread::sleep(STEP);
         }
+        assert!(sock.exists(), "{} is missing", sock.display());
         Activated { child, stderr }
     }
 
