@@ -1234,7 +1234,7 @@ impl OllieFs {
                 Ok(format!("config reloaded: {n} backends\n"))
             }
             "kill" => {
-                let _ = self.shared.stop.send(true);
+                self.shared.stop.send_replace(true);
                 Ok("stopping\n".into())
             }
             other => Err(Error::new(format!(

@@ -94,9 +94,9 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         let (stop, _) = tokio::sync::watch::channel(false);
         let sig_stop = stop.clone();
-        // The handlers are in place before anything is bound: a SIGTERM that arrives as soon
-        // as the socket accepts (a service manager stopping a just-started unit) must stop
-        // the server, not be lost between installing a handler and listening to it.
+        // The handlers are in place before anything is bound, so a SIGTERM that arrives as
+        // soon as the socket accepts (a service manager stopping a just-started unit) is
+        // caught rather than fatal.
         let signals = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
@@ -109,7 +109,9 @@ fn main() -> ExitCode {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            let _ = sig_stop.send(true);
+            // send_replace: until run() subscribes, the channel has no receiver, and send()
+            // would drop the value (a SIGTERM right after the socket accepts was lost so).
+            sig_stop.send_replace(true);
         });
         run(opts, stop).await
     });
