@@ -321,7 +321,7 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "feed",
         AFile::Feed,
         0o666,
-        "write replaces the value; a read blocks until the value differs from what that fid read last",
+        "write replaces the value (a write continuing the same fid's last one extends it); a read blocks until the value differs from what that fid read last",
     ),
     f(
         "chat",
@@ -729,6 +729,8 @@ pub struct OllieFid {
     pending: Bytes,
     /// feed: the value this fid read last.
     last_feed: Option<Bytes>,
+    /// feed: the value this fid wrote last (a write at its end extends it).
+    wrote_feed: Option<Bytes>,
     /// bypass/pending: the requests this fid was shown.
     seen: std::collections::HashSet<String>,
     /// agent/new with prompt=: the agent and the turn to wait for.
@@ -763,6 +765,7 @@ impl OllieFid {
             cursor: 0,
             pending: Bytes::new(),
             last_feed: None,
+            wrote_feed: None,
             seen: std::collections::HashSet::new(),
             waiting: None,
             trunc: false,
@@ -2372,7 +2375,20 @@ impl Filesystem for OllieFs {
                 Ok(n)
             }
             Node::A(a, AFile::Feed) => {
-                a.set_feed(data).map_err(err)?;
+                // A value written in pieces (a pipe through a FUSE mount, a client's 8 KiB
+                // Twrites) arrives whole: a write at the end of this fid's last value extends
+                // it; any other write replaces the value.
+                let value = match fid.wrote_feed.take() {
+                    Some(prev) if offset > 0 && offset == prev.len() as u64 => {
+                        let mut v = bytes::BytesMut::with_capacity(prev.len() + data.len());
+                        v.extend_from_slice(&prev);
+                        v.extend_from_slice(&data);
+                        v.freeze()
+                    }
+                    _ => data,
+                };
+                a.set_feed(value.clone()).map_err(err)?;
+                fid.wrote_feed = Some(value);
                 Ok(n)
             }
             Node::A(a, AFile::Plan) => {

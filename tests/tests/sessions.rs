@@ -1122,6 +1122,20 @@ async fn feed_wakes_readers_only_on_a_new_value() {
         &within("fresh", fresh.read(0, 4096)).await.unwrap()[..],
         b"v2"
     );
+    // A value written in pieces: a write at the end of the fid's last one extends it …
+    w.write(2, Bytes::from_static(b"+more")).await.unwrap();
+    let whole = open(&root, feed, om::OREAD).await;
+    assert_eq!(
+        &within("extended", whole.read(0, 4096)).await.unwrap()[..],
+        b"v2+more"
+    );
+    // … and a write anywhere else (here 0 again) replaces the value.
+    put(&w, "v3").await.unwrap();
+    let replaced = open(&root, feed, om::OREAD).await;
+    assert_eq!(
+        &within("replaced", replaced.read(0, 4096)).await.unwrap()[..],
+        b"v3"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
