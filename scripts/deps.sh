@@ -7,14 +7,15 @@ set -euo pipefail
 # is missing would prove nothing, so the suite refuses to run without them under
 # OLLIE_TEST_REQUIRE=all. bwrap is for the spawn benchmark. The systemd tools check the units
 # and stand in for the service manager; nspawn, debootstrap and the dpkg tools are for the
-# package and the boot test.
+# package and the boot test; fusermount3 (setuid) lets a user other than root `o mount`.
 tools="python3:python3 pip3:python3-pip git:git make:make gcc:gcc curl:curl wget:wget
 ssh:openssh-client ping:iputils-ping strace:strace gdb:gdb tmux:tmux screen:screen
 dbus-send:dbus busctl:systemd systemd-run:systemd gpg-connect-agent:gnupg flock:util-linux
 unshare:util-linux ipcmk:util-linux runuser:util-linux setsid:util-linux ps:procps
 useradd:passwd sudo:sudo bwrap:bubblewrap
 systemd-analyze:systemd systemd-socket-activate:systemd systemd-nspawn:systemd-container
-debootstrap:debootstrap dpkg-deb:dpkg dpkg-shlibdeps:dpkg-dev help2man:help2man"
+debootstrap:debootstrap dpkg-deb:dpkg dpkg-shlibdeps:dpkg-dev help2man:help2man
+fusermount3:fuse3"
 need_apt=()
 for pair in $tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")
@@ -38,4 +39,11 @@ fi
 # cargo-fuzz for the decoder fuzz target (runs on stable with RUSTC_BOOTSTRAP=1).
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install --quiet --locked cargo-fuzz
+fi
+
+# `o mount` as a user other than root goes through the setuid fusermount3, which opens
+# /dev/fuse as the calling user: Debian's udev rule makes it 0666, but containers without udev
+# leave it 0600.
+if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ]; then
+  chmod 0666 /dev/fuse
 fi

@@ -1,11 +1,12 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape, toolsrv and broker suites as the unprivileged user `ollietest`.
+# Runs the policy, sandbox, escape, toolsrv and broker suites, and the README's `o mount`
+# walk-through, as the unprivileged user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
-# the cross-process suites start (toolsrv), copies them to a world-readable temporary directory
-# (the suites find the binaries through OLLIE_BIN_DIR), creates `ollietest` if missing, and runs
-# each test binary as that user with OLLIE_TEST_REQUIRE passed through. Exits non-zero if
-# anything fails.
+# the cross-process suites start (toolsrv, olliesrv, o, ollie-9p), copies them to a
+# world-readable temporary directory (the suites find the binaries through OLLIE_BIN_DIR),
+# creates `ollietest` if missing, and runs each test binary as that user with
+# OLLIE_TEST_REQUIRE passed through. Exits non-zero if anything fails.
 set -eu
 
 if [ "$(id -u)" != 0 ]; then
@@ -19,19 +20,25 @@ user=ollietest
 
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
+# Test executables only: a package's own binaries (ollie-cli's `o`) are listed too.
 build() {
     cargo test "$@" --no-run --message-format=json-render-diagnostics \
+        | grep '"profile":{[^}]*"test":true' \
         | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >>"$list"
 }
 build -p ollie-policy -p ollie-sandbox
 build -p ollie-tests --test escapes --test toolsrv --test broker
-cargo build -p ollie-toolsrv --bins
+# The mount goes through the setuid fusermount3 (scripts/deps.sh installs fuse3).
+build -p ollie-cli --test o_mount_walkthrough --test o_mount
+cargo build -p ollie-toolsrv -p ollie-olliesrv -p ollie-cli --bins
 
 dir=$(mktemp -d /tmp/ollie-unpriv.XXXXXX)
 trap 'rm -f "$list"; rm -rf "$dir"' EXIT
 chmod 755 "$dir"
 mkdir "$dir/bin"
-cp "$CARGO_TARGET_DIR/debug/toolsrv" "$dir/bin/"
+for b in toolsrv olliesrv o ollie-9p; do
+    cp "$CARGO_TARGET_DIR/debug/$b" "$dir/bin/"
+done
 n=0
 while read -r exe; do
     [ -n "$exe" ] || continue

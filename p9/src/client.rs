@@ -185,6 +185,9 @@ struct Inner {
     msize: u32,
     state: Mutex<State>,
     writer: SharedWriter,
+    /// Becomes true when the reader task ends (the server closed the connection, or sent
+    /// something undecodable).
+    gone: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Drop for Inner {
@@ -451,10 +454,12 @@ impl Client {
             waker: None,
             closed: false,
         }));
+        let (gone_tx, gone) = tokio::sync::watch::channel(false);
         let inner = Arc::new(Inner {
             msize: got,
             state: Mutex::new(State::default()),
             writer: Arc::clone(&writer),
+            gone,
         });
         tokio::spawn(drain_writer(writer));
         // Reader: routes replies to their tags.
@@ -497,8 +502,17 @@ impl Client {
                 // Dropping the senders wakes every waiter with "connection closed".
                 st.pending.clear();
             }
+            gone_tx.send_replace(true);
         });
         Ok(Client { inner })
+    }
+
+    /// Resolves once the connection is gone: the server closed it or sent something that does
+    /// not decode. Every request in flight has then failed with [`ClientError::Closed`].
+    pub async fn closed(&self) {
+        let mut gone = self.inner.gone.clone();
+        // An error means the reader task (the sender) is gone, which is also the end.
+        let _ = gone.wait_for(|g| *g).await;
     }
 
     /// The negotiated msize.

@@ -11,19 +11,27 @@
 //!
 //! `o ls`, `o new`, `o attach`, `o prompt`, `o ctl`, `o kill`, `o logs`, `o bead` and
 //! `o approve` talk to olliesrv over 9P (`-a ADDR`, default `unix!$NAMESPACE/ollie`), attached as the current
-//! user; see the `sessions` module (and `approve` for the escalation requests).
+//! user; see the `sessions` module (and `approve` for the escalation requests, `progress` for
+//! the progress line of `prompt` and `attach`).
+//!
+//! `o completions SHELL` prints a completion script for bash, zsh, fish, elvish or PowerShell,
+//! generated from this parser.
 
 #[path = "o/approve.rs"]
 mod approve;
 #[path = "o/bead.rs"]
 mod bead;
+#[path = "o/mount.rs"]
+mod mount;
+#[path = "o/progress.rs"]
+mod progress;
 #[path = "o/render.rs"]
 mod render;
 #[path = "o/sessions.rs"]
 mod sessions;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
@@ -42,7 +50,9 @@ use std::process::ExitCode;
         o approve                          answer escalation requests (y/N/s)\n  \
         o bead mount -ac notes /ctx        compose a bead into the chat's namespace\n  \
         o -a unix!/run/ollie/ollie ls      another server\n  \
-        o sandbox -- make test             run a command in the tool sandbox\n\n\
+        o mount ~/n/ollie                  the namespace as files (FUSE); o mount -u ~/n/ollie\n  \
+        o sandbox -- make test             run a command in the tool sandbox\n  \
+        o completions bash                 a completion script (see o completions --help)\n\n\
         The default address is unix!$NAMESPACE/ollie when NAMESPACE is set; otherwise the first socket found of\n        /tmp/ns.$USER.$DISPLAY/ollie, $XDG_RUNTIME_DIR/ollie/ollie (user service) and /run/ollie/ollie (system service).\n\
         EXIT STATUS (session commands): 0 ok, 1 the server refused or the turn failed, 2 usage, \
         3 cannot connect."
@@ -61,9 +71,56 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run one command in the tool sandbox.
+    #[command(after_help = SANDBOX_HELP)]
     Sandbox(SandboxArgs),
+    /// Mount the namespace on a directory (FUSE), or unmount it with -u.
+    #[command(after_help = mount::AFTER_HELP)]
+    Mount(mount::Args),
     #[command(flatten)]
     Session(sessions::Command),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+const SANDBOX_HELP: &str = "Runs the command as toolsrv runs a tool, without a server: \
+    its output streams, standard input is forwarded when it is a pipe or a file (never a \
+    terminal), and a warning line follows for each risky file the run left behind. Without \
+    --profile or --policy the profile is workspace; ~/.config/ollie/policy/NAME.toml \
+    overrides the shipped profile NAME.\n\
+    EXIT STATUS: the command's (128 + signal when it was killed); 125 the sandbox refused or \
+    failed to start it, 126 it cannot be executed, 127 it was not found.\n\n\
+    EXAMPLES:\n  \
+    o sandbox -- make test\n  \
+    o sandbox --profile readonly --workdir ~/src/app -- grep -rn TODO .\n  \
+    o sandbox --policy my.toml --record run.json -- python3 script.py";
+
+const COMPLETIONS_HELP: &str = "Prints the script to standard output; the Debian package \
+    and install.sh install those for bash, zsh and fish. For yourself, put it where your shell \
+    looks (zsh: a directory in fpath, e.g. ~/.zfunc with fpath+=(~/.zfunc) before compinit).\n\n\
+    EXAMPLES:\n  \
+    o completions bash > ~/.local/share/bash-completion/completions/o\n  \
+    o completions zsh > ~/.zfunc/_o\n  \
+    o completions fish > ~/.config/fish/completions/o.fish";
+
+/// Writes the completion script for `shell` to standard output (built in memory first: the
+/// generator cannot report a write error, and `| head` must not make it panic).
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "o", &mut script);
+    let mut out = std::io::stdout().lock();
+    match out.write_all(&script).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(141),
+        Err(e) => {
+            eprintln!("o completions: writing standard output: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -229,6 +286,8 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Cmd::Sandbox(args) => sandbox(args),
+        Cmd::Completions { shell } => completions(shell),
+        Cmd::Mount(args) => mount::main(cli.addr, cli.key, args),
         Cmd::Session(cmd) => sessions::main(cli.addr, cli.key, cmd),
     }
 }

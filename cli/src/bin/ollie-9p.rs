@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use bytes::Bytes;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use ollie_p9::client::{Client, ClientError, Fid, path_names};
 use ollie_p9::dial::{self, Addr};
 use ollie_p9::wire::{Stat, dm, om};
@@ -26,7 +26,8 @@ const EXIT_CONNECT: u8 = 3;
         echo 'an idea' | ollie-9p create session/myproj/ns/ctx/notes/idea.md\n  \
         printf 'name=a\\n' | ollie-9p rdwr session/myproj/agent/new\n  \
         ollie-9p read session/myproj/agent/coding/chat\n  \
-        ollie-9p -a tcp!127.0.0.1!5640 -k ~/.local/state/ollie/tcp.key ls -l /\n\n\
+        ollie-9p -a tcp!127.0.0.1!5640 -k ~/.local/state/ollie/tcp.key ls -l /\n  \
+        ollie-9p completions bash > ~/.local/share/bash-completion/completions/ollie-9p\n\n\
         EXIT STATUS: 0 ok, 1 the server refused (its error is printed), 2 usage, 3 cannot connect.\n\
         The default address is unix!$NAMESPACE/ollie when NAMESPACE is set; otherwise the first socket found of\n        /tmp/ns.$USER.$DISPLAY/ollie, $XDG_RUNTIME_DIR/ollie/ollie (user service) and /run/ollie/ollie (system service)."
 )]
@@ -51,6 +52,8 @@ struct Args {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// List a directory (or name a file).
+    #[command(after_help = "EXAMPLES:\n  ollie-9p ls\n  ollie-9p ls -l session\n  \
+        ollie-9p ls -ld session/proj/agent/main/chat")]
     Ls {
         /// Long listing: mode, owner, group, length, time, name.
         #[arg(short = 'l')]
@@ -62,8 +65,15 @@ enum Cmd {
         paths: Vec<String>,
     },
     /// Copy a file to standard output, as it arrives (streams until end of file).
+    #[command(
+        after_help = "EXAMPLES:\n  ollie-9p read session/proj/agent/main/stats\n  \
+        ollie-9p read session/proj/agent/main/chat        (follows it, like tail -f)"
+    )]
     Read { path: String },
     /// Copy standard input to a file.
+    #[command(after_help = "EXAMPLES:\n  \
+        echo 'fix the build' | ollie-9p write session/proj/agent/main/prompt\n  \
+        printf 'pause\\nresume\\n' | ollie-9p write -l session/proj/ctl")]
     Write {
         /// One write per input line.
         #[arg(short = 'l')]
@@ -71,11 +81,42 @@ enum Cmd {
         path: String,
     },
     /// Create a file (Tcreate, mode 0644; an error if it exists) and copy standard input to it.
+    #[command(after_help = "EXAMPLES:\n  \
+        echo 'an idea' | ollie-9p create session/proj/ns/ctx/notes/idea.md")]
     Create { path: String },
     /// Write standard input as one request, then print the reply read on the same fid.
+    #[command(
+        after_help = "EXAMPLES:\n  echo name=proj | ollie-9p rdwr session/new\n  \
+        echo help | ollie-9p rdwr session/proj/ctl"
+    )]
     Rdwr { path: String },
     /// Print a file's attributes.
+    #[command(after_help = "EXAMPLES:\n  ollie-9p stat session/proj/agent/main/chat")]
     Stat { path: String },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell); needs no server.
+    #[command(after_help = "EXAMPLES:\n  \
+        ollie-9p completions bash > ~/.local/share/bash-completion/completions/ollie-9p\n  \
+        ollie-9p completions fish > ~/.config/fish/completions/ollie-9p.fish")]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Writes the completion script for `shell` to standard output (built in memory: the
+/// generator cannot report a write error).
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Args::command(), "ollie-9p", &mut script);
+    let mut out = std::io::stdout().lock();
+    match out.write_all(&script).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(141),
+        Err(e) => {
+            eprintln!("ollie-9p: writing standard output: {e}");
+            ExitCode::from(EXIT_SERVER)
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -98,6 +139,9 @@ fn main() -> ExitCode {
             };
         }
     };
+    if let Cmd::Completions { shell } = args.cmd {
+        return completions(shell);
+    }
     // One thread, and only the I/O driver: a client that waits on nothing but its socket.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -208,6 +252,9 @@ async fn run(args: Args) -> Result<(), Failure> {
         Cmd::Write { lines, path } => write(&root, &path, lines).await,
         Cmd::Create { path } => create(&root, &path).await,
         Cmd::Rdwr { path } => rdwr(&root, &path).await,
+        Cmd::Completions { .. } => Err(Failure::Usage(
+            "completions needs no server: it is handled before connecting".into(),
+        )),
         Cmd::Stat { path } => {
             let f = walk(&root, &path).await?;
             let st = f.stat().await.map_err(server(&path))?;

@@ -3,6 +3,8 @@
 //! `o_approve.rs`; each uses a part of it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
 
+pub mod mount;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -106,6 +108,12 @@ impl Srv {
             std::thread::sleep(STEP);
         }
         srv
+    }
+
+    /// Kills the server (SIGKILL) and reaps it: the server going away under its clients.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn stderr(&self) -> String {

@@ -20,7 +20,8 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
-use crate::render::{self, Block, Renderer, Stats, Target};
+use crate::progress::{self, Status};
+use crate::render::{self, Renderer, Stats, Target};
 
 pub(crate) const EXIT_SERVER: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -46,26 +47,33 @@ pub enum Command {
     },
     /// Create a session (NAME), or an agent in a session (SESSION/AGENT).
     #[command(
-        after_help = "Prints the new session's name, or the new agent's id.\n\n\
+        after_help = "Prints the new session's name, or the new agent's id; with --json, one \
+        object: {\"session\": NAME} or {\"session\": NAME, \"agent\": AGENT, \"id\": ID}.\n\n\
         EXAMPLES:\n  o new proj --cwd ~/src/proj\n  o new proj/reviewer --profile readonly\n  \
-        o new proj/fast --backend local --model small"
+        o new proj/fast --backend local --model small\n  o new proj/b --json | jq -r .id"
     )]
     New {
         /// NAME for a session, SESSION/AGENT for an agent.
         target: String,
         #[command(flatten)]
         spec: SpecArgs,
+        /// Print one JSON object (session, and agent and id for an agent).
+        #[arg(long)]
+        json: bool,
     },
     /// Talk to an agent: stream its chat, send each input line as a prompt.
     #[command(
         after_help = "AGENT defaults to the session's first agent; a session without \
         agents gets one named \"main\". Output starts at the current end of the chat (use \
         --history for all of it); on a terminal, chat blocks are coloured and their markers \
-        shown as [kind]. State changes go to standard error (· running, · idle).\n\
+        shown as [kind]. State changes go to standard error (· idle, · error); while a \
+        turn runs and standard error is a terminal, one self-overwriting line there shows what \
+        the agent does and for how long (⠋ thinking · 12s; --quiet or OLLIE_NO_PROGRESS=1 turn \
+        it off; without it, each state is a line of its own).\n\
         Ctrl-C stops the running turn; a second Ctrl-C within a second quits. End of input \
         (Ctrl-D) quits once the agent is idle.\n\n\
         EXAMPLES:\n  o attach proj\n  o attach proj/reviewer --history\n  \
-        echo 'run the tests' | o attach proj"
+        echo 'run the tests' | o attach -q proj"
     )]
     Attach {
         /// SESSION or SESSION/AGENT.
@@ -73,14 +81,25 @@ pub enum Command {
         /// Show the whole conversation first, not only what comes next.
         #[arg(long)]
         history: bool,
+        /// No progress line on standard error.
+        #[arg(short = 'q', long)]
+        quiet: bool,
     },
     /// Send one prompt, wait for the turn to end, print what it added to the chat.
     #[command(
         after_help = "AGENT defaults to the session's first agent (one named \"main\" \
-        is created if there is none). The words of TEXT are joined by spaces.\n\
+        is created if there is none). The words of TEXT are joined by spaces. While the turn \
+        runs and standard error is a terminal, one self-overwriting line there shows what the \
+        agent does and for how long (⠋ thinking · 12s); --quiet or OLLIE_NO_PROGRESS=1 turn it \
+        off. With --json, one object is printed when the turn has ended: session, agent, ok, \
+        state (after the turn), reply (what the turn added to the chat besides the prompt and \
+        its error), error (null, or the turn's error), tokens_in, tokens_out and cost_usd (the \
+        agent's totals after the turn).\n\
         EXIT STATUS: 0 the turn ended normally, 1 it ended with an error (printed to standard \
-        error), or the server refused.\n\n\
-        EXAMPLES:\n  o prompt proj 'summarise README.md'\n  o prompt proj/reviewer review the last commit"
+        error, or as \"error\" with --json), or the server refused.\n\n\
+        EXAMPLES:\n  o prompt proj 'summarise README.md'\n  o prompt proj/reviewer review the last commit\n  \
+        o prompt --json proj 'list the TODOs' | jq -r .reply\n  \
+        o prompt -q proj 'fix the build' > reply.txt"
     )]
     Prompt {
         /// SESSION or SESSION/AGENT.
@@ -88,6 +107,12 @@ pub enum Command {
         /// The prompt.
         #[arg(required = true, num_args = 1..)]
         text: Vec<String>,
+        /// Print one JSON object with the reply, the outcome and the agent's stats.
+        #[arg(long)]
+        json: bool,
+        /// No progress line on standard error.
+        #[arg(short = 'q', long)]
+        quiet: bool,
     },
     /// Write a command to a session's or agent's ctl and print the reply.
     #[command(after_help = "EXAMPLES:\n  o ctl proj help\n  o ctl proj pause\n  \
@@ -191,7 +216,7 @@ pub(crate) enum Fail {
 }
 
 impl Fail {
-    fn exit(self) -> ExitCode {
+    pub(crate) fn exit(self) -> ExitCode {
         let (code, msg) = match self {
             Fail::Usage(m) => (EXIT_USAGE, m),
             Fail::Connect(m) => (EXIT_CONNECT, m),
@@ -306,9 +331,16 @@ async fn run(
             let reply = request(&dir, &["ns", "ctl"], &verb.line()).await?;
             stdout_write(reply.as_bytes()).and(ok)
         }
-        (Command::New { spec, .. }, Some(t)) => new(&conn, &t, &spec).await.and(ok),
-        (Command::Attach { history, .. }, Some(t)) => attach(&conn, &t, history).await,
-        (Command::Prompt { text, .. }, Some(t)) => prompt(&conn, &t, &text.join(" ")).await,
+        (Command::New { spec, json, .. }, Some(t)) => new(&conn, &t, &spec, json).await.and(ok),
+        (Command::Attach { history, quiet, .. }, Some(t)) => {
+            attach(&conn, &t, history, Status::on_stderr(quiet)).await
+        }
+        (
+            Command::Prompt {
+                text, json, quiet, ..
+            },
+            Some(t),
+        ) => prompt(&conn, &t, &text.join(" "), json, Status::on_stderr(quiet)).await,
         (Command::Ctl { command, .. }, Some(t)) => {
             let dir = conn.target_dir(&t).await?;
             let reply = request(&dir, &["ctl"], &command.join(" ")).await?;
@@ -415,12 +447,17 @@ pub(crate) struct Conn {
 struct AgentRef {
     dir: Fid,
     id: String,
+    /// Its name when it was looked up.
+    name: String,
     /// `SESSION/AGENT`, for messages.
     label: String,
 }
 
 impl Conn {
-    async fn connect(addr: Option<&str>, key: Option<&std::path::Path>) -> Result<Conn, Fail> {
+    pub(crate) async fn connect(
+        addr: Option<&str>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Conn, Fail> {
         let addr = match addr {
             Some(a) => Addr::parse(a).map_err(|e| Fail::Usage(e.to_string()))?,
             None => dial::default_server(),
@@ -512,6 +549,7 @@ impl Conn {
             dir,
             id,
             label: format!("{}/{name}", t.session),
+            name,
         })
     }
 }
@@ -718,7 +756,26 @@ fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
     Ok(parts.join(" "))
 }
 
-async fn new(conn: &Conn, t: &Target, spec: &SpecArgs) -> Result<(), Fail> {
+/// What `o new --json` prints.
+#[derive(Debug, Serialize)]
+struct NewInfo<'a> {
+    session: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<&'a str>,
+    /// The new agent's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+}
+
+/// One JSON object and a newline.
+fn json_line(v: &impl Serialize) -> Result<String, Fail> {
+    let mut j =
+        serde_json::to_string(v).map_err(|e| Fail::Server(format!("cannot encode JSON: {e}")))?;
+    j.push('\n');
+    Ok(j)
+}
+
+async fn new(conn: &Conn, t: &Target, spec: &SpecArgs, json: bool) -> Result<(), Fail> {
     let reply = match &t.agent {
         None => {
             request(
@@ -733,21 +790,40 @@ async fn new(conn: &Conn, t: &Target, spec: &SpecArgs) -> Result<(), Fail> {
             request(&s, &["agent", "new"], &spec_line(a, spec)?).await?
         }
     };
-    stdout_write(format!("{}\n", reply.trim()).as_bytes())
+    let reply = reply.trim();
+    if !json {
+        return stdout_write(format!("{reply}\n").as_bytes());
+    }
+    let info = match &t.agent {
+        // session/new answers with the session's name.
+        None => NewInfo {
+            session: reply,
+            agent: None,
+            id: None,
+        },
+        Some(a) => NewInfo {
+            session: &t.session,
+            agent: Some(a),
+            id: Some(reply),
+        },
+    };
+    stdout_write(json_line(&info)?.as_bytes())
 }
 
 // ---------------------------------------------------------------------------------------
 // Turns
 
 /// The agent's states as `statewait` reports them, from a fid opened now (so no change after
-/// this point is missed); `print` shows each on standard error.
+/// this point is missed); each goes to `status` (the progress line), and with `print` it is
+/// also shown on standard error as a line of its own (running states only when the progress
+/// line is off: it shows them).
 struct StateFeed {
     rx: watch::Receiver<Option<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl StateFeed {
-    async fn start(a: &AgentRef, print: bool) -> Result<StateFeed, Fail> {
+    async fn start(a: &AgentRef, print: bool, status: Status) -> Result<StateFeed, Fail> {
         let f = open(&a.dir, &["statewait"], om::OREAD).await?;
         let (tx, rx) = watch::channel(None);
         let task = tokio::spawn(async move {
@@ -757,9 +833,10 @@ impl StateFeed {
                     break;
                 }
                 let st = String::from_utf8_lossy(&d).trim().to_owned();
-                if print {
-                    eprintln!("· {st}");
+                if print && !(status.is_on() && progress::is_running(&st)) {
+                    status.eprintln(&format!("· {}", crate::approve::escape(&st)));
                 }
+                status.state(&st);
                 let killed = st == "killed";
                 tx.send_replace(Some(st));
                 if killed {
@@ -839,19 +916,99 @@ async fn send_prompt(prompt_fid: &Fid, text: &str) -> Result<(), Fail> {
     write_one(prompt_fid, text).await
 }
 
-async fn prompt(conn: &Conn, t: &Target, text: &str) -> Result<ExitCode, Fail> {
+/// What `o prompt --json` prints when the turn has ended.
+#[derive(Debug, Serialize)]
+struct PromptResult<'a> {
+    session: &'a str,
+    agent: &'a str,
+    /// The turn ended without an error.
+    ok: bool,
+    /// The agent's state after the turn.
+    state: String,
+    /// What the turn added to the chat, without the prompt's own block and error blocks.
+    reply: String,
+    /// The error the turn ended with.
+    error: Option<String>,
+    /// The agent's totals after the turn (its `stats`).
+    tokens_in: u64,
+    tokens_out: u64,
+    cost_usd: f64,
+}
+
+/// The reply of a turn from its blocks: everything but the block of `prompt` itself (the
+/// first user block with its text) and error blocks; and the error it ended with, if its
+/// last block is one.
+fn turn_reply(blocks: &[render::Block], prompt: &str) -> (String, Option<String>) {
+    let want = user_body(prompt);
+    let mut own_prompt_seen = false;
+    let mut reply = String::new();
+    for b in blocks {
+        if b.kind == "error" {
+            continue;
+        }
+        if !own_prompt_seen
+            && b.kind == "user"
+            && b.attrs.is_empty()
+            && b.body.trim_end() == want.trim_end()
+        {
+            own_prompt_seen = true;
+            continue;
+        }
+        reply.push_str(&b.body);
+    }
+    let error = blocks
+        .last()
+        .filter(|b| b.kind == "error")
+        .map(|b| b.body.trim_end().to_owned());
+    (reply, error)
+}
+
+async fn prompt(
+    conn: &Conn,
+    t: &Target,
+    text: &str,
+    json: bool,
+    status: Status,
+) -> Result<ExitCode, Fail> {
     if text.trim().is_empty() {
         return Err(Fail::Usage("empty prompt".into()));
     }
     let a = conn.agent(t, true).await?;
-    let mut states = StateFeed::start(&a, false).await?;
+    let mut states = StateFeed::start(&a, false, status.clone()).await?;
     let off = stream_len(&a.dir, "chat.raw").await?;
     let pf = open(&a.dir, &["prompt"], om::OWRITE).await?;
+    // From here until the turn has ended (or this fails): the progress line.
+    status.begin("waiting");
+    let animation = status.animate();
     send_prompt(&pf, text).await?;
     let sent = (off, text.to_owned());
     wait_turn(&a, Some(&sent), &mut states.rx).await?;
     states.task.abort();
+    drop(animation);
     let blocks = render::parse_blocks(&read_range(&a.dir, "chat.raw", off).await?);
+    let failed = blocks.last().is_some_and(|b| b.kind == "error");
+    let code = if failed {
+        ExitCode::from(EXIT_SERVER)
+    } else {
+        ExitCode::SUCCESS
+    };
+    if json {
+        let (reply, error) = turn_reply(&blocks, text);
+        let stats = Stats::parse(&read_all(&a.dir, &["stats"]).await?);
+        let result = PromptResult {
+            session: &t.session,
+            agent: &a.name,
+            ok: error.is_none(),
+            state: a.state().await?,
+            reply,
+            error,
+            tokens_in: stats.tokens_in,
+            tokens_out: stats.tokens_out,
+            cost_usd: stats.cost_usd,
+        };
+        stdout_write(json_line(&result)?.as_bytes())?;
+        return Ok(code);
+    }
     let mut text_out = String::new();
     for b in &blocks {
         if b.kind == "error" {
@@ -863,22 +1020,21 @@ async fn prompt(conn: &Conn, t: &Target, text: &str) -> Result<ExitCode, Fail> {
         }
     }
     stdout_write(text_out.as_bytes())?;
-    Ok(match blocks.last() {
-        Some(Block { kind, .. }) if kind == "error" => ExitCode::from(EXIT_SERVER),
-        _ => ExitCode::SUCCESS,
-    })
+    Ok(code)
 }
 
 // ---------------------------------------------------------------------------------------
 // logs and attach
 
 /// Copies a chat stream from `from` to standard output as it grows, through `renderer` when
-/// there is one; reports how far it got on `printed`. Ends at end of file (the agent killed).
+/// there is one, with the progress line of `status` out of its way; reports how far it got
+/// on `printed`. Ends at end of file (the agent killed).
 async fn stream_chat(
     f: Fid,
     from: u64,
     mut renderer: Option<Renderer>,
     printed: watch::Sender<u64>,
+    status: Status,
 ) -> Result<(), Fail> {
     let mut off = from;
     let mut buf = Vec::new();
@@ -892,9 +1048,9 @@ async fn stream_chat(
             Some(r) => {
                 buf.clear();
                 r.feed(&d, &mut buf);
-                stdout_write(&buf)?;
+                status.output(&buf, || stdout_write(&buf))?;
             }
-            None => stdout_write(&d)?,
+            None => status.output(&d, || stdout_write(&d))?,
         }
         printed.send_replace(off);
     }
@@ -907,7 +1063,7 @@ async fn logs(a: &AgentRef, follow: bool, raw: bool) -> Result<(), Fail> {
     }
     let f = open(&a.dir, &[name], om::OREAD).await?;
     let (tx, _rx) = watch::channel(0);
-    stream_chat(f, 0, None, tx).await
+    stream_chat(f, 0, None, tx, Status::off()).await
 }
 
 /// Reads prompts from standard input, one per line, until end of input; then waits for the
@@ -915,6 +1071,7 @@ async fn logs(a: &AgentRef, follow: bool, raw: bool) -> Result<(), Fail> {
 async fn read_prompts(
     a: Arc<AgentRef>,
     mut rx: watch::Receiver<Option<String>>,
+    status: Status,
 ) -> Result<(), Fail> {
     let pf = open(&a.dir, &["prompt"], om::OWRITE).await?;
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -931,14 +1088,14 @@ async fn read_prompts(
         let off = stream_len(&a.dir, "chat.raw").await?;
         match send_prompt(&pf, &line).await {
             Ok(()) => last = Some((off, line)),
-            Err(Fail::Server(m)) | Err(Fail::Usage(m)) => eprintln!("o: {m}"),
+            Err(Fail::Server(m)) | Err(Fail::Usage(m)) => status.eprintln(&format!("o: {m}")),
             Err(e) => return Err(e),
         }
     }
     wait_turn(&a, last.as_ref(), &mut rx).await
 }
 
-async fn attach(conn: &Conn, t: &Target, history: bool) -> Result<ExitCode, Fail> {
+async fn attach(conn: &Conn, t: &Target, history: bool, status: Status) -> Result<ExitCode, Fail> {
     let a = Arc::new(conn.agent(t, true).await?);
     let tty = std::io::stdout().is_terminal();
     let colour = tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -951,7 +1108,12 @@ async fn attach(conn: &Conn, t: &Target, history: bool) -> Result<ExitCode, Fail
         chat.stat().await.map_err(remote)?.length
     };
     chat.open(om::OREAD).await.map_err(remote)?;
-    let states = StateFeed::start(&a, true).await?;
+    let states = StateFeed::start(&a, true, status.clone()).await?;
+    // A turn that runs already shows at once (until statewait reports the next state).
+    if status.is_on() {
+        status.initial(&a.state().await?);
+    }
+    let _animation = status.animate();
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|e| Fail::Server(format!("cannot handle Ctrl-C: {e}")))?;
     if std::io::stdin().is_terminal() {
@@ -966,8 +1128,13 @@ async fn attach(conn: &Conn, t: &Target, history: bool) -> Result<ExitCode, Fail
         start,
         tty.then(|| Renderer::new(colour)),
         printed_tx,
+        status.clone(),
     ));
-    let mut input_task = tokio::spawn(read_prompts(Arc::clone(&a), states.rx.clone()));
+    let mut input_task = tokio::spawn(read_prompts(
+        Arc::clone(&a),
+        states.rx.clone(),
+        status.clone(),
+    ));
     let mut last_interrupt: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -992,8 +1159,8 @@ async fn attach(conn: &Conn, t: &Target, history: bool) -> Result<ExitCode, Fail
                 }
                 last_interrupt = Some(Instant::now());
                 match request(&a.dir, &["ctl"], "stop").await {
-                    Ok(r) => eprintln!("· {}", r.trim()),
-                    Err(Fail::Server(m)) => eprintln!("o: {m}"),
+                    Ok(r) => status.eprintln(&format!("· {}", r.trim())),
+                    Err(Fail::Server(m)) => status.eprintln(&format!("o: {m}")),
                     Err(e) => return Err(e),
                 }
             }
@@ -1033,6 +1200,25 @@ mod tests {
         assert!(
             matches!(spec_line("a b", &rel), Err(Fail::Usage(m)) if m.contains("invalid name"))
         );
+    }
+
+    #[test]
+    fn a_turns_reply_leaves_out_its_prompt_and_errors() {
+        let raw = b"[[[user\nsay hi\n]]]\n[[[reasoning\nhm\n]]]\n[[[assistant\nhi\n]]]\n";
+        let blocks = render::parse_blocks(raw);
+        assert_eq!(turn_reply(&blocks, "say hi"), ("hm\nhi\n".to_owned(), None));
+        // A failed turn: its last block is the error.
+        let raw = b"[[[user\nsay hi\n]]]\n[[[assistant\npart\n]]]\n[[[error\nboom\n]]]\n";
+        let blocks = render::parse_blocks(raw);
+        assert_eq!(
+            turn_reply(&blocks, "say hi"),
+            ("part\n".to_owned(), Some("boom".to_owned()))
+        );
+        // An error the turn got over is not its outcome; an injected user block is kept.
+        let raw = b"[[[user\nx\n]]]\n[[[error\nretrying\n]]]\n[[[user injected\nx\n]]]\n\
+            [[[assistant\nok\n]]]\n";
+        let blocks = render::parse_blocks(raw);
+        assert_eq!(turn_reply(&blocks, "x"), ("x\nok\n".to_owned(), None));
     }
 
     #[test]

@@ -1,0 +1,1502 @@
+//! `o mount DIR`: olliesrv's namespace as a real filesystem, through FUSE, with nothing else
+//! installed (no plan9port, no kernel 9P client).
+//!
+//! The bridge is one 9P connection (our `p9` client, attached as the current user exactly as
+//! `o` and `ollie-9p` are) and one FUSE session (the `fuse3` crate; as root the kernel mount is
+//! made directly, otherwise through the setuid `fusermount3`). How FUSE maps onto 9P:
+//!
+//! - **Nodes are paths.** A FUSE inode stands for a path from the root; every operation walks
+//!   that path afresh (one Twalk of up to 16 names), so sessions and agents that come and go on
+//!   the server are seen at once. Entry names are cached by the kernel for [`ENTRY_TTL`];
+//!   attributes are never cached (sizes of chat, log and the like change all the time).
+//! - **Open files are fids.** Each FUSE open is its own walked and opened fid, kept until the
+//!   kernel releases the file: 9P's per-fid state (request/response replies of `ctl` and `new`
+//!   files, `statewait`'s baseline, `feed`'s last value) is per open file descriptor.
+//! - **Direct I/O.** Every file is opened with `FOPEN_DIRECT_IO`, so each read(2) and write(2)
+//!   is one Tread or Twrite at the caller's offset: synthetic files whose stat length is 0 are
+//!   read in full, blocking files block, and `echo cmd > ctl` is one write.
+//! - **Request/response on one descriptor.** After a write to a length-0 file opened
+//!   read-write, a read that continues at the offset the write left (`exec 3<>ctl; printf … >&3;
+//!   cat <&3`) reads the reply from its start; a read at 0 (write, seek, read) is passed as is.
+//! - **Appends** (`O_APPEND`, `>>`) write at the length a fresh Tstat reports.
+//! - **Interrupts become Tflush.** A signal to a process blocked in a read or write makes the
+//!   kernel send `FUSE_INTERRUPT`; the bridge drops the 9P request, which flushes it (the
+//!   `p9` client sends Tflush and waits for Rflush), and answers the read with EINTR. So
+//!   Ctrl-C on `cat statewait` or `tail -f chat` returns at once (plan9port's 9pfuse never
+//!   flushes, and such a read waits for the server).
+//! - **Errors** map the server's message to an errno by the words DESIGN.md §3.1 lists
+//!   ([`errno_for`]); the message itself is logged with `-v`.
+//! - **Create, mkdir, rm, rmdir, mv** are Tcreate, Tremove and a Twstat of the name; a rename
+//!   to another directory is EXDEV (9P2000 renames in place), so `mv` copies instead.
+//! - **The end:** when olliesrv closes the connection the bridge unmounts (lazily, so a shell
+//!   whose working directory is inside does not keep a dead mount) and exits; `o mount -u DIR`
+//!   or `fusermount3 -u DIR` unmounts and the bridge exits.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::future::Future;
+use std::io::{BufRead, Write};
+use std::num::NonZeroU32;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fuse3::raw::prelude::*;
+use fuse3::{Errno, MountOptions, Result as FuseResult, Timestamp};
+use futures_util::stream::{self, Stream, StreamExt};
+use ollie_p9::client::{ClientError, Fid};
+use ollie_p9::wire::{Stat, dm, om};
+use tokio::sync::oneshot;
+
+use crate::sessions::Conn;
+
+pub const AFTER_HELP: &str = "\
+DIR must be an empty directory. o mount returns once the mount serves and leaves the bridge \
+running in the background (-f keeps it in the foreground, logging to standard error). The \
+mount belongs to you: other users, root included, cannot enter it unless --allow-other is \
+given (which needs user_allow_other in /etc/fuse.conf when not root). As a user other than \
+root it needs the setuid fusermount3 (Debian package fuse3).\n\
+Blocking files (statewait, eventwait, feed, bypass/pending, chat at its end) block, and \
+Ctrl-C interrupts them at once: the read is flushed on the server. When olliesrv stops, the \
+mount goes away by itself.\n\n\
+EXAMPLES:\n  \
+mkdir -p ~/n/ollie && o mount ~/n/ollie\n  \
+cat ~/n/ollie/bypass/pending                         escalation requests, one per read\n  \
+echo 'fix the build' > ~/n/ollie/session/proj/agent/main/prompt\n  \
+cat ~/n/ollie/session/proj/agent/main/chat           streams (tail -f too, once it is not empty)\n  \
+cat ~/n/ollie/session/*/agent/*/stats\n  \
+o mount -u ~/n/ollie                                 or: fusermount3 -u ~/n/ollie\n  \
+o -a unix!/run/ollie/ollie mount /mnt/ollie          the system service";
+
+/// `o mount` arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The directory to mount on (it must exist and be empty).
+    dir: PathBuf,
+    /// Unmount DIR instead (as `fusermount3 -u DIR` does).
+    #[arg(short = 'u', long = "unmount")]
+    unmount: bool,
+    /// With -u: detach the mount even while files in it are open (umount -l).
+    #[arg(short = 'z', long = "lazy", requires = "unmount")]
+    lazy: bool,
+    /// Stay in the foreground, logging to standard error; Ctrl-C unmounts.
+    #[arg(short = 'f', long = "foreground", conflicts_with = "unmount")]
+    foreground: bool,
+    /// Log every error the server returns (with its message) to standard error.
+    #[arg(short = 'v', long = "verbose", conflicts_with = "unmount")]
+    verbose: bool,
+    /// Let other users (and root) use the mount.
+    #[arg(long = "allow-other", conflicts_with = "unmount")]
+    allow_other: bool,
+    /// Internal: the background bridge started by `o mount` (reports readiness on stdout).
+    #[arg(long = "daemon-child", hide = true)]
+    daemon_child: bool,
+}
+
+/// How long the kernel may keep a name → node mapping without asking again.
+const ENTRY_TTL: Duration = Duration::from_secs(1);
+/// Attributes are never cached: synthetic files change size all the time.
+const ATTR_TTL: Duration = Duration::ZERO;
+/// The root's inode (FUSE_ROOT_ID).
+const ROOT_INO: u64 = 1;
+/// `fuse_open_out.open_flags`: bypass the page cache (every read and write reaches us).
+const FOPEN_DIRECT_IO: u32 = 1 << 0;
+/// `renameat2` flags.
+const RENAME_NOREPLACE: u32 = 1 << 0;
+/// Interrupts kept for requests that had not registered yet when the interrupt came.
+const EARLY_INTERRUPTS: usize = 256;
+/// The readiness line the background bridge prints for its parent.
+const READY: &str = "ready";
+/// Exit statuses.
+const EXIT_FAIL: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+/// The mount type, as /proc/self/mountinfo shows it.
+const FSTYPE: &str = "fuse.ollie";
+
+pub fn main(addr: Option<String>, key: Option<PathBuf>, args: Args) -> ExitCode {
+    let dir = match mount_point(&args.dir) {
+        Ok(d) => d,
+        Err(m) => return fail(EXIT_USAGE, &m),
+    };
+    if args.unmount {
+        return match unmount(&dir, args.lazy) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(m) => fail(EXIT_FAIL, &m),
+        };
+    }
+    if !args.foreground && !args.daemon_child {
+        return start_background(addr.as_deref(), key.as_deref(), &args, &dir);
+    }
+    serve(addr, key, &args, &dir)
+}
+
+fn fail(code: u8, msg: &str) -> ExitCode {
+    eprintln!("o mount: {}", msg.replace('\n', " "));
+    ExitCode::from(code)
+}
+
+/// DIR, absolute and checked to be a directory.
+fn mount_point(dir: &Path) -> Result<PathBuf, String> {
+    let abs = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    match std::fs::metadata(&abs) {
+        Ok(m) if m.is_dir() => Ok(abs),
+        Ok(_) => Err(format!("{}: not a directory", dir.display())),
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+    }
+}
+
+/// Starts the bridge as a child in its own process group (so the terminal's Ctrl-C does not
+/// reach it), waits for its readiness line, and returns; a child that fails before that has
+/// already said why on the shared standard error, and its status is ours.
+fn start_background(addr: Option<&str>, key: Option<&Path>, args: &Args, dir: &Path) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(EXIT_FAIL, &format!("cannot find the o executable: {e}")),
+    };
+    let mut c = Command::new(exe);
+    if let Some(a) = addr {
+        c.arg("-a").arg(a);
+    }
+    if let Some(k) = key {
+        c.arg("-k").arg(k);
+    }
+    c.arg("mount").arg("--daemon-child");
+    if args.verbose {
+        c.arg("--verbose");
+    }
+    if args.allow_other {
+        c.arg("--allow-other");
+    }
+    c.arg("--").arg(dir);
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    let mut child = match c.spawn() {
+        Ok(ch) => ch,
+        Err(e) => return fail(EXIT_FAIL, &format!("cannot start the bridge: {e}")),
+    };
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim_end() == READY {
+        return ExitCode::SUCCESS;
+    }
+    match child.wait() {
+        Ok(st) => match st.code() {
+            Some(0) | None => fail(EXIT_FAIL, "the bridge ended before the mount was ready"),
+            Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(EXIT_FAIL)),
+        },
+        Err(e) => fail(EXIT_FAIL, &format!("waiting for the bridge: {e}")),
+    }
+}
+
+/// Whether `dir` is one of our mounts, from /proc/self/mountinfo.
+fn is_our_mount(dir: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo_has(&info, dir)
+}
+
+fn mountinfo_has(info: &str, dir: &Path) -> bool {
+    info.lines().any(|l| {
+        let point = l.split(' ').nth(4).map(unescape_mountinfo);
+        let fstype = l.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+        point.is_some_and(|p| Path::new(&p) == dir) && fstype == Some(FSTYPE)
+    })
+}
+
+/// Mount points in mountinfo escape space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `o mount -u DIR`: only our own FUSE mounts are unmounted.
+fn unmount(dir: &Path, lazy: bool) -> Result<(), String> {
+    if !is_our_mount(dir) {
+        return Err(format!("{} is not an o mount", dir.display()));
+    }
+    detach(dir, lazy)
+}
+
+/// Unmounts: as root with umount2(2), otherwise with `fusermount3 -u` (which checks that the
+/// mount is the caller's).
+fn detach(dir: &Path, lazy: bool) -> Result<(), String> {
+    if nix::unistd::geteuid().is_root() {
+        let flags = if lazy {
+            nix::mount::MntFlags::MNT_DETACH
+        } else {
+            nix::mount::MntFlags::empty()
+        };
+        return nix::mount::umount2(dir, flags).map_err(|e| match e {
+            nix::errno::Errno::EBUSY => format!(
+                "{} is busy (a process has a file open or its working directory there; -z detaches it anyway)",
+                dir.display()
+            ),
+            e => format!("cannot unmount {}: {}", dir.display(), e.desc()),
+        });
+    }
+    let mut c = Command::new("fusermount3");
+    c.arg("-u");
+    if lazy {
+        c.arg("-z");
+    }
+    c.arg("--").arg(dir);
+    let out = c.output().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            "fusermount3 not found (install the fuse3 package)".to_owned()
+        }
+        _ => format!("cannot run fusermount3: {e}"),
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        let msg = msg.trim().trim_start_matches("fusermount3: ");
+        Err(format!("cannot unmount {}: {msg}", dir.display()))
+    }
+}
+
+/// The bridge itself: connect, mount, serve until unmounted or the server goes away.
+fn serve(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_FAIL, &format!("cannot start the runtime: {e}")),
+    };
+    let code = rt.block_on(run(addr, key, args, dir));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+async fn run(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path) -> ExitCode {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (mut term, mut int, mut hup) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        // A closed terminal must not end a bridge started from it.
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(t), Ok(i), Ok(h)) => (t, i, h),
+        _ => return fail(EXIT_FAIL, "cannot install signal handlers"),
+    };
+    let conn = match Conn::connect(addr.as_deref(), key.as_deref()).await {
+        Ok(c) => c,
+        Err(f) => return f.exit(),
+    };
+    let client = conn.root.client().clone();
+    let bridge = Bridge::new(conn.root, args.verbose);
+    let root = nix::unistd::geteuid().is_root();
+    let mut opts = MountOptions::default();
+    opts.fs_name("ollie").allow_other(args.allow_other);
+    let mounted = if root {
+        opts.custom_options("subtype=ollie");
+        fuse3::raw::Session::new(opts).mount(bridge, dir).await
+    } else {
+        if which_fusermount3().is_none() {
+            return fail(
+                EXIT_FAIL,
+                "fusermount3 not found: install the fuse3 package (or mount as root)",
+            );
+        }
+        opts.custom_options("fsname=ollie,subtype=ollie");
+        fuse3::raw::Session::new(opts)
+            .mount_with_unprivileged(bridge, dir)
+            .await
+    };
+    let mut handle = match mounted {
+        Ok(h) => h,
+        Err(e) => {
+            return fail(
+                EXIT_FAIL,
+                &format!("cannot mount on {}: {e}", dir.display()),
+            );
+        }
+    };
+    if root {
+        // What fusermount3 gives a user's mount: no set-id programs, no device files.
+        use nix::mount::MsFlags;
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if let Err(e) = nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>) {
+            let _ = detach(dir, true);
+            return fail(
+                EXIT_FAIL,
+                &format!("cannot make {} nosuid,nodev: {}", dir.display(), e.desc()),
+            );
+        }
+    }
+    if args.daemon_child {
+        // The parent is waiting for this line; then let go of its stdout and stderr, so that
+        // whoever waits for their end (a pipe, a test harness) is not held by the bridge.
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "{READY}").and_then(|()| out.flush());
+        detach_stdio(args.verbose);
+    } else {
+        eprintln!(
+            "o mount: serving {} on {} (Ctrl-C or o mount -u unmounts)",
+            addr.as_deref().unwrap_or("the default server"),
+            dir.display()
+        );
+    }
+    let ended = tokio::select! {
+        r = &mut handle => {
+            // Unmounted (o mount -u, fusermount3 -u, umount): nothing more to do.
+            return match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(EXIT_FAIL, &format!("the FUSE session failed: {e}")),
+            };
+        }
+        () = client.closed() => "olliesrv closed the connection",
+        _ = term.recv() => "stopped",
+        _ = int.recv() => "interrupted",
+        // Hangups are swallowed; only the end of the signal stream gets here.
+        () = async { while hup.recv().await.is_some() {} } => "signal handling ended",
+    };
+    eprintln!("o mount: {ended}; unmounting {}", dir.display());
+    // Lazily when the server is gone: a shell sitting inside must not keep a dead mount.
+    let lazy = ended.starts_with("olliesrv");
+    if let Err(m) = detach(dir, lazy) {
+        eprintln!("o mount: {m}");
+        // Let the crate try (it runs fusermount3 -u or umount itself).
+        let _ = handle.unmount().await;
+        return ExitCode::from(EXIT_FAIL);
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+    ExitCode::SUCCESS
+}
+
+fn which_fusermount3() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    std::env::split_paths(&path)
+        .map(|d| d.join("fusermount3"))
+        .find(|p| p.is_file())
+}
+
+/// Points standard output (and, unless logging, standard error) at /dev/null.
+fn detach_stdio(keep_stderr: bool) {
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else {
+        return;
+    };
+    let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+    if !keep_stderr {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 2);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+/// The errno for a 9P failure. Server messages are matched by the words our servers (and
+/// 9pfuse) use, DESIGN.md §3.1; `unmatched` is the errno for anything else (EINVAL for a
+/// refused write, whose message is a complaint about its content; EIO otherwise).
+pub(crate) fn errno_for(e: &ClientError, unmatched: i32) -> i32 {
+    let msg = match e {
+        ClientError::Server(m) => m.to_ascii_lowercase(),
+        ClientError::Usage(_) => return libc::EINVAL,
+        _ => return libc::EIO,
+    };
+    const WORDS: &[(&str, i32)] = &[
+        ("file does not exist", libc::ENOENT),
+        ("does not exist", libc::ENOENT),
+        ("no such", libc::ENOENT),
+        ("not found", libc::ENOENT),
+        ("permission denied", libc::EACCES),
+        ("not permitted", libc::EPERM),
+        ("already exists", libc::EEXIST),
+        ("is a directory", libc::EISDIR),
+        ("not a directory", libc::ENOTDIR),
+        ("not empty", libc::ENOTEMPTY),
+        ("read-only", libc::EROFS),
+        ("in use", libc::EBUSY),
+        ("interrupted", libc::EINTR),
+        ("not implemented", libc::ENOSYS),
+        ("not supported", libc::EOPNOTSUPP),
+        ("name too long", libc::ENAMETOOLONG),
+        ("no space", libc::ENOSPC),
+        ("too large", libc::EFBIG),
+        ("too big", libc::EFBIG),
+        ("timed out", libc::ETIMEDOUT),
+        ("invalid argument", libc::EINVAL),
+    ];
+    WORDS
+        .iter()
+        .find(|(w, _)| msg.contains(w))
+        .map_or(unmatched, |(_, n)| *n)
+}
+
+fn err(n: i32) -> Errno {
+    Errno::from(n)
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nodes: inode ↔ path.
+
+#[derive(Debug)]
+struct Node {
+    path: Vec<String>,
+    /// The kernel's references (lookups minus forgets); the root is never forgotten.
+    lookups: u64,
+}
+
+#[derive(Debug)]
+struct Nodes {
+    by_ino: HashMap<u64, Node>,
+    by_path: HashMap<Vec<String>, u64>,
+    next: u64,
+}
+
+impl Nodes {
+    fn new() -> Nodes {
+        let mut n = Nodes {
+            by_ino: HashMap::new(),
+            by_path: HashMap::new(),
+            next: ROOT_INO + 1,
+        };
+        n.by_ino.insert(
+            ROOT_INO,
+            Node {
+                path: Vec::new(),
+                lookups: 1,
+            },
+        );
+        n.by_path.insert(Vec::new(), ROOT_INO);
+        n
+    }
+
+    fn path(&self, ino: u64) -> Result<Vec<String>, Errno> {
+        self.by_ino
+            .get(&ino)
+            .map(|n| n.path.clone())
+            .ok_or_else(|| err(libc::ESTALE))
+    }
+
+    /// The node for `path`, counted as one more kernel reference.
+    fn remember(&mut self, path: Vec<String>) -> u64 {
+        if let Some(&ino) = self.by_path.get(&path) {
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                n.lookups += 1;
+            }
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_path.insert(path.clone(), ino);
+        self.by_ino.insert(ino, Node { path, lookups: 1 });
+        ino
+    }
+
+    fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let gone = match self.by_ino.get_mut(&ino) {
+            Some(node) => {
+                node.lookups = node.lookups.saturating_sub(n);
+                node.lookups == 0
+            }
+            None => false,
+        };
+        if gone
+            && let Some(node) = self.by_ino.remove(&ino)
+            && self.by_path.get(&node.path) == Some(&ino)
+        {
+            self.by_path.remove(&node.path);
+        }
+    }
+
+    /// After a rename of `from` to `to`: the node and everything under it follow.
+    fn renamed(&mut self, from: &[String], to: &[String]) {
+        // Whatever was at `to` is replaced; its node (if the kernel still holds it) no longer
+        // has a path of its own.
+        if let Some(old) = self.by_path.remove(to)
+            && let Some(n) = self.by_ino.get_mut(&old)
+        {
+            n.path = vec![String::from("\0replaced")];
+        }
+        let moved: Vec<(Vec<String>, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| p.starts_with(from))
+            .map(|(p, i)| (p.clone(), *i))
+            .collect();
+        for (p, ino) in moved {
+            self.by_path.remove(&p);
+            let mut np = to.to_vec();
+            np.extend_from_slice(&p[from.len()..]);
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                n.path = np.clone();
+            }
+            self.by_path.insert(np, ino);
+        }
+    }
+}
+
+/// A directory entry name as a 9P name: UTF-8, not empty, no slash.
+fn nine_name(name: &OsStr) -> Result<String, Errno> {
+    match name.to_str() {
+        Some(s) if !s.is_empty() && !s.contains('/') && s != "." && s != ".." => Ok(s.to_owned()),
+        _ => Err(err(libc::ENOENT)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Open files.
+
+#[derive(Debug)]
+struct Handle {
+    fid: Fid,
+    /// `>>`: every write goes to the file's current length.
+    append: bool,
+    /// A read-write open of a length-0 file: replies of request/response files.
+    reply_file: bool,
+    cursor: Mutex<Cursor>,
+    /// A directory's entries, read when listing starts (offset 0).
+    entries: tokio::sync::Mutex<Option<Arc<Vec<Stat>>>>,
+}
+
+/// Where replies start on a read-write descriptor ([`Handle::reply_file`]).
+#[derive(Debug, Default)]
+struct Cursor {
+    /// The offset the last write ended at, until the next read.
+    wrote_to: Option<u64>,
+    /// Descriptor offset of the reply's first byte.
+    base: u64,
+}
+
+impl Cursor {
+    /// The 9P offset for a read at descriptor offset `off`.
+    fn read_at(&mut self, off: u64) -> u64 {
+        if let Some(w) = self.wrote_to.take() {
+            // A read continuing where the write left off wants the reply from its start; one
+            // anywhere else (a seek back to 0) means what it says.
+            self.base = if off == w { w } else { 0 };
+        }
+        if off >= self.base {
+            off - self.base
+        } else {
+            self.base = 0;
+            off
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interrupts.
+
+#[derive(Debug, Default)]
+struct Interrupts {
+    waiting: HashMap<u64, oneshot::Sender<()>>,
+    /// Interrupts that came before their request registered (the kernel sends them once the
+    /// request was read, which may be before its task ran).
+    early: VecDeque<u64>,
+}
+
+/// Removes a request's registration when it ends.
+struct Registered<'a> {
+    ints: &'a Mutex<Interrupts>,
+    unique: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        locked(self.ints).waiting.remove(&self.unique);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The filesystem.
+
+#[derive(Debug)]
+struct Bridge {
+    root: Fid,
+    nodes: Mutex<Nodes>,
+    handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    ints: Mutex<Interrupts>,
+    /// Owner and group names → local ids.
+    ids: Mutex<HashMap<(bool, String), u32>>,
+    /// The preferred I/O size stat reports (cat and cp read this much at a time): the largest
+    /// power of two one Tread carries.
+    blksize: u32,
+    verbose: bool,
+}
+
+impl Bridge {
+    fn new(root: Fid, verbose: bool) -> Bridge {
+        let blksize = 1 << root.client().max_io().max(4096).ilog2();
+        Bridge {
+            root,
+            nodes: Mutex::new(Nodes::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            ints: Mutex::new(Interrupts::default()),
+            ids: Mutex::new(HashMap::new()),
+            blksize,
+            verbose,
+        }
+    }
+
+    /// A 9P failure as an errno, logged with its message when verbose.
+    fn fail(&self, op: &str, path: &[String], e: &ClientError, unmatched: i32) -> Errno {
+        let n = errno_for(e, unmatched);
+        if self.verbose {
+            eprintln!("o mount: {op} /{}: {e}", path.join("/"));
+        }
+        err(n)
+    }
+
+    fn path(&self, ino: u64) -> Result<Vec<String>, Errno> {
+        locked(&self.nodes).path(ino)
+    }
+
+    fn child_path(&self, parent: u64, name: &OsStr) -> Result<Vec<String>, Errno> {
+        let mut p = self.path(parent)?;
+        p.push(nine_name(name)?);
+        Ok(p)
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>, Errno> {
+        locked(&self.handles)
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| err(libc::EBADF))
+    }
+
+    fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        locked(&self.handles).insert(fh, Arc::new(h));
+        fh
+    }
+
+    async fn walk(&self, op: &str, path: &[String]) -> Result<Fid, Errno> {
+        self.root
+            .walk(path)
+            .await
+            .map_err(|e| self.fail(op, path, &e, libc::EIO))
+    }
+
+    async fn stat_path(&self, op: &str, path: &[String]) -> Result<Stat, Errno> {
+        let fid = self.walk(op, path).await?;
+        fid.stat()
+            .await
+            .map_err(|e| self.fail(op, path, &e, libc::EIO))
+    }
+
+    /// Runs `fut` until it ends or the kernel interrupts request `unique`; an interrupted
+    /// future is dropped, which flushes its 9P request.
+    async fn interruptible<T>(
+        &self,
+        unique: u64,
+        fut: impl Future<Output = Result<T, Errno>>,
+    ) -> Result<T, Errno> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut ints = locked(&self.ints);
+            if let Some(i) = ints.early.iter().position(|u| *u == unique) {
+                ints.early.remove(i);
+                return Err(err(libc::EINTR));
+            }
+            ints.waiting.insert(unique, tx);
+        }
+        let _reg = Registered {
+            ints: &self.ints,
+            unique,
+        };
+        tokio::select! {
+            r = fut => r,
+            _ = rx => Err(err(libc::EINTR)),
+        }
+    }
+
+    /// A local uid (`group` false) or gid for a 9P owner or group name: the account of that
+    /// name here, else the overflow id 65534 ("nobody").
+    fn local_id(&self, group: bool, name: &str) -> u32 {
+        let key = (group, name.to_owned());
+        if let Some(&id) = locked(&self.ids).get(&key) {
+            return id;
+        }
+        let id = if group {
+            nix::unistd::Group::from_name(name)
+                .ok()
+                .flatten()
+                .map(|g| g.gid.as_raw())
+        } else {
+            nix::unistd::User::from_name(name)
+                .ok()
+                .flatten()
+                .map(|u| u.uid.as_raw())
+        }
+        .unwrap_or(65534);
+        locked(&self.ids).insert(key, id);
+        id
+    }
+
+    fn attr(&self, ino: u64, st: &Stat) -> FileAttr {
+        let dir = st.qid.is_dir() || st.mode & dm::DIR != 0;
+        let t = Timestamp::new(i64::from(st.mtime), 0);
+        FileAttr {
+            ino,
+            size: st.length,
+            blocks: st.length.div_ceil(512),
+            atime: Timestamp::new(i64::from(st.atime), 0),
+            mtime: t,
+            ctime: t,
+            kind: if dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            },
+            perm: (st.mode & 0o777) as u16,
+            nlink: if dir { 2 } else { 1 },
+            uid: self.local_id(false, &st.uid),
+            gid: self.local_id(true, &st.gid),
+            rdev: 0,
+            blksize: self.blksize,
+        }
+    }
+
+    fn entry(&self, ino: u64, st: &Stat) -> ReplyEntry {
+        ReplyEntry {
+            ttl: ENTRY_TTL,
+            attr: self.attr(ino, st),
+            generation: 0,
+        }
+    }
+
+    /// An inode number for a listed entry without taking a reference: the node's if the kernel
+    /// knows it, else one derived from the qid (high bit set, apart from node numbers).
+    fn listed_ino(&self, path: &[String], st: &Stat) -> u64 {
+        locked(&self.nodes)
+            .by_path
+            .get(path)
+            .copied()
+            .unwrap_or(st.qid.path | 1 << 63)
+    }
+
+    /// Reads a directory's entries (again when listing restarts at offset 0).
+    async fn dir_entries(
+        &self,
+        h: &Handle,
+        offset: u64,
+        path: &[String],
+    ) -> Result<Arc<Vec<Stat>>, Errno> {
+        let mut cached = h.entries.lock().await;
+        if offset == 0 || cached.is_none() {
+            let list = h
+                .fid
+                .read_dir()
+                .await
+                .map_err(|e| self.fail("readdir", path, &e, libc::EIO))?;
+            *cached = Some(Arc::new(list));
+        }
+        Ok(cached.clone().unwrap_or_default())
+    }
+
+    /// Walks to `path` and opens it with the FUSE open flags.
+    async fn open_fid(&self, op: &str, path: &[String], flags: u32) -> Result<Handle, Errno> {
+        let mut fid = self.walk(op, path).await?;
+        let flags = flags as i32;
+        let mut mode = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => om::OWRITE,
+            libc::O_RDWR => om::ORDWR,
+            _ => om::OREAD,
+        };
+        if flags & libc::O_TRUNC != 0 && mode != om::OREAD {
+            mode |= om::OTRUNC;
+        }
+        let reply_file = mode & 3 == om::ORDWR
+            && !fid.qid().is_dir()
+            && fid.stat().await.is_ok_and(|s| s.length == 0);
+        fid.open(mode)
+            .await
+            .map_err(|e| self.fail(op, path, &e, libc::EIO))?;
+        Ok(Handle {
+            fid,
+            append: flags & libc::O_APPEND != 0,
+            reply_file,
+            cursor: Mutex::new(Cursor::default()),
+            entries: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn rename_to(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        replace: bool,
+    ) -> Result<(), Errno> {
+        let from = self.child_path(parent, name)?;
+        let to = self.child_path(new_parent, new_name)?;
+        if from[..from.len() - 1] != to[..to.len() - 1] {
+            // 9P2000 renames within a directory only; mv then copies and removes.
+            return Err(err(libc::EXDEV));
+        }
+        let fid = self.walk("rename", &from).await?;
+        let mut st = Stat::dont_touch();
+        st.name = to[to.len() - 1].clone();
+        match fid.wstat(&st).await {
+            Ok(()) => {}
+            Err(e) if replace && errno_for(&e, libc::EIO) == libc::EEXIST => {
+                // rename(2) replaces a file; 9P refuses, so remove the target and retry.
+                let src_dir = fid.qid().is_dir();
+                let target = self.walk("rename", &to).await?;
+                if src_dir || target.qid().is_dir() {
+                    return Err(self.fail("rename", &to, &e, libc::EIO));
+                }
+                target
+                    .remove()
+                    .await
+                    .map_err(|e| self.fail("rename", &to, &e, libc::EIO))?;
+                fid.wstat(&st)
+                    .await
+                    .map_err(|e| self.fail("rename", &from, &e, libc::EIO))?;
+            }
+            Err(e) => return Err(self.fail("rename", &from, &e, libc::EIO)),
+        }
+        locked(&self.nodes).renamed(&from, &to);
+        Ok(())
+    }
+
+    async fn remove(&self, parent: u64, name: &OsStr, want_dir: bool) -> Result<(), Errno> {
+        let path = self.child_path(parent, name)?;
+        let fid = self.walk("remove", &path).await?;
+        match (fid.qid().is_dir(), want_dir) {
+            (true, false) => return Err(err(libc::EISDIR)),
+            (false, true) => return Err(err(libc::ENOTDIR)),
+            _ => {}
+        }
+        fid.remove()
+            .await
+            .map_err(|e| self.fail("remove", &path, &e, libc::EIO))
+    }
+}
+
+impl Filesystem for Bridge {
+    async fn init(&self, _req: Request) -> FuseResult<ReplyInit> {
+        let max = self.root.client().max_io().clamp(4096, 1 << 20);
+        Ok(ReplyInit::new(
+            NonZeroU32::new(max).unwrap_or(NonZeroU32::MIN),
+        ))
+    }
+
+    async fn destroy(&self, _req: Request) {}
+
+    async fn lookup(&self, _req: Request, parent: u64, name: &OsStr) -> FuseResult<ReplyEntry> {
+        let path = self.child_path(parent, name)?;
+        let st = self.stat_path("lookup", &path).await?;
+        let ino = locked(&self.nodes).remember(path);
+        Ok(self.entry(ino, &st))
+    }
+
+    async fn forget(&self, _req: Request, inode: u64, nlookup: u64) {
+        locked(&self.nodes).forget(inode, nlookup);
+    }
+
+    async fn batch_forget(&self, _req: Request, inodes: &[(u64, u64)]) {
+        let mut nodes = locked(&self.nodes);
+        for &(ino, n) in inodes {
+            nodes.forget(ino, n);
+        }
+    }
+
+    async fn getattr(
+        &self,
+        _req: Request,
+        inode: u64,
+        fh: Option<u64>,
+        _flags: u32,
+    ) -> FuseResult<ReplyAttr> {
+        let path = self.path(inode)?;
+        let open = fh.and_then(|fh| self.handle(fh).ok());
+        let st = match open {
+            Some(h) => h
+                .fid
+                .stat()
+                .await
+                .map_err(|e| self.fail("getattr", &path, &e, libc::EIO))?,
+            None => self.stat_path("getattr", &path).await?,
+        };
+        Ok(ReplyAttr {
+            ttl: ATTR_TTL,
+            attr: self.attr(inode, &st),
+        })
+    }
+
+    async fn setattr(
+        &self,
+        _req: Request,
+        inode: u64,
+        fh: Option<u64>,
+        set: SetAttr,
+    ) -> FuseResult<ReplyAttr> {
+        let path = self.path(inode)?;
+        let open = fh.and_then(|fh| self.handle(fh).ok());
+        let walked;
+        let fid = match &open {
+            Some(h) => &h.fid,
+            None => {
+                walked = self.walk("setattr", &path).await?;
+                &walked
+            }
+        };
+        let cur = fid
+            .stat()
+            .await
+            .map_err(|e| self.fail("setattr", &path, &e, libc::EIO))?;
+        let now = self.attr(inode, &cur);
+        if set.uid.is_some_and(|u| u != now.uid) || set.gid.is_some_and(|g| g != now.gid) {
+            return Err(err(libc::EPERM));
+        }
+        let mut st = Stat::dont_touch();
+        let mut change = false;
+        if let Some(len) = set.size {
+            st.length = len;
+            change = true;
+        }
+        if let Some(m) = set.mode
+            && m & 0o777 != cur.mode & 0o777
+        {
+            st.mode = (cur.mode & !0o777) | (m & 0o777);
+            change = true;
+        }
+        if let Some(t) = set.mtime
+            && t.sec != i64::from(cur.mtime)
+        {
+            st.mtime = u32::try_from(t.sec.max(0)).unwrap_or(u32::MAX);
+            change = true;
+        }
+        let st = if change {
+            fid.wstat(&st)
+                .await
+                .map_err(|e| self.fail("setattr", &path, &e, libc::EPERM))?;
+            fid.stat()
+                .await
+                .map_err(|e| self.fail("setattr", &path, &e, libc::EIO))?
+        } else {
+            cur
+        };
+        Ok(ReplyAttr {
+            ttl: ATTR_TTL,
+            attr: self.attr(inode, &st),
+        })
+    }
+
+    async fn mkdir(
+        &self,
+        _req: Request,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+    ) -> FuseResult<ReplyEntry> {
+        let path = self.child_path(parent, name)?;
+        let mut fid = self.walk("mkdir", &path[..path.len() - 1]).await?;
+        let leaf = &path[path.len() - 1];
+        fid.create(leaf, dm::DIR | (mode & 0o777), om::OREAD)
+            .await
+            .map_err(|e| self.fail("mkdir", &path, &e, libc::EIO))?;
+        let st = fid
+            .stat()
+            .await
+            .map_err(|e| self.fail("mkdir", &path, &e, libc::EIO))?;
+        let ino = locked(&self.nodes).remember(path);
+        Ok(self.entry(ino, &st))
+    }
+
+    async fn unlink(&self, _req: Request, parent: u64, name: &OsStr) -> FuseResult<()> {
+        self.remove(parent, name, false).await
+    }
+
+    async fn rmdir(&self, _req: Request, parent: u64, name: &OsStr) -> FuseResult<()> {
+        self.remove(parent, name, true).await
+    }
+
+    async fn rename(
+        &self,
+        _req: Request,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> FuseResult<()> {
+        self.rename_to(parent, name, new_parent, new_name, true)
+            .await
+    }
+
+    async fn rename2(
+        &self,
+        _req: Request,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> FuseResult<()> {
+        match flags {
+            0 => {
+                self.rename_to(parent, name, new_parent, new_name, true)
+                    .await
+            }
+            RENAME_NOREPLACE => {
+                self.rename_to(parent, name, new_parent, new_name, false)
+                    .await
+            }
+            // RENAME_EXCHANGE, RENAME_WHITEOUT: not something 9P can do.
+            _ => Err(err(libc::EINVAL)),
+        }
+    }
+
+    async fn open(&self, _req: Request, inode: u64, flags: u32) -> FuseResult<ReplyOpen> {
+        let path = self.path(inode)?;
+        let h = self.open_fid("open", &path, flags).await?;
+        if h.fid.qid().is_dir() {
+            return Err(err(libc::EISDIR));
+        }
+        Ok(ReplyOpen {
+            fh: self.add_handle(h),
+            flags: FOPEN_DIRECT_IO,
+        })
+    }
+
+    async fn read(
+        &self,
+        req: Request,
+        inode: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> FuseResult<ReplyData> {
+        let h = self.handle(fh)?;
+        let at = if h.reply_file {
+            locked(&h.cursor).read_at(offset)
+        } else {
+            offset
+        };
+        let data = self
+            .interruptible(req.unique, async {
+                h.fid.read(at, size).await.map_err(|e| {
+                    let path = self.path(inode).unwrap_or_default();
+                    self.fail("read", &path, &e, libc::EIO)
+                })
+            })
+            .await?;
+        Ok(ReplyData { data })
+    }
+
+    async fn write(
+        &self,
+        req: Request,
+        inode: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        _write_flags: u32,
+        _flags: u32,
+    ) -> FuseResult<ReplyWrite> {
+        let h = self.handle(fh)?;
+        let data = Bytes::copy_from_slice(data);
+        let fail = |op: &str, e: &ClientError, unmatched: i32| {
+            let path = self.path(inode).unwrap_or_default();
+            self.fail(op, &path, e, unmatched)
+        };
+        let written = self
+            .interruptible(req.unique, async {
+                let at = if h.append {
+                    h.fid
+                        .stat()
+                        .await
+                        .map_err(|e| fail("write", &e, libc::EIO))?
+                        .length
+                } else {
+                    offset
+                };
+                h.fid
+                    .write_all(at, &data)
+                    .await
+                    .map_err(|e| fail("write", &e, libc::EINVAL))
+            })
+            .await?;
+        if h.reply_file {
+            locked(&h.cursor).wrote_to = Some(offset + written);
+        }
+        Ok(ReplyWrite {
+            written: u32::try_from(written).unwrap_or(u32::MAX),
+        })
+    }
+
+    async fn statfs(&self, _req: Request, _inode: u64) -> FuseResult<ReplyStatFs> {
+        Ok(ReplyStatFs {
+            blocks: 0,
+            bfree: 0,
+            bavail: 0,
+            files: 0,
+            ffree: 0,
+            bsize: 4096,
+            namelen: 255,
+            frsize: 4096,
+        })
+    }
+
+    async fn release(
+        &self,
+        _req: Request,
+        _inode: u64,
+        fh: u64,
+        _flags: u32,
+        _lock_owner: u64,
+        _flush: bool,
+    ) -> FuseResult<()> {
+        // Dropping the last reference clunks the fid.
+        locked(&self.handles).remove(&fh);
+        Ok(())
+    }
+
+    async fn fsync(&self, _req: Request, _inode: u64, _fh: u64, _datasync: bool) -> FuseResult<()> {
+        Ok(())
+    }
+
+    async fn flush(
+        &self,
+        _req: Request,
+        _inode: u64,
+        _fh: u64,
+        _lock_owner: u64,
+    ) -> FuseResult<()> {
+        Ok(())
+    }
+
+    async fn opendir(&self, _req: Request, inode: u64, _flags: u32) -> FuseResult<ReplyOpen> {
+        let path = self.path(inode)?;
+        let h = self
+            .open_fid("opendir", &path, libc::O_RDONLY as u32)
+            .await?;
+        if !h.fid.qid().is_dir() {
+            return Err(err(libc::ENOTDIR));
+        }
+        Ok(ReplyOpen {
+            fh: self.add_handle(h),
+            flags: 0,
+        })
+    }
+
+    async fn readdir<'a>(
+        &'a self,
+        _req: Request,
+        parent: u64,
+        fh: u64,
+        offset: i64,
+    ) -> FuseResult<ReplyDirectory<impl Stream<Item = FuseResult<DirectoryEntry>> + Send + 'a>>
+    {
+        let h = self.handle(fh)?;
+        let path = self.path(parent)?;
+        let offset = u64::try_from(offset).unwrap_or(0);
+        let list = self.dir_entries(&h, offset, &path).await?;
+        let mut out = Vec::new();
+        for (i, name, kind, ino) in self.listing(parent, &path, &list) {
+            if i >= offset {
+                out.push(Ok(DirectoryEntry {
+                    inode: ino,
+                    kind,
+                    name,
+                    offset: i as i64 + 1,
+                }));
+            }
+        }
+        Ok(ReplyDirectory {
+            entries: stream::iter(out),
+        })
+    }
+
+    async fn readdirplus<'a>(
+        &'a self,
+        _req: Request,
+        parent: u64,
+        fh: u64,
+        offset: u64,
+        _lock_owner: u64,
+    ) -> FuseResult<
+        ReplyDirectoryPlus<impl Stream<Item = FuseResult<DirectoryEntryPlus>> + Send + 'a>,
+    > {
+        let h = self.handle(fh)?;
+        let path = self.path(parent)?;
+        let list = self.dir_entries(&h, offset, &path).await?;
+        let here = h
+            .fid
+            .stat()
+            .await
+            .map_err(|e| self.fail("readdir", &path, &e, libc::EIO))?;
+        let mut items = Vec::new();
+        for (i, name, kind, _) in self.listing(parent, &path, &list) {
+            if i < offset {
+                continue;
+            }
+            // ".", "..": the kernel takes no reference; entries: each one it takes is a lookup.
+            let st = if i < 2 {
+                None
+            } else {
+                list.get(i as usize - 2).cloned()
+            };
+            items.push((i, name, kind, st));
+        }
+        let parent_path = path.clone();
+        // Lazily, so that an entry the kernel's buffer has no room for takes (almost) no
+        // reference: the one that does not fit is the only one counted in vain.
+        let entries = stream::iter(items).map(move |(i, name, kind, st)| {
+            let (ino, attr) = match st {
+                None => (parent, self.attr(parent, &here)),
+                Some(st) => {
+                    let mut p = parent_path.clone();
+                    p.push(st.name.clone());
+                    let ino = locked(&self.nodes).remember(p);
+                    (ino, self.attr(ino, &st))
+                }
+            };
+            Ok(DirectoryEntryPlus {
+                inode: ino,
+                generation: 0,
+                kind,
+                name,
+                offset: i as i64 + 1,
+                attr,
+                entry_ttl: ENTRY_TTL,
+                attr_ttl: ATTR_TTL,
+            })
+        });
+        Ok(ReplyDirectoryPlus { entries })
+    }
+
+    async fn releasedir(&self, _req: Request, _inode: u64, fh: u64, _flags: u32) -> FuseResult<()> {
+        locked(&self.handles).remove(&fh);
+        Ok(())
+    }
+
+    async fn fsyncdir(
+        &self,
+        _req: Request,
+        _inode: u64,
+        _fh: u64,
+        _datasync: bool,
+    ) -> FuseResult<()> {
+        Ok(())
+    }
+
+    async fn access(&self, _req: Request, _inode: u64, _mask: u32) -> FuseResult<()> {
+        // The server decides at open; there is nothing to check beforehand.
+        Ok(())
+    }
+
+    async fn create(
+        &self,
+        _req: Request,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: u32,
+    ) -> FuseResult<ReplyCreated> {
+        let path = self.child_path(parent, name)?;
+        let mut fid = self.walk("create", &path[..path.len() - 1]).await?;
+        let leaf = &path[path.len() - 1];
+        let omode = match flags as i32 & libc::O_ACCMODE {
+            libc::O_RDWR => om::ORDWR,
+            libc::O_RDONLY => om::OREAD,
+            _ => om::OWRITE,
+        };
+        fid.create(leaf, mode & 0o777, omode)
+            .await
+            .map_err(|e| self.fail("create", &path, &e, libc::EIO))?;
+        let st = fid
+            .stat()
+            .await
+            .map_err(|e| self.fail("create", &path, &e, libc::EIO))?;
+        let ino = locked(&self.nodes).remember(path);
+        let attr = self.attr(ino, &st);
+        let fh = self.add_handle(Handle {
+            fid,
+            append: flags as i32 & libc::O_APPEND != 0,
+            reply_file: false,
+            cursor: Mutex::new(Cursor::default()),
+            entries: tokio::sync::Mutex::new(None),
+        });
+        Ok(ReplyCreated {
+            ttl: ENTRY_TTL,
+            attr,
+            generation: 0,
+            fh,
+            flags: FOPEN_DIRECT_IO,
+        })
+    }
+
+    async fn interrupt(&self, _req: Request, unique: u64) -> FuseResult<()> {
+        let mut ints = locked(&self.ints);
+        match ints.waiting.remove(&unique) {
+            Some(tx) => {
+                let _ = tx.send(());
+            }
+            None => {
+                if ints.early.len() >= EARLY_INTERRUPTS {
+                    ints.early.pop_front();
+                }
+                ints.early.push_back(unique);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Bridge {
+    /// A directory listing: (index, name, kind, inode) for ".", ".." and each entry.
+    fn listing(
+        &self,
+        parent: u64,
+        path: &[String],
+        list: &[Stat],
+    ) -> Vec<(u64, OsString, FileType, u64)> {
+        let mut out = vec![
+            (0, OsString::from("."), FileType::Directory, parent),
+            (1, OsString::from(".."), FileType::Directory, parent),
+        ];
+        for (i, st) in list.iter().enumerate() {
+            let mut p = path.to_vec();
+            p.push(st.name.clone());
+            let kind = if st.qid.is_dir() {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            out.push((
+                i as u64 + 2,
+                OsString::from(&st.name),
+                kind,
+                self.listed_ino(&p, st),
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Vec<String> {
+        s.split('/')
+            .filter(|x| !x.is_empty())
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn errnos_follow_the_servers_words() {
+        let cases = [
+            ("file does not exist: \"x\"", libc::ENOENT),
+            ("permission denied", libc::EACCES),
+            ("not permitted: x", libc::EPERM),
+            ("file already exists", libc::EEXIST),
+            ("is a directory", libc::EISDIR),
+            ("not a directory", libc::ENOTDIR),
+            ("directory not empty", libc::ENOTEMPTY),
+            ("read-only file", libc::EROFS),
+            ("interrupted", libc::EINTR),
+            ("something odd", libc::EIO),
+        ];
+        for (msg, want) in cases {
+            let e = ClientError::Server(msg.into());
+            assert_eq!(errno_for(&e, libc::EIO), want, "{msg}");
+        }
+        // A refused write's complaint about its content: the caller's default.
+        let e = ClientError::Server("unknown key \"colour\" (valid: name)".into());
+        assert_eq!(errno_for(&e, libc::EINVAL), libc::EINVAL);
+        assert_eq!(errno_for(&ClientError::Closed, libc::EINVAL), libc::EIO);
+    }
+
+    #[test]
+    fn replies_start_where_the_write_left_off() {
+        // exec 3<>ctl; printf 'help\n' >&3; cat <&3
+        let mut c = Cursor {
+            wrote_to: Some(5),
+            ..Cursor::default()
+        };
+        assert_eq!(c.read_at(5), 0);
+        assert_eq!(c.read_at(105), 100);
+        // A second request on the same descriptor.
+        c.wrote_to = Some(300);
+        assert_eq!(c.read_at(300), 0);
+        // Write, seek to 0, read: as asked.
+        let mut c = Cursor {
+            wrote_to: Some(5),
+            ..Cursor::default()
+        };
+        assert_eq!(c.read_at(0), 0);
+        assert_eq!(c.read_at(7), 7);
+        // No write: offsets pass through.
+        let mut c = Cursor::default();
+        assert_eq!(c.read_at(42), 42);
+    }
+
+    #[test]
+    fn nodes_follow_renames_and_forgets() {
+        let mut n = Nodes::new();
+        let a = n.remember(p("session/a"));
+        let f = n.remember(p("session/a/agent/x/chat"));
+        assert_eq!(n.remember(p("session/a")), a);
+        n.renamed(&p("session/a"), &p("session/b"));
+        assert_eq!(n.path(a).unwrap(), p("session/b"));
+        assert_eq!(n.path(f).unwrap(), p("session/b/agent/x/chat"));
+        assert!(!n.by_path.contains_key(&p("session/a")));
+        n.forget(a, 1);
+        assert_eq!(n.path(a).unwrap(), p("session/b"));
+        n.forget(a, 1);
+        assert!(n.path(a).is_err());
+        n.forget(ROOT_INO, 10);
+        assert_eq!(n.path(ROOT_INO).unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn names_are_nine_p_names() {
+        assert_eq!(nine_name(OsStr::new("chat")).unwrap(), "chat");
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(nine_name(OsStr::new(bad)).is_err(), "{bad:?}");
+        }
+        use std::os::unix::ffi::OsStrExt;
+        assert!(nine_name(OsStr::from_bytes(b"\xff")).is_err());
+    }
+
+    #[test]
+    fn mountinfo_lines() {
+        let info = "36 35 0:50 / /tmp/o\\040mount rw,nosuid,nodev - fuse.ollie ollie rw,user_id=0\n\
+                    37 35 0:51 / /tmp/other rw - fuse.sshfs x rw\n";
+        assert!(mountinfo_has(info, Path::new("/tmp/o mount")));
+        assert!(!mountinfo_has(info, Path::new("/tmp/other")));
+        assert!(!mountinfo_has(info, Path::new("/tmp/o")));
+    }
+}
