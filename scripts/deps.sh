@@ -7,9 +7,11 @@ set -euo pipefail
 # is missing would prove nothing, so the suite refuses to run without them under
 # OLLIE_TEST_REQUIRE=all. bwrap is for the spawn benchmark. The systemd tools check the units
 # and stand in for the service manager; nspawn, debootstrap and the dpkg tools are for the
-# package and the boot test; fusermount3 (setuid) lets a user other than root `o mount`.
+# package and the boot test; fusermount3 (setuid) lets a user other than root `o mount`. sshd
+# and ssh-keygen are for the remote-session suite (tests/tests/remote.rs: its own sshd on
+# 127.0.0.1).
 tools="python3:python3 pip3:python3-pip git:git make:make gcc:gcc curl:curl wget:wget
-ssh:openssh-client ping:iputils-ping strace:strace gdb:gdb tmux:tmux screen:screen
+ssh:openssh-client ssh-keygen:openssh-client sshd:openssh-server ping:iputils-ping strace:strace gdb:gdb tmux:tmux screen:screen
 dbus-send:dbus busctl:systemd systemd-run:systemd gpg-connect-agent:gnupg flock:util-linux
 unshare:util-linux ipcmk:util-linux runuser:util-linux setsid:util-linux ps:procps
 useradd:passwd sudo:sudo bwrap:bubblewrap
@@ -39,6 +41,12 @@ fi
 # cargo-fuzz for the decoder fuzz target (runs on stable with RUSTC_BOOTSTRAP=1).
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install --quiet --locked cargo-fuzz
+fi
+
+# sshd started by root needs its privilege separation directory (the package's service would
+# create it; the remote suite starts sshd itself).
+if [ "$(id -u)" = 0 ] && [ ! -d /run/sshd ]; then
+  mkdir -p -m 0755 /run/sshd
 fi
 
 # `o mount` as a user other than root goes through the setuid fusermount3, which opens

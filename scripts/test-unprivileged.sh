@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape, toolsrv and broker suites, and the README's `o mount`
+# Runs the policy, sandbox, escape, toolsrv, broker and remote suites, and the README's `o mount`
 # walk-through, as the unprivileged user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
@@ -28,6 +28,8 @@ build() {
 }
 build -p ollie-policy -p ollie-sandbox
 build -p ollie-tests --test escapes --test toolsrv --test broker
+# Remote sessions: the suite's own sshd runs as this user too (no privilege separation).
+build -p ollie-tests --test remote
 # The mount goes through the setuid fusermount3 (scripts/deps.sh installs fuse3).
 build -p ollie-cli --test o_mount_walkthrough --test o_mount
 cargo build -p ollie-toolsrv -p ollie-olliesrv -p ollie-cli --bins

@@ -30,7 +30,9 @@ pub struct Bootstrap {
     pub session: String,
     /// The session's workspace (absolute; must exist).
     pub workdir: PathBuf,
-    /// The user's home (for `{home}` in policies and the secret locations).
+    /// The user's home (for `{home}` in policies and the secret locations). Empty: toolsrv's
+    /// own (`$HOME`, else its user's passwd entry) — what remote sessions send, since olliesrv
+    /// does not know the home of the user its ssh logs in as.
     pub home: PathBuf,
     /// Policies by name, as TOML text. Every agent runs under one of them.
     pub policies: BTreeMap<String, String>,

@@ -1,11 +1,21 @@
 //! The spawning side, for olliesrv and tests: start a toolsrv over a socketpair, and
 //! authenticate to it.
+//!
+//! Two ways to start one:
+//! - [`Toolsrv::spawn`]: the local `toolsrv` binary, the link as fd 3, the boot message in a
+//!   sealed memfd as fd 4.
+//! - [`Toolsrv::spawn_stdio`]: a command that reaches a `toolsrv --stdio` elsewhere (`ssh
+//!   HOST toolsrv --stdio` for remote sessions). Its stdin and stdout are one end of a
+//!   socketpair (so, as for the local link, [`LinkCloser`] can end it for both sides whoever
+//!   holds the client); the boot message is the first bytes [`Toolsrv::connect`] writes on it,
+//!   so the master key never appears in argv or the environment; stderr is a pipe for the
+//!   caller to log ([`Toolsrv::take_stderr`]).
 
 use std::io::{Seek, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 
 use command_fds::{CommandFdExt, FdMapping};
 use ollie_p9::{Client, Fid};
@@ -26,6 +36,18 @@ pub struct Toolsrv {
     link: Option<UnixStream>,
     /// A second handle on the connected link, to end it whoever still holds the client.
     closer: Option<LinkCloser>,
+    /// `--stdio`: the boot message, still to be sent as the first bytes on the link.
+    first: Option<BootBytes>,
+}
+
+/// A boot message waiting to be sent: it holds the master key, so its `Debug` shows only the
+/// length, and it is zeroed once sent.
+struct BootBytes(Vec<u8>);
+
+impl std::fmt::Debug for BootBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BootBytes({} bytes, redacted)", self.0.len())
+    }
 }
 
 /// Ends a toolsrv link for both sides at once (`shutdown(2)`), however many holders of the
@@ -39,6 +61,23 @@ impl LinkCloser {
         let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
 }
+
+/// The variables a [`Toolsrv::spawn_stdio`] command keeps from our environment: what `ssh`
+/// needs to find its configuration, keys and agent, and the locale. Nothing else (API keys
+/// in olliesrv's environment stay there).
+pub const STDIO_ENV: &[&str] = &[
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "PATH",
+    "SHELL",
+    "SSH_AUTH_SOCK",
+    "KRB5CCNAME",
+    "XDG_RUNTIME_DIR",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+];
 
 /// The toolsrv binary next to the current executable (or the one named by
 /// `$OLLIE_TOOLSRV`), else `toolsrv` from `PATH`.
@@ -131,7 +170,53 @@ impl Toolsrv {
             key,
             link: Some(ours),
             closer: None,
+            first: None,
         })
+    }
+
+    /// Starts `argv` (no shell), a command that runs `toolsrv --stdio` somewhere (`ssh HOST
+    /// toolsrv --stdio`), with a fresh master key. The child gets the [`STDIO_ENV`] variables
+    /// of our environment, its own process group (a terminal's ^C reaches olliesrv, which
+    /// then ends the link in order), stdin and stdout on one end of a socketpair, stderr a
+    /// pipe ([`Toolsrv::take_stderr`]). Nothing is written yet: [`Toolsrv::connect`] sends the
+    /// boot message, then speaks 9P.
+    pub fn spawn_stdio(argv: &[String], boot: &Bootstrap) -> std::io::Result<Toolsrv> {
+        let Some((program, args)) = argv.split_first() else {
+            return Err(std::io::Error::other("empty command"));
+        };
+        let key = MasterKey::generate()?;
+        let msg = boot::encode(&key, boot).map_err(std::io::Error::other)?;
+        let (ours, theirs) = UnixStream::pair()?;
+        let out = theirs.try_clone()?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_clear()
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::from(OwnedFd::from(out)))
+            .stderr(Stdio::piped());
+        for k in STDIO_ENV {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd.spawn()?;
+        drop(cmd);
+        Ok(Toolsrv {
+            child,
+            key,
+            link: Some(ours),
+            closer: None,
+            first: Some(BootBytes(msg)),
+        })
+    }
+
+    /// The pipe of a [`Toolsrv::spawn_stdio`] command's stderr (once).
+    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+        self.child.stderr.take()
     }
 
     /// toolsrv's pid.
@@ -157,7 +242,14 @@ impl Toolsrv {
         self.closer = Some(LinkCloser(link.try_clone()?));
         link.set_nonblocking(true)?;
         let s = tokio::net::UnixStream::from_std(link)?;
-        let (r, w) = s.into_split();
+        let (r, mut w) = s.into_split();
+        if let Some(BootBytes(mut first)) = self.first.take() {
+            // `--stdio`: the boot message first, then 9P on the same stream.
+            use tokio::io::AsyncWriteExt;
+            let sent = w.write_all(&first).await;
+            first.fill(0);
+            sent?;
+        }
         Client::handshake(r, w, msize).await
     }
 

@@ -10,7 +10,9 @@
 //! bead registry of the session and agent namespaces, an absolute path; default
 //! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::ns`]), and
 //! `operators` (who else attaches as the owner: user names, and `@group` for the members of a
-//! group; for a system service that people reach through a shared socket).
+//! group; for a system service that people reach through a shared socket), and `skill_paths`
+//! (where skills are found, in order: absolute or `~/` paths; default:
+//! `$XDG_DATA_HOME/ollie/skills`, else `~/.local/share/ollie/skills`; see [`crate::skills`]).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -114,10 +116,35 @@ pub const DEFAULT_BYPASS_TIMEOUT_S: u64 = 600;
 /// The default fraction of the context window at which a conversation is compacted.
 pub const DEFAULT_COMPACT_AT: f64 = 0.8;
 
-/// A validated remote (a command that speaks 9P on its stdio, e.g. `ssh host toolsrv --stdio`).
+/// A validated remote: the command olliesrv runs (no shell) to reach a `toolsrv --stdio` on
+/// another host. `[remotes.NAME]` gives either `command = [ARGV…]` or `host = "H"` (with an
+/// optional `toolsrv = "PATH"`, default `toolsrv`), which means [`Remote::ssh_command`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
     pub command: Vec<String>,
+}
+
+impl Remote {
+    /// The command for `host = "H"`: `ssh` without a terminal, never prompting (olliesrv has
+    /// nobody to answer), noticing a dead connection within about 45 s, then the remote
+    /// `toolsrv --stdio`.
+    pub fn ssh_command(host: &str, toolsrv: &str) -> Vec<String> {
+        [
+            "ssh",
+            "-T",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=3",
+            host,
+            toolsrv,
+            "--stdio",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
 }
 
 /// The tools a profile may enable (toolsrv's tool names; olliesrv does not depend on toolsrv,
@@ -217,6 +244,10 @@ pub struct Config {
     pub beads_dir: Option<PathBuf>,
     /// Besides the server's own user and root, who attaches as the owner (the operator).
     pub operators: Vec<Operator>,
+    /// Where skills are found, in order (`skill_paths`, `~` expanded); `None` until
+    /// [`Config::load_dir`] sets the default (`$XDG_DATA_HOME/ollie/skills`); read through
+    /// [`crate::skills::paths`].
+    pub skill_paths: Option<Vec<PathBuf>>,
 }
 
 /// An entry of `operators`: a user, or every member of a group.
@@ -276,6 +307,7 @@ struct RawConfig {
     beads_dir: Option<PathBuf>,
     #[serde(default)]
     operators: Vec<String>,
+    skill_paths: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -300,7 +332,9 @@ struct RawBackend {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRemote {
-    command: Vec<String>,
+    command: Option<Vec<String>>,
+    host: Option<String>,
+    toolsrv: Option<String>,
 }
 
 /// Integers are read wide so range errors carry our message and the key.
@@ -333,6 +367,22 @@ pub fn default_dir() -> Option<PathBuf> {
 /// The default config file: `$XDG_CONFIG_HOME/ollie/config.toml` (or `~/.config/...`).
 pub fn default_path() -> Option<PathBuf> {
     Some(default_dir()?.join("config.toml"))
+}
+
+/// Where skills are by default: `$XDG_DATA_HOME/ollie/skills`, else
+/// `~/.local/share/ollie/skills` (beside the bead registry). Not beside config.toml: that
+/// directory holds API keys, so no policy may grant an agent reads there.
+fn default_skill_dir() -> Option<PathBuf> {
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+                .map(|h| h.join(".local/share"))
+        })?;
+    Some(data.join("ollie/skills"))
 }
 
 /// The directory holding `agents/` and `policy/` for a main config file: the file's directory.
@@ -581,6 +631,7 @@ impl Config {
             bypass_timeout_s: DEFAULT_BYPASS_TIMEOUT_S,
             beads_dir: None,
             operators: Vec::new(),
+            skill_paths: None,
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -619,6 +670,11 @@ impl Config {
     /// Adds the user policies in `dir/policy/` and the agent profiles in `dir/agents/` (a
     /// missing directory adds nothing). Policies come first: profiles may name them.
     pub fn load_dir(mut self, dir: &Path) -> Result<Config, ConfigError> {
+        if self.skill_paths.is_none() {
+            self.skill_paths = Some(vec![
+                default_skill_dir().unwrap_or_else(|| dir.join("skills")),
+            ]);
+        }
         for (name, path) in toml_files(&dir.join("policy"), "policy")? {
             let text = std::fs::read_to_string(&path).map_err(|e| read_error(&path, e))?;
             self.policies
@@ -828,13 +884,52 @@ impl Config {
                     "remote names use letters, digits, '-', '_' and '.'".into(),
                 ));
             }
-            if r.command.is_empty() || r.command[0].is_empty() {
-                return Err(invalid(
-                    format!("{key}.command"),
-                    "must name a program to run".into(),
-                ));
-            }
-            remotes.insert(name, Remote { command: r.command });
+            let command = match (r.command, r.host) {
+                (Some(_), Some(_)) => {
+                    return Err(invalid(key, "give either command or host, not both".into()));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        key,
+                        "needs command = [\"PROGRAM\", …] or host = \"HOST\"".into(),
+                    ));
+                }
+                (Some(c), None) => {
+                    if r.toolsrv.is_some() {
+                        return Err(invalid(
+                            format!("{key}.toolsrv"),
+                            "only with host (put the path in command instead)".into(),
+                        ));
+                    }
+                    if c.first().is_none_or(String::is_empty) {
+                        return Err(invalid(
+                            format!("{key}.command"),
+                            "must name a program to run".into(),
+                        ));
+                    }
+                    c
+                }
+                (None, Some(h)) => {
+                    if h.is_empty()
+                        || h.starts_with('-')
+                        || h.chars().any(|c| c.is_whitespace() || c.is_control())
+                    {
+                        return Err(invalid(
+                            format!("{key}.host"),
+                            "must be an ssh destination (HOST or USER@HOST, no spaces, not starting with '-')".into(),
+                        ));
+                    }
+                    let t = r.toolsrv.unwrap_or_else(|| "toolsrv".to_owned());
+                    if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                        return Err(invalid(
+                            format!("{key}.toolsrv"),
+                            "must be a program path without spaces".into(),
+                        ));
+                    }
+                    Remote::ssh_command(&h, &t)
+                }
+            };
+            remotes.insert(name, Remote { command });
         }
         if let Some(d) = &raw.default_backend
             && !backends.contains_key(d)
@@ -909,6 +1004,10 @@ impl Config {
                 format!("{:?} must be an absolute path", d.display().to_string()),
             ));
         }
+        let skill_paths = match &raw.skill_paths {
+            None => None,
+            Some(list) => Some(skill_paths(list).map_err(|(k, m)| invalid(k, m))?),
+        };
         let mut operators = Vec::new();
         for (i, o) in raw.operators.iter().enumerate() {
             operators.push(Operator::parse(o).map_err(|m| invalid(format!("operators[{i}]"), m))?);
@@ -924,9 +1023,53 @@ impl Config {
             bypass_timeout_s,
             beads_dir: raw.beads_dir,
             operators,
+            skill_paths,
             ..Config::builtin()
         })
     }
+}
+
+/// Validates `skill_paths`: each absolute or `~/…` (expanded with `$HOME`), without `.` or
+/// `..` elements, each once. Errors: (key, message).
+fn skill_paths(list: &[String]) -> Result<Vec<PathBuf>, (String, String)> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for (i, s) in list.iter().enumerate() {
+        let key = format!("skill_paths[{i}]");
+        let p = match s.strip_prefix("~/") {
+            Some(rest) => match std::env::var_os("HOME") {
+                Some(h) if !h.is_empty() => PathBuf::from(h).join(rest),
+                _ => return Err((key, format!("{s:?}: ~ needs $HOME, which is not set"))),
+            },
+            None if s == "~" => {
+                return Err((
+                    key,
+                    "\"~\" itself cannot be a skill path (name a directory in it)".into(),
+                ));
+            }
+            None => PathBuf::from(s),
+        };
+        if !p.is_absolute() {
+            return Err((
+                key,
+                format!("{s:?} must be an absolute path or start with ~/"),
+            ));
+        }
+        if p.components().any(|c| {
+            matches!(
+                c,
+                std::path::Component::CurDir | std::path::Component::ParentDir
+            )
+        }) || s.contains("/./")
+            || s.ends_with("/.")
+        {
+            return Err((key, format!("{s:?} must not contain . or .. elements")));
+        }
+        if out.contains(&p) {
+            return Err((key, format!("{s:?} is listed twice")));
+        }
+        out.push(p);
+    }
+    Ok(out)
 }
 
 /// Validates a user policy (`policy/NAME.toml`) and returns its text.
@@ -966,6 +1109,42 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(s, Path::new("config.toml"))
+    }
+
+    #[test]
+    fn skill_paths_are_absolute_or_home_relative_and_default_beside_the_file() {
+        let c = parse("skill_paths = [\"/srv/skills\", \"~/my-skills\"]").unwrap();
+        let home = PathBuf::from(std::env::var_os("HOME").unwrap());
+        assert_eq!(
+            c.skill_paths,
+            Some(vec![PathBuf::from("/srv/skills"), home.join("my-skills")])
+        );
+        assert_eq!(parse("skill_paths = []").unwrap().skill_paths, Some(vec![]));
+        for (bad, want) in [
+            (
+                "[\"skills\"]",
+                "skill_paths[0]: \"skills\" must be an absolute path or start with ~/",
+            ),
+            ("[\"/a\", \"~\"]", "skill_paths[1]: "),
+            ("[\"/a/../b\"]", "must not contain . or .. elements"),
+            ("[\"/a/./b\"]", "must not contain . or .. elements"),
+            ("[\"/a\", \"/a\"]", "skill_paths[1]: \"/a\" is listed twice"),
+            ("\"/a\"", "skill_paths: invalid type"),
+        ] {
+            let e = parse(&format!("skill_paths = {bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        // Unset: the data directory's (not beside config.toml, whose directory holds keys).
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("config.toml"), "").unwrap();
+        let c = Config::load_file(&d.path().join("config.toml")).unwrap();
+        let want = default_skill_dir().unwrap_or_else(|| d.path().join("skills"));
+        assert_eq!(c.skill_paths, Some(vec![want.clone()]));
+        assert!(want.ends_with("ollie/skills") && !want.starts_with(d.path()));
+        assert_eq!(Config::builtin().skill_paths, None);
     }
 
     #[test]
@@ -1090,6 +1269,50 @@ command = ["ssh", "buildbox", "toolsrv", "--stdio"]
         assert_eq!(c.backends.keys().collect::<Vec<_>>(), ["demo", "local"]);
         assert_eq!(c.backends["demo"].kind, BackendKind::Replay);
         assert_eq!(c.remotes["buildbox"].command[0], "ssh");
+    }
+
+    #[test]
+    fn remotes_take_a_command_or_a_host() {
+        let c = parse(
+            "[remotes.a]\nhost = \"me@build\"\n\n[remotes.b]\nhost = \"b\"\ntoolsrv = \"/opt/ollie/toolsrv\"\n\n[remotes.c]\ncommand = [\"/usr/bin/ssh\", \"c\", \"toolsrv\", \"--stdio\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.remotes["a"].command,
+            Remote::ssh_command("me@build", "toolsrv")
+        );
+        let a = &c.remotes["a"].command;
+        assert_eq!(a[0], "ssh");
+        assert_eq!(&a[a.len() - 3..], ["me@build", "toolsrv", "--stdio"]);
+        assert!(a.iter().any(|w| w == "BatchMode=yes"), "{a:?}");
+        let b = &c.remotes["b"].command;
+        assert_eq!(&b[b.len() - 2..], ["/opt/ollie/toolsrv", "--stdio"]);
+        assert_eq!(c.remotes["c"].command[0], "/usr/bin/ssh");
+        for (text, want) in [
+            ("[remotes.r]\n", "remotes.r: needs command"),
+            (
+                "[remotes.r]\nhost = \"h\"\ncommand = [\"x\"]",
+                "remotes.r: give either command or host",
+            ),
+            ("[remotes.r]\nhost = \"-oProxyCommand=x\"", "remotes.r.host"),
+            ("[remotes.r]\nhost = \"a b\"", "remotes.r.host"),
+            ("[remotes.r]\nhost = \"\"", "remotes.r.host"),
+            (
+                "[remotes.r]\nhost = \"h\"\ntoolsrv = \"\"",
+                "remotes.r.toolsrv",
+            ),
+            (
+                "[remotes.r]\ncommand = [\"ssh\"]\ntoolsrv = \"t\"",
+                "remotes.r.toolsrv: only with host",
+            ),
+            ("[remotes.r]\ncommand = [\"\"]", "remotes.r.command"),
+            ("[remotes.r]\nhost = \"h\"\nport = 22", "port"),
+            ("[remotes.\"a b\"]\nhost = \"h\"", "remote names use"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

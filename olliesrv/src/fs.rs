@@ -53,6 +53,8 @@ pub enum RootFile {
     BypassPending,
     BypassResolve,
     BypassAudit,
+    SkillsDir,
+    SkillsIdx,
 }
 
 /// Files of a session directory.
@@ -60,6 +62,7 @@ pub enum RootFile {
 pub enum SFile {
     Dir,
     Env,
+    Cfg,
     Paused,
     Ctl,
     Name,
@@ -173,7 +176,21 @@ pub const ROOT_FILES: &[FileDef<RootFile>] = &[
         dm::DIR | 0o500,
         "escalation requests of every session (owner only)",
     ),
+    f(
+        "skills",
+        RootFile::SkillsDir,
+        dm::DIR | 0o555,
+        "the skills agents see (read-only; see Skills below)",
+    ),
 ];
+
+/// `skills/`'s own files (each winning skill is a directory beside them).
+pub const SKILLS_FILES: &[FileDef<RootFile>] = &[f(
+    "idx",
+    RootFile::SkillsIdx,
+    0o444,
+    "every skill: name<TAB>active|shadowed<TAB>directory<TAB>description per line",
+)];
 
 /// `bypass/`'s files (every session's requests; each session's own are in its toolsrv/).
 pub const BYPASS_FILES: &[FileDef<RootFile>] = &[
@@ -203,7 +220,7 @@ pub const SESSIONS_FILES: &[FileDef<RootFile>] = &[
         "new",
         RootFile::SessionNew,
         0o666,
-        "create a session: write name= cwd= backend= model= profile= remote=, read its name",
+        "create a session: write name= cwd= backend= model= profile= remote=, read its name; remote=NAME (a [remotes.NAME] of config.toml) runs its tools on that host over ssh, and cwd= is then a directory there",
     ),
     f(
         "idx",
@@ -222,6 +239,12 @@ pub const SESSION_FILES: &[FileDef<SFile>] = &[
         "OLLIE_SESSION_ID and the other non-secret OLLIE_* variables",
     ),
     f("paused", SFile::Paused, 0o444, "true or false"),
+    f(
+        "cfg",
+        SFile::Cfg,
+        0o444,
+        "key=value: name, id, cwd, backend, model, profile, remote (where tools run: empty for this host), toolsrv (up, starting, restarting, failed) and toolsrv_reason while not up",
+    ),
     f(
         "ctl",
         SFile::Ctl,
@@ -440,6 +463,10 @@ pub const SESSION_CTL: &[(&str, &str)] = &[
     ("pause", "queued prompts wait until resume"),
     ("resume", "let queued prompts run again"),
     (
+        "status",
+        "where tools run and the toolsrv link: remote=, toolsrv=STATE, toolsrv_reason= while not up",
+    ),
+    (
         "cost",
         "what the session's agents spent (cost_usd) and the cap (cost_cap_usd)",
     ),
@@ -524,6 +551,12 @@ pub fn help_text() -> String {
     table(&mut s, "", ROOT_FILES);
     table(&mut s, "session/", SESSIONS_FILES);
     table(&mut s, "bypass/", BYPASS_FILES);
+    table(&mut s, "skills/", SKILLS_FILES);
+    s.push_str(&format!(
+        "  {:<38} {}\n",
+        "skills/NAME/",
+        "(one per active skill) its directory, read-only: SKILL.md and its other files"
+    ));
     s.push_str(&format!(
         "  {:<38} {}  {}\n",
         "session/NAME/", "d555", "one session (NAME or its id)"
@@ -582,6 +615,11 @@ pub fn help_text() -> String {
          artifacts/ land in the -c member's dated kind folder, or stay in the shadow layer\n  \
          until a -c member is mounted; read-only members are never changed (writes copy up).\n  \
          Each agent has a private copy of its session's namespace, made when it was created.\n  \
+         skills: directories with a SKILL.md (front matter: name, description) in config.toml's\n  \
+         skill_paths (default: ~/.local/share/ollie/skills), searched in order; the first path\n  \
+         wins a name, later ones are shadowed (skills/idx says so). Agents' system prompts list\n  \
+         the active ones; agents read them with file_read (read-only). skills/ is read-only:\n  \
+         create a skill on disk in the first skill path; it shows at once.\n  \
          attach as your own user (or as \"agent\" to get only the group's rights); the server's\n  \
          user, root and config.toml's operators get the owner's rights.\n",
     );
@@ -711,6 +749,8 @@ pub enum Node {
     A(Arc<Agent>, AFile),
     /// A name in a union view of a bead namespace (`…/ns/POINT/…`).
     U(UnionNode),
+    /// A file or directory of a skill (`skills/NAME/…`).
+    K(crate::skills::SkillNode),
 }
 
 /// Per-fid state.
@@ -834,11 +874,17 @@ impl OllieFs {
         if let Node::U(u) = node {
             return u.qid;
         }
+        if let Node::K(k) = node {
+            return k.qid;
+        }
         let (path, dir) = match node {
             Node::Root => (0, true),
             Node::R(r) => (
                 1 + *r as u64,
-                matches!(r, RootFile::SessionDir | RootFile::BypassDir),
+                matches!(
+                    r,
+                    RootFile::SessionDir | RootFile::BypassDir | RootFile::SkillsDir
+                ),
             ),
             Node::S(s, k) => (
                 (1 << 40) | (u64::from(s.handle) << 8) | *k as u64,
@@ -849,6 +895,7 @@ impl OllieFs {
                 matches!(k, AFile::Dir | AFile::ProcDir | AFile::Ns),
             ),
             Node::U(u) => (u.qid.path, u.qid.is_dir()),
+            Node::K(k) => (k.qid.path, k.qid.is_dir()),
         };
         let version = match node {
             Node::R(RootFile::Eventwait) => self.shared.events.cursor() as u32,
@@ -870,6 +917,7 @@ impl OllieFs {
                 .iter()
                 .chain(SESSIONS_FILES)
                 .chain(BYPASS_FILES)
+                .chain(SKILLS_FILES)
                 .find(|d| d.name == n)
                 .map_or(0, |d| d.mode)
         };
@@ -879,6 +927,7 @@ impl OllieFs {
                 .iter()
                 .chain(SESSIONS_FILES)
                 .chain(BYPASS_FILES)
+                .chain(SKILLS_FILES)
                 .find(|d| d.kind == *r)
                 .map_or_else(|| find(""), |d| d.mode),
             Node::S(_, SFile::Dir) => dm::DIR | 0o555,
@@ -896,6 +945,7 @@ impl OllieFs {
                 .find(|d| d.kind == *k)
                 .map_or(0, |d| d.mode),
             Node::U(u) => u.mode(),
+            Node::K(k) => k.mode(),
         }
     }
 
@@ -906,6 +956,7 @@ impl OllieFs {
                 .iter()
                 .chain(SESSIONS_FILES)
                 .chain(BYPASS_FILES)
+                .chain(SKILLS_FILES)
                 .find(|d| d.kind == *r)
                 .map_or("?", |d| d.name)
                 .into(),
@@ -926,12 +977,18 @@ impl OllieFs {
                 .map_or("?", |d| d.name)
                 .into(),
             Node::U(u) => u.name(),
+            Node::K(k) => k.name(),
         }
     }
 
     fn stat_of(&self, node: &Node) -> Stat {
         if let Node::U(u) = node
             && let Ok(st) = u.stat(&self.shared.owner)
+        {
+            return st;
+        }
+        if let Node::K(k) = node
+            && let Ok(st) = k.stat(&self.shared.config(), &self.shared.owner)
         {
             return st;
         }
@@ -1030,6 +1087,12 @@ impl OllieFs {
             Node::R(RootFile::BypassDir) => {
                 BYPASS_FILES.iter().map(|d| st(Node::R(d.kind))).collect()
             }
+            Node::R(RootFile::SkillsDir) => {
+                let mut v: Vec<Stat> = SKILLS_FILES.iter().map(|d| st(Node::R(d.kind))).collect();
+                let cat = crate::skills::scan(&self.shared.config());
+                v.extend(crate::skills::dir_stats(&cat, &self.shared.owner));
+                v
+            }
             Node::S(s, SFile::Dir) => SESSION_FILES
                 .iter()
                 .map(|d| st(Node::S(Arc::clone(s), d.kind)))
@@ -1093,6 +1156,21 @@ impl OllieFs {
                 .iter()
                 .find(|d| d.name == n)
                 .map(|d| Node::R(d.kind)),
+            (Node::R(RootFile::SkillsDir), "..") => Some(Node::Root),
+            (Node::R(RootFile::SkillsDir), n) => SKILLS_FILES
+                .iter()
+                .find(|d| d.name == n)
+                .map(|d| Node::R(d.kind))
+                .or_else(|| {
+                    crate::skills::SkillNode::top(&self.shared.config(), n)
+                        .ok()
+                        .map(Node::K)
+                }),
+            (Node::K(k), "..") => match k.parent(&self.shared.config()) {
+                None => Some(Node::R(RootFile::SkillsDir)),
+                Some(p) => p.ok().map(Node::K),
+            },
+            (Node::K(k), n) => k.child(&self.shared.config(), n).ok().map(Node::K),
             (Node::S(_, SFile::Dir), "..") => Some(Node::R(RootFile::SessionDir)),
             (Node::S(s, SFile::Dir), n) => SESSION_FILES
                 .iter()
@@ -1233,6 +1311,10 @@ impl OllieFs {
                 let n = cfg.backends.len();
                 let mut f = Map::new();
                 f.insert("backends".into(), Value::from(n));
+                f.insert(
+                    "skills".into(),
+                    Value::from(crate::skills::invalidate(&cfg)),
+                );
                 self.shared.events.emit("config-reloaded", f);
                 Ok(format!("config reloaded: {n} backends\n"))
             }
@@ -1307,6 +1389,11 @@ impl OllieFs {
                 let changed = self.reg().set_paused(s, false).map_err(err)?;
                 Ok(if changed { "resumed\n" } else { "not paused\n" }.into())
             }
+            "status" => Ok(format!(
+                "remote={}\n{}",
+                s.remote.as_deref().unwrap_or(""),
+                s.link.status_lines()
+            )),
             "cost" => Ok(format!(
                 "cost_usd={:.6}\ncost_cap_usd={}\n",
                 s.cost_usd(),
@@ -1972,6 +2059,14 @@ impl Filesystem for OllieFs {
             fid.ufile = file;
             return Ok((qid, 0));
         }
+        if let Node::K(k) = &fid.node {
+            if !may_open(k.mode(), fid.class, mode) {
+                return Err(err("permission denied: skills are read-only"));
+            }
+            let (qid, file) = k.open(&self.shared.config()).map_err(err)?;
+            fid.ufile = file;
+            return Ok((qid, 0));
+        }
         if !may_open(Self::mode(&fid.node), fid.class, mode) {
             return Err(Error::permission_denied());
         }
@@ -1990,7 +2085,12 @@ impl Filesystem for OllieFs {
             Node::R(RootFile::Eventwait) => fid.cursor = self.shared.events.cursor(),
             Node::R(RootFile::SessionIdx) => fid.content = Some(Bytes::from(self.sessions_idx())),
             Node::R(RootFile::BypassAudit) => fid.content = Some(self.reg().bypass.audit_text()),
+            Node::R(RootFile::SkillsIdx) => {
+                let cat = crate::skills::scan(&self.shared.config());
+                fid.content = Some(Bytes::from(crate::skills::idx_text(&cat)));
+            }
             Node::S(s, SFile::Env) => fid.content = Some(Bytes::from(s.env_text())),
+            Node::S(s, SFile::Cfg) => fid.content = Some(Bytes::from(s.cfg_text())),
             Node::S(s, SFile::Paused) => {
                 fid.content = Some(Bytes::from(format!("{}\n", s.paused())))
             }
@@ -2068,6 +2168,22 @@ impl Filesystem for OllieFs {
                 .map_or(Bytes::new(), |c| read_at(c, offset, count)))
         };
         match &node {
+            Node::K(k) => match &fid.ufile {
+                Some(f) => crate::ns::read_file_at(f, offset, count)
+                    .map(Bytes::from)
+                    .map_err(err),
+                None => {
+                    if offset == 0 || fid.dir.is_none() {
+                        let entries = k
+                            .list(&self.shared.config(), &self.shared.owner)
+                            .map_err(err)?;
+                        fid.dir = Some(DirSnapshot::new(&entries));
+                    }
+                    fid.dir
+                        .as_ref()
+                        .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
+                }
+            },
             Node::U(u) => match &fid.ufile {
                 Some(f) => crate::ns::read_file_at(f, offset, count)
                     .map(Bytes::from)
@@ -2083,7 +2199,7 @@ impl Filesystem for OllieFs {
                 }
             },
             Node::Root
-            | Node::R(RootFile::SessionDir | RootFile::BypassDir)
+            | Node::R(RootFile::SessionDir | RootFile::BypassDir | RootFile::SkillsDir)
             | Node::S(_, SFile::Dir | SFile::AgentDir | SFile::Ns)
             | Node::A(_, AFile::Dir | AFile::ProcDir | AFile::Ns) => {
                 if offset == 0 || fid.dir.is_none() {
@@ -2219,9 +2335,11 @@ impl Filesystem for OllieFs {
             | Node::R(RootFile::Aliases)
             | Node::R(RootFile::SessionIdx)
             | Node::R(RootFile::BypassAudit)
+            | Node::R(RootFile::SkillsIdx)
             | Node::S(
                 _,
                 SFile::Env
+                | SFile::Cfg
                 | SFile::Paused
                 | SFile::Name
                 | SFile::Id
@@ -2501,6 +2619,9 @@ impl Filesystem for OllieFs {
                 Node::S(_, SFile::Ns) | Node::A(_, AFile::Ns) => err(
                     "permission denied: mount points are made by mount (write mount [-b|-a] [-c] BEAD /NAME to ctl)",
                 ),
+                Node::R(RootFile::SkillsDir) | Node::K(_) => err(
+                    "skills/ is read-only: create a skill on disk in the first of config.toml's skill_paths",
+                ),
                 _ => err("permission denied: cannot create files here"),
             });
         };
@@ -2552,6 +2673,11 @@ impl Filesystem for OllieFs {
         Self::alive(&fid.node)?;
         if let Node::U(u) = &fid.node {
             return u.stat(&self.shared.owner).map_err(err);
+        }
+        if let Node::K(k) = &fid.node {
+            return k
+                .stat(&self.shared.config(), &self.shared.owner)
+                .map_err(err);
         }
         Ok(self.stat_of(&fid.node))
     }

@@ -12,7 +12,9 @@
 //! ([`model`]) persist in the state directory ([`store`]) and are restored on start; each
 //! session has its own toolsrv ([`link`]), restarted when it dies. Every session and agent has
 //! a bead namespace ([`ns`]), kept beside its record and served under its `ns/` directory; an
-//! agent's copy is forked from its session's when the agent is created. SIGTERM, SIGINT or `kill`
+//! agent's copy is forked from its session's when the agent is created. Skills ([`skills`])
+//! from the configured skill paths are served read-only under `skills/`, listed in agents'
+//! system prompts and granted read-only to their tools. SIGTERM, SIGINT or `kill`
 //! on `ctl` stop it cleanly, after a `server-stopping` event. It never runs a tool or a
 //! command itself.
 //!
@@ -33,6 +35,7 @@ pub mod listen;
 pub mod model;
 pub mod ns;
 pub mod nstools;
+pub mod skills;
 pub mod store;
 pub mod systemd;
 pub mod turn;

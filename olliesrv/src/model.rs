@@ -974,6 +974,28 @@ pub fn existing_dir(v: &str) -> Result<PathBuf, String> {
     Ok(c)
 }
 
+/// A remote session's `cwd=`: absolute, without `.` or `..` components (it names a directory
+/// on the remote host, so it cannot be checked here; the remote toolsrv refuses a missing one).
+pub fn remote_dir(v: &str) -> Result<PathBuf, String> {
+    use std::path::Component;
+    let p = Path::new(v);
+    if !p.is_absolute() {
+        return Err(format!(
+            "cwd {:?} must be an absolute path (on the remote host)",
+            clip(v)
+        ));
+    }
+    if p.components()
+        .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
+    {
+        return Err(format!(
+            "cwd {:?}: give the directory without . or .. components",
+            clip(v)
+        ));
+    }
+    Ok(p.components().collect())
+}
+
 // ---------------------------------------------------------------------------------------
 // Sessions
 
@@ -1086,6 +1108,23 @@ impl Session {
             out.push_str(&format!("{k}={v}\n"));
         }
         out
+    }
+
+    /// The session's `cfg`: its settings, where its tools run (`remote=`, empty for this
+    /// host) and the state of its toolsrv link.
+    pub fn cfg_text(&self) -> String {
+        let o = |v: &Option<String>| v.clone().unwrap_or_default();
+        format!(
+            "name={}\nid={}\ncwd={}\nbackend={}\nmodel={}\nprofile={}\nremote={}\n{}",
+            self.name(),
+            self.id,
+            self.cwd.display(),
+            o(&self.backend),
+            o(&self.model),
+            o(&self.profile),
+            o(&self.remote),
+            self.link.status_lines()
+        )
     }
 
     /// `paused` changes, durably.
@@ -1465,23 +1504,28 @@ impl Registry {
                 list_or_none(config.profiles.keys())
             ));
         }
-        if let Some(r) = &spec.remote {
-            return Err(if config.remotes.contains_key(r) {
-                format!(
-                    "remote {:?}: remote sessions are not implemented yet",
-                    clip(r)
-                )
-            } else {
-                format!(
-                    "unknown remote {:?} (configured: {})",
-                    clip(r),
-                    list_or_none(config.remotes.keys())
-                )
-            });
+        if let Some(r) = &spec.remote
+            && !config.remotes.contains_key(r)
+        {
+            return Err(format!(
+                "unknown remote {:?} (configured: {})",
+                clip(r),
+                list_or_none(config.remotes.keys())
+            ));
         }
-        let cwd = match &spec.cwd {
-            Some(c) => existing_dir(c)?,
-            None => existing_dir(&std::env::var("HOME").unwrap_or_else(|_| "/".to_owned()))?,
+        // A remote session's cwd is a directory on the remote host: toolsrv there checks it.
+        let cwd = match (&spec.remote, &spec.cwd) {
+            (Some(_), Some(c)) => remote_dir(c)?,
+            (Some(r), None) => {
+                return Err(format!(
+                    "remote {:?}: give cwd= (an absolute directory on the remote host)",
+                    clip(r)
+                ));
+            }
+            (None, Some(c)) => existing_dir(c)?,
+            (None, None) => {
+                existing_dir(&std::env::var("HOME").unwrap_or_else(|_| "/".to_owned()))?
+            }
         };
         let _g = lock(&self.naming);
         let name = match &spec.name {
@@ -1504,7 +1548,7 @@ impl Registry {
             name,
             cwd,
             (spec.backend, spec.model, spec.profile),
-            None,
+            spec.remote,
             now(),
             self.order.fetch_add(1, Ordering::Relaxed),
             false,

@@ -596,11 +596,17 @@ fn clamp_time(t: i64) -> u32 {
 
 /// The qid of a real file: path from device and inode, version from the mtime.
 pub fn qid_of(md: &Metadata) -> Qid {
+    qid_tagged(md, QID_TAG)
+}
+
+/// [`qid_of`] with another tag in the top four bits of the path, so that the real files of
+/// two trees (bead unions, skills) never share a qid path.
+pub fn qid_tagged(md: &Metadata, tag: u64) -> Qid {
     let mixed = md.ino() ^ md.dev().wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
     Qid {
         ty: if md.is_dir() { qt::DIR } else { qt::FILE },
         version: clamp_time(md.mtime()),
-        path: QID_TAG | (mixed & ((1 << 60) - 1)),
+        path: tag | (mixed & ((1 << 60) - 1)),
     }
 }
 
@@ -611,11 +617,17 @@ pub fn mode_of(md: &Metadata) -> u32 {
 }
 
 fn stat_of(md: &Metadata, name: String, owner: &str) -> Stat {
+    real_stat(md, qid_of(md), mode_of(md), name, owner)
+}
+
+/// The stat of a real file as a tree of ours serves it: its times and length, `owner` and the
+/// group `agent`, with the given qid and mode.
+pub fn real_stat(md: &Metadata, qid: Qid, mode: u32, name: String, owner: &str) -> Stat {
     Stat {
         ty: 0,
         dev: 0,
-        qid: qid_of(md),
-        mode: mode_of(md),
+        qid,
+        mode,
         atime: clamp_time(md.atime()),
         mtime: clamp_time(md.mtime()),
         length: if md.is_dir() { 0 } else { md.len() },

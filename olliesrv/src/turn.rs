@@ -166,11 +166,12 @@ pub fn model_name(a: &Agent, config: &Config, backend: &crate::config::Backend) 
 /// The system prompt as the model sees it (`ctl systemprompt`).
 pub fn system_prompt(a: &Agent, config: &Config) -> String {
     format!(
-        "{}\n\nWorking directory: {}",
+        "{}\n\nWorking directory: {}{}",
         profile(a, config)
             .and_then(|p| p.system_prompt.clone())
             .unwrap_or_else(|| DEFAULT_SYSTEM.to_owned()),
-        a.settings().cwd.display()
+        a.settings().cwd.display(),
+        crate::skills::prompt_section(&crate::skills::scan(config))
     )
 }
 
@@ -344,10 +345,34 @@ async fn run_tool_inner(
             Err(e) => Outcome::error(e),
         });
     }
+    // Skill files no policy can grant (inside a secret location), and every skill file when
+    // the tools run on another host, are read here, if the agent has file_read at all.
+    let has_tool = |t: &str| {
+        a.settings()
+            .tools
+            .or_else(|| profile(a, config).map(|p| p.tools.clone()))
+            .is_some_and(|l| l.iter().any(|x| x == t))
+    };
+    let remote = a.session.upgrade().is_some_and(|s| s.remote.is_some());
+    if has_tool(&call.name)
+        && let Some(r) = crate::skills::file_read(config, &call.name, &call.arguments, remote)
+    {
+        return Ok(match r {
+            Ok(text) => Outcome {
+                text,
+                ok: true,
+                attrs: "skill=1".to_owned(),
+            },
+            Err(e) => Outcome::error(e),
+        });
+    }
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
     let root = c.agent_root(a, config).await?;
-    send_unions(a, &c).await?;
+    // A remote toolsrv cannot mount the bead layers: they are directories on this host.
+    if s.remote.is_none() {
+        send_unions(a, &c).await?;
+    }
     let bg = background(call);
     if bg {
         watch_completions(reg, a);
@@ -374,8 +399,11 @@ async fn run_tool_inner(
     }
     f.write(0, Bytes::from(payload))
         .await
-        .map_err(|e| e.to_string())?;
-    let b = f.read_to_end().await.map_err(|e| e.to_string())?;
+        .map_err(|e| crate::link::call_error(&e))?;
+    let b = f
+        .read_to_end()
+        .await
+        .map_err(|e| crate::link::call_error(&e))?;
     let reply = String::from_utf8_lossy(&b).into_owned();
     if !bg && a.ns.unions_sent.load(std::sync::atomic::Ordering::SeqCst) {
         // What the command created under /ctx/notes/… reaches the create target now.

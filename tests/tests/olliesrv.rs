@@ -16,7 +16,7 @@ use nix::sys::signal::Signal;
 use ollie_p9::wire::{NOFID, NOTAG, Rmsg, Stat, Tmsg, dm, om};
 use ollie_p9::{Client, Fid};
 
-const ROOT_NAMES: [&str; 11] = [
+const ROOT_NAMES: [&str; 12] = [
     "agents",
     "aliases",
     "backends",
@@ -27,6 +27,7 @@ const ROOT_NAMES: [&str; 11] = [
     "help",
     "models",
     "session",
+    "skills",
     "tools",
 ];
 
@@ -135,7 +136,7 @@ fn cli_ls_read_write_rdwr() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(
         text(&o.stdout),
-        "agents\naliases\nbackends\nbypass/\nctl\neventwait\ngenerate\nhelp\nmodels\nsession/\ntools\n"
+        "agents\naliases\nbackends\nbypass/\nctl\neventwait\ngenerate\nhelp\nmodels\nsession/\nskills/\ntools\n"
     );
 
     let o = ollie9p(&a, &["ls", "-l"], b"");

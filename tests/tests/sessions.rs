@@ -501,12 +501,16 @@ async fn session_ctl_pause_resume_and_per_fid_replies() {
             "invalidate",
             "pause",
             "resume",
+            "status",
             "cost",
             "cost_cap",
             "help"
         ]),
         "{help}"
     );
+    // A local session: no remote; the link's state.
+    let status = rdwr(&root, &ctl, "status").await.unwrap();
+    assert!(status.starts_with("remote=\ntoolsrv="), "{status}");
     assert_eq!(read_all(&root, &paused).await, "true\n");
     assert_eq!(idx(&root).await[0][4], "true", "idx shows paused");
     assert_eq!(
@@ -526,7 +530,7 @@ async fn session_ctl_pause_resume_and_per_fid_replies() {
     let e = expect_err(put(&a, "frobnicate").await, "unknown command");
     assert!(
         e.contains(
-            r#"unknown command "frobnicate" (valid: kill, save, invalidate, pause, resume, cost, cost_cap, help)"#
+            r#"unknown command "frobnicate" (valid: kill, save, invalidate, pause, resume, status, cost, cost_cap, help)"#
         ),
         "{e}"
     );

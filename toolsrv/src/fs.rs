@@ -4,7 +4,7 @@
 //! ctl            w     load AGENT TOOL | unload AGENT TOOL | policy AGENT NAME | escalations AGENT KINDS|none
 //!                      | unions AGENT JSON|none | bypass_timeout SECONDS (the last four: operator)
 //! tools          rw    write an agent id (optionally followed by " json"), read its tools
-//! info           r     platform=, arch=, the sandbox layers the kernel offers, the session
+//! info           r     host=, pid=, platform=, arch=, the sandbox layers the kernel offers, the session
 //! bypass/pending r     (operator) blocks until an escalation request is pending
 //! bypass/resolve w     (operator) {"id":"…","approved":true} | {"id":"…","error":"…"}
 //! bypass/log     r     (operator) blocks; one broker event (JSON line) per read, from the first kept
@@ -347,8 +347,13 @@ impl ToolFs {
     fn info_text(&self) -> String {
         let pr = ollie_sandbox::probe();
         let s = &self.session;
+        // Where tools run: the host (a remote session's is not olliesrv's) and this toolsrv.
+        let host = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().replace(char::is_whitespace, "_"))
+            .unwrap_or_else(|_| "unknown".to_owned());
         format!(
-            "platform={}\narch={}\nlandlock_abi={}\nuser_namespaces={}\nseccomp={}\nsession={}\nworkdir={}\npolicies={}\ndefault_policy={}\nlanguages={}\n",
+            "host={host}\npid={}\nplatform={}\narch={}\nlandlock_abi={}\nuser_namespaces={}\nseccomp={}\nsession={}\nworkdir={}\npolicies={}\ndefault_policy={}\nlanguages={}\n",
+            std::process::id(),
             std::env::consts::OS,
             std::env::consts::ARCH,
             pr.landlock_abi,

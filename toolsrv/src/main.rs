@@ -101,6 +101,20 @@ fn log_level() -> tracing::Level {
     }
 }
 
+/// `$HOME` if absolute, else the passwd entry's home of the user we run as.
+fn own_home() -> Option<std::path::PathBuf> {
+    if let Some(h) = std::env::var_os("HOME").map(std::path::PathBuf::from)
+        && h.is_absolute()
+    {
+        return Some(h);
+    }
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+        .filter(|d| d.is_absolute())
+}
+
 fn fail(code: u8, what: &str, e: &dyn std::error::Error) -> ExitCode {
     eprintln!("toolsrv: {what}: {}", error_chain(e));
     ExitCode::from(code)
@@ -151,10 +165,25 @@ fn main() -> ExitCode {
         };
         (first, None, b)
     };
-    let (key, bootstrap) = match boot_res {
+    let (key, mut bootstrap) = match boot_res {
         Ok(x) => x,
         Err(e) => return fail(2, "boot", &e),
     };
+    if bootstrap.home.as_os_str().is_empty() {
+        // A remote session: the home of the user we run as, on this host.
+        match own_home() {
+            Some(h) => bootstrap.home = h,
+            None => {
+                return fail(
+                    2,
+                    "configuration",
+                    &std::io::Error::other(
+                        "home: none given, $HOME is unset and the user has no passwd entry",
+                    ),
+                );
+            }
+        }
+    }
     let session = match Session::new(bootstrap) {
         Ok(s) => Arc::new(s),
         Err(e) => return fail(2, "configuration", &e),

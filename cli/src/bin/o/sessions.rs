@@ -50,6 +50,7 @@ pub enum Command {
         after_help = "Prints the new session's name, or the new agent's id; with --json, one \
         object: {\"session\": NAME} or {\"session\": NAME, \"agent\": AGENT, \"id\": ID}.\n\n\
         EXAMPLES:\n  o new proj --cwd ~/src/proj\n  o new proj/reviewer --profile readonly\n  \
+        o new far --remote build --cwd /srv/x\n  \
         o new proj/fast --backend local --model small\n  o new proj/b --json | jq -r .id"
     )]
     New {
@@ -203,6 +204,10 @@ pub struct SpecArgs {
     /// An agent profile.
     #[arg(long, value_name = "P")]
     profile: Option<String>,
+    /// Run the session's tools on a configured remote (`[remotes.R]`); --cwd is then an
+    /// absolute directory on that host.
+    #[arg(long, value_name = "R")]
+    remote: Option<String>,
 }
 
 /// Why a command failed; each has its exit status.
@@ -723,6 +728,13 @@ fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
         )));
     }
     let cwd = match &spec.cwd {
+        // A directory on the remote host: nothing to resolve here.
+        Some(d) if d.is_relative() && spec.remote.is_some() => {
+            return Err(Fail::Usage(format!(
+                "--cwd {}: give an absolute directory on the remote host",
+                d.display()
+            )));
+        }
         Some(d) if d.is_relative() => Some(
             std::env::current_dir()
                 .map_err(|e| Fail::Usage(format!("cannot determine the current directory: {e}")))?
@@ -743,6 +755,7 @@ fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
         ("backend", &spec.backend),
         ("model", &spec.model),
         ("profile", &spec.profile),
+        ("remote", &spec.remote),
     ] {
         if let Some(v) = v {
             if v.is_empty() || v.contains(char::is_whitespace) {
@@ -1179,6 +1192,7 @@ mod tests {
             backend: None,
             model: Some("m1".into()),
             profile: None,
+            remote: None,
         };
         assert_eq!(spec_line("p", &spec).unwrap(), "name=p cwd=/tmp model=m1");
         let rel = SpecArgs {
@@ -1186,6 +1200,7 @@ mod tests {
             backend: None,
             model: None,
             profile: None,
+            remote: None,
         };
         let line = spec_line("p", &rel).unwrap();
         assert!(line.starts_with("name=p cwd=/"), "{line}");
@@ -1195,8 +1210,27 @@ mod tests {
             backend: Some("a b".into()),
             model: None,
             profile: None,
+            remote: None,
         };
         assert!(matches!(spec_line("p", &bad), Err(Fail::Usage(m)) if m.contains("--backend")));
+        let far = SpecArgs {
+            cwd: Some(PathBuf::from("/srv/x")),
+            backend: None,
+            model: None,
+            profile: None,
+            remote: Some("build".into()),
+        };
+        assert_eq!(
+            spec_line("p", &far).unwrap(),
+            "name=p cwd=/srv/x remote=build"
+        );
+        let far_rel = SpecArgs {
+            cwd: Some(PathBuf::from("x")),
+            ..far
+        };
+        assert!(
+            matches!(spec_line("p", &far_rel), Err(Fail::Usage(m)) if m.contains("remote host"))
+        );
         assert!(
             matches!(spec_line("a b", &rel), Err(Fail::Usage(m)) if m.contains("invalid name"))
         );
