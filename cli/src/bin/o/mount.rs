@@ -887,6 +887,30 @@ impl Bridge {
         Ok(())
     }
 
+    /// Tcreate of `name` in `parent` (a file or, with DMDIR in `perm`, a directory): the new
+    /// fid (open with `omode`), its node (one kernel reference) and its stat.
+    async fn create_in(
+        &self,
+        op: &str,
+        parent: u64,
+        name: &OsStr,
+        perm: u32,
+        omode: u8,
+    ) -> Result<(Fid, u64, Stat), Errno> {
+        let path = self.child_path(parent, name)?;
+        let mut fid = self.walk(op, &path[..path.len() - 1]).await?;
+        let leaf = &path[path.len() - 1];
+        fid.create(leaf, perm, omode)
+            .await
+            .map_err(|e| self.fail(op, &path, &e, libc::EIO))?;
+        let st = fid
+            .stat()
+            .await
+            .map_err(|e| self.fail(op, &path, &e, libc::EIO))?;
+        let ino = locked(&self.nodes).remember(path);
+        Ok((fid, ino, st))
+    }
+
     async fn remove(&self, parent: u64, name: &OsStr, want_dir: bool) -> Result<(), Errno> {
         let path = self.child_path(parent, name)?;
         let fid = self.walk("remove", &path).await?;
@@ -1019,17 +1043,9 @@ impl Filesystem for Bridge {
         mode: u32,
         _umask: u32,
     ) -> FuseResult<ReplyEntry> {
-        let path = self.child_path(parent, name)?;
-        let mut fid = self.walk("mkdir", &path[..path.len() - 1]).await?;
-        let leaf = &path[path.len() - 1];
-        fid.create(leaf, dm::DIR | (mode & 0o777), om::OREAD)
-            .await
-            .map_err(|e| self.fail("mkdir", &path, &e, libc::EIO))?;
-        let st = fid
-            .stat()
-            .await
-            .map_err(|e| self.fail("mkdir", &path, &e, libc::EIO))?;
-        let ino = locked(&self.nodes).remember(path);
+        let (_, ino, st) = self
+            .create_in("mkdir", parent, name, dm::DIR | (mode & 0o777), om::OREAD)
+            .await?;
         Ok(self.entry(ino, &st))
     }
 
@@ -1323,22 +1339,14 @@ impl Filesystem for Bridge {
         mode: u32,
         flags: u32,
     ) -> FuseResult<ReplyCreated> {
-        let path = self.child_path(parent, name)?;
-        let mut fid = self.walk("create", &path[..path.len() - 1]).await?;
-        let leaf = &path[path.len() - 1];
         let omode = match flags as i32 & libc::O_ACCMODE {
             libc::O_RDWR => om::ORDWR,
             libc::O_RDONLY => om::OREAD,
             _ => om::OWRITE,
         };
-        fid.create(leaf, mode & 0o777, omode)
-            .await
-            .map_err(|e| self.fail("create", &path, &e, libc::EIO))?;
-        let st = fid
-            .stat()
-            .await
-            .map_err(|e| self.fail("create", &path, &e, libc::EIO))?;
-        let ino = locked(&self.nodes).remember(path);
+        let (fid, ino, st) = self
+            .create_in("create", parent, name, mode & 0o777, omode)
+            .await?;
         let attr = self.attr(ino, &st);
         let fh = self.add_handle(Handle {
             fid,
