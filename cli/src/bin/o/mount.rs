@@ -217,11 +217,14 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+        let octal = (b[i] == b'\\' && i + 3 < b.len())
+            .then(|| &b[i + 1..i + 4])
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .and_then(|d| {
+                let v = d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                u8::try_from(v).ok()
+            });
+        if let Some(v) = octal {
             out.push(v);
             i += 4;
         } else {
@@ -1506,5 +1509,8 @@ mod tests {
         assert!(mountinfo_has(info, Path::new("/tmp/o mount")));
         assert!(!mountinfo_has(info, Path::new("/tmp/other")));
         assert!(!mountinfo_has(info, Path::new("/tmp/o")));
+        // Not an escape (past a byte, or too short): kept as it is, never a panic.
+        assert_eq!(unescape_mountinfo("a\\777b\\04"), "a\\777b\\04");
+        assert_eq!(unescape_mountinfo("tab\\011end"), "tab\tend");
     }
 }
