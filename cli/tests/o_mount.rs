@@ -14,13 +14,13 @@
 
 mod common;
 use common::mount::{Mounted, fuse_usable, is_fuse_mount, o_mount};
-use common::{GUARD, STEP, Srv, bin, run, wait_child};
+use common::{GUARD, Srv, bin, run, wait_child};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 fn replay_srv(turns: &[&str]) -> Srv {
@@ -183,16 +183,7 @@ fn files_read_write_and_reply_like_over_9p() {
     // statewait gives one state per read at offset 0 (then end of file), so the descriptor
     // is read again at 0 for each change.
     let agent = m.join("session/proj/agent/coder");
-    let states = std::fs::File::open(agent.join("statewait")).unwrap();
-    std::fs::write(agent.join("prompt"), "say hello\n").unwrap();
-    let mut seen: Vec<String> = Vec::new();
-    while seen.last().map(String::as_str) != Some("idle") {
-        use std::os::unix::fs::FileExt;
-        let mut buf = [0u8; 256];
-        let n = states.read_at(&mut buf, 0).unwrap();
-        assert!(n > 0, "statewait ended: {seen:?}");
-        seen.push(String::from_utf8_lossy(&buf[..n]).trim().to_owned());
-    }
+    let seen = prompt_and_wait(&agent, "say hello\n");
     assert!(seen.contains(&"thinking".to_owned()), "{seen:?}");
     let log = std::fs::read_to_string(agent.join("log")).unwrap();
     assert!(
@@ -317,8 +308,15 @@ fn create_mkdir_rm_and_mv_in_a_bead_union() {
 /// 9P message in each direction.
 struct Recorder {
     addr: String,
-    seen: Arc<Mutex<Vec<(bool, u8)>>>,
+    seen: Arc<Seen>,
     _dir: tempfile::TempDir,
+}
+
+/// The message types seen so far (T-message?, type), and a wakeup for each new one.
+#[derive(Default)]
+struct Seen {
+    list: Mutex<Vec<(bool, u8)>>,
+    grew: Condvar,
 }
 
 impl Recorder {
@@ -326,7 +324,7 @@ impl Recorder {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("proxy");
         let l = UnixListener::bind(&sock).unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::new(Seen::default());
         let up = upstream.to_path_buf();
         let s2 = Arc::clone(&seen);
         std::thread::spawn(move || {
@@ -351,25 +349,36 @@ impl Recorder {
         }
     }
 
-    /// Treads the server has not answered and nobody flushed: readers blocked in the server.
-    fn blocked_reads(&self) -> usize {
-        (self.count(true, TREAD))
-            .saturating_sub(self.count(false, RREAD) + self.count(false, RERROR))
-            .saturating_sub(self.count(true, TFLUSH))
+    fn count(&self, t_msg: bool, ty: u8) -> usize {
+        count(&self.seen.list.lock().unwrap(), t_msg, ty)
     }
 
-    fn count(&self, t_msg: bool, ty: u8) -> usize {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(t, y)| *t == t_msg && *y == ty)
-            .count()
+    /// Waits until what has crossed the relay satisfies `done` (failing after GUARD); woken by
+    /// each message, never by a clock.
+    fn wait_until(&self, what: &str, done: impl Fn(&[(bool, u8)]) -> bool) {
+        let deadline = Instant::now() + GUARD;
+        let mut list = self.seen.list.lock().unwrap();
+        while !done(&list) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "timed out waiting for {what}");
+            list = self.seen.grew.wait_timeout(list, left).unwrap().0;
+        }
     }
 }
 
+fn count(seen: &[(bool, u8)], t_msg: bool, ty: u8) -> usize {
+    seen.iter().filter(|(t, y)| *t == t_msg && *y == ty).count()
+}
+
+/// Treads the server has not answered and nobody flushed: readers blocked in the server.
+fn blocked_reads(seen: &[(bool, u8)]) -> usize {
+    count(seen, true, TREAD)
+        .saturating_sub(count(seen, false, RREAD) + count(seen, false, RERROR))
+        .saturating_sub(count(seen, true, TFLUSH))
+}
+
 /// Copies whole 9P frames (size[4] type[1] …) from `from` to `to`, noting each type.
-fn relay(mut from: UnixStream, mut to: UnixStream, t: bool, seen: &Mutex<Vec<(bool, u8)>>) {
+fn relay(mut from: UnixStream, mut to: UnixStream, t: bool, seen: &Seen) {
     loop {
         let mut size = [0u8; 4];
         if from.read_exact(&mut size).is_err() {
@@ -381,7 +390,8 @@ fn relay(mut from: UnixStream, mut to: UnixStream, t: bool, seen: &Mutex<Vec<(bo
             break;
         }
         if let Some(&ty) = rest.first() {
-            seen.lock().unwrap().push((t, ty));
+            seen.list.lock().unwrap().push((t, ty));
+            seen.grew.notify_all();
         }
         if to
             .write_all(&size)
@@ -410,13 +420,41 @@ fn spawn_reader(cmd: &str, file: &Path) -> Child {
         .unwrap()
 }
 
-/// Waits (bounded) until `f` holds.
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+/// Waits until the mount at `m` is gone (failing after GUARD): woken by the kernel's mount
+/// table changes (POLLPRI on /proc/self/mountinfo), never by a clock.
+fn wait_unmounted(m: &Mounted) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    // Opened before the first look, so a change in between still wakes the poll.
+    let table = std::fs::File::open("/proc/self/mountinfo").unwrap();
     let deadline = Instant::now() + GUARD;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(STEP);
+    while m.is_mounted() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "the mount did not go away");
+        let mut fds = [PollFd::new(table.as_fd(), PollFlags::POLLPRI)];
+        poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        )
+        .unwrap();
     }
+}
+
+/// Writes a prompt and follows the turn through statewait (opened first: its baseline is the
+/// state at open) until the agent is idle again; returns the states seen.
+fn prompt_and_wait(agent: &Path, text: &str) -> Vec<String> {
+    use std::os::unix::fs::FileExt;
+    let states = std::fs::File::open(agent.join("statewait")).unwrap();
+    std::fs::write(agent.join("prompt"), text).unwrap();
+    let mut seen: Vec<String> = Vec::new();
+    while seen.last().map(String::as_str) != Some("idle") {
+        // One state per read at offset 0, then end of file.
+        let mut buf = [0u8; 256];
+        let n = states.read_at(&mut buf, 0).unwrap();
+        assert!(n > 0, "statewait ended: {seen:?}");
+        seen.push(String::from_utf8_lossy(&buf[..n]).trim().to_owned());
+    }
+    seen
 }
 
 fn interrupt(child: &Child) {
@@ -446,8 +484,8 @@ fn blocked_reads_end_on_ctrl_c_with_a_flush() {
     for file in ["statewait", "feed"] {
         let flushes = rec.count(true, TFLUSH);
         let mut cat = spawn_reader("cat", &agent.join(file));
-        wait_for(&format!("cat {file} to block in a Tread"), || {
-            rec.blocked_reads() > 0
+        rec.wait_until(&format!("cat {file} to block in a Tread"), |s| {
+            blocked_reads(s) > 0
         });
         assert!(
             cat.try_wait().unwrap().is_none(),
@@ -459,18 +497,17 @@ fn blocked_reads_end_on_ctrl_c_with_a_flush() {
         eprintln!("cat {file}: ended {:?} after SIGINT", t.elapsed());
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(st.signal(), Some(libc::SIGINT), "{st:?}");
-        wait_for("the Tflush and its Rflush", || {
-            rec.count(true, TFLUSH) > flushes && rec.count(false, RFLUSH) > flushes
+        rec.wait_until("the Tflush and its Rflush", |s| {
+            count(s, true, TFLUSH) > flushes && count(s, false, RFLUSH) > flushes
         });
     }
 
     // tail -f chat on a terminal (script(1) gives it one): the last lines, then each new
     // turn as it streams; Ctrl-C typed on the terminal ends it. (GNU tail reads a file of
     // length 0 to its end before it prints anything, so the chat must not be empty.)
-    std::fs::write(agent.join("prompt"), "first\n").unwrap();
-    wait_for("the first turn's reply", || {
-        std::fs::read_to_string(agent.join("log")).is_ok_and(|l| l.contains("first reply"))
-    });
+    prompt_and_wait(&agent, "first\n");
+    let log = std::fs::read_to_string(agent.join("log")).unwrap();
+    assert!(log.contains("first reply"), "{log}");
     let mut tail = Command::new("script")
         .args(["-q", "-e", "-c", "tail -f chat", "/dev/null"])
         .current_dir(&agent)
@@ -552,8 +589,8 @@ fn unmount_and_the_end_of_the_server() {
     let rec = Recorder::start(&srv.sock);
     let m = Mounted::with_addr(&rec.addr);
     let mut cat = spawn_reader("cat", &m.join("eventwait"));
-    wait_for("cat eventwait to block", || rec.blocked_reads() > 0);
+    rec.wait_until("cat eventwait to block", |s| blocked_reads(s) > 0);
     srv.stop();
     wait_child(&mut cat, "cat eventwait after the server stopped");
-    wait_for("the mount to go away", || !m.is_mounted());
+    wait_unmounted(&m);
 }

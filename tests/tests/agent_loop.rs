@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
@@ -84,18 +84,7 @@ async fn session_with_profiled_agent(root: &Fid, work: &std::path::Path, profile
 
 /// Waits (bounded) until `path` contains `needle`; returns the content.
 async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let t = read(root, path).await;
-        if t.contains(needle) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never contained {needle:?}:\n{t}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_text(root, path, needle, Duration::from_secs(30)).await
 }
 
 fn kv(text: &str, key: &str) -> String {

@@ -55,18 +55,7 @@ async fn write(root: &Fid, path: &str, data: &str) {
 
 /// Waits (bounded) until `path` contains `needle`; returns the content.
 async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let t = read(root, path).await;
-        if t.contains(needle) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never contained {needle:?}:\n{t}"
-        );
-        tokio::time::sleep(STEP * 2).await;
-    }
+    wait_for_text(root, path, needle, Duration::from_secs(60)).await
 }
 
 fn kv(text: &str, key: &str) -> String {

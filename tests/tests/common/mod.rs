@@ -339,6 +339,29 @@ pub async fn attach(srv: &Srv, uname: &str) -> (ollie_p9::Client, ollie_p9::Fid)
     (c, root)
 }
 
+/// Polls `path` until it contains `needle` (failing after `guard`); returns the content.
+pub async fn wait_for_text(
+    root: &ollie_p9::Fid,
+    path: &str,
+    needle: &str,
+    guard: Duration,
+) -> String {
+    let deadline = Instant::now() + guard;
+    loop {
+        let mut f = root.walk_path(path).await.unwrap();
+        f.open(wire::om::OREAD).await.unwrap();
+        let t = String::from_utf8(f.read_to_end().await.unwrap()).unwrap();
+        if t.contains(needle) {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never contained {needle:?}:\n{t}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Bounds an async step with [`IO_TIMEOUT`].
 pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
     match tokio::time::timeout(IO_TIMEOUT, f).await {

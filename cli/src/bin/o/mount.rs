@@ -611,6 +611,21 @@ impl Cursor {
     }
 }
 
+/// See [`Bridge::target`].
+enum Target {
+    Open(Arc<Handle>),
+    Walked(Fid),
+}
+
+impl Target {
+    fn fid(&self) -> &Fid {
+        match self {
+            Target::Open(h) => &h.fid,
+            Target::Walked(f) => f,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Interrupts.
 
@@ -704,6 +719,15 @@ impl Bridge {
             .walk(path)
             .await
             .map_err(|e| self.fail(op, path, &e, libc::EIO))
+    }
+
+    /// The fid an attribute operation works on: the open file's when the kernel names one
+    /// (so a renamed or removed open file still answers), else `path` walked afresh.
+    async fn target(&self, op: &str, path: &[String], fh: Option<u64>) -> Result<Target, Errno> {
+        match fh.and_then(|fh| self.handle(fh).ok()) {
+            Some(h) => Ok(Target::Open(h)),
+            None => Ok(Target::Walked(self.walk(op, path).await?)),
+        }
     }
 
     async fn stat_path(&self, op: &str, path: &[String]) -> Result<Stat, Errno> {
@@ -964,15 +988,12 @@ impl Filesystem for Bridge {
         _flags: u32,
     ) -> FuseResult<ReplyAttr> {
         let path = self.path(inode)?;
-        let open = fh.and_then(|fh| self.handle(fh).ok());
-        let st = match open {
-            Some(h) => h
-                .fid
-                .stat()
-                .await
-                .map_err(|e| self.fail("getattr", &path, &e, libc::EIO))?,
-            None => self.stat_path("getattr", &path).await?,
-        };
+        let target = self.target("getattr", &path, fh).await?;
+        let st = target
+            .fid()
+            .stat()
+            .await
+            .map_err(|e| self.fail("getattr", &path, &e, libc::EIO))?;
         Ok(ReplyAttr {
             ttl: ATTR_TTL,
             attr: self.attr(inode, &st),
@@ -987,15 +1008,8 @@ impl Filesystem for Bridge {
         set: SetAttr,
     ) -> FuseResult<ReplyAttr> {
         let path = self.path(inode)?;
-        let open = fh.and_then(|fh| self.handle(fh).ok());
-        let walked;
-        let fid = match &open {
-            Some(h) => &h.fid,
-            None => {
-                walked = self.walk("setattr", &path).await?;
-                &walked
-            }
-        };
+        let target = self.target("setattr", &path, fh).await?;
+        let fid = target.fid();
         let cur = fid
             .stat()
             .await
