@@ -1,6 +1,6 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape, toolsrv, broker and remote suites, and the README's `o mount`
-# walk-through, as the unprivileged user `ollietest`.
+# Runs the policy, sandbox, escape, toolsrv, broker, hooks and remote suites, and the README's
+# `o mount` walk-through, as the unprivileged user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
 # the cross-process suites start (toolsrv, olliesrv, o, ollie-9p), copies them to a
@@ -28,6 +28,8 @@ build() {
 }
 build -p ollie-policy -p ollie-sandbox
 build -p ollie-tests --test escapes --test toolsrv --test broker
+# Lifecycle hooks run sandboxed in toolsrv under their own policy.
+build -p ollie-tests --test hooks
 # Remote sessions: the suite's own sshd runs as this user too (no privilege separation).
 build -p ollie-tests --test remote
 # The mount goes through the setuid fusermount3 (scripts/deps.sh installs fuse3).

@@ -10,6 +10,11 @@
 //! the history: it stays in the `plan` file and is shown to the model again after a
 //! compaction. The chat keeps everything; an `info` block records the compaction and the
 //! summary.
+//!
+//! The profile's `pre_compact` hooks run first: one exiting 2 skips the compaction (an error
+//! naming the hook's reason), and what they print is added to the instruction to
+//! summarize. The `post_compact` hooks run after it: what they print follows the summary in
+//! the history.
 
 use std::sync::Arc;
 
@@ -50,7 +55,8 @@ fn tail_start(msgs: &[Message], keep: usize) -> usize {
     i
 }
 
-fn clip(s: &str, max: usize) -> String {
+/// At most `max` bytes of `s` (on a character boundary), with a note of what was cut.
+pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }
@@ -121,6 +127,20 @@ pub async fn compact(
     if cut == 0 {
         return Err("nothing to compact: the history holds only the latest message".to_owned());
     }
+    let config = reg.config();
+    let pre = crate::hooks::fire(
+        reg,
+        a,
+        &config,
+        crate::hooks::Event::PreCompact {
+            reason: why,
+            messages: msgs.len(),
+        },
+    )
+    .await;
+    if let Some(r) = pre.blocked {
+        return Err(format!("blocked by pre_compact hook: {r}"));
+    }
     let (old, tail) = msgs.split_at(cut);
     // About four characters per token; use half the window for the transcript.
     let max = context_limit.map_or(MAX_TRANSCRIPT, |l| {
@@ -130,8 +150,11 @@ pub async fn compact(
         model,
         system: Some(SUMMARY_SYSTEM.to_owned()),
         messages: vec![Message::user(format!(
-            "{}\n\n---\n{SUMMARY_INSTRUCTION}",
-            transcript(old, max)
+            "{}\n\n---\n{SUMMARY_INSTRUCTION}{}",
+            transcript(old, max),
+            pre.context
+                .map(|c| format!("\n\nAlso follow these instructions for the summary:\n{c}"))
+                .unwrap_or_default()
         ))],
         ..ModelRequest::default()
     };
@@ -182,6 +205,32 @@ pub async fn compact(
             tail.len()
         ),
     )?;
+    let post = crate::hooks::fire(
+        reg,
+        a,
+        &config,
+        crate::hooks::Event::PostCompact {
+            reason: why,
+            summarized: old.len(),
+            kept: tail.len(),
+            summary,
+        },
+    )
+    .await;
+    let notes = [
+        post.context,
+        post.blocked.map(|r| crate::hooks::wrap("post_compact", &r)),
+    ];
+    for n in notes.into_iter().flatten() {
+        reg.store
+            .append_history(
+                &a.session_id,
+                &a.id,
+                &message_json(&Message::user(n)),
+                crate::store::Sync::Now,
+            )
+            .map_err(|e| crate::error_chain(&e))?;
+    }
     Ok(Compacted {
         summarized: old.len(),
         kept: tail.len(),

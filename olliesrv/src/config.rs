@@ -196,6 +196,30 @@ pub struct Profile {
     pub top_p: Option<f64>,
     /// The context window in tokens (1..=10_000_000).
     pub context_limit: Option<u64>,
+    /// Lifecycle hooks (`[hooks]`, `hook_policy`, `hook_timeout_s`).
+    pub hooks: HookSet,
+}
+
+/// A profile's lifecycle hooks ([`crate::hooks`]): commands by event, and the policy and time
+/// bound they run under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookSet {
+    /// Event name (from [`crate::hooks::EVENTS`]) → bash commands, run in order.
+    pub commands: BTreeMap<String, Vec<String>>,
+    /// A key of [`Config::policies`] (default `readonly`).
+    pub policy: String,
+    /// Each command's time bound in seconds (1..=300, default 10).
+    pub timeout_s: u64,
+}
+
+impl Default for HookSet {
+    fn default() -> HookSet {
+        HookSet {
+            commands: BTreeMap::new(),
+            policy: crate::hooks::DEFAULT_POLICY.to_owned(),
+            timeout_s: crate::hooks::DEFAULT_TIMEOUT_S,
+        }
+    }
 }
 
 impl Profile {
@@ -215,6 +239,7 @@ impl Profile {
             max_tokens: None,
             top_p: None,
             context_limit: None,
+            hooks: HookSet::default(),
         }
     }
 }
@@ -353,6 +378,9 @@ struct RawProfile {
     max_tokens: Option<i64>,
     top_p: Option<f64>,
     context_limit: Option<i64>,
+    hooks: Option<BTreeMap<String, Vec<String>>>,
+    hook_policy: Option<String>,
+    hook_timeout_s: Option<i64>,
 }
 
 /// The default config directory: `$XDG_CONFIG_HOME/ollie` (or `~/.config/ollie`).
@@ -772,6 +800,7 @@ impl Config {
         let top_p = float_in(path, "top_p", raw.top_p, 0.0, 1.0)?;
         let context_limit =
             int_in(path, "context_limit", raw.context_limit, 1, 10_000_000)?.map(|n| n as u64);
+        let hooks = self.parse_hooks(path, raw.hooks, raw.hook_policy, raw.hook_timeout_s)?;
         Ok(Profile {
             name: name.to_owned(),
             backend: raw.backend,
@@ -785,6 +814,75 @@ impl Config {
             max_tokens,
             top_p,
             context_limit,
+            hooks,
+        })
+    }
+
+    /// A profile's `[hooks]`, `hook_policy` and `hook_timeout_s`.
+    fn parse_hooks(
+        &self,
+        path: &Path,
+        commands: Option<BTreeMap<String, Vec<String>>>,
+        policy: Option<String>,
+        timeout_s: Option<i64>,
+    ) -> Result<HookSet, ConfigError> {
+        use crate::hooks::{EVENTS, MAX_COMMAND, MAX_PER_EVENT};
+        let commands = commands.unwrap_or_default();
+        for (event, list) in &commands {
+            if !EVENTS.contains(&event.as_str()) {
+                return Err(invalid_at(
+                    path,
+                    format!("hooks.{event}"),
+                    format!("unknown event (valid: {})", EVENTS.join(", ")),
+                ));
+            }
+            if list.len() > MAX_PER_EVENT {
+                return Err(invalid_at(
+                    path,
+                    format!("hooks.{event}"),
+                    format!("{} commands; at most {MAX_PER_EVENT}", list.len()),
+                ));
+            }
+            for (i, c) in list.iter().enumerate() {
+                let key = format!("hooks.{event}[{i}]");
+                if c.trim().is_empty() {
+                    return Err(invalid_at(path, key, "empty command"));
+                }
+                if c.len() > MAX_COMMAND {
+                    return Err(invalid_at(
+                        path,
+                        key,
+                        format!("the command is {} bytes; at most {MAX_COMMAND}", c.len()),
+                    ));
+                }
+                if c.contains('\0') {
+                    return Err(invalid_at(path, key, "the command contains a NUL byte"));
+                }
+            }
+        }
+        let policy = policy.unwrap_or_else(|| crate::hooks::DEFAULT_POLICY.to_owned());
+        if !self.policies.contains_key(&policy) {
+            return Err(invalid_at(
+                path,
+                "hook_policy",
+                format!(
+                    "unknown policy {policy:?} (valid: {})",
+                    list_or_none(self.policies.keys().map(String::as_str))
+                ),
+            ));
+        }
+        let timeout_s = int_in(
+            path,
+            "hook_timeout_s",
+            timeout_s,
+            1,
+            crate::hooks::MAX_TIMEOUT_S as i64,
+        )?
+        .map_or(crate::hooks::DEFAULT_TIMEOUT_S, |n| n as u64);
+        Ok(HookSet {
+            commands,
+            policy,
+            timeout_s,
         })
     }
 
@@ -1423,6 +1521,7 @@ context_limit = 128000
                 max_tokens: Some(4096),
                 top_p: Some(1.0),
                 context_limit: Some(128_000),
+                hooks: HookSet::default(),
             }
         );
         let inline = &c.profiles["inline"];
@@ -1516,6 +1615,60 @@ context_limit = 128000
             let e = load_err(&[("agents/p.toml", text)]);
             assert!(e.contains("agents/p.toml"), "{text:?}: {e}");
             assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn hooks_parse_and_errors_name_the_key() {
+        let d = dir_with(&[(
+            "agents/h.toml",
+            "hook_policy = \"workspace\"\nhook_timeout_s = 30\n[hooks]\npre_tool = [\"./check\", \"echo ok\"]\nturn_error = [\"notify\"]\n",
+        )]);
+        let c = load(&d).unwrap();
+        let h = &c.profiles["h"].hooks;
+        assert_eq!((h.policy.as_str(), h.timeout_s), ("workspace", 30));
+        assert_eq!(h.commands["pre_tool"], ["./check", "echo ok"]);
+        assert_eq!(h.commands["turn_error"], ["notify"]);
+        assert_eq!(c.profiles["default"].hooks, HookSet::default());
+        assert_eq!(HookSet::default().policy, "readonly");
+        let many = format!(
+            "[hooks]\npost_tool = [{}]",
+            vec!["\"x\""; crate::hooks::MAX_PER_EVENT + 1].join(", ")
+        );
+        let long = format!(
+            "[hooks]\npre_turn = [\"{}\"]",
+            "x".repeat(crate::hooks::MAX_COMMAND + 1)
+        );
+        let cases: &[(&str, &str)] = &[
+            (
+                "[hooks]\non_save = [\"x\"]",
+                "hooks.on_save: unknown event (valid: agent_spawn, pre_turn, post_turn, pre_tool, post_tool, pre_compact, post_compact, turn_error)",
+            ),
+            (
+                "[hooks]\npre_tool = [\" \"]",
+                "hooks.pre_tool[0]: empty command",
+            ),
+            ("[hooks]\npre_tool = \"x\"", "invalid type"),
+            (&many, "hooks.post_tool: 17 commands; at most 16"),
+            (&long, "hooks.pre_turn[0]: the command is 16385 bytes"),
+            (
+                "hook_policy = \"lax\"",
+                "hook_policy: unknown policy \"lax\" (valid: network, readonly, workspace)",
+            ),
+            (
+                "hook_timeout_s = 0",
+                "hook_timeout_s: 0 is out of range (valid: 1 to 300)",
+            ),
+            (
+                "hook_timeout_s = 301",
+                "hook_timeout_s: 301 is out of range",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = load_err(&[("agents/p.toml", text)]);
+            assert!(e.contains("agents/p.toml"), "{text:?}: {e}");
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "{e}");
         }
     }
 

@@ -30,6 +30,7 @@ pub mod compact;
 pub mod config;
 pub mod events;
 pub mod fs;
+pub mod hooks;
 pub mod link;
 pub mod listen;
 pub mod model;

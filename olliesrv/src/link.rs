@@ -47,6 +47,8 @@ pub struct Conn {
     pub operator: Fid,
     /// Agents' root fids, attached on first use.
     agents: tokio::sync::Mutex<HashMap<String, Arc<Fid>>>,
+    /// The policy each hook identity was last configured with.
+    hook_policies: tokio::sync::Mutex<HashMap<String, String>>,
 }
 
 impl Conn {
@@ -64,6 +66,39 @@ impl Conn {
             .map_err(|e| format!("toolsrv: {e}"))?;
         let f = Arc::new(f);
         m.insert(a.id.clone(), Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// The root fid of `agent`'s hook identity ([`crate::hooks::identity`]), configured
+    /// with `policy`, no escalations and `execute_code` alone before its first run and again
+    /// whenever the policy asked for changes (a profile changed by `invalidate`).
+    pub async fn hook_root(&self, agent: &str, policy: &str) -> Result<Arc<Fid>, String> {
+        let id = crate::hooks::identity(agent);
+        {
+            let mut done = self.hook_policies.lock().await;
+            if done.get(&id).map(String::as_str) != Some(policy) {
+                self.ctl(&format!("policy {id} {policy}")).await?;
+                self.ctl(&format!("escalations {id} none")).await?;
+                for t in ollie_link::tools::names() {
+                    let verb = if t == "execute_code" {
+                        "load"
+                    } else {
+                        "unload"
+                    };
+                    self.ctl(&format!("{verb} {id} {t}")).await?;
+                }
+                done.insert(id.clone(), policy.to_owned());
+            }
+        }
+        let mut m = self.agents.lock().await;
+        if let Some(f) = m.get(&id) {
+            return Ok(Arc::clone(f));
+        }
+        let f = attach(&self.client, &self.key, &Identity::Agent(id.clone()))
+            .await
+            .map_err(|e| format!("toolsrv: {e}"))?;
+        let f = Arc::new(f);
+        m.insert(id, Arc::clone(&f));
         Ok(f)
     }
 
@@ -101,6 +136,29 @@ impl Conn {
             .map_err(|e| format!("toolsrv: {e}"))?;
         Ok(())
     }
+}
+
+/// One blocking call of a `proc/` file (`new`, `new.bg`) as `root`'s identity: writes the
+/// payload as one Twrite and reads the whole reply.
+pub async fn proc_call(root: &Fid, file: &str, payload: String) -> Result<Vec<u8>, String> {
+    let mut f = root
+        .walk(&["proc", file])
+        .await
+        .map_err(|e| format!("toolsrv: {e}"))?;
+    f.open(ollie_p9::wire::om::ORDWR)
+        .await
+        .map_err(|e| format!("toolsrv: {e}"))?;
+    if payload.len() > f.iounit() as usize {
+        return Err(format!(
+            "the call is {} bytes; at most {} fit in one request to toolsrv (write a large file in pieces)",
+            payload.len(),
+            f.iounit()
+        ));
+    }
+    f.write(0, Bytes::from(payload))
+        .await
+        .map_err(|e| call_error(&e))?;
+    f.read_to_end().await.map_err(|e| call_error(&e))
 }
 
 /// A tool call's 9P failure as the chat and the model see it: a lost link says so (instead of
@@ -230,6 +288,7 @@ impl ToolLink {
             let id = a.id.clone();
             tokio::spawn(async move {
                 let _ = kill_agent_procs(&c, &id).await;
+                let _ = kill_agent_procs(&c, &crate::hooks::identity(&id)).await;
             });
         }
     }
@@ -757,7 +816,9 @@ async fn connect(
     wait: Duration,
 ) -> Result<Conn, String> {
     let secs = wait.as_secs();
-    let client = tokio::time::timeout(wait, t.connect(64 * 1024))
+    // The largest msize toolsrv accepts: a tool call's payload (a file_write's content, a
+    // hook's event) is one Twrite.
+    let client = tokio::time::timeout(wait, t.connect(ollie_p9::server::DEFAULT_MAX_MSIZE))
         .await
         .map_err(|_| format!("no answer within {secs} s"))?
         .map_err(|e| e.to_string())?;
@@ -771,6 +832,7 @@ async fn connect(
         pid,
         operator,
         agents: tokio::sync::Mutex::new(HashMap::new()),
+        hook_policies: tokio::sync::Mutex::new(HashMap::new()),
     })
 }
 

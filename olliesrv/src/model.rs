@@ -415,6 +415,8 @@ pub struct Agent {
     queue: Mutex<VecDeque<String>>,
     /// The prompt of the turn in flight.
     in_turn: Mutex<Option<String>>,
+    /// Why the `agent_spawn` hook blocked the agent: every turn fails with it.
+    blocked: Mutex<Option<String>>,
     /// While running: what the turn is doing (`thinking`, `calling: TOOL`, `limitretry`, …).
     detail: Mutex<String>,
     /// The chat block being streamed, if any.
@@ -583,7 +585,19 @@ impl Agent {
             tools: s.tools,
             queue: lock(&self.queue).iter().cloned().collect(),
             in_turn: lock(&self.in_turn).clone(),
+            blocked: lock(&self.blocked).clone(),
         }
+    }
+
+    /// Why the `agent_spawn` hook blocked the agent, if it did.
+    pub fn blocked(&self) -> Option<String> {
+        lock(&self.blocked).clone()
+    }
+
+    /// Records that the `agent_spawn` hook blocked the agent (kept across restarts).
+    pub fn block(&self, reason: &str) -> Result<(), String> {
+        *lock(&self.blocked) = Some(reason.to_owned());
+        self.save()
     }
 
     /// Writes the agent's record to disk.
@@ -1354,7 +1368,7 @@ impl Registry {
             }
             s.link.start(Arc::clone(&s), Arc::clone(self));
             for a in s.agents() {
-                crate::turn::start_worker(Arc::clone(&a), Arc::clone(self));
+                crate::turn::start_worker(Arc::clone(&a), Arc::clone(self), false);
             }
         }
         self.order.fetch_max(max_order + 1, Ordering::Relaxed);
@@ -1448,6 +1462,7 @@ impl Registry {
             stats: Mutex::new(Stats::from_map(&r.stats)),
             queue: Mutex::new(r.queue.iter().cloned().collect()),
             in_turn: Mutex::new(r.in_turn.clone()),
+            blocked: Mutex::new(r.blocked.clone()),
             detail: Mutex::new(String::new()),
             streaming: Mutex::new(None),
             backend: tokio::sync::Mutex::new(None),
@@ -1693,6 +1708,7 @@ impl Registry {
             tools: None,
             queue: Vec::new(),
             in_turn: None,
+            blocked: None,
         };
         let a = self.build_agent(s, &rec);
         // Isolation by default: the agent starts with a private copy of the session's
@@ -1710,7 +1726,7 @@ impl Registry {
         }
         self.bump();
         drop(_g);
-        crate::turn::start_worker(Arc::clone(&a), Arc::clone(self));
+        crate::turn::start_worker(Arc::clone(&a), Arc::clone(self), true);
         self.events.emit(
             "agent-created",
             ev(&[

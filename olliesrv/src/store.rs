@@ -190,6 +190,9 @@ pub struct AgentRecord {
     /// restore the turn is reported as interrupted).
     #[serde(default)]
     pub in_turn: Option<String>,
+    /// Why the agent's `agent_spawn` hook blocked it (its turns fail with this), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<String>,
 }
 
 /// Everything [`Store::load`] found.
@@ -1205,6 +1208,7 @@ mod tests {
             tools: Some(vec!["shell".into()]),
             queue: vec!["queued prompt".into()],
             in_turn: None,
+            blocked: None,
         }
     }
 

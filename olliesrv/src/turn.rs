@@ -70,9 +70,13 @@ const TEXT_CALL_NUDGES: u32 = 2;
 /// The system prompt when the profile has none.
 const DEFAULT_SYSTEM: &str = "You are a coding agent. You work in the directory given below, through the tools you are offered; every command runs in a sandbox. Inspect before you change things, keep changes small, and say briefly what you did when you are done.";
 
-/// Starts the worker of `a` (it ends when the agent is killed).
-pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
+/// Starts the worker of `a` (it ends when the agent is killed). `spawned`: the agent was
+/// just created, so its `agent_spawn` hooks run before its first prompt.
+pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
     tokio::spawn(async move {
+        if spawned {
+            spawn_hooks(&reg, &a).await;
+        }
         while reg.next_prompt(&a).await.is_some() {
             // A compaction by `ctl compact` finishes first (it holds the history).
             let history = a.history_lock.lock().await;
@@ -81,12 +85,15 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
             };
             reg.state_changed(&a, AgentState::Running);
             let result = run_turn(&reg, &a, &prompt).await;
-            drop(history);
-            if let Err(e) = &result
-                && let Err(w) = a.say("error", "", e)
-            {
-                tracing::warn!(agent = %a.id, error = %w, "cannot record the turn's error");
+            if let Err(e) = &result {
+                if let Err(w) = a.say("error", "", e) {
+                    tracing::warn!(agent = %a.id, error = %w, "cannot record the turn's error");
+                }
+                if e != STOPPED {
+                    turn_error_hooks(&reg, &a, &prompt, e).await;
+                }
             }
+            drop(history);
             let failed = matches!(&result, Err(e) if e != STOPPED);
             {
                 let mut st = lock(&a.stats);
@@ -100,17 +107,7 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
             if a.is_killed() {
                 break;
             }
-            let paused = a.session.upgrade().is_none_or(|s| s.paused());
-            reg.state_changed(
-                &a,
-                if paused {
-                    AgentState::Paused
-                } else if failed {
-                    AgentState::Error
-                } else {
-                    AgentState::Idle
-                },
-            );
+            reg.state_changed(&a, resting(&a, failed));
         }
     });
 }
@@ -118,8 +115,68 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>) {
 /// The turn's result when `stop` ended it.
 const STOPPED: &str = "stopped";
 
+/// The state an agent rests in between turns.
+fn resting(a: &Agent, failed: bool) -> AgentState {
+    if a.session.upgrade().is_none_or(|s| s.paused()) {
+        AgentState::Paused
+    } else if failed {
+        AgentState::Error
+    } else {
+        AgentState::Idle
+    }
+}
+
+/// Runs a new agent's `agent_spawn` hooks (holding its history): what they print starts
+/// the history; a block is kept on the agent, and every turn of it fails with the reason.
+async fn spawn_hooks(reg: &Arc<Registry>, a: &Arc<Agent>) {
+    let config = reg.config();
+    if crate::hooks::configured(a, &config, "agent_spawn").is_none() {
+        return;
+    }
+    let _history = a.history_lock.lock().await;
+    reg.state_changed(a, AgentState::Running);
+    let fired = crate::hooks::fire(reg, a, &config, crate::hooks::Event::AgentSpawn).await;
+    let mut r = Ok(());
+    if let Some(ctx) = &fired.context {
+        r = remember(reg, a, &Message::user(ctx.as_str()));
+    }
+    if let Some(why) = &fired.blocked {
+        r = r.and(a.block(why));
+    }
+    if let Err(e) = r {
+        tracing::warn!(agent = %a.id, error = %e, "cannot record the agent_spawn hooks");
+    }
+    if !a.is_killed() {
+        reg.state_changed(a, resting(a, fired.blocked.is_some()));
+    }
+}
+
+/// Runs the `turn_error` hooks of a turn that failed: what they print (or the reason of one
+/// exiting 2) goes into the history for the next turn.
+async fn turn_error_hooks(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str, error: &str) {
+    let config = reg.config();
+    let fired = crate::hooks::fire(
+        reg,
+        a,
+        &config,
+        crate::hooks::Event::TurnError { prompt, error },
+    )
+    .await;
+    let notes = [
+        fired.context,
+        fired
+            .blocked
+            .map(|why| crate::hooks::wrap("turn_error", &why)),
+    ];
+    for n in notes.into_iter().flatten() {
+        if let Err(e) = remember(reg, a, &Message::user(n)) {
+            tracing::warn!(agent = %a.id, error = %e, "cannot record the turn_error hooks");
+        }
+    }
+}
+
 /// The agent's profile (its own, else `default`).
-fn profile<'c>(a: &Agent, config: &'c Config) -> Option<&'c Profile> {
+pub(crate) fn profile<'c>(a: &Agent, config: &'c Config) -> Option<&'c Profile> {
     a.settings()
         .profile
         .as_deref()
@@ -305,17 +362,69 @@ fn background(call: &ToolCall) -> bool {
     call.arguments.get("background").and_then(Value::as_bool) == Some(true)
 }
 
-/// Runs one tool call in toolsrv as the agent.
+/// Runs one tool call in toolsrv as the agent, between its `pre_tool` and `post_tool`
+/// hooks: a `pre_tool` block answers the call with the reason instead of running it, a
+/// `post_tool` block adds the reason to the result and fails it, and what the hooks print
+/// follows the result.
 async fn run_tool(
     reg: &Arc<Registry>,
     a: &Arc<Agent>,
     call: &ToolCall,
     config: &Config,
 ) -> Outcome {
-    match run_tool_inner(reg, a, call, config).await {
+    use crate::hooks::{Event, fire};
+    let pre = fire(
+        reg,
+        a,
+        config,
+        Event::PreTool {
+            tool: &call.name,
+            call_id: &call.id,
+            arguments: &call.arguments,
+        },
+    )
+    .await;
+    if let Some(why) = pre.blocked {
+        return Outcome {
+            text: format!("blocked by pre_tool hook: {why}"),
+            ok: false,
+            attrs: "hook=blocked".to_owned(),
+        };
+    }
+    let mut o = match run_tool_inner(reg, a, call, config).await {
         Ok(o) => o,
         Err(e) => Outcome::error(e),
+    };
+    let post = fire(
+        reg,
+        a,
+        config,
+        Event::PostTool {
+            tool: &call.name,
+            call_id: &call.id,
+            arguments: &call.arguments,
+            result: &o.text,
+            ok: o.ok,
+        },
+    )
+    .await;
+    let blocked = post
+        .blocked
+        .map(|why| format!("blocked by post_tool hook: {why}"));
+    for more in [pre.context, post.context, blocked.clone()]
+        .into_iter()
+        .flatten()
+    {
+        if !o.text.is_empty() && !o.text.ends_with('\n') {
+            o.text.push('\n');
+        }
+        o.text.push_str(&more);
+        o.text.push('\n');
     }
+    if blocked.is_some() {
+        o.ok = false;
+    }
+    o
 }
 
 async fn run_tool_inner(
@@ -377,13 +486,6 @@ async fn run_tool_inner(
     if bg {
         watch_completions(reg, a);
     }
-    let mut f = root
-        .walk(&["proc", if bg { "new.bg" } else { "new" }])
-        .await
-        .map_err(|e| format!("toolsrv: {e}"))?;
-    f.open(om::ORDWR)
-        .await
-        .map_err(|e| format!("toolsrv: {e}"))?;
     let mut args = call.arguments.clone();
     if let Some(o) = args.as_object_mut() {
         o.remove("background");
@@ -397,13 +499,7 @@ async fn run_tool_inner(
     if !bg {
         payload.push_str("record=1\n");
     }
-    f.write(0, Bytes::from(payload))
-        .await
-        .map_err(|e| crate::link::call_error(&e))?;
-    let b = f
-        .read_to_end()
-        .await
-        .map_err(|e| crate::link::call_error(&e))?;
+    let b = crate::link::proc_call(&root, if bg { "new.bg" } else { "new" }, payload).await?;
     let reply = String::from_utf8_lossy(&b).into_owned();
     if !bg && a.ns.unions_sent.load(std::sync::atomic::Ordering::SeqCst) {
         // What the command created under /ctx/notes/… reaches the create target now.
@@ -636,13 +732,20 @@ async fn run_turn(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str) -> Result<S
     a.say("user", "", prompt)?;
     let user = Message::user(prompt);
     remember(reg, a, &user)?;
+    if let Some(why) = a.blocked() {
+        return Err(format!("blocked by agent_spawn hook: {why}"));
+    }
     let config = reg.config();
-    let (backend, cfg) = backend_for(a, &config).await?;
     let mut stop = reg.stop_signal(a);
     stop.borrow_and_update();
     let pending = Arc::new(std::sync::Mutex::new(Vec::<ToolCall>::new()));
+    let body = async {
+        pre_turn(reg, a, &config, prompt).await?;
+        let (backend, cfg) = backend_for(a, &config).await?;
+        steps(reg, a, &config, &backend, &cfg, &pending, prompt).await
+    };
     let r = tokio::select! {
-        r = steps(reg, a, &config, &backend, &cfg, &pending) => r,
+        r = body => r,
         _ = stop.changed() => {
             a.stream_end()?;
             a.say("info", "", "stopped by ctl stop")?;
@@ -665,6 +768,32 @@ async fn run_turn(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str) -> Result<S
         )?;
     }
     r
+}
+
+/// The `pre_turn` hooks: what they print follows the prompt; a block ends the turn before
+/// the model is called (the history keeps the reason, so the model knows next time).
+async fn pre_turn(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    config: &Config,
+    prompt: &str,
+) -> Result<(), String> {
+    let fired = crate::hooks::fire(reg, a, config, crate::hooks::Event::PreTurn { prompt }).await;
+    if let Some(why) = fired.blocked {
+        remember(
+            reg,
+            a,
+            &Message::user(crate::hooks::wrap(
+                "pre_turn",
+                &format!("The prompt above was blocked by a pre_turn hook and not answered: {why}"),
+            )),
+        )?;
+        return Err(format!("blocked by pre_turn hook: {why}"));
+    }
+    if let Some(ctx) = fired.context {
+        remember(reg, a, &Message::user(ctx))?;
+    }
+    Ok(())
 }
 
 /// Turn settings resolved once per turn.
@@ -788,6 +917,7 @@ async fn steps(
     backend: &Arc<dyn Backend>,
     cfg: &crate::config::Backend,
     pending: &Arc<std::sync::Mutex<Vec<ToolCall>>>,
+    prompt: &str,
 ) -> Result<String, String> {
     let tools = tool_specs(a, config).await?;
     let ctx = turn_ctx(a, config, cfg, tools);
@@ -867,6 +997,29 @@ async fn steps(
                 );
                 a.say("info", "text-tool-call", &note)?;
                 remember(reg, a, &Message::user(note))?;
+                continue;
+            }
+            // The post_turn hooks may keep the turn going (exit 2: the reason is the next
+            // user message); what they print is there for the next turn.
+            let fired = crate::hooks::fire(
+                reg,
+                a,
+                config,
+                crate::hooks::Event::PostTurn {
+                    prompt,
+                    reply: &reply.text,
+                },
+            )
+            .await;
+            if let Some(ctx) = fired.context {
+                remember(reg, a, &Message::user(ctx))?;
+            }
+            if let Some(why) = fired.blocked {
+                remember(
+                    reg,
+                    a,
+                    &Message::user(crate::hooks::wrap("post_turn", &why)),
+                )?;
                 continue;
             }
             return Ok(reply.text);

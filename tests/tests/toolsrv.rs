@@ -2079,3 +2079,426 @@ fn bad_boot_input_exits_2_with_one_line() {
         &["home", "not absolute"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// stdin= and output= (the payload keys olliesrv's lifecycle hooks run with)
+
+/// A payload for bash `code` with extra `key=value` lines (values escaped here).
+fn code_with(code_text: &str, extra: &[(&str, &str)]) -> String {
+    let mut p = code("bash", code_text);
+    for (k, v) in extra {
+        p.push_str(&format!("{k}={}\n", ollie_link::escape_value(v)));
+    }
+    p
+}
+
+/// The `{"stdout","stderr"}` line of an `output=split` result (checked to be one line of JSON
+/// ending in a newline, optionally followed by the truncation notice); returns (stdout,
+/// stderr, what follows the line).
+fn split_body(r: &Run) -> (String, String, String) {
+    let (line, rest) = r
+        .body
+        .split_once('\n')
+        .unwrap_or_else(|| panic!("split result has no newline: {r:?}"));
+    let v: serde_json::Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("split result is not one line of JSON ({e}): {r:?}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {r:?}"));
+    let keys: BTreeSet<&str> = o.keys().map(String::as_str).collect();
+    assert_eq!(keys, BTreeSet::from(["stderr", "stdout"]), "{r:?}");
+    (
+        o["stdout"].as_str().unwrap().to_owned(),
+        o["stderr"].as_str().unwrap().to_owned(),
+        rest.to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_reaches_execute_code_tool_and_pipe() {
+    if !features_ok("stdin_reaches_execute_code_tool_and_pipe") {
+        return;
+    }
+    let dirs = Dirs::new();
+    let tools = dirs.dir.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let script = tools.join("upper.sh");
+    std::fs::write(&script, "#!/bin/sh\necho \"args: $*\"\ntr a-z A-Z\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut boot = dirs.boot();
+    boot.tools_dir = Some(tools.clone());
+    let t = Ts::start_with(dirs, &boot).await;
+    let a = t.attach("a").await;
+
+    // Several lines, a backslash before n and before another backslash, a tab, UTF-8: byte
+    // for byte (escaped in the payload, unescaped by toolsrv).
+    let input = "line one\nline two\n\tback\\slash and \\n literally, ü\n\nlast";
+    let r = run(&a, &code_with("cat", &[("stdin", input)]))
+        .await
+        .expect("cat with stdin");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body, input, "{r:?}");
+    let r = run(&a, &code_with("wc -l; echo done", &[("stdin", input)]))
+        .await
+        .unwrap();
+    assert_eq!(r.body, "4\ndone\n", "{r:?}");
+
+    // python3 reads it too.
+    let r = run(
+        &a,
+        &format!(
+            "{}stdin={}\n",
+            code(
+                "python3",
+                "import sys; d = sys.stdin.read(); print(len(d), d.split())"
+            ),
+            ollie_link::escape_value("alpha beta\ngamma\n")
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.body, "17 ['alpha', 'beta', 'gamma']\n", "{r:?}");
+
+    // execute_tool: the script reads it.
+    let r = run(
+        &a,
+        &format!(
+            "{}stdin=shout this\\n\n",
+            tool(
+                "execute_tool",
+                serde_json::json!({"name": "upper.sh", "args": ["x"]})
+            )
+        ),
+    )
+    .await
+    .expect("execute_tool with stdin");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body, "args: x\nSHOUT THIS\n", "{r:?}");
+
+    // execute_pipe: the first step reads it.
+    let r = run(
+        &a,
+        &format!(
+            "{}stdin=b\\na\\nc\\n\n",
+            tool(
+                "execute_pipe",
+                serde_json::json!({"steps": [
+                    {"language": "bash", "code": "sort"},
+                    {"language": "bash", "code": "tr '\\n' ,"},
+                ]})
+            )
+        ),
+    )
+    .await
+    .expect("execute_pipe with stdin");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body, "a,b,c,", "{r:?}");
+
+    // With cmd= as well.
+    let r = run(&a, "tool=execute_code\ncmd=cat -n\nstdin=x\\ny\\n\n")
+        .await
+        .unwrap();
+    assert_eq!(r.body, "     1\tx\n     2\ty\n", "{r:?}");
+
+    // Without stdin= the program reads end-of-file at once (it does not wait for input).
+    let r = run(
+        &a,
+        &code("bash", "cat; n=$(wc -c); echo \"eof after $n bytes\""),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.body, "eof after 0 bytes\n", "{r:?}");
+    // An empty stdin= is an empty stdin.
+    let r = run(&a, &code_with("wc -c", &[("stdin", "")]))
+        .await
+        .unwrap();
+    assert_eq!(r.body.trim(), "0", "{r:?}");
+
+    // A program that never reads a large stdin still ends with its own status.
+    let big = "z".repeat(60_000);
+    let r = run(&a, &code_with("echo ignored; exit 7", &[("stdin", &big)]))
+        .await
+        .expect("a program that ignores its stdin");
+    assert_eq!(r.exit(), Some(7), "{r:?}");
+    assert_eq!(r.body, "ignored\n", "{r:?}");
+    // And one that reads it gets every byte.
+    let r = run(&a, &code_with("wc -c", &[("stdin", &big)]))
+        .await
+        .unwrap();
+    assert_eq!(r.body.trim(), "60000", "{r:?}");
+
+    // Background runs take stdin= too.
+    let pid = run_bg(&a, &code_with("tr a-z A-Z", &[("stdin", "bg input\n")]))
+        .await
+        .expect("proc/new.bg with stdin");
+    assert_eq!(read(&a, &format!("proc/{pid}/wait")).await.unwrap(), "0\n");
+    assert_eq!(
+        read(&a, &format!("proc/{pid}/out")).await.unwrap(),
+        "BG INPUT\n"
+    );
+}
+
+/// The largest `stdin=` one Twrite can carry (msize is at most 1 MiB, so the payload is
+/// smaller than `MAX_STDIN`) arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_as_large_as_a_twrite_allows_arrives_whole() {
+    if !features_ok("stdin_as_large_as_a_twrite_allows_arrives_whole") {
+        return;
+    }
+    let dirs = Dirs::new();
+    let boot = dirs.boot();
+    let mut ts = ollie_link::spawn::Toolsrv::spawn(&bin("toolsrv"), &boot).expect("spawn toolsrv");
+    let c = within("version handshake", ts.connect(1 << 20))
+        .await
+        .expect("version handshake with toolsrv");
+    let t = Ts {
+        ts,
+        c: Some(c),
+        dirs,
+    };
+    let a = t.attach("a").await;
+    let f = open(&a, "proc/new", om::ORDWR).await.unwrap();
+    let unit = f.iounit() as usize;
+    assert!(unit > 1_000_000, "iounit {unit} with msize 1 MiB");
+    let head = "tool=execute_code\ncmd=wc -c\nstdin=";
+    let n = unit - head.len() - 1;
+    let payload = format!("{head}{}\n", "s".repeat(n));
+    assert_eq!(payload.len(), unit);
+    within("write", f.write(0, Bytes::from(payload)))
+        .await
+        .map_err(|e| msg(&e))
+        .expect("a payload of one iounit");
+    let d = within("read", f.read_to_end()).await.expect("result");
+    let r = Run::parse(&String::from_utf8_lossy(&d));
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body.trim(), n.to_string(), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_split_separates_stdout_and_stderr() {
+    if !features_ok("output_split_separates_stdout_and_stderr") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let src =
+        "echo out; echo err >&2; printf 'more \"quoted\" out\\n'; echo 'more err' >&2; exit 3";
+    let r = run(&a, &code_with(src, &[("output", "split")]))
+        .await
+        .expect("output=split");
+    assert_eq!(r.exit(), Some(3), "{r:?}");
+    let (out, err, rest) = split_body(&r);
+    assert_eq!(out, "out\nmore \"quoted\" out\n", "{r:?}");
+    assert_eq!(err, "err\nmore err\n", "{r:?}");
+    assert_eq!(rest, "", "{r:?}");
+
+    // combined (the default, also when named) interleaves them as before.
+    for extra in [&[][..], &[("output", "combined")][..]] {
+        let r = run(&a, &code_with("echo out; echo err >&2; exit 3", extra))
+            .await
+            .unwrap();
+        assert_eq!(r.exit(), Some(3), "{r:?}");
+        assert!(
+            r.body.contains("out\n") && r.body.contains("err\n"),
+            "{r:?}"
+        );
+        assert!(!r.body.contains("\"stdout\""), "{r:?}");
+    }
+
+    // Nothing on either stream: both empty. Invalid UTF-8: replaced, still one JSON line.
+    let r = run(&a, &code_with("true", &[("output", "split")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        split_body(&r),
+        (String::new(), String::new(), String::new())
+    );
+    let r = run(
+        &a,
+        &code_with(
+            "printf 'a\\377b'; printf '\\376' >&2",
+            &[("output", "split")],
+        ),
+    )
+    .await
+    .unwrap();
+    let (out, err, _) = split_body(&r);
+    assert_eq!(out, "a\u{fffd}b", "{r:?}");
+    assert_eq!(err, "\u{fffd}", "{r:?}");
+
+    // With stdin= and for the other two program tools.
+    let r = run(
+        &a,
+        &code_with(
+            "tr a-z A-Z; echo warned >&2",
+            &[("stdin", "in\n"), ("output", "split")],
+        ),
+    )
+    .await
+    .unwrap();
+    let (out, err, _) = split_body(&r);
+    assert_eq!((out.as_str(), err.as_str()), ("IN\n", "warned\n"), "{r:?}");
+    let r = run(
+        &a,
+        &format!(
+            "{}output=split\n",
+            tool(
+                "execute_pipe",
+                serde_json::json!({"steps": [
+                    {"language": "bash", "code": "echo piped; echo step1-err >&2"},
+                    {"language": "bash", "code": "cat; echo step2-err >&2"},
+                ]})
+            )
+        ),
+    )
+    .await
+    .unwrap();
+    let (out, err, _) = split_body(&r);
+    assert_eq!(out, "piped\n", "{r:?}");
+    assert!(
+        err.contains("step1-err\n") && err.contains("step2-err\n"),
+        "{r:?}"
+    );
+    // With record=1 the record line comes first, then the split line.
+    let (first, v, rest) = run_with_record(
+        &a,
+        &code_with(
+            "echo o; echo e >&2",
+            &[("output", "split"), ("record", "1")],
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        first.ends_with('\n') && v["record"]["exit"]["code"] == 0,
+        "{first}"
+    );
+    let r = Run::parse(&rest);
+    assert_eq!(
+        split_body(&r),
+        ("o\n".to_owned(), "e\n".to_owned(), String::new()),
+        "{rest:?}"
+    );
+}
+
+/// Beyond the policy's output limit the split line is still one line of JSON, and the
+/// truncation notice follows it on its own line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_split_beyond_the_limit_is_one_json_line_and_the_notice() {
+    if !features_ok("output_split_beyond_the_limit_is_one_json_line_and_the_notice") {
+        return;
+    }
+    let dirs = Dirs::new();
+    let mut boot = dirs.boot();
+    let small = WORKSPACE_TOML.replace("output_bytes = 1048576", "output_bytes = 1000");
+    assert_ne!(
+        small, WORKSPACE_TOML,
+        "workspace.toml no longer sets output_bytes"
+    );
+    boot.policies.insert("small".into(), small);
+    boot.default_policy = "small".into();
+    let t = Ts::start_with(dirs, &boot).await;
+    let a = t.attach("a").await;
+    let r = run(
+        &a,
+        &code_with(
+            "python3 -c \"import sys; print('o' * 3000); print('e' * 3000, file=sys.stderr)\"",
+            &[("output", "split")],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert!(r.header.contains_key("truncated"), "{r:?}");
+    let (out, err, rest) = split_body(&r);
+    assert!(
+        out.len() <= 1000 && err.len() <= 1000,
+        "{} and {}",
+        out.len(),
+        err.len()
+    );
+    assert!(!out.is_empty(), "{r:?}");
+    assert!(out.chars().all(|c| c == 'o' || c == '\n'), "{out:?}");
+    assert!(err.chars().all(|c| c == 'e' || c == '\n'), "{err:?}");
+    assert!(rest.starts_with("[output truncated"), "{rest:?}");
+    assert_eq!(rest.lines().count(), 1, "{rest:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_and_output_are_refused_where_they_do_not_apply() {
+    if !features_ok("stdin_and_output_are_refused_where_they_do_not_apply") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let op = t.attach("operator").await;
+    std::fs::write(t.ws().join("exists.txt"), "old\n").unwrap();
+    let marker = t.ws().join("ran");
+    let touch = format!("touch {}", marker.to_str().unwrap());
+    let read_args = serde_json::json!({"path": "exists.txt"});
+    let write_args = serde_json::json!({"path": "written.txt", "content": "new\n"});
+    let replace_args = serde_json::json!({"path": "exists.txt", "content": "new\n"});
+    for (payload, wants) in [
+        (
+            format!("{}stdin=hello\n", tool("file_read", read_args.clone())),
+            &["stdin="][..],
+        ),
+        (
+            format!("{}stdin=hello\n", tool("file_write", write_args.clone())),
+            &["stdin="][..],
+        ),
+        (
+            format!("{}stdin=hello\n", tool("file_write", replace_args.clone())),
+            &["stdin="][..],
+        ),
+        (
+            format!("{}output=split\n", tool("file_read", read_args.clone())),
+            &["output="][..],
+        ),
+        (
+            format!("{}output=split\n", tool("file_write", write_args.clone())),
+            &["output="][..],
+        ),
+        (
+            code_with(&touch, &[("output", "both")]),
+            &["output=", "combined", "split", "both"][..],
+        ),
+        (
+            code_with(&touch, &[("output", "")]),
+            &["output=", "combined", "split"][..],
+        ),
+        (
+            code_with(&touch, &[("output", "SPLIT")]),
+            &["output=", "combined", "split"][..],
+        ),
+        (
+            code_with(&touch, &[("stdin", "a"), ("stdin", "b")]),
+            &["\"stdin\" given twice"][..],
+        ),
+        (
+            code_with(&touch, &[("output", "split"), ("output", "split")]),
+            &["\"output\" given twice"][..],
+        ),
+    ] {
+        let e = run(&a, &payload).await.expect_err("payload accepted");
+        for w in wants {
+            assert!(e.contains(w), "{payload:?}: {w:?} not in {e}");
+        }
+        let e = run_bg(&a, &payload)
+            .await
+            .expect_err("payload accepted (bg)");
+        for w in wants {
+            assert!(e.contains(w), "{payload:?} (bg): {w:?} not in {e}");
+        }
+    }
+    // Nothing ran: no process, no marker, the file tools touched nothing.
+    assert!(list(&op).await.is_empty(), "a process was created");
+    assert!(list(&a).await.is_empty(), "a process was created");
+    assert!(!marker.exists(), "a refused payload ran");
+    assert!(!t.ws().join("written.txt").exists(), "file_write ran");
+    assert_eq!(
+        std::fs::read_to_string(t.ws().join("exists.txt")).unwrap(),
+        "old\n"
+    );
+}

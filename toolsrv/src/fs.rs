@@ -32,6 +32,9 @@
 //! line comes the result exactly as without the key. `record=0` is the default; other values
 //! are refused, and so is the key on `proc/new.bg` (its record is in `proc/N/record`).
 //!
+//! Payload keys are listed in [`crate::payload`]; `stdin=` and `output=split` (stdout and
+//! stderr apart, as one JSON line) are what olliesrv's lifecycle hooks run with.
+//!
 //! Every connection must authenticate (see [`crate::auth`]); the aname it attached with
 //! scopes what it sees: an agent sees only its own processes (another agent's pid does not
 //! exist for it) and may change only its own tool set; the operator sees everything and is

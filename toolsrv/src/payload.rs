@@ -1,7 +1,11 @@
 //! The `proc/new` payload: `key=value` lines.
 //!
 //! Keys: `tool=` (required), `agent=`, `cmd=`, `args=` (a JSON object), `cwd=`, `record=`
-//! (`0` or `1`; `1` puts the run record before a blocking `proc/new` result). In every
+//! (`0` or `1`; `1` puts the run record before a blocking `proc/new` result), `stdin=` (bytes
+//! fed to the program's stdin, at most [`MAX_STDIN`]; for the tools that do not feed their own:
+//! `execute_code`, `execute_tool`, `execute_pipe`) and `output=` (`combined`, the default: the
+//! result is the output as it arrived; `split`: the result is one line of JSON,
+//! `{"stdout":"…","stderr":"…"}`, for the same three tools). In every
 //! value except `args` a newline is written `\n` and a backslash that precedes `n` or
 //! another backslash is written `\\`; any other backslash is kept as it is (shell code is
 //! full of them). `args` is JSON taken verbatim — JSON already escapes its newlines.
@@ -11,7 +15,12 @@
 use std::collections::BTreeMap;
 
 /// The keys a payload may carry.
-pub const KEYS: &[&str] = &["tool", "agent", "cmd", "args", "cwd", "record"];
+pub const KEYS: &[&str] = &[
+    "tool", "agent", "cmd", "args", "cwd", "record", "stdin", "output",
+];
+
+/// The longest `stdin=` value (after unescaping).
+pub const MAX_STDIN: usize = 1 << 20;
 
 /// A parsed payload.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -24,6 +33,10 @@ pub struct Payload {
     /// `record=`: `Some(true)` asks for the run record as the first line of a blocking
     /// `proc/new` reply (`proc/new.bg` refuses the key).
     pub record: Option<bool>,
+    /// `stdin=`: what the program reads on its stdin (default: nothing, `/dev/null`).
+    pub stdin: Option<String>,
+    /// `output=split`: stdout and stderr apart, as one JSON line.
+    pub split: bool,
 }
 
 /// Undoes the value escaping (`\n` → newline, `\\` → backslash).
@@ -106,6 +119,22 @@ pub fn parse(text: &str) -> Result<Payload, String> {
             return Err(format!("record= must be 0 or 1, not {:?}", clip(v)));
         }
     };
+    let stdin = seen.remove("stdin");
+    if let Some(s) = &stdin
+        && s.len() > MAX_STDIN
+    {
+        return Err(format!("stdin= is {} bytes; at most {MAX_STDIN}", s.len()));
+    }
+    let split = match seen.remove("output").as_deref() {
+        None | Some("combined") => false,
+        Some("split") => true,
+        Some(v) => {
+            return Err(format!(
+                "output= must be combined or split, not {:?}",
+                clip(v)
+            ));
+        }
+    };
     Ok(Payload {
         tool: tool.trim().to_owned(),
         agent: seen.remove("agent").map(|a| a.trim().to_owned()),
@@ -113,6 +142,8 @@ pub fn parse(text: &str) -> Result<Payload, String> {
         args,
         cwd: seen.remove("cwd"),
         record,
+        stdin,
+        split,
     })
 }
 
@@ -180,5 +211,18 @@ args={"path":"a\nb","limit":3}"#,
         assert!(e.contains("\"record\" given twice"), "{e}");
         let e = parse("tool=x\nrecord=0\nrecord=1").unwrap_err();
         assert!(e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn stdin_and_output() {
+        let p = parse("tool=x\nstdin={\"a\":1}\\n2\\n\noutput=split").unwrap();
+        assert_eq!(p.stdin.as_deref(), Some("{\"a\":1}\n2\n"));
+        assert!(p.split);
+        let p = parse("tool=x\noutput=combined").unwrap();
+        assert!(!p.split && p.stdin.is_none());
+        let e = parse("tool=x\noutput=both").unwrap_err();
+        assert!(e.starts_with("output= must be combined or split"), "{e}");
+        let big = format!("tool=x\nstdin={}", "y".repeat(MAX_STDIN + 1));
+        assert!(parse(&big).unwrap_err().contains("at most"));
     }
 }

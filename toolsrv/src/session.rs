@@ -517,7 +517,8 @@ impl Session {
         }
         let args = p.args.clone().unwrap_or_default();
         let asked = tools::escalation(&args).map(parse_escalate).transpose()?;
-        let inv = tools::plan(&self.tools, &p.tool, &args, p.cmd.as_deref())?;
+        let mut inv = tools::plan(&self.tools, &p.tool, &args, p.cmd.as_deref())?;
+        tools::take_payload_io(&mut inv, &p)?;
         let cwd = match &p.cwd {
             None => None,
             Some(c) => Some(self.cwd(c)?),

@@ -265,6 +265,8 @@ pub enum Render {
     Lines { first: u64, want: u64 },
     /// `file_write`: a one-line summary.
     Wrote { path: String, summary: String },
+    /// The payload's `output=split`: `{"stdout":"…","stderr":"…"}` and a newline.
+    Split,
 }
 
 /// One sandboxed command a tool call becomes.
@@ -276,6 +278,31 @@ pub struct Invocation {
     /// Shown in `stat`, `proc/list` consumers and completion messages.
     pub summary: String,
     pub render: Render,
+}
+
+/// Applies a payload's `stdin=` and `output=split` to a planned call: only for the tools whose
+/// stdin and result are the program's own (`execute_code`, `execute_tool`, `execute_pipe`).
+pub fn take_payload_io(inv: &mut Invocation, p: &crate::payload::Payload) -> Result<(), String> {
+    let own = inv.stdin.is_none() && matches!(inv.render, Render::Output);
+    if let Some(s) = &p.stdin {
+        if !own {
+            return Err(format!(
+                "stdin= is for execute_code, execute_tool and execute_pipe; {} feeds its own stdin",
+                p.tool
+            ));
+        }
+        inv.stdin = Some(s.as_bytes().to_vec());
+    }
+    if p.split {
+        if !own {
+            return Err(format!(
+                "output=split is for execute_code, execute_tool and execute_pipe, not {}",
+                p.tool
+            ));
+        }
+        inv.render = Render::Split;
+    }
+    Ok(())
 }
 
 /// The escalation argument, if a call carries one (refused until the broker exists).
@@ -643,6 +670,15 @@ exit $r"#;
 pub fn render(render: &Render, combined: &[u8], stdout: &[u8], stderr: &[u8], ok: bool) -> String {
     match render {
         Render::Output => String::from_utf8_lossy(combined).into_owned(),
+        Render::Split => {
+            let mut line = json!({
+                "stdout": String::from_utf8_lossy(stdout),
+                "stderr": String::from_utf8_lossy(stderr),
+            })
+            .to_string();
+            line.push('\n');
+            line
+        }
         Render::Lines { first, want } => {
             if !ok {
                 return String::from_utf8_lossy(stderr).into_owned();
