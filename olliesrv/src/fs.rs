@@ -179,8 +179,8 @@ pub const ROOT_FILES: &[FileDef<RootFile>] = &[
     f(
         "skills",
         RootFile::SkillsDir,
-        dm::DIR | 0o555,
-        "the skills agents see (read-only; see Skills below)",
+        dm::DIR | 0o755,
+        "the skills agents see (agents read; the owner creates skills here; see skills below)",
     ),
 ];
 
@@ -618,8 +618,9 @@ pub fn help_text() -> String {
          skills: directories with a SKILL.md (front matter: name, description) in config.toml's\n  \
          skill_paths (default: ~/.local/share/ollie/skills), searched in order; the first path\n  \
          wins a name, later ones are shadowed (skills/idx says so). Agents' system prompts list\n  \
-         the active ones; agents read them with file_read (read-only). skills/ is read-only:\n  \
-         create a skill on disk in the first skill path; it shows at once.\n  \
+         the active ones; agents read them with file_read (read-only). The owner creates a\n  \
+         skill with mkdir skills/NAME, then writes skills/NAME/SKILL.md: it goes into the first\n  \
+         skill path, and only skills there can be changed over 9P; it is active once valid.\n  \
          attach as your own user (or as \"agent\" to get only the group's rights); the server's\n  \
          user, root and config.toml's operators get the owner's rights.\n",
     );
@@ -842,6 +843,17 @@ pub fn may_open(mode: u32, class: Class, omode: u8) -> bool {
         _ => 1,
     } | if omode & om::OTRUNC != 0 { 2 } else { 0 };
     bits & need == need
+}
+
+/// Why a change under `skills/` is refused: a skill from a later skill path is read-only for
+/// everyone; otherwise the caller is not the owner.
+fn skill_denied(node: &Node) -> Error {
+    err(match node {
+        Node::K(k) if !k.writable => {
+            "permission denied: this skill is not in the first skill path, so it is read-only"
+        }
+        _ => "permission denied: skills are read-only for agents",
+    })
 }
 
 fn text(data: &[u8]) -> Result<&str> {
@@ -1090,7 +1102,11 @@ impl OllieFs {
             Node::R(RootFile::SkillsDir) => {
                 let mut v: Vec<Stat> = SKILLS_FILES.iter().map(|d| st(Node::R(d.kind))).collect();
                 let cat = crate::skills::scan(&self.shared.config());
-                v.extend(crate::skills::dir_stats(&cat, &self.shared.owner));
+                v.extend(crate::skills::dir_stats(
+                    &self.shared.config(),
+                    &cat,
+                    &self.shared.owner,
+                ));
                 v
             }
             Node::S(s, SFile::Dir) => SESSION_FILES
@@ -2061,9 +2077,9 @@ impl Filesystem for OllieFs {
         }
         if let Node::K(k) = &fid.node {
             if !may_open(k.mode(), fid.class, mode) {
-                return Err(err("permission denied: skills are read-only"));
+                return Err(skill_denied(&fid.node));
             }
-            let (qid, file) = k.open(&self.shared.config()).map_err(err)?;
+            let (qid, file) = k.open(&self.shared.config(), mode).map_err(err)?;
             fid.ufile = file;
             return Ok((qid, 0));
         }
@@ -2589,7 +2605,7 @@ impl Filesystem for OllieFs {
                 fid.reply = Some(Bytes::from(reply));
                 Ok(n)
             }
-            Node::U(_) => {
+            Node::U(_) | Node::K(_) => {
                 let f = fid
                     .ufile
                     .as_ref()
@@ -2614,25 +2630,41 @@ impl Filesystem for OllieFs {
             ));
         }
         Self::alive(&fid.node)?;
+        let is_dir = perm & dm::DIR != 0;
+        if is_dir && (mode & 3 != om::OREAD || mode & om::OTRUNC != 0) {
+            return Err(err(
+                "a directory is created open for reading only (invalid argument)",
+            ));
+        }
+        // Skills: the owner creates them (in the first skill path) and their files.
+        if matches!(fid.node, Node::R(RootFile::SkillsDir) | Node::K(_)) {
+            if !may_open(Self::mode(&fid.node), fid.class, om::OWRITE) {
+                return Err(skill_denied(&fid.node));
+            }
+            let config = self.shared.config();
+            let (node, file) = match &fid.node {
+                Node::K(k) => k.create(&config, name, is_dir).map_err(err)?,
+                _ => (
+                    crate::skills::create_skill(&config, name, is_dir).map_err(err)?,
+                    None,
+                ),
+            };
+            let qid = node.qid;
+            fid.node = Node::K(node);
+            fid.ufile = file;
+            fid.dir = None;
+            return Ok((qid, 0));
+        }
         let Node::U(dir) = &fid.node else {
             return Err(match &fid.node {
                 Node::S(_, SFile::Ns) | Node::A(_, AFile::Ns) => err(
                     "permission denied: mount points are made by mount (write mount [-b|-a] [-c] BEAD /NAME to ctl)",
-                ),
-                Node::R(RootFile::SkillsDir) | Node::K(_) => err(
-                    "skills/ is read-only: create a skill on disk in the first of config.toml's skill_paths",
                 ),
                 _ => err("permission denied: cannot create files here"),
             });
         };
         if !may_open(dir.mode(), fid.class, om::OWRITE) {
             return Err(Error::permission_denied());
-        }
-        let is_dir = perm & dm::DIR != 0;
-        if is_dir && (mode & 3 != om::OREAD || mode & om::OTRUNC != 0) {
-            return Err(err(
-                "a directory is created open for reading only (invalid argument)",
-            ));
         }
         let (node, file) = dir.create(name, is_dir, mode).map_err(err)?;
         let qid = node.qid;
@@ -2647,6 +2679,17 @@ impl Filesystem for OllieFs {
             return Err(err("permission denied: a view of toolsrv is read-only"));
         }
         Self::alive(&fid.node)?;
+        if let Node::K(k) = &fid.node {
+            let config = self.shared.config();
+            let dir_mode = match k.parent(&config) {
+                Some(p) => p.map_err(err)?.mode(),
+                None => Self::mode(&Node::R(RootFile::SkillsDir)),
+            };
+            if !may_open(dir_mode, fid.class, om::OWRITE) {
+                return Err(skill_denied(&fid.node));
+            }
+            return k.remove(&config).map_err(err);
+        }
         let Node::U(u) = &fid.node else {
             return Err(err("permission denied: cannot remove this file"));
         };
@@ -2703,6 +2746,21 @@ impl Filesystem for OllieFs {
                 }
             }
             return u.wstat(st, &self.shared.owner).map_err(err);
+        }
+        if fid.proxy.is_none()
+            && let Node::K(k) = &mut fid.node
+        {
+            let config = self.shared.config();
+            let length = (st.length != u64::MAX).then_some(st.length);
+            let renaming = !st.name.is_empty() && st.name != k.name();
+            if (length.is_some() || renaming) && !may_open(k.mode(), fid.class, om::OWRITE) {
+                return Err(skill_denied(&fid.node));
+            }
+            if length.is_none() && !renaming {
+                // Nothing this server keeps (modes, times) changes: accepted as a no-op.
+                return Ok(());
+            }
+            return k.wstat(&config, length, &st.name).map_err(err);
         }
         // `echo cmd > ctl` through 9pfuse truncates first: a no-op for synthetic files the
         // caller may write (the plan really is truncated).

@@ -5,8 +5,13 @@
 //! - Union: the paths are searched in order and the first path with a valid skill of a name
 //!   wins; a later one of the same name is shadowed (listed as such in `skills/idx`). New
 //!   skills are created on disk in the first path.
-//! - Served read-only at the root as `skills/` ([`idx_text`], [`SkillNode`]): nothing under
-//!   it is writable over 9P, by anyone, and symbolic links inside a skill are never followed.
+//! - Served at the root as `skills/` ([`idx_text`], [`SkillNode`]), read-only for agents.
+//!   The owner creates skills there ([`create_skill`]: `mkdir skills/NAME`, then write its
+//!   `SKILL.md`): new skills go into the first skill path, and only skills in the first path
+//!   can be changed over 9P (files and directories created, written, truncated, renamed in
+//!   place, removed); skills from later paths are read-only. A directory in the first path
+//!   that is not a valid skill yet is listed (and walkable) so it can be finished, but it is
+//!   not in `idx` or any prompt. Symbolic links inside a skill are never followed.
 //! - Agents see the winning skills in their system prompt ([`prompt_section`]: name,
 //!   description, where the `SKILL.md` is) and read them with `file_read`, through a read-only
 //!   grant of every skill path that every policy gets in the session's toolsrv
@@ -657,13 +662,50 @@ pub fn resolve_in(dir: &Path, rel: &str) -> Result<(PathBuf, Metadata), String> 
     Ok((p, md))
 }
 
+/// Where `skills/NAME` is on disk, and whether the owner may change it there: the winning
+/// skill's directory, else a directory NAME in the first skill path that is not (yet) a valid
+/// skill (one being written). Only skills in the first path are writable; a skill from a later
+/// path (a team's, a package's) stays read-only.
+fn base(config: &Config, name: &str) -> Option<(PathBuf, bool)> {
+    let first = paths(config).first().and_then(|p| p.canonicalize().ok());
+    if let Some(s) = lookup(config, name) {
+        let writable = first.as_deref().is_some_and(|f| s.dir.parent() == Some(f));
+        return Some((s.dir, writable));
+    }
+    if !valid_name(name) {
+        return None;
+    }
+    skill_dir(&first?, name).map(|d| (d, true))
+}
+
+/// The names of directories in the first skill path that are not valid skills yet (listed
+/// in `skills/` so their owner can finish them).
+fn pending(config: &Config, cat: &Catalog) -> Vec<(String, PathBuf)> {
+    let Some(first) = paths(config).first() else {
+        return Vec::new();
+    };
+    let Ok(rd) = std::fs::read_dir(first) else {
+        return Vec::new();
+    };
+    rd.take(MAX_ENTRIES)
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let dir = skill_dir(first, &name)?;
+            (valid_name(&name) && !cat.skills.iter().any(|s| s.name == name)).then_some((name, dir))
+        })
+        .collect()
+}
+
 /// A file or directory in `skills/NAME/` (`rel` "" is `skills/NAME` itself), with the qid it
-/// had when it was walked to. Resolved again on every request, against the winning skill.
+/// had when it was walked to and whether it is in the first skill path (the owner may change
+/// it). Resolved again on every request.
 #[derive(Debug, Clone)]
 pub struct SkillNode {
     pub skill: String,
     pub rel: String,
     pub qid: Qid,
+    pub writable: bool,
 }
 
 /// The qid of a real file of a skill (its own tag: never a bead file's qid).
@@ -671,28 +713,112 @@ fn qid_of(md: &Metadata) -> Qid {
     crate::ns::qid_tagged(md, QID_TAG)
 }
 
-/// Read-only for everyone: directories 0555, files 0444.
-fn mode_of(md: &Metadata) -> u32 {
-    if md.is_dir() { dm::DIR | 0o555 } else { 0o444 }
+/// Directories 0555 and files 0444, with the owner's write bit in the first skill path.
+fn mode_of(is_dir: bool, writable: bool) -> u32 {
+    let w = if writable { 0o200 } else { 0 };
+    if is_dir {
+        dm::DIR | 0o555 | w
+    } else {
+        0o444 | w
+    }
 }
 
-fn stat_of(md: &Metadata, name: String, owner: &str) -> Stat {
-    crate::ns::real_stat(md, qid_of(md), mode_of(md), name, owner)
+fn stat_of(md: &Metadata, name: String, owner: &str, writable: bool) -> Stat {
+    crate::ns::real_stat(md, qid_of(md), mode_of(md.is_dir(), writable), name, owner)
+}
+
+/// Why a change is refused in a skill outside the first path.
+fn read_only(skill: &str) -> String {
+    format!(
+        "permission denied: skill {skill} is not in the first skill path, so it is read-only here"
+    )
+}
+
+/// A name for a new entry: one plain path element.
+fn check_entry(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\0')
+        || name.len() > 255
+    {
+        return Err(format!(
+            "invalid argument: name {:?}: one path element, not . or .., at most 255 bytes",
+            crate::model::clip(name)
+        ));
+    }
+    Ok(())
+}
+
+/// An I/O error as the server says it (the DESIGN §3.1 words where they apply).
+fn io_words(what: &str, e: &std::io::Error) -> String {
+    match e.kind() {
+        ErrorKind::AlreadyExists => format!("{what}: file already exists"),
+        ErrorKind::NotFound => format!("{what}: file does not exist"),
+        ErrorKind::DirectoryNotEmpty => format!("{what}: directory not empty"),
+        ErrorKind::PermissionDenied => format!("{what}: permission denied"),
+        _ => format!("{what}: {e}"),
+    }
+}
+
+/// `create` in `skills/`: a new skill directory `NAME` in the first skill path (made if it is
+/// missing). Only directories with a skill name; not over a skill that exists.
+pub fn create_skill(config: &Config, name: &str, is_dir: bool) -> Result<SkillNode, String> {
+    if !is_dir {
+        return Err(format!(
+            "invalid argument: skills/ holds skill directories only: create skills/{}/ first, then its {SKILL_FILE}",
+            crate::model::clip(name)
+        ));
+    }
+    if !valid_name(name) {
+        return Err(format!(
+            "invalid argument: skill name {:?}: lowercase letters and digits in words joined by '-', at most {MAX_NAME}",
+            crate::model::clip(name)
+        ));
+    }
+    let first = paths(config)
+        .first()
+        .ok_or("no skill_paths are configured: nowhere to create a skill")?;
+    if let Some(s) = lookup(config, name) {
+        return Err(format!(
+            "skills/{name}: file already exists (in {})",
+            s.dir.display()
+        ));
+    }
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(first)
+        .map_err(|e| io_words(&first.display().to_string(), &e))?;
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(first.join(name))
+        .map_err(|e| io_words(&format!("skills/{name}"), &e))?;
+    SkillNode::top(config, name)
 }
 
 impl SkillNode {
     fn at(config: &Config, skill: &str, rel: String) -> Result<SkillNode, String> {
-        let (_, md) = Self::locate(config, skill, &rel)?;
+        let (_, md, writable) = Self::locate(config, skill, &rel)?;
         Ok(SkillNode {
             skill: skill.to_owned(),
             rel,
             qid: qid_of(&md),
+            writable,
         })
     }
 
-    fn locate(config: &Config, skill: &str, rel: &str) -> Result<(PathBuf, Metadata), String> {
-        let s = lookup(config, skill).ok_or_else(|| format!("{skill}: file does not exist"))?;
-        resolve_in(&s.dir, rel)
+    fn locate(
+        config: &Config,
+        skill: &str,
+        rel: &str,
+    ) -> Result<(PathBuf, Metadata, bool), String> {
+        let (dir, writable) =
+            base(config, skill).ok_or_else(|| format!("{skill}: file does not exist"))?;
+        let (p, md) = resolve_in(&dir, rel)?;
+        Ok((p, md, writable))
     }
 
     /// `skills/NAME`.
@@ -700,17 +826,20 @@ impl SkillNode {
         SkillNode::at(config, name, String::new())
     }
 
+    fn rel_of(&self, name: &str) -> String {
+        if self.rel.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.rel)
+        }
+    }
+
     /// The entry `name` of this directory.
     pub fn child(&self, config: &Config, name: &str) -> Result<SkillNode, String> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(format!("{name:?}: file does not exist"));
         }
-        let rel = if self.rel.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}/{name}", self.rel)
-        };
-        SkillNode::at(config, &self.skill, rel)
+        SkillNode::at(config, &self.skill, self.rel_of(name))
     }
 
     /// The directory this is in; `None` for `skills/NAME` itself.
@@ -731,37 +860,151 @@ impl SkillNode {
         }
     }
 
-    /// Its mode: a directory 0555, a file 0444 (for everyone).
+    /// Its mode: directories 0555, files 0444, plus the owner's write bit in the first path.
     pub fn mode(&self) -> u32 {
-        if self.qid.is_dir() {
-            dm::DIR | 0o555
-        } else {
-            0o444
-        }
+        mode_of(self.qid.is_dir(), self.writable)
     }
 
     pub fn stat(&self, config: &Config, owner: &str) -> Result<Stat, String> {
-        let (_, md) = Self::locate(config, &self.skill, &self.rel)?;
-        Ok(stat_of(&md, self.name(), owner))
+        let (_, md, writable) = Self::locate(config, &self.skill, &self.rel)?;
+        Ok(stat_of(&md, self.name(), owner, writable))
     }
 
-    /// Opens it for reading: a regular file gives its file, a directory none.
-    pub fn open(&self, config: &Config) -> Result<(Qid, Option<File>), String> {
-        let (p, md) = Self::locate(config, &self.skill, &self.rel)?;
+    /// Opens it (`mode` as in Topen): a regular file gives its file, a directory none.
+    /// Writing needs the skill to be in the first path.
+    pub fn open(&self, config: &Config, mode: u8) -> Result<(Qid, Option<File>), String> {
+        use ollie_p9::wire::om;
+        use std::os::unix::fs::OpenOptionsExt;
+        let (p, md, writable) = Self::locate(config, &self.skill, &self.rel)?;
+        let write = matches!(mode & 3, om::OWRITE | om::ORDWR) || mode & om::OTRUNC != 0;
         if md.is_dir() {
+            if write {
+                return Err(format!("{}: is a directory", self.name()));
+            }
             return Ok((qid_of(&md), None));
         }
         if !md.is_file() {
             return Err(format!("{}: not a regular file", self.name()));
         }
-        let f = File::open(&p).map_err(|e| format!("{}: {e}", self.name()))?;
-        let md = f.metadata().map_err(|e| format!("{}: {e}", self.name()))?;
+        if write && !writable {
+            return Err(read_only(&self.skill));
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(mode & 3 != om::OWRITE)
+            .write(write)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&p)
+            .map_err(|e| io_words(&self.name(), &e))?;
+        if mode & om::OTRUNC != 0 {
+            f.set_len(0).map_err(|e| io_words(&self.name(), &e))?;
+        }
+        let md = f.metadata().map_err(|e| io_words(&self.name(), &e))?;
         Ok((qid_of(&md), Some(f)))
+    }
+
+    /// Creates `name` in this directory (a file opened for reading and writing, or a
+    /// directory); the skill must be in the first path.
+    pub fn create(
+        &self,
+        config: &Config,
+        name: &str,
+        is_dir: bool,
+    ) -> Result<(SkillNode, Option<File>), String> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let (dir, md, writable) = Self::locate(config, &self.skill, &self.rel)?;
+        if !writable {
+            return Err(read_only(&self.skill));
+        }
+        if !md.is_dir() {
+            return Err(format!("{}: not a directory", self.name()));
+        }
+        check_entry(name)?;
+        let p = dir.join(name);
+        let file = if is_dir {
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(&p)
+                .map_err(|e| io_words(name, &e))?;
+            None
+        } else {
+            Some(
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(&p)
+                    .map_err(|e| io_words(name, &e))?,
+            )
+        };
+        Ok((self.child(config, name)?, file))
+    }
+
+    /// Removes it (a directory must be empty); the skill must be in the first path.
+    pub fn remove(&self, config: &Config) -> Result<(), String> {
+        let (p, md, writable) = Self::locate(config, &self.skill, &self.rel)?;
+        if !writable {
+            return Err(read_only(&self.skill));
+        }
+        if md.is_dir() {
+            std::fs::remove_dir(&p)
+        } else {
+            std::fs::remove_file(&p)
+        }
+        .map_err(|e| io_words(&self.name(), &e))
+    }
+
+    /// Twstat: a new length (files) and a new name in the same directory (not over an
+    /// existing one; not for `skills/NAME` itself, whose name is the skill's). The skill must
+    /// be in the first path.
+    pub fn wstat(
+        &mut self,
+        config: &Config,
+        length: Option<u64>,
+        name: &str,
+    ) -> Result<(), String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let (p, md, writable) = Self::locate(config, &self.skill, &self.rel)?;
+        if !writable {
+            return Err(read_only(&self.skill));
+        }
+        if let Some(len) = length {
+            if md.is_dir() {
+                return Err(format!("{}: is a directory", self.name()));
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&p)
+                .and_then(|f| f.set_len(len))
+                .map_err(|e| io_words(&self.name(), &e))?;
+        }
+        if !name.is_empty() && name != self.name() {
+            if self.rel.is_empty() {
+                return Err(
+                    "permission denied: a skill's directory keeps its name (create a new skill and copy)"
+                        .to_owned(),
+                );
+            }
+            check_entry(name)?;
+            let to = p.with_file_name(name);
+            if std::fs::symlink_metadata(&to).is_ok() {
+                return Err(format!("{name}: file already exists"));
+            }
+            std::fs::rename(&p, &to).map_err(|e| io_words(name, &e))?;
+            let up = self.rel.rsplit_once('/').map_or("", |(d, _)| d);
+            self.rel = if up.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{up}/{name}")
+            };
+        }
+        Ok(())
     }
 
     /// The directory's entries (symbolic links and other special files left out).
     pub fn list(&self, config: &Config, owner: &str) -> Result<Vec<Stat>, String> {
-        let (p, md) = Self::locate(config, &self.skill, &self.rel)?;
+        let (p, md, writable) = Self::locate(config, &self.skill, &self.rel)?;
         if !md.is_dir() {
             return Err(format!("{}: not a directory", self.name()));
         }
@@ -772,7 +1015,7 @@ impl SkillNode {
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
                 let md = std::fs::symlink_metadata(e.path()).ok()?;
-                (md.is_dir() || md.is_file()).then(|| stat_of(&md, name, owner))
+                (md.is_dir() || md.is_file()).then(|| stat_of(&md, name, owner, writable))
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -780,15 +1023,24 @@ impl SkillNode {
     }
 }
 
-/// The stats of `skills/NAME` for every winning skill (for listing `skills/`).
-pub fn dir_stats(cat: &Catalog, owner: &str) -> Vec<Stat> {
-    cat.skills
+/// The stats of `skills/NAME` for every winning skill, and for the directories in the first
+/// path that are not valid skills yet (for listing `skills/`).
+pub fn dir_stats(config: &Config, cat: &Catalog, owner: &str) -> Vec<Stat> {
+    let first = paths(config).first().and_then(|p| p.canonicalize().ok());
+    let mut out: Vec<Stat> = cat
+        .skills
         .iter()
         .filter_map(|s| {
             let md = std::fs::symlink_metadata(&s.dir).ok()?;
-            Some(stat_of(&md, s.name.clone(), owner))
+            let writable = first.as_deref().is_some_and(|f| s.dir.parent() == Some(f));
+            Some(stat_of(&md, s.name.clone(), owner, writable))
         })
-        .collect()
+        .collect();
+    out.extend(pending(config, cat).into_iter().filter_map(|(name, dir)| {
+        let md = std::fs::symlink_metadata(dir).ok()?;
+        Some(stat_of(&md, name, owner, true))
+    }));
+    out
 }
 
 #[cfg(test)]
@@ -988,9 +1240,39 @@ mod tests {
             .child(&cfg, "run.sh")
             .unwrap();
         let st = f.stat(&cfg, "me").unwrap();
-        assert_eq!((st.mode, st.length), (0o444, 8));
+        // In the first path: the owner's write bit.
+        assert_eq!((st.mode, st.length), (0o644, 8));
         assert!(top.child(&cfg, "..").is_err());
         assert!(top.child(&cfg, "link").is_err());
+        // Behind another first path: read-only, and changes are refused.
+        let other = t.path().join("first");
+        let cfg = Config {
+            skill_paths: Some(vec![other.clone(), t.path().to_path_buf()]),
+            ..Config::builtin()
+        };
+        let top = SkillNode::top(&cfg, "deploy").unwrap();
+        assert_eq!(top.mode(), dm::DIR | 0o555);
+        let e = top.create(&cfg, "x", false).unwrap_err();
+        assert!(e.contains("not in the first skill path"), "{e}");
+        assert!(!d.join("x").exists());
+        // A new skill goes into the first path (made on demand), not beside deploy.
+        let n = create_skill(&cfg, "notes", true).unwrap();
+        assert!(other.join("notes").is_dir() && n.writable);
+        assert!(
+            create_skill(&cfg, "deploy", true)
+                .unwrap_err()
+                .contains("already exists")
+        );
+        assert!(
+            create_skill(&cfg, "x.y", true)
+                .unwrap_err()
+                .contains("invalid argument")
+        );
+        assert!(
+            create_skill(&cfg, "f", false)
+                .unwrap_err()
+                .contains("directories only")
+        );
     }
 
     #[test]

@@ -120,7 +120,11 @@ async fn union_clash_idx_and_read_only_views() {
     );
     let f = root.walk_path("skills/deploy/SKILL.md").await.unwrap();
     let st = within("stat", f.stat()).await.unwrap();
-    assert_eq!((st.length, st.mode), (DEPLOY_A.len() as u64, 0o444));
+    // deploy is in the first path: the owner may write it (agents never).
+    assert_eq!((st.length, st.mode), (DEPLOY_A.len() as u64, 0o644));
+    let f = root.walk_path("skills/lint/SKILL.md").await.unwrap();
+    let st = within("stat", f.stat()).await.unwrap();
+    assert_eq!((st.length, st.mode), (LINT_B.len() as u64, 0o444));
     let entries: Vec<(String, u32, u64)> = list(&root, "skills/deploy")
         .await
         .into_iter()
@@ -129,8 +133,8 @@ async fn union_clash_idx_and_read_only_views() {
     assert_eq!(
         entries,
         [
-            ("SKILL.md".to_owned(), 0o444, DEPLOY_A.len() as u64),
-            ("scripts".to_owned(), dm::DIR | 0o555, 0)
+            ("SKILL.md".to_owned(), 0o644, DEPLOY_A.len() as u64),
+            ("scripts".to_owned(), dm::DIR | 0o755, 0)
         ]
     );
     // The symlink out of the skill is neither listed nor served; neither is a shadowed or
@@ -149,14 +153,28 @@ async fn union_clash_idx_and_read_only_views() {
         DEPLOY_A
     );
 
-    // Nothing under skills/ is writable, by the owner or by an agent.
+    // Agents write nothing under skills/; the owner writes nothing outside the first path
+    // (lint is the second path's) and never idx.
     let (_c2, agent_root) = attach(&srv, "agent").await;
-    for r in [&root, &agent_root] {
-        for p in [
-            "skills/deploy/SKILL.md",
-            "skills/idx",
-            "skills/deploy/scripts/run.sh",
-        ] {
+    let refused: [(&Fid, &[&str], &[&str]); 2] = [
+        (
+            &agent_root,
+            &[
+                "skills/deploy/SKILL.md",
+                "skills/idx",
+                "skills/deploy/scripts/run.sh",
+                "skills/lint/SKILL.md",
+            ],
+            &["skills", "skills/deploy", "skills/lint"],
+        ),
+        (
+            &root,
+            &["skills/idx", "skills/lint/SKILL.md"],
+            &["skills/lint"],
+        ),
+    ];
+    for (r, files, dirs) in refused {
+        for p in files {
             let mut f = r.walk_path(p).await.unwrap();
             assert!(f.open(om::OWRITE).await.is_err(), "{p} opened for writing");
             let mut f = r.walk_path(p).await.unwrap();
@@ -167,22 +185,27 @@ async fn union_clash_idx_and_read_only_views() {
             let mut t = Stat::dont_touch();
             t.length = 0;
             assert!(f.wstat(&t).await.is_err(), "{p} truncated by wstat");
+            let f = r.walk_path(p).await.unwrap();
+            assert!(f.remove().await.is_err(), "{p} removed");
         }
-        for d in ["skills", "skills/deploy"] {
+        for d in dirs {
             let mut f = r.walk_path(d).await.unwrap();
             let e = f
-                .create("new", 0o644, om::OWRITE)
+                .create("new", dm::DIR | 0o755, om::OREAD)
                 .await
-                .expect_err("created a file in skills/");
-            assert!(e.to_string().contains("read-only"), "{e}");
+                .expect_err("created in skills/");
+            assert!(e.to_string().contains("read-only"), "{d}: {e}");
         }
-        let f = r.walk_path("skills/deploy/SKILL.md").await.unwrap();
-        assert!(f.remove().await.is_err());
     }
     assert_eq!(
         std::fs::read_to_string(a.join("deploy/SKILL.md")).unwrap(),
         DEPLOY_A
     );
+    assert_eq!(
+        std::fs::read_to_string(b.join("lint/SKILL.md")).unwrap(),
+        LINT_B
+    );
+    assert!(!a.join("new").exists() && !a.join("deploy/new").exists());
 
     // A skill created on disk in the first path shows at once; invalidate re-reads the paths.
     let new = a.join("release-notes");
@@ -202,6 +225,201 @@ async fn union_clash_idx_and_read_only_views() {
     );
     let r = rdwr(&root, "ctl", "invalidate").await.unwrap();
     assert!(r.starts_with("config reloaded"), "{r}");
+}
+
+/// Writes `data` to a fid opened for writing, in pieces of `piece` bytes (as a shell or a
+/// FUSE bridge would).
+async fn write_pieces(f: &Fid, data: &[u8], piece: usize) {
+    let mut off = 0;
+    for chunk in data.chunks(piece) {
+        let n = f
+            .write(off, bytes::Bytes::copy_from_slice(chunk))
+            .await
+            .unwrap();
+        assert_eq!(n as usize, chunk.len());
+        off += chunk.len() as u64;
+    }
+}
+
+/// The owner creates a skill over 9P: `mkdir skills/NAME` lands in the first skill path
+/// (made when missing), the directory is listed (not in idx) until its SKILL.md is valid,
+/// then it is active; files in it can be created, written, truncated, renamed and removed;
+/// names that exist (in any path), bad names and plain files in skills/ are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_creates_a_skill_in_the_first_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = skill_paths(dir.path());
+    // The first path does not exist yet: creating a skill makes it.
+    let first = dir.path().join("fresh/skills");
+    let toml = format!(
+        "skill_paths = [{:?}, {:?}, {:?}]\n",
+        first.display().to_string(),
+        a.display().to_string(),
+        b.display().to_string()
+    );
+    let srv = Srv::start_with(dir, &toml, |_| {});
+    let (_c, root) = attach(&srv, &me()).await;
+
+    // Refused: a plain file, a bad name, a name an existing skill has (in a later path too).
+    let mut skills = root.walk_path("skills").await.unwrap();
+    let e = skills
+        .create("notes.txt", 0o644, om::OWRITE)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("skill directories only"), "{e}");
+    for (name, want) in [
+        ("Bad_Name", "invalid argument: skill name"),
+        ("deploy", "file already exists"),
+        ("lint", "file already exists"),
+    ] {
+        let mut f = root.walk_path("skills").await.unwrap();
+        let e = f
+            .create(name, dm::DIR | 0o755, om::OREAD)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(want), "{name}: {e}");
+    }
+    assert!(!first.exists(), "a refused create made the first path");
+
+    // mkdir: the directory is in the first path, listed, walkable, but no skill yet.
+    let mut d = root.walk_path("skills").await.unwrap();
+    let qid = d
+        .create("release-notes", dm::DIR | 0o755, om::OREAD)
+        .await
+        .unwrap();
+    assert!(qid.is_dir());
+    assert!(first.join("release-notes").is_dir());
+    let names: Vec<(String, u32)> = list(&root, "skills")
+        .await
+        .into_iter()
+        .map(|s| (s.name, s.mode))
+        .collect();
+    assert!(
+        names.contains(&("release-notes".to_owned(), dm::DIR | 0o755)),
+        "{names:?}"
+    );
+    assert!(
+        !read_path(&root, "skills/idx")
+            .await
+            .unwrap()
+            .contains("release-notes")
+    );
+
+    // Its SKILL.md, written in pieces: then it is active, from the first path.
+    let text = "---\nname: release-notes\ndescription: Write the release notes from the log.\n---\nRead CHANGES, then write NOTES.md.\n";
+    let mut f = root.walk_path("skills/release-notes").await.unwrap();
+    f.create("SKILL.md", 0o644, om::OWRITE).await.unwrap();
+    write_pieces(&f, text.as_bytes(), 7).await;
+    drop(f);
+    assert_eq!(
+        std::fs::read_to_string(first.join("release-notes/SKILL.md")).unwrap(),
+        text
+    );
+    let idx = read_path(&root, "skills/idx").await.unwrap();
+    let rfirst = first.canonicalize().unwrap();
+    assert!(
+        idx.contains(&format!(
+            "release-notes\tactive\t{}\tWrite the release notes from the log.\n",
+            rfirst.join("release-notes").display()
+        )),
+        "{idx}"
+    );
+    // The agents' view: listed, readable, not writable.
+    let (_c2, agent_root) = attach(&srv, "agent").await;
+    assert_eq!(
+        read_path(&agent_root, "skills/release-notes/SKILL.md")
+            .await
+            .unwrap(),
+        text
+    );
+    let mut f = agent_root
+        .walk_path("skills/release-notes/SKILL.md")
+        .await
+        .unwrap();
+    assert!(f.open(om::OWRITE).await.is_err());
+
+    // Files and directories inside: create, overwrite with truncation, wstat length, rename
+    // in place, remove (a directory only when empty).
+    let mut sub = root.walk_path("skills/release-notes").await.unwrap();
+    sub.create("scripts", dm::DIR | 0o755, om::OREAD)
+        .await
+        .unwrap();
+    let mut f = root
+        .walk_path("skills/release-notes/scripts")
+        .await
+        .unwrap();
+    f.create("gen.sh", 0o644, om::OWRITE).await.unwrap();
+    write_pieces(&f, b"#!/bin/sh\necho generating\n", 64).await;
+    let on_disk = first.join("release-notes/scripts/gen.sh");
+    assert_eq!(
+        std::fs::read_to_string(&on_disk).unwrap(),
+        "#!/bin/sh\necho generating\n"
+    );
+    let mut f = root
+        .walk_path("skills/release-notes/scripts/gen.sh")
+        .await
+        .unwrap();
+    f.open(om::OWRITE | om::OTRUNC).await.unwrap();
+    write_pieces(&f, b"echo v2\n", 64).await;
+    assert_eq!(std::fs::read_to_string(&on_disk).unwrap(), "echo v2\n");
+    let mut t = Stat::dont_touch();
+    t.length = 4;
+    f.wstat(&t).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&on_disk).unwrap(), "echo");
+    let mut t = Stat::dont_touch();
+    t.name = "make.sh".into();
+    f.wstat(&t).await.unwrap();
+    assert!(!on_disk.exists());
+    assert_eq!(
+        read_path(&root, "skills/release-notes/scripts/make.sh")
+            .await
+            .unwrap(),
+        "echo"
+    );
+    // A skill keeps its directory's name.
+    let d = root.walk_path("skills/release-notes").await.unwrap();
+    let mut t = Stat::dont_touch();
+    t.name = "other".into();
+    assert!(d.wstat(&t).await.is_err());
+    // Creating over an existing file, and removing a non-empty directory, are refused.
+    let mut f = root
+        .walk_path("skills/release-notes/scripts")
+        .await
+        .unwrap();
+    let e = f.create("make.sh", 0o644, om::OWRITE).await.unwrap_err();
+    assert!(e.to_string().contains("exists"), "{e}");
+    let f = root
+        .walk_path("skills/release-notes/scripts")
+        .await
+        .unwrap();
+    let e = f.remove().await.unwrap_err();
+    assert!(e.to_string().contains("not empty"), "{e}");
+    let f = root
+        .walk_path("skills/release-notes/scripts/make.sh")
+        .await
+        .unwrap();
+    f.remove().await.unwrap();
+    let f = root
+        .walk_path("skills/release-notes/scripts")
+        .await
+        .unwrap();
+    f.remove().await.unwrap();
+    assert!(!first.join("release-notes/scripts").exists());
+    // The skill itself: its SKILL.md, then the empty directory.
+    let f = root
+        .walk_path("skills/release-notes/SKILL.md")
+        .await
+        .unwrap();
+    f.remove().await.unwrap();
+    let f = root.walk_path("skills/release-notes").await.unwrap();
+    f.remove().await.unwrap();
+    assert!(!first.join("release-notes").exists());
+    assert!(root.walk_path("skills/release-notes").await.is_err());
+    // The later paths were never touched.
+    assert_eq!(
+        std::fs::read_to_string(a.join("deploy/SKILL.md")).unwrap(),
+        DEPLOY_A
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
