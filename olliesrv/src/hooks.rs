@@ -255,7 +255,13 @@ pub async fn fire(reg: &Registry, a: &Arc<Agent>, config: &Config, event: Event<
                 continue;
             }
         };
-        match (said.code, said.signal) {
+        // A hook the runner stopped (its timeout) failed, whatever status it managed.
+        let code = if said.stopped_by.is_some() {
+            None
+        } else {
+            said.code
+        };
+        match (code, said.signal) {
             (Some(0), _) => {
                 let out = clip(said.stdout.trim(), MAX_TEXT);
                 if !out.is_empty() {
@@ -279,8 +285,8 @@ pub async fn fire(reg: &Registry, a: &Arc<Agent>, config: &Config, event: Event<
                 blocked = Some(why);
                 break;
             }
-            (code, signal) => {
-                let status = match (code, signal, &said.stopped_by) {
+            (_, signal) => {
+                let status = match (said.code, signal, &said.stopped_by) {
                     (_, _, Some(by)) => format!("stopped ({by})"),
                     (Some(c), _, _) => format!("exited {c}"),
                     (None, Some(s), _) => format!("was killed by signal {s}"),

@@ -1247,6 +1247,38 @@ async fn a_call_too_large_for_its_pre_tool_hooks_is_blocked() {
 // ---------------------------------------------------------------------------------------
 // Failures, hangs and floods
 
+/// A hook stopped at its timeout has failed even when it catches the signal and exits 0: what
+/// it printed is not context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_exits_0_when_stopped_has_still_failed() {
+    if !features_ok("a_hook_that_exits_0_when_stopped_has_still_failed") {
+        return;
+    }
+    let profile = format!(
+        "hook_timeout_s = 1\n{}",
+        hooks_table(&[(
+            "pre_turn",
+            &["trap 'echo caught-late; exit 0' TERM; while :; do sleep 0.05; done"],
+        )])
+    );
+    let turns = [replay_text("fine")];
+    let h = start(&[("h", profile)], &[], Model::Replay(&turns)).await;
+    agent(&h, "a", "h").await;
+    let st = turn(&h, "a", "go", 1).await;
+    assert_eq!(kv(&st, "errors"), "0", "{st}");
+    let bs = chat(&h, "a").await;
+    let infos = hook_infos(&bs, "pre_turn");
+    assert!(
+        infos.len() == 1 && failed(infos[0]) && infos[0].body.contains("timeout"),
+        "{infos:?}"
+    );
+    let hist = history(&h, "a").await;
+    assert!(
+        !hist.iter().any(|m| content(m).contains("caught-late")),
+        "{hist:?}"
+    );
+}
+
 /// A hook that exits 1, one killed by a signal and one that hangs past hook_timeout_s each
 /// leave a `failed` info block, and the event's next hook and the turn go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
