@@ -1279,6 +1279,34 @@ async fn a_hook_that_exits_0_when_stopped_has_still_failed() {
     );
 }
 
+/// Killing an agent stops its running hook (the hook identity's processes go with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_agent_stops_its_running_hook() {
+    if !features_ok("killing_the_agent_stops_its_running_hook") {
+        return;
+    }
+    let marker = sleep_marker();
+    let sleep = format!("sleep {marker}");
+    let profile = format!(
+        "hook_timeout_s = 300\n{}",
+        hooks_table(&[("pre_turn", &[sleep.as_str()])])
+    );
+    let turns = [replay_text("never")];
+    let h = start(&[("h", profile)], &[], Model::Replay(&turns)).await;
+    agent(&h, "a", "h").await;
+    write(&h.root, "session/s/agent/a/prompt", "go")
+        .await
+        .unwrap();
+    assert!(
+        poll(GUARD, || !common::toolsrv::procs_with(&marker).is_empty()).await,
+        "the hook never started"
+    );
+    rdwr(&h.root, "session/s/agent/a/ctl", "kill")
+        .await
+        .unwrap();
+    wait_marker_gone(&marker).await;
+}
+
 /// A hook that exits 1, one killed by a signal and one that hangs past hook_timeout_s each
 /// leave a `failed` info block, and the event's next hook and the turn go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
