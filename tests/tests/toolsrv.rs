@@ -899,11 +899,8 @@ async fn file_read_of_shadow_is_denied() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn output_beyond_the_policy_limit_is_truncated_with_a_notice() {
-    if !features_ok("output_beyond_the_policy_limit_is_truncated_with_a_notice") {
-        return;
-    }
+/// A toolsrv whose default policy is `workspace` with `output_bytes = 1000`.
+async fn small_output_toolsrv() -> Ts {
     let dirs = Dirs::new();
     let mut boot = dirs.boot();
     let small = WORKSPACE_TOML.replace("output_bytes = 1048576", "output_bytes = 1000");
@@ -913,7 +910,15 @@ async fn output_beyond_the_policy_limit_is_truncated_with_a_notice() {
     );
     boot.policies.insert("small".into(), small);
     boot.default_policy = "small".into();
-    let t = Ts::start_with(dirs, &boot).await;
+    Ts::start_with(dirs, &boot).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_beyond_the_policy_limit_is_truncated_with_a_notice() {
+    if !features_ok("output_beyond_the_policy_limit_is_truncated_with_a_notice") {
+        return;
+    }
+    let t = small_output_toolsrv().await;
     let a = t.attach("a").await;
     let r = run(&a, &code("python3", "print('x' * 4999)"))
         .await
@@ -2389,16 +2394,7 @@ async fn output_split_beyond_the_limit_is_one_json_line_and_the_notice() {
     if !features_ok("output_split_beyond_the_limit_is_one_json_line_and_the_notice") {
         return;
     }
-    let dirs = Dirs::new();
-    let mut boot = dirs.boot();
-    let small = WORKSPACE_TOML.replace("output_bytes = 1048576", "output_bytes = 1000");
-    assert_ne!(
-        small, WORKSPACE_TOML,
-        "workspace.toml no longer sets output_bytes"
-    );
-    boot.policies.insert("small".into(), small);
-    boot.default_policy = "small".into();
-    let t = Ts::start_with(dirs, &boot).await;
+    let t = small_output_toolsrv().await;
     let a = t.attach("a").await;
     let r = run(
         &a,
