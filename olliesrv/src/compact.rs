@@ -217,19 +217,8 @@ pub async fn compact(
         },
     )
     .await;
-    let notes = [
-        post.context,
-        post.blocked.map(|r| crate::hooks::wrap("post_compact", &r)),
-    ];
-    for n in notes.into_iter().flatten() {
-        reg.store
-            .append_history(
-                &a.session_id,
-                &a.id,
-                &message_json(&Message::user(n)),
-                crate::store::Sync::Now,
-            )
-            .map_err(|e| crate::error_chain(&e))?;
+    for n in post.notes("post_compact") {
+        crate::turn::remember(reg, a, &Message::user(n))?;
     }
     Ok(Compacted {
         summarized: old.len(),

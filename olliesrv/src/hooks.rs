@@ -194,6 +194,15 @@ pub struct Fired {
     pub blocked: Option<String>,
 }
 
+impl Fired {
+    /// For events after which nothing can be blocked (`turn_error`, `post_compact`): the
+    /// context and the reason, each as a message for the history.
+    pub fn notes(self, event: &str) -> impl Iterator<Item = String> {
+        let reason = self.blocked.map(|why| wrap(event, &why));
+        self.context.into_iter().chain(reason)
+    }
+}
+
 /// The toolsrv identity an agent's hooks run as (agent ids are UUIDs, so it is nobody
 /// else's).
 pub fn identity(agent_id: &str) -> String {

@@ -162,13 +162,7 @@ async fn turn_error_hooks(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str, err
         crate::hooks::Event::TurnError { prompt, error },
     )
     .await;
-    let notes = [
-        fired.context,
-        fired
-            .blocked
-            .map(|why| crate::hooks::wrap("turn_error", &why)),
-    ];
-    for n in notes.into_iter().flatten() {
+    for n in fired.notes("turn_error") {
         if let Err(e) = remember(reg, a, &Message::user(n)) {
             tracing::warn!(agent = %a.id, error = %e, "cannot record the turn_error hooks");
         }
@@ -290,7 +284,7 @@ pub(crate) fn message_of(v: &Value) -> Option<Message> {
     })
 }
 
-fn remember(reg: &Registry, a: &Agent, m: &Message) -> Result<(), String> {
+pub(crate) fn remember(reg: &Registry, a: &Agent, m: &Message) -> Result<(), String> {
     remember_sync(reg, a, m, Sync::Now)
 }
 

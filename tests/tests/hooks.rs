@@ -26,7 +26,7 @@ mod fake_llm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::toolsrv::{NETWORK_TOML, features_ok, poll, sleep_marker, unique, wait_marker_gone};
 use common::{Srv, attach, bin, me, text};
@@ -159,20 +159,27 @@ async fn turn(h: &H, name: &str, prompt: &str, n: u64) -> String {
     wait_turns(h, name, n).await
 }
 
-/// Waits (bounded) until agent `name` has finished `n` turns; returns its `stats`.
+/// Waits (bounded) until agent `name` has finished `n` turns; returns its `stats`. Between
+/// looks it blocks in a `statewait` read, which returns at the agent's next state change
+/// (a turn's end is one: its count goes up before the state rests).
 async fn wait_turns(h: &H, name: &str, n: u64) -> String {
-    let deadline = Instant::now() + GUARD;
+    let mut sw = h
+        .root
+        .walk_path(&format!("session/s/agent/{name}/statewait"))
+        .await
+        .unwrap();
+    sw.open(ollie_p9::wire::om::OREAD).await.unwrap();
     loop {
         let st = read(&h.root, &format!("session/s/agent/{name}/stats")).await;
         if kv(&st, "turns").parse::<u64>().unwrap_or(0) >= n {
             return st;
         }
-        assert!(
-            Instant::now() < deadline,
-            "agent {name} never finished {n} turns; stats:\n{st}\nchat:\n{}",
-            read(&h.root, &format!("session/s/agent/{name}/log")).await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if tokio::time::timeout(GUARD, sw.read(0, 256)).await.is_err() {
+            panic!(
+                "agent {name} never finished {n} turns; stats:\n{st}\nchat:\n{}",
+                read(&h.root, &format!("session/s/agent/{name}/log")).await
+            );
+        }
     }
 }
 
@@ -1051,16 +1058,14 @@ async fn pre_compact_exit_2_skips_the_compaction() {
     agent(&h, "a", "h").await;
     turn(&h, "a", "hello", 1).await;
     let before = history(&h, "a").await;
-    let _ = rdwr(&h.root, "session/s/agent/a/ctl", "compact").await;
-    let deadline = Instant::now() + GUARD;
-    let bs = loop {
-        let bs = chat(&h, "a").await;
-        if !hook_infos(&bs, "pre_compact").is_empty() {
-            break bs;
-        }
-        assert!(Instant::now() < deadline, "no pre_compact block: {bs:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // The agent is idle, so the compaction (and its hooks) runs before ctl answers.
+    let r = rdwr(&h.root, "session/s/agent/a/ctl", "compact").await;
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.contains("blocked by pre_compact hook: not now")),
+        "{r:?}"
+    );
+    let bs = chat(&h, "a").await;
     let infos = hook_infos(&bs, "pre_compact");
     assert!(
         infos
@@ -1538,20 +1543,10 @@ async fn a_readonly_hook_reaches_no_network() {
         .map(|b| b.body.clone())
         .collect();
     assert!(said.contains(&format!("connected-{port}")), "{said}");
-    let deadline = Instant::now() + GUARD;
-    loop {
-        match listener.accept() {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no connection reached the listener"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
+    // The hook's connect completed, so the connection waits in the backlog already.
+    listener
+        .accept()
+        .expect("no connection reached the listener");
 }
 
 /// A hook runs as its own toolsrv identity (`<agent-id>.hook`) under hook_policy: the
