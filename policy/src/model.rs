@@ -153,7 +153,9 @@ pub struct FsRules {
     pub exec: Vec<PathTemplate>,
     /// Read-write paths.
     pub write: Vec<PathTemplate>,
-    /// Paths inside writable paths that must stay read-only (git and editor metadata).
+    /// Paths inside writable paths that must stay read-only (git and editor metadata). A
+    /// write rule inside a protected path is an explicit exception to it (the innermost rule
+    /// wins), e.g. `{workdir}/.git/objects` for commits inside the sandbox.
     pub protected: Vec<PathTemplate>,
     /// Read-only access to the whole filesystem except secret locations.
     pub read_all: bool,
@@ -723,7 +725,20 @@ impl ResolvedPolicy {
         }
         let covers = |list: &[PathBuf]| list.iter().any(|r| path.starts_with(r));
         let in_protected = covers(&self.fs.protected);
-        if covers(&self.fs.write) && !in_protected {
+        // The innermost rule wins: a write rule inside a protected path (a policy's explicit
+        // exception, e.g. `.git/objects`, or an approved `write:` grant) makes it writable.
+        let depth = |list: &[PathBuf]| {
+            list.iter()
+                .filter(|r| path.starts_with(r))
+                .map(|r| r.components().count())
+                .max()
+        };
+        let writable = match (depth(&self.fs.write), depth(&self.fs.protected)) {
+            (Some(w), Some(p)) => w >= p,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if writable {
             Some(Access::ReadWrite)
         } else if covers(&self.fs.exec) {
             Some(Access::ReadExec)

@@ -60,6 +60,15 @@ fn covered(p: &PathTemplate, by: &[&PathTemplate]) -> bool {
         .any(|b| b.anchor == p.anchor && p.rest.starts_with(&b.rest))
 }
 
+/// Components of the innermost rule of `by` that covers `p` (0: none).
+fn depth(p: &PathTemplate, by: &[&PathTemplate]) -> usize {
+    by.iter()
+        .filter(|b| b.anchor == p.anchor && p.rest.starts_with(&b.rest))
+        .map(|b| b.rest.components().count() + 1)
+        .max()
+        .unwrap_or(0)
+}
+
 impl Policy {
     /// Applies a layer. The result grants nothing the base does not. An
     /// [`unsandboxed`](Policy::unsandboxed) base is refused ([`NarrowError::Unsandboxed`]).
@@ -103,7 +112,7 @@ impl Policy {
             let base: Vec<&PathTemplate> = self.fs.write.iter().collect();
             let prot: Vec<&PathTemplate> = self.fs.protected.iter().collect();
             for (i, p) in write.iter().enumerate() {
-                if !covered(p, &base) || covered(p, &prot) {
+                if !covered(p, &base) || depth(p, &prot) > depth(p, &base) {
                     return Err(widens(
                         format!("fs.write[{i}]"),
                         format!("{p} is not writable in the base"),

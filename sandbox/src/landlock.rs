@@ -91,14 +91,15 @@ const READ: u64 = fs::READ_FILE | fs::READ_DIR;
 /// Never part of `read_all`: device nodes and kernel memory images.
 const READ_ALL_EXCLUDED: &[&str] = &["/dev", "/proc/kcore", "/proc/kmsg", "/sys/firmware"];
 const READ_EXEC: u64 = READ | fs::EXECUTE;
-/// Read-write: everything except execute, device creation and device ioctls.
+/// Read-write: everything except execute, device creation, device ioctls and socket files
+/// (a tool has no socket that could be bound to a path but a socketpair one, which can never
+/// listen: a socket file it made could only mislead the host).
 const READ_WRITE: u64 = READ
     | fs::WRITE_FILE
     | fs::REMOVE_DIR
     | fs::REMOVE_FILE
     | fs::MAKE_DIR
     | fs::MAKE_REG
-    | fs::MAKE_SOCK
     | fs::MAKE_FIFO
     | fs::MAKE_SYM
     | fs::REFER

@@ -60,12 +60,18 @@ impl MountPlan {
     /// mount namespace only has its propagation made private, so the tool sees (and may
     /// write, as far as file permissions allow) the host's filesystem as it is, with no
     /// read-only root, islands or private `/dev/shm`; the record says so.
+    ///
+    /// Last, before `/dev/shm`, everything the tool has no business seeing is hidden
+    /// ([`hidden_paths`]): the secret locations, the runner's `hidden` paths (olliesrv's state
+    /// and configuration directories) and every home directory (`/root`, `/home/*`) and
+    /// `/run/user` that holds none of the policy's paths.
     pub(crate) fn new(
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
         abi: u32,
         unions: &[UnionMount],
         root_access: u64,
+        hidden: &[PathBuf],
     ) -> Result<MountPlan, SandboxError> {
         let mut steps = vec![MountStep::MakePrivate];
         if !unions.is_empty() {
@@ -85,6 +91,7 @@ impl MountPlan {
                     placeholders: Vec::new(),
                     private_shm: None,
                     unions: unions.to_vec(),
+                    hidden: Vec::new(),
                 },
                 islands: Protected::default(),
             });
@@ -104,6 +111,15 @@ impl MountPlan {
                 protected.push(real);
             }
         }
+        // A protected `.git` that is a gitdir pointer file (a linked worktree, a separate git
+        // dir) protects the directory it points at too, where that lies in a writable tree.
+        for target in protected.iter().filter_map(|p| gitfile_target(p)).collect::<Vec<_>>() {
+            if writable.iter().any(|w| target.starts_with(w) && &target != w)
+                && !protected.iter().any(|p| target.starts_with(p))
+            {
+                protected.push(target);
+            }
+        }
         let c = |p: &Path| sys::cstring(p).map_err(io_err("prepare mounts"));
         let pinned = pinned_ancestors(&protected, &writable);
         let (create, attach) = unions::overlay_steps(
@@ -116,8 +132,13 @@ impl MountPlan {
         }
         steps.extend(create);
         steps.push(MountStep::ReadOnlyAll);
+        // A writable tree inside a protected island (the policy's explicit exception, e.g.
+        // `.git/objects`) is attached after the island's read-only bind, which would hide it.
+        let in_island = |w: &PathBuf| protected.iter().any(|p| w.starts_with(p));
         for (slot, w) in writable.iter().enumerate() {
-            steps.push(MountStep::Attach { slot, path: c(w)? });
+            if !in_island(w) {
+                steps.push(MountStep::Attach { slot, path: c(w)? });
+            }
         }
         steps.extend(attach);
         // Pin every directory between a writable root and a protected island with a
@@ -135,6 +156,18 @@ impl MountPlan {
         }
         for p in &protected {
             steps.push(MountStep::ProtectReadOnly { path: c(p)? });
+        }
+        for (slot, w) in writable.iter().enumerate() {
+            if in_island(w) {
+                steps.push(MountStep::Attach { slot, path: c(w)? });
+            }
+        }
+        let hide = hidden_paths(resolved, hidden, &writable, unions);
+        for (path, dir) in &hide {
+            steps.push(MountStep::Hide {
+                path: c(path)?,
+                dir: *dir,
+            });
         }
         // A private /dev/shm (POSIX shared memory, semaphores): never the host's, never
         // another run's or session's. Mounted last, so it is writable while everything around
@@ -168,10 +201,84 @@ impl MountPlan {
                 placeholders: islands.placeholders.clone(),
                 private_shm,
                 unions: unions.to_vec(),
+                hidden: hide.into_iter().map(|(p, _)| p).collect(),
             },
             islands,
         })
     }
+}
+
+/// What a run hides, canonical, each once, with whether it is a directory: every existing
+/// secret location ([`ollie_policy::secrets::secret_locations`] of the home), the runner's
+/// `extra` paths, and every home directory (`/root`, each entry of `/home`) and `/run/user`
+/// that holds none of the policy's paths, the writable trees or the unions' points. Nothing
+/// that contains a policy path is hidden (so a workspace inside the home keeps the home
+/// visible; only its secrets are hidden). Stat, `access` and inotify are not mediated by
+/// Landlock: without this a tool could see the names and sizes in these trees.
+pub(crate) fn hidden_paths(
+    resolved: &ResolvedPolicy,
+    extra: &[PathBuf],
+    writable: &[PathBuf],
+    unions: &[UnionMount],
+) -> Vec<(PathBuf, bool)> {
+    let fs = &resolved.fs;
+    let mut granted: Vec<PathBuf> = fs
+        .read
+        .iter()
+        .chain(&fs.exec)
+        .chain(&fs.write)
+        .chain(&fs.protected)
+        .chain(writable)
+        .chain(std::iter::once(&resolved.ctx.workdir))
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    granted.extend(unions.iter().map(|u| u.point.clone()));
+    let holds_grant = |p: &Path| granted.iter().any(|g| g.starts_with(p));
+    let mut candidates: Vec<PathBuf> =
+        ollie_policy::secrets::secret_locations(&resolved.ctx.home);
+    candidates.extend(extra.iter().cloned());
+    let mut homes: Vec<PathBuf> = vec!["/root".into(), "/run/user".into()];
+    if let Ok(rd) = std::fs::read_dir("/home") {
+        homes.extend(rd.flatten().map(|e| e.path()).take(4096));
+    }
+    let mut out: Vec<(PathBuf, bool)> = Vec::new();
+    for p in candidates.into_iter().chain(homes) {
+        let Ok(real) = std::fs::canonicalize(&p) else {
+            continue;
+        };
+        let Ok(md) = std::fs::metadata(&real) else {
+            continue;
+        };
+        // Nothing that holds a grant (the policy crate refuses grants inside secret
+        // locations, so for those only the workspace or a runner's extra can).
+        if holds_grant(&real) || real == Path::new("/") || !(md.is_dir() || md.is_file()) {
+            continue;
+        }
+        if out.iter().any(|(o, _)| real.starts_with(o)) {
+            continue;
+        }
+        out.retain(|(o, _)| !o.starts_with(&real));
+        out.push((real, md.is_dir()));
+    }
+    out
+}
+
+/// The directory a `.git` file (`gitdir: PATH`, relative to the file's directory or
+/// absolute) points at, canonical; `None` for anything else.
+fn gitfile_target(dotgit: &Path) -> Option<PathBuf> {
+    if dotgit.file_name()? != ".git" || !std::fs::symlink_metadata(dotgit).ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    use std::io::Read;
+    std::fs::File::open(dotgit)
+        .ok()?
+        .take(4096)
+        .read_to_string(&mut text)
+        .ok()?;
+    let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
+    let real = std::fs::canonicalize(dotgit.parent()?.join(target)).ok()?;
+    real.is_dir().then_some(real)
 }
 
 /// Directories strictly between the innermost writable tree containing a protected path and

@@ -15,9 +15,18 @@
 //!   `includeIf.*.path`, `filter.*.{clean,smudge,process}`, `diff.*.{textconv,command}`,
 //!   `diff.external`, `merge.*.driver`, `gpg.program`, `sequence.editor`, `alias.* = !…`),
 //!   when new or changed;
+//! - `<gitdir>/config` and `config.worktree` changed in any other way;
+//! - everything else git reads as configuration or follows: `commondir`, `info/*`,
+//!   `objects/info/alternates` and `http-alternates`, `worktrees/*/{commondir,gitdir,
+//!   config.worktree}`, and each submodule gitdir `modules/*` (scanned like a repository:
+//!   hooks, config, …), new, changed or removed; `.gitmodules` beside each repository;
 //! - a `.git` directory or file that did not exist before (a new nested repository);
 //! - `.envrc`, `.claude/settings.json`, `.claude/settings.local.json`, `.vscode/tasks.json`,
-//!   `.vscode/settings.json`, `.vscode/launch.json` at the workspace root: new or changed.
+//!   `.vscode/settings.json`, `.vscode/launch.json`, `.gitmodules` at the workspace root: new
+//!   or changed;
+//! - any set-id file (S_ISUID or S_ISGID on a regular file, S_ISUID on anything) left in a
+//!   writable tree after the run ([`setid_flags`]; the seccomp filter already refuses to
+//!   make one, so this is a second line), at most [`MAX_SETID_ENTRIES`] entries per run.
 //!
 //! Cost is bounded: the search for nested repositories visits at most [`MAX_DIRS`]
 //! directories, [`MAX_DEPTH`] levels deep, skips dependency and build trees
@@ -65,7 +74,28 @@ pub const WATCHED_FILES: &[&str] = &[
     ".vscode/tasks.json",
     ".vscode/settings.json",
     ".vscode/launch.json",
+    ".gitmodules",
 ];
+
+/// Files of a gitdir that git reads as configuration or follows (besides `config`, hooks and
+/// the directories below), fingerprinted whole.
+pub const GIT_METADATA: &[&str] = &[
+    "commondir",
+    "config.worktree",
+    "objects/info/alternates",
+    "objects/info/http-alternates",
+];
+
+/// Directories of a gitdir whose every file is fingerprinted: git reads `info/` (attributes,
+/// excludes, sparse checkout, grafts), and each linked worktree's gitdir names where it
+/// lives and which repository it shares (`commondir`, `gitdir`, `config.worktree`).
+pub const GIT_METADATA_DIRS: &[&str] = &["info"];
+
+/// Submodule gitdirs (`modules/NAME`) are scanned like repositories at most this deep.
+pub const MAX_MODULE_DEPTH: usize = 3;
+
+/// At most this many directory entries are looked at for set-id files after a run.
+pub const MAX_SETID_ENTRIES: usize = 50_000;
 
 /// What kind of persistence a flag is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -79,6 +109,11 @@ pub enum FlagKind {
     NewRepository,
     /// A watched editor/agent/direnv file was created or changed.
     WatchedFile,
+    /// Something else git reads as configuration or follows was created, changed or removed
+    /// (`commondir`, `info/`, alternates, linked worktrees, submodule gitdirs).
+    GitMetadata,
+    /// A set-id file was found in a writable tree after the run.
+    SetId,
 }
 
 /// One thing a human should look at before running host-side tools in the workspace.
@@ -99,6 +134,8 @@ impl std::fmt::Display for PostRunFlag {
             FlagKind::GitConfig => "risky git config",
             FlagKind::NewRepository => "new git repository",
             FlagKind::WatchedFile => "host-executed file",
+            FlagKind::GitMetadata => "git metadata",
+            FlagKind::SetId => "set-id file",
         };
         // One line, whatever the tool wrote.
         let detail: String = self
@@ -121,6 +158,17 @@ pub struct PostRunRecord {
     pub truncated: bool,
 }
 
+impl PostRunRecord {
+    /// Adds flags found apart from the snapshot diff (e.g. [`setid_flags`]) and whether that
+    /// search was cut short.
+    pub(crate) fn add(&mut self, (flags, truncated): (Vec<PostRunFlag>, bool)) {
+        self.flags.extend(flags);
+        self.flags.sort();
+        self.flags.dedup();
+        self.truncated |= truncated;
+    }
+}
+
 /// Fingerprint of one file: mode, size and content hash (or symlink target).
 type Print = String;
 
@@ -135,6 +183,8 @@ pub(crate) struct Snapshot {
     config: BTreeMap<PathBuf, BTreeSet<String>>,
     /// Watched file → fingerprint.
     files: BTreeMap<PathBuf, Print>,
+    /// Git metadata file (and whole config files) → fingerprint.
+    meta: BTreeMap<PathBuf, Print>,
     truncated: bool,
 }
 
@@ -344,9 +394,16 @@ impl Snapshot {
                         continue;
                     }
                     if is_dir {
-                        s.scan_gitdir(&root, &child);
+                        s.scan_gitdir(&root, &child, 0);
                     } else if let Some(gitdir) = gitfile_target(&root, &child, workdir) {
-                        s.scan_gitdir(&root, &gitdir);
+                        s.scan_gitdir(&root, &gitdir, 0);
+                    }
+                    // The work tree's `.gitmodules` (the workspace root's is a watched file).
+                    if !rel.as_os_str().is_empty() {
+                        let modules = rel.join(".gitmodules");
+                        if let Some(p) = print(&root, &modules) {
+                            s.meta.insert(modules, p);
+                        }
                     }
                     continue;
                 }
@@ -366,7 +423,7 @@ impl Snapshot {
         s
     }
 
-    fn scan_gitdir(&mut self, root: &OwnedFd, gitdir: &Path) {
+    fn scan_gitdir(&mut self, root: &OwnedFd, gitdir: &Path, depth: usize) {
         let hooks = gitdir.join("hooks");
         if let Some(dir) = open_dir(root, &hooks) {
             for (name, _, _) in entries(&dir) {
@@ -382,7 +439,67 @@ impl Snapshot {
         for cfg in ["config", "config.worktree"] {
             let rel = gitdir.join(cfg);
             if let Some(text) = read_small(root, &rel) {
-                self.config.insert(rel, risky_config_entries(&text));
+                self.config.insert(rel.clone(), risky_config_entries(&text));
+            }
+            if let Some(p) = print(root, &rel) {
+                self.meta.insert(rel, p);
+            }
+        }
+        for f in GIT_METADATA {
+            let rel = gitdir.join(f);
+            if let Some(p) = print(root, &rel) {
+                self.meta.insert(rel, p);
+            }
+        }
+        for d in GIT_METADATA_DIRS {
+            self.print_dir(root, &gitdir.join(d));
+        }
+        // Linked worktrees: what each one's gitdir says about where it lives and what it
+        // shares.
+        let worktrees = gitdir.join("worktrees");
+        if let Some(dir) = open_dir(root, &worktrees) {
+            for (name, is_dir, _) in entries(&dir).into_iter().take(MAX_REPOS) {
+                let rel = worktrees.join(&name);
+                if !is_dir {
+                    if let Some(p) = print(root, &rel) {
+                        self.meta.insert(rel, p);
+                    }
+                    continue;
+                }
+                self.meta.insert(rel.clone(), "dir".into());
+                for f in ["commondir", "gitdir", "config.worktree"] {
+                    if let Some(p) = print(root, &rel.join(f)) {
+                        self.meta.insert(rel.join(f), p);
+                    }
+                }
+            }
+        }
+        // Submodule gitdirs are repositories of their own (hooks, config, …).
+        let modules = gitdir.join("modules");
+        if let Some(dir) = open_dir(root, &modules) {
+            for (name, is_dir, _) in entries(&dir).into_iter().take(MAX_REPOS) {
+                let rel = modules.join(&name);
+                if !is_dir {
+                    continue;
+                }
+                if depth + 1 > MAX_MODULE_DEPTH {
+                    self.truncated = true;
+                    continue;
+                }
+                self.meta.insert(rel.clone(), "dir".into());
+                self.scan_gitdir(root, &rel, depth + 1);
+            }
+        }
+    }
+
+    /// Fingerprints every entry of the directory `rel` (not recursing).
+    fn print_dir(&mut self, root: &OwnedFd, rel: &Path) {
+        let Some(dir) = open_dir(root, rel) else {
+            return;
+        };
+        for (name, _, _) in entries(&dir).into_iter().take(MAX_DIRS) {
+            if let Some(p) = print_in(&dir, &name) {
+                self.meta.insert(rel.join(&name), p);
             }
         }
     }
@@ -435,6 +552,35 @@ impl Snapshot {
                 detail: detail.into(),
             });
         }
+        // Any other change to git metadata (config files whose risky entries did not change
+        // included), and anything removed.
+        for (p, v) in &after.meta {
+            let detail = match self.meta.get(p) {
+                None => "created during the run",
+                Some(old) if old != v => "changed during the run",
+                Some(_) => continue,
+            };
+            let is_config = after.config.contains_key(p);
+            if is_config && flags.iter().any(|f| &f.path == p) {
+                continue;
+            }
+            flags.push(PostRunFlag {
+                kind: if is_config {
+                    FlagKind::GitConfig
+                } else {
+                    FlagKind::GitMetadata
+                },
+                path: p.clone(),
+                detail: detail.into(),
+            });
+        }
+        for p in self.meta.keys().filter(|p| !after.meta.contains_key(*p)) {
+            flags.push(PostRunFlag {
+                kind: FlagKind::GitMetadata,
+                path: p.clone(),
+                detail: "removed during the run".into(),
+            });
+        }
         flags.sort();
         PostRunRecord {
             flags,
@@ -442,6 +588,62 @@ impl Snapshot {
             truncated: self.truncated || after.truncated,
         }
     }
+}
+
+/// Whether a mode makes a file run with its owner's or group's rights: S_ISUID on anything,
+/// S_ISGID on a regular file (on a directory S_ISGID only makes new entries inherit the
+/// group, which the host set up).
+fn is_setid(mode: u32) -> bool {
+    let fmt = mode & libc::S_IFMT;
+    mode & libc::S_ISUID != 0 || (fmt == libc::S_IFREG && mode & libc::S_ISGID != 0)
+}
+
+/// Every set-id file in the writable directories `trees` (absolute; symlinks never
+/// followed, other filesystems' mounts included), as flags whose path is relative to
+/// `workdir` where it lies inside it. Looks at most at [`MAX_SETID_ENTRIES`] entries in
+/// all; `true` when that bound cut the search short.
+pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag>, bool) {
+    let mut flags = Vec::new();
+    let mut seen = 0usize;
+    for tree in trees {
+        let Ok(root) = std::fs::File::open(tree).map(OwnedFd::from) else {
+            continue;
+        };
+        if !std::fs::metadata(tree).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        let mut queue = std::collections::VecDeque::from([PathBuf::new()]);
+        while let Some(rel) = queue.pop_front() {
+            let Some(dir) = open_dir(&root, &rel) else {
+                continue;
+            };
+            for (name, is_dir, is_link) in entries(&dir) {
+                seen += 1;
+                if seen > MAX_SETID_ENTRIES {
+                    return (flags, true);
+                }
+                if is_link {
+                    continue;
+                }
+                let child = rel.join(&name);
+                let Ok(mode) = sys::mode_at(dir.as_raw_fd(), Path::new(&name)) else {
+                    continue;
+                };
+                if is_setid(mode) {
+                    let abs = tree.join(&child);
+                    flags.push(PostRunFlag {
+                        kind: FlagKind::SetId,
+                        path: abs.strip_prefix(workdir).map_or(abs.clone(), Path::to_path_buf),
+                        detail: format!("mode {:o}", mode & 0o7777),
+                    });
+                }
+                if is_dir {
+                    queue.push_back(child);
+                }
+            }
+        }
+    }
+    (flags, false)
 }
 
 /// The workspace-relative gitdir a `.git` file points at, if it lies inside the workspace.

@@ -156,6 +156,17 @@ impl Prepared {
     /// `unsandboxed` grant, [`Policy::unsandboxed`]) is refused: it is for the one run the
     /// approval covers, through [`crate::run`], never a session.
     pub fn new(policy: &Policy, workdir: &Path, home: &Path) -> Result<Prepared, SandboxError> {
+        Prepared::new_hiding(policy, workdir, home, &[])
+    }
+
+    /// [`Prepared::new`], also hiding `hidden` from every call (the runner's own state and
+    /// configuration directories; see [`crate::MountRecord::hidden`]).
+    pub fn new_hiding(
+        policy: &Policy,
+        workdir: &Path,
+        home: &Path,
+        hidden: &[PathBuf],
+    ) -> Result<Prepared, SandboxError> {
         if policy.unsandboxed() {
             return Err(SandboxError::InvalidRequest {
                 reason: "an unsandboxed policy is for the one approved run (ollie_sandbox::run), never a prepared session".into(),
@@ -197,6 +208,7 @@ impl Prepared {
             ruleset.record.abi,
             &[],
             0,
+            hidden,
         )?;
         let l = resolved.policy.limits;
         let devnull = spawn::open_devnull()?;
@@ -534,7 +546,8 @@ impl Prepared {
             )
         };
         // Every process of the call is gone (its pid namespace died with its init).
-        let post_run = snapshot_before.diff(&crate::postrun::Snapshot::take(&workdir));
+        let mut post_run = snapshot_before.diff(&crate::postrun::Snapshot::take(&workdir));
+        post_run.add(crate::postrun::setid_flags(&self.mounts.writable, &workdir));
         let shm_bytes = if self.mounts.private_shm.is_some() {
             l.shm_bytes
         } else {

@@ -1,7 +1,8 @@
 //! The seccomp profile: an allowlist built from named, commented syscall groups (x86_64),
-//! compiled with seccompiler (which also kills foreign-architecture calls), plus a small
-//! filter that makes `clone3` fail with ENOSYS so libc falls back to the flag-filtered
-//! `clone`.
+//! compiled with seccompiler (which also kills foreign-architecture calls), plus two small
+//! filters that answer a few calls with another errno: `clone3` and `openat2` fail with
+//! ENOSYS (libc falls back to the flag-filtered `clone`, and to `openat`, whose mode this
+//! filter can read), and `fallocate` that would allocate space fails with EOPNOTSUPP.
 //!
 //! Everything not listed fails with EPERM. That includes io_uring, ptrace,
 //! process_vm_readv/writev, pidfd_getfd, kcmp, bpf, perf_event_open, userfaultfd, the keyring
@@ -10,6 +11,29 @@
 //! name_to_handle_at, fanotify, process_madvise. x32 numbers (bit 30 set) match no rule and
 //! fail with EPERM too. Integer arguments are compared as 32-bit values (`Dword`), so high
 //! garbage bits in a 64-bit register cannot dodge a rule (TIOCSTI with bits 32..63 set).
+//!
+//! Argument rules that keep a tool from leaving privilege or reaching the host behind the
+//! other layers' backs:
+//! - **No set-id files** (systemd's `RestrictSUIDSGID=`): `chmod`, `fchmod`, `fchmodat`,
+//!   `fchmodat2`, `creat`, `mkdir`, `mkdirat`, `mknod`, `mknodat` with S_ISUID or S_ISGID in
+//!   the mode, and `open`/`openat` that create (O_CREAT or O_TMPFILE) with either bit, fail
+//!   with EPERM; `openat2`, whose mode sits in a struct no filter can read, is ENOSYS.
+//! - **No datagrams or descriptors to host sockets**: `socketpair` makes only AF_UNIX stream
+//!   and seqpacket pairs (a connected stream or seqpacket socket ignores or refuses a
+//!   destination address, so `sendto`/`sendmsg` with SCM_RIGHTS cannot reach `/dev/log` or
+//!   another daemon, and `connect` fails with EISCONN); `sendto` with an address fails except
+//!   in the `all` network mode (UDP), and `MSG_FASTOPEN` (a TCP connect that Landlock's
+//!   connect rule never sees) fails in every mode.
+//! - **No listening without a bind grant**: under `tcp` with no bind port, `bind`, `listen`
+//!   and `accept` are not allowed at all (`listen` on an unbound socket would bind an
+//!   ephemeral port Landlock never sees); with bind ports or `all`, `bind` takes only an
+//!   address of the size of `sockaddr_in` or `sockaddr_in6` (16 or 28 bytes), which refuses
+//!   pathname and nearly every abstract unix name (a 14- or 26-byte abstract name remains:
+//!   squatting it on a socketpair socket, which can never listen, can only deny the name).
+//! - **No instant disk allocation**: `fallocate` is allowed only to punch holes or collapse
+//!   ranges (modes that free space); anything else is EOPNOTSUPP (glibc's `posix_fallocate`
+//!   then writes the range), so disk use grows no faster than the tool writes, within
+//!   RLIMIT_FSIZE per file and the disk watchdog's limits.
 
 use ollie_policy::Network;
 use seccompiler::{
@@ -73,6 +97,37 @@ pub(crate) const CLONE_NS_FLAGS: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET) as u64;
 pub(crate) const CLONE_NEWTIME: u64 = 0x80;
+/// S_ISUID | S_ISGID: the mode bits no tool may set.
+pub(crate) const SETID_BITS: u64 = 0o6000;
+/// The `open` flags that create a file, and so make the mode argument count: O_CREAT and
+/// `__O_TMPFILE` (O_TMPFILE without O_DIRECTORY).
+pub(crate) const CREATE_FLAGS: u64 = 0o100 | 0o20000000;
+/// `MSG_FASTOPEN`: data with a TCP connect (`sendto`/`sendmsg` on an unconnected socket).
+pub(crate) const MSG_FASTOPEN: u64 = 0x2000_0000;
+/// Address lengths `bind` takes: `sockaddr_in` and `sockaddr_in6`.
+pub(crate) const INET_ADDR_LENS: [u64; 2] = [16, 28];
+/// `fallocate` modes that only free space: punch a hole (with KEEP_SIZE), collapse a range.
+pub(crate) const FALLOCATE_FREEING: [u64; 2] = [0x01 | 0x02, 0x08];
+
+/// Calls whose mode argument (at the given index) may not carry [`SETID_BITS`].
+pub(crate) const MODE_ARGS: &[(i64, u8)] = &[
+    (SYS_chmod, 1),
+    (SYS_fchmod, 1),
+    (SYS_fchmodat, 2),
+    (SYS_fchmodat2, 2),
+    (SYS_creat, 1),
+    (SYS_mkdir, 1),
+    (SYS_mkdirat, 2),
+    (SYS_mknod, 1),
+    (SYS_mknodat, 2),
+];
+
+/// Calls that create with a mode when their flags say so: `(nr, flags arg, mode arg)`.
+pub(crate) const OPEN_ARGS: &[(i64, u8, u8)] = &[(SYS_open, 1, 2), (SYS_openat, 2, 3)];
+
+/// Calls whose flags argument (at the given index) may not carry [`MSG_FASTOPEN`];
+/// `sendto` (flags 3, address length 5) is handled on its own.
+pub(crate) const SEND_FLAGS: &[(i64, u8)] = &[(SYS_sendmsg, 2), (SYS_sendmmsg, 3)];
 
 fn allow(rules: &mut Rules, nrs: &[i64]) {
     for nr in nrs {
@@ -365,9 +420,53 @@ pub(crate) const GROUP_SOCKET_IO: &[i64] = &[
     SYS_getpeername,
 ];
 
-/// Client/server socket calls, only when the policy grants network: TCP (`Network::Tcp`,
-/// Landlock filters the ports) or the whole network (`Network::All`: TCP and UDP, any port).
+/// Client/server socket calls when the policy grants bind ports or the whole network
+/// (`bind` is argument-filtered: [`INET_ADDR_LENS`]). A `tcp` policy without bind ports gets
+/// `connect` alone ([`GROUP_CONNECT`]).
 pub(crate) const GROUP_INET: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
+
+/// The client call of a `tcp` policy without bind ports (Landlock filters the ports).
+pub(crate) const GROUP_CONNECT: &[i64] = &[SYS_connect];
+
+/// What a network mode changes in the filter. `Tcp` splits on whether a bind port is
+/// granted: without one, nothing may bind or listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NetFilter {
+    /// `Network::Off`: no inet socket.
+    Off,
+    /// `Network::Tcp` without bind ports: TCP sockets that connect.
+    Connect,
+    /// `Network::Tcp` with bind ports: TCP sockets that connect, bind, listen and accept.
+    ConnectBind,
+    /// `Network::All`: TCP and UDP, any port; datagrams to addresses.
+    All,
+}
+
+impl NetFilter {
+    /// The filter shape of `network`.
+    pub(crate) fn of(network: &Network) -> NetFilter {
+        match network {
+            Network::Off => NetFilter::Off,
+            Network::Tcp { bind, .. } if bind.is_empty() => NetFilter::Connect,
+            Network::Tcp { .. } => NetFilter::ConnectBind,
+            Network::All => NetFilter::All,
+        }
+    }
+
+    /// The client/server calls allowed (before argument rules).
+    pub(crate) fn inet_calls(self) -> &'static [i64] {
+        match self {
+            NetFilter::Off => &[],
+            NetFilter::Connect => GROUP_CONNECT,
+            NetFilter::ConnectBind | NetFilter::All => GROUP_INET,
+        }
+    }
+
+    /// Whether `sendto` may name a destination (UDP needs it; nothing else does).
+    pub(crate) fn sendto_address(self) -> bool {
+        self == NetFilter::All
+    }
+}
 
 /// The `socket(2)` calls a network mode allows, as `(family, type & 0xf, protocol)`: none
 /// without network; TCP over IPv4/IPv6 for `Tcp` (no UDP, raw, MPTCP or SCTP, and no AF_UNIX
@@ -391,7 +490,13 @@ pub(crate) fn socket_triples(network: &Network) -> Vec<(i32, i32, i32)> {
     out
 }
 
+/// The `socketpair(2)` types allowed (AF_UNIX only): stream and seqpacket. A datagram pair
+/// could send to any pathname socket of the host (`sendto`/`sendmsg` with an address, or
+/// `connect` to retarget it).
+pub(crate) const SOCKETPAIR_TYPES: [i32; 2] = [SOCK_STREAM, SOCK_SEQPACKET];
+
 fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
+    let net = NetFilter::of(network);
     let mut rules = Rules::new();
     for g in [
         GROUP_FD_IO,
@@ -434,14 +539,53 @@ fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
             rule(vec![cond(0, Op::Eq, 0xffff_ffff)?])?,
         ],
     );
-    // socketpair: AF_UNIX only.
-    rules.insert(
-        SYS_socketpair,
-        vec![rule(vec![cond(0, Op::Eq, AF_UNIX as u64)?])?],
-    );
+    // No set-id bits in any mode a call sets or creates with.
+    for (nr, arg) in MODE_ARGS {
+        rules.insert(
+            *nr,
+            vec![rule(vec![cond(*arg, Op::MaskedEq(SETID_BITS), 0)?])?],
+        );
+    }
+    for (nr, flags, mode) in OPEN_ARGS {
+        rules.insert(
+            *nr,
+            vec![
+                rule(vec![cond(*flags, Op::MaskedEq(CREATE_FLAGS), 0)?])?,
+                rule(vec![cond(*mode, Op::MaskedEq(SETID_BITS), 0)?])?,
+            ],
+        );
+    }
+    // No TCP fast open; no destination address but for UDP.
+    for (nr, flags) in SEND_FLAGS {
+        rules.insert(
+            *nr,
+            vec![rule(vec![cond(*flags, Op::MaskedEq(MSG_FASTOPEN), 0)?])?],
+        );
+    }
+    let mut sendto = vec![cond(3, Op::MaskedEq(MSG_FASTOPEN), 0)?];
+    if !net.sendto_address() {
+        sendto.push(cond(5, Op::Eq, 0)?);
+    }
+    rules.insert(SYS_sendto, vec![rule(sendto)?]);
+    // socketpair: AF_UNIX stream and seqpacket pairs only.
+    let mut pairs = Vec::new();
+    for ty in SOCKETPAIR_TYPES {
+        pairs.push(rule(vec![
+            cond(0, Op::Eq, AF_UNIX as u64)?,
+            cond(1, Op::MaskedEq(0xf), ty as u64)?,
+        ])?);
+    }
+    rules.insert(SYS_socketpair, pairs);
     let triples = socket_triples(network);
     if !triples.is_empty() {
-        allow(&mut rules, GROUP_INET);
+        allow(&mut rules, net.inet_calls());
+        if net.inet_calls().contains(&SYS_bind) {
+            let mut binds = Vec::new();
+            for len in INET_ADDR_LENS {
+                binds.push(rule(vec![cond(2, Op::Eq, len)?])?);
+            }
+            rules.insert(SYS_bind, binds);
+        }
         let mut socket_rules = Vec::new();
         for (family, ty, proto) in triples {
             socket_rules.push(rule(vec![
@@ -474,16 +618,34 @@ fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
         SeccompAction::Errno(EPERM as u32),
         SeccompAction::Allow,
     )?;
-    // Installed last so that, for clone3, its ERRNO(ENOSYS) is the one returned (the most
-    // recently installed filter wins among equal actions).
-    let mut c3 = Rules::new();
-    c3.insert(SYS_clone3, vec![]);
-    let clone3 = compile(
-        c3,
+    // Installed after the allowlist so that their errno is the one returned (the most
+    // recently installed filter wins among equal actions): ENOSYS for clone3 (libc falls
+    // back to the filtered clone) and openat2 (libc and careful programs fall back to
+    // openat), EOPNOTSUPP for fallocate that would allocate.
+    let mut nosys = Rules::new();
+    nosys.insert(SYS_clone3, vec![]);
+    nosys.insert(SYS_openat2, vec![]);
+    let enosys = compile(
+        nosys,
         SeccompAction::Allow,
         SeccompAction::Errno(ENOSYS as u32),
     )?;
-    let programs = vec![main, clone3];
+    let mut alloc = Rules::new();
+    alloc.insert(
+        SYS_fallocate,
+        vec![rule(
+            FALLOCATE_FREEING
+                .iter()
+                .map(|m| cond(1, Op::Ne, *m))
+                .collect::<Result<_, _>>()?,
+        )?],
+    );
+    let eopnotsupp = compile(
+        alloc,
+        SeccompAction::Allow,
+        SeccompAction::Errno(EOPNOTSUPP as u32),
+    )?;
+    let programs = vec![main, enosys, eopnotsupp];
     let mut h = Sha256::new();
     let mut instructions = 0;
     for p in &programs {
@@ -507,22 +669,24 @@ fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
             filters: programs.len(),
             instructions,
             allowed_syscalls: allowed,
-            default_action: "errno(EPERM); foreign arch: kill process; clone3: errno(ENOSYS)",
+            default_action: "errno(EPERM); foreign arch: kill process; clone3, openat2: errno(ENOSYS); allocating fallocate: errno(EOPNOTSUPP)",
         },
         programs,
     })
 }
 
-/// The compiled filters for a network mode (compiled once per mode; the ports of `Tcp` are
-/// Landlock's business, not seccomp's).
+/// The compiled filters for a network mode (compiled once per [`NetFilter`] shape; the
+/// ports of `Tcp` are Landlock's business, not seccomp's).
 pub fn filters(network: &Network) -> Result<Filters, SeccompError> {
     static OFF: OnceLock<Filters> = OnceLock::new();
-    static TCP: OnceLock<Filters> = OnceLock::new();
+    static CONNECT: OnceLock<Filters> = OnceLock::new();
+    static CONNECT_BIND: OnceLock<Filters> = OnceLock::new();
     static ALL: OnceLock<Filters> = OnceLock::new();
-    let cell = match network {
-        Network::Off => &OFF,
-        Network::Tcp { .. } => &TCP,
-        Network::All => &ALL,
+    let cell = match NetFilter::of(network) {
+        NetFilter::Off => &OFF,
+        NetFilter::Connect => &CONNECT,
+        NetFilter::ConnectBind => &CONNECT_BIND,
+        NetFilter::All => &ALL,
     };
     if let Some(f) = cell.get() {
         return Ok(f.clone());
@@ -547,31 +711,36 @@ mod tests {
         assert_ne!(off.record.hash, tcp.record.hash);
         assert_ne!(tcp.record.hash, all.record.hash);
         assert_ne!(off.record.hash, all.record.hash);
-        assert_eq!(off.programs.len(), 2);
-        assert_eq!(all.programs.len(), 2);
+        assert_eq!(off.programs.len(), 3);
+        assert_eq!(all.programs.len(), 3);
         // The network modes differ in the client/server calls and socket(2) only.
-        let (r_off, r_all) = (
-            build_allowlist(&Network::Off).unwrap(),
-            build_allowlist(&Network::All).unwrap(),
-        );
-        let extra: Vec<i64> = r_all
-            .keys()
-            .filter(|k| !r_off.contains_key(k))
-            .copied()
-            .collect();
-        let mut want: Vec<i64> = GROUP_INET.to_vec();
-        want.push(SYS_socket);
-        want.sort_unstable();
-        assert_eq!(extra, want);
-        let tcp_rules = build_allowlist(&Network::Tcp {
+        let keys =
+            |n: &Network| -> Vec<i64> { build_allowlist(n).unwrap().keys().copied().collect() };
+        let extra = |n: &Network| -> Vec<i64> {
+            let off = keys(&Network::Off);
+            keys(n).into_iter().filter(|k| !off.contains(k)).collect()
+        };
+        let with = |calls: &[i64]| {
+            let mut v = calls.to_vec();
+            v.push(SYS_socket);
+            v.sort_unstable();
+            v
+        };
+        let tcp_bind = Network::Tcp {
             connect: Default::default(),
+            bind: [8080].into(),
+        };
+        let tcp_connect = Network::Tcp {
+            connect: [443].into(),
             bind: Default::default(),
-        })
-        .unwrap();
-        assert_eq!(
-            r_all.keys().collect::<Vec<_>>(),
-            tcp_rules.keys().collect::<Vec<_>>()
-        );
+        };
+        assert_eq!(extra(&Network::All), with(GROUP_INET));
+        assert_eq!(extra(&tcp_bind), with(GROUP_INET));
+        // Without a bind port nothing binds, listens or accepts.
+        assert_eq!(extra(&tcp_connect), with(GROUP_CONNECT));
+        let fc = filters(&tcp_connect).unwrap();
+        let fb = filters(&tcp_bind).unwrap();
+        assert_ne!(fc.record.hash, fb.record.hash);
         let rules = build_allowlist(&Network::Off).unwrap();
         for denied in [
             SYS_io_uring_setup,

@@ -284,6 +284,9 @@ pub struct RunRequest {
     /// is the smaller of `limits.timeout_seconds` and this (recorded in
     /// [`RunRecord::limits`]). 0 is refused.
     pub timeout_seconds: Option<u64>,
+    /// More paths to hide from the tool, besides the secret locations and other homes (the
+    /// runner's own state and configuration directories): see [`MountRecord::hidden`].
+    pub hidden: Vec<PathBuf>,
     /// Union mounts (bead namespaces): each an overlay of read-only lower layers over a
     /// writable upper layer, at a point that need not exist on the host (see
     /// [`crate::UnionMount`]). Not empty: the run gets a new root that holds the points. One-shot
@@ -315,6 +318,7 @@ impl RunRequest {
             stdin_fd: None,
             cwd: None,
             timeout_seconds: None,
+            hidden: Vec::new(),
             unions: Vec::new(),
             fault: None,
         }
@@ -466,6 +470,10 @@ pub struct MountRecord {
     /// Union mounts, paths resolved (missing lower layers left out). Not empty: the root was
     /// a new read-only tmpfs holding the host's top-level entries and the points.
     pub unions: Vec<crate::UnionMount>,
+    /// Paths hidden from the tool (an empty, inaccessible tmpfs over a directory, `/dev/null`
+    /// over a file): secret locations, the runner's state and configuration, homes and
+    /// `/run/user` that hold none of the policy's paths.
+    pub hidden: Vec<PathBuf>,
 }
 
 /// The layers active for a run.
@@ -642,7 +650,7 @@ pub struct LimitsRecord {
     pub address_space_bytes: u64,
     /// RLIMIT_NPROC / pids.max.
     pub processes: u64,
-    /// RLIMIT_FSIZE.
+    /// RLIMIT_FSIZE: the policy's `file_size_bytes`, capped at `disk_bytes`.
     pub file_size_bytes: u64,
     /// RLIMIT_NOFILE.
     pub open_files: u64,
@@ -873,8 +881,11 @@ impl Capture {
     }
 }
 
-/// How often the runner samples the free space of the writable filesystems.
-const DISK_SAMPLE: Duration = Duration::from_millis(50);
+/// How often the runner samples the free space of the writable filesystems. With
+/// `fallocate` refused (seccomp) and every file bounded by RLIMIT_FSIZE ≤ `disk_bytes`, a
+/// tool takes space only as fast as it writes, so the overshoot is about two samples' worth
+/// of writing (the gross-overshoot rule kills at once past an eighth).
+const DISK_SAMPLE: Duration = Duration::from_millis(10);
 /// The free-space reserve: 1/20 (5%) of the filesystem, at most this many bytes.
 const RESERVE_BYTES_MAX: u64 = 1 << 30;
 /// The free-inode reserve: 1/20 (5%) of the filesystem's inodes, at most this many.
@@ -1133,6 +1144,7 @@ pub fn run_streaming(
         ruleset.record.abi,
         &unions,
         ruleset.root_access,
+        &req.hidden,
     )?;
 
     let (stdin_child, stdin_feed) = tool_stdin(req, open_devnull)?;
@@ -1217,9 +1229,10 @@ pub fn run_streaming(
     // Every process of the run is gone (init reaped): remove the placeholders no other run
     // uses, then compare with the baseline.
     drop(islands);
-    let post_run = snapshot_before
+    let mut post_run = snapshot_before
         .map(|b| b.diff(&crate::postrun::Snapshot::take(&workdir)))
         .unwrap_or_default();
+    post_run.add(crate::postrun::setid_flags(&watched, &workdir));
     let shm_bytes = l.shm_bytes;
     Ok(run_output(
         req,
@@ -1300,10 +1313,17 @@ pub(crate) fn rlimits(l: &ollie_policy::Limits) -> Vec<(libc::__rlimit_resource_
         (libc::RLIMIT_CPU, l.cpu_seconds),
         (libc::RLIMIT_AS, l.address_space_bytes),
         (libc::RLIMIT_NPROC, l.processes),
-        (libc::RLIMIT_FSIZE, l.file_size_bytes),
+        (libc::RLIMIT_FSIZE, file_size_limit(l)),
         (libc::RLIMIT_NOFILE, l.open_files),
         (libc::RLIMIT_CORE, 0),
     ]
+}
+
+/// RLIMIT_FSIZE: the policy's file size, never more than the run's disk budget, so that no
+/// single write, truncate or copy can take more space than the whole run may (the kernel
+/// refuses it with SIGXFSZ/EFBIG; the disk watchdog bounds the sum over many files).
+pub(crate) fn file_size_limit(l: &ollie_policy::Limits) -> u64 {
+    l.file_size_bytes.min(l.disk_bytes)
 }
 
 /// A seccompiler program as the kernel takes it.
@@ -1736,7 +1756,7 @@ impl LimitsRecord {
             cpu_seconds: l.cpu_seconds,
             address_space_bytes: l.address_space_bytes,
             processes: l.processes,
-            file_size_bytes: l.file_size_bytes,
+            file_size_bytes: file_size_limit(l),
             open_files: l.open_files,
             core_bytes: 0,
             output_bytes: l.output_bytes,

@@ -712,6 +712,10 @@ pub(crate) enum MountStep {
         options: CString,
         rule_access: u64,
     },
+    /// Hide `path` from the tool: an empty tmpfs of mode 0 (nothing to list, stat or watch)
+    /// over a directory, `/dev/null` bound over a file; read-only, nosuid, nodev, noexec. A
+    /// path gone by then is skipped (there is nothing left to hide).
+    Hide { path: CString, dir: bool },
     /// Replace the root by a fresh tmpfs (`options`) that holds one entry per entry of the
     /// host's `/` (`entries`: directories and files bound recursively from the host, symlinks
     /// recreated) plus empty directories for union points; the tmpfs is mounted on `stage`
@@ -1174,6 +1178,7 @@ fn run_mounts(plan: &ChildPlan) {
                     options,
                     rule_access,
                 } => mount_private_tmpfs(path, options, *rule_access),
+                MountStep::Hide { path, dir } => hide(path, *dir),
                 MountStep::NewRoot {
                     stage,
                     options,
@@ -1880,6 +1885,46 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
     }
 }
 
+/// The init stage's [`MountStep::Hide`]. Child only (raw syscalls on prepared data).
+fn hide(path: &CStr, dir: bool) {
+    const LOCKED: libc::c_ulong = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: valid C strings; raw mount(2) calls in the child's own mount namespace.
+    let r = unsafe {
+        if dir {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                LOCKED,
+                c"size=4096,nr_inodes=2,mode=0".as_ptr().cast(),
+            )
+        } else {
+            libc::mount(
+                c"/dev/null".as_ptr(),
+                path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        }
+    };
+    if r < 0 {
+        let e = errno();
+        if e == libc::ENOENT {
+            return;
+        }
+        fail(Stage::Mount, e);
+    }
+    if !dir {
+        mount_setattr(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            0,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        );
+    }
+}
+
 /// The init stage's [`MountStep::PrivateTmpfs`]: mount, then add the Landlock rule for the new
 /// root through the inherited ruleset fd. Child only (raw syscalls, no allocation).
 fn mount_private_tmpfs(path: &CStr, options: &CStr, rule_access: u64) {
@@ -1948,6 +1993,19 @@ pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, b
         fmt == libc::S_IFDIR,
         fmt == libc::S_IFLNK,
     ))
+}
+
+/// The full `st_mode` (type and permission bits) of `name` in `dir`, without following a
+/// final symlink.
+pub(crate) fn mode_at(dir: RawFd, name: &Path) -> io::Result<u32> {
+    let c = cstring(name)?;
+    // SAFETY: zeroed plain data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer; the kernel validates the fd.
+    if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_mode)
 }
 
 /// The entries of an open directory (`.` and `..` left out), read with `getdents64` from the

@@ -51,7 +51,7 @@ fn run_in(policy: &Policy, ws: &Path, script: &str) -> RunOutput {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.record.layers.landlock.abi >= 7);
-    assert_eq!(out.record.layers.seccomp.filters, 2);
+    assert_eq!(out.record.layers.seccomp.filters, 3);
     out
 }
 

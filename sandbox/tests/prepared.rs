@@ -457,35 +457,60 @@ fn protected_island_cannot_be_moved_aside() {
     }
     let ws = Ws::new("pin");
     std::fs::create_dir_all(ws.0.join("w/.git/hooks")).unwrap();
+    std::fs::create_dir_all(ws.0.join("w/.git/objects")).unwrap();
+    std::fs::write(ws.0.join("w/.git/HEAD"), "ref: refs/heads/main\n").unwrap();
     let sb = ws.prepare(&policy("workspace", ""));
-    // The session's mounts pin `.git` (between the workspace and the read-only `.git/hooks`),
-    // as one-shot runs do: it cannot be renamed or removed, so no fresh `.git/hooks` can
-    // replace the protected one.
+    // The whole of `.git` is read-only for the session, as in one-shot runs: it cannot be
+    // renamed or removed, nothing in it can be created or changed (no `commondir` redirect,
+    // no hook), so no fresh `.git` can replace the protected one.
     let o = sb
         .run(&ws.req(&[
             "sh",
             "-c",
             "mv .git .g2; echo \"mvgit $?\"; mv .git/hooks .git/h2; echo \"mvhooks $?\"; \
-             echo x > .git/hooks/pre-commit; echo \"hook $?\"; touch .git/ok; echo \"git $?\"",
+             echo x > .git/hooks/pre-commit; echo \"hook $?\"; touch .git/ok; echo \"git $?\"; \
+             echo \"$PWD/ev\" > .git/commondir; echo \"commondir $?\"; \
+             echo x > .git/objects/o; echo \"objects $?\"; echo x > .git/HEAD; echo \"head $?\"",
         ]))
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    for l in ["mvgit", "mvhooks", "hook"] {
+    for l in ["mvgit", "mvhooks", "hook", "git", "commondir", "objects", "head"] {
         assert!(
             text.lines().any(|x| x.starts_with(l) && !x.ends_with(" 0")),
             "{l} succeeded: {text}"
         );
     }
-    // `.git` itself stays writable.
-    assert!(text.contains("git 0"), "{text}");
     assert!(!ws.0.join("w/.g2").exists());
-    assert!(!ws.0.join("w/.git/hooks/pre-commit").exists());
-    let hooks = ws.0.join("w/.git/hooks");
+    for f in [".git/hooks/pre-commit", ".git/ok", ".git/commondir", ".git/objects/o"] {
+        assert!(!ws.0.join("w").join(f).exists(), "{f} was created");
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.0.join("w/.git/HEAD")).unwrap(),
+        "ref: refs/heads/main\n"
+    );
+    let dotgit = ws.0.join("w/.git");
     assert!(
-        o.record.layers.mounts.protected.contains(&hooks),
+        o.record.layers.mounts.protected.contains(&dotgit),
         "{:?}",
         o.record.layers.mounts
     );
+    drop(sb);
+    // A policy's write rule inside the island is an explicit exception (the innermost rule
+    // wins): `.git/objects` is writable, everything else in `.git` is not.
+    let text = common::workspace_with_write("{workdir}/.git/objects");
+    let sb = ws.prepare(&Policy::from_toml(&text).unwrap());
+    let o = sb
+        .run(&ws.req(&[
+            "sh",
+            "-c",
+            "echo x > .git/objects/o; echo \"objects $?\"; echo x > .git/commondir; echo \"commondir $?\"",
+        ]))
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("objects 0"), "{text}");
+    assert!(!text.contains("commondir 0"), "{text}");
+    assert!(ws.0.join("w/.git/objects/o").exists());
+    assert!(!ws.0.join("w/.git/commondir").exists());
 }
 
 #[test]

@@ -1,16 +1,21 @@
 //! The default seccomp profile compiled as a binary search over syscall-number ranges instead
 //! of seccompiler's linear chain, for the prepared (per-call) spawn path.
 //!
-//! Same rules, same actions: the allowed numbers are `seccomp.rs`'s groups, and the few
-//! argument-filtered calls (ioctl, clone, unshare, personality, socketpair, socket: TCP for
-//! `Network::Tcp`, TCP and UDP for `Network::All`) are re-expressed here. [`equivalent`] runs both programs through a small classic-BPF
+//! Same rules, same actions: the allowed numbers are `seccomp.rs`'s groups, and the
+//! argument-filtered calls (ioctl, clone, unshare, personality, the set-id mode rules, the
+//! send flags and addresses, socketpair, bind, socket: TCP for `Network::Tcp`, TCP and UDP for
+//! `Network::All`) and the other errnos (clone3 and openat2: ENOSYS; allocating fallocate:
+//! EOPNOTSUPP) are re-expressed here. [`equivalent`] runs both programs through a small classic-BPF
 //! interpreter over every syscall number (and argument probes for the filtered calls), and
 //! the prepared path falls back to the reference programs if they ever disagree. A filter of
 //! ~210 instructions whose every path is at most ~20 instructions long costs the kernel a
 //! fraction of the ~1280-instruction chain to attach (JIT and the per-syscall action cache
 //! both scale with the instructions walked).
 
-use crate::seccomp::{self, CLONE_NEWTIME, CLONE_NS_FLAGS, TIOCLINUX, TIOCSTI};
+use crate::seccomp::{
+    self, CLONE_NEWTIME, CLONE_NS_FLAGS, CREATE_FLAGS, FALLOCATE_FREEING, INET_ADDR_LENS,
+    MSG_FASTOPEN, NetFilter, SETID_BITS, TIOCLINUX, TIOCSTI,
+};
 use libc::sock_filter;
 use ollie_policy::Network;
 
@@ -41,6 +46,7 @@ fn ld_arg_lo(i: u32) -> sock_filter {
 
 const EPERM: u32 = RET_ERRNO | libc::EPERM as u32;
 const ENOSYS: u32 = RET_ERRNO | libc::ENOSYS as u32;
+const EOPNOTSUPP: u32 = RET_ERRNO | libc::EOPNOTSUPP as u32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
@@ -55,12 +61,27 @@ enum Class {
     Socket,
     /// `socket(2)` under `Network::All`: TCP and UDP over IPv4/IPv6.
     SocketAll,
-    Clone3,
+    /// ENOSYS (clone3, openat2).
+    NoSys,
+    /// Denied when the mode argument at this index carries set-id bits.
+    Mode(u8),
+    /// `open`/`openat`: denied when the flags (first index) create and the mode (second)
+    /// carries set-id bits.
+    OpenMode(u8, u8),
+    /// Denied when the flags argument at this index carries `MSG_FASTOPEN`.
+    SendFlags(u8),
+    /// `sendto` without a destination address (flags 3, address length 5).
+    SendToNoAddress,
+    /// `bind` with an inet address length.
+    Bind,
+    /// `fallocate`: EOPNOTSUPP unless the mode frees space.
+    Fallocate,
 }
 
 fn classes(network: &Network) -> Vec<Class> {
+    let net = NetFilter::of(network);
     let mut c = vec![Class::Deny; MAX_NR as usize];
-    let mut groups = vec![
+    let groups = [
         seccomp::GROUP_FD_IO,
         seccomp::GROUP_FS,
         seccomp::GROUP_MEMORY,
@@ -68,15 +89,13 @@ fn classes(network: &Network) -> Vec<Class> {
         seccomp::GROUP_SIGNALS,
         seccomp::GROUP_TIME_INFO,
         seccomp::GROUP_SOCKET_IO,
+        net.inet_calls(),
     ];
     let socket = match network {
         Network::Off => None,
         Network::Tcp { .. } => Some(Class::Socket),
         Network::All => Some(Class::SocketAll),
     };
-    if socket.is_some() {
-        groups.push(seccomp::GROUP_INET);
-    }
     for g in groups {
         for nr in g {
             if let Some(slot) = usize::try_from(*nr).ok().and_then(|i| c.get_mut(i)) {
@@ -94,7 +113,29 @@ fn classes(network: &Network) -> Vec<Class> {
     set(libc::SYS_unshare, Class::Unshare);
     set(libc::SYS_personality, Class::Personality);
     set(libc::SYS_socketpair, Class::Socketpair);
-    set(libc::SYS_clone3, Class::Clone3);
+    set(libc::SYS_clone3, Class::NoSys);
+    set(libc::SYS_openat2, Class::NoSys);
+    set(libc::SYS_fallocate, Class::Fallocate);
+    for (nr, arg) in seccomp::MODE_ARGS {
+        set(*nr, Class::Mode(*arg));
+    }
+    for (nr, flags, mode) in seccomp::OPEN_ARGS {
+        set(*nr, Class::OpenMode(*flags, *mode));
+    }
+    for (nr, flags) in seccomp::SEND_FLAGS {
+        set(*nr, Class::SendFlags(*flags));
+    }
+    set(
+        libc::SYS_sendto,
+        if net.sendto_address() {
+            Class::SendFlags(3)
+        } else {
+            Class::SendToNoAddress
+        },
+    );
+    if net.inet_calls().contains(&libc::SYS_bind) {
+        set(libc::SYS_bind, Class::Bind);
+    }
     if let Some(class) = socket {
         set(libc::SYS_socket, class);
     }
@@ -105,7 +146,7 @@ fn leaf(class: Class, out: &mut Vec<sock_filter>) {
     match class {
         Class::Allow => out.push(ret(RET_ALLOW)),
         Class::Deny => out.push(ret(EPERM)),
-        Class::Clone3 => out.push(ret(ENOSYS)),
+        Class::NoSys => out.push(ret(ENOSYS)),
         Class::Ioctl => out.extend([
             ld_arg_lo(1),
             ins(JEQ_K, 2, 0, TIOCSTI as u32),
@@ -133,9 +174,64 @@ fn leaf(class: Class, out: &mut Vec<sock_filter>) {
             ret(EPERM),
             ret(RET_ALLOW),
         ]),
+        Class::Mode(arg) => out.extend([
+            ld_arg_lo(u32::from(arg)),
+            ins(JSET_K, 1, 0, SETID_BITS as u32),
+            ret(RET_ALLOW),
+            ret(EPERM),
+        ]),
+        Class::OpenMode(flags, mode) => out.extend([
+            // 0: creating?
+            ld_arg_lo(u32::from(flags)),
+            ins(JSET_K, 1, 0, CREATE_FLAGS as u32),
+            ret(RET_ALLOW),
+            // 3: then no set-id bits in the mode
+            ld_arg_lo(u32::from(mode)),
+            ins(JSET_K, 1, 0, SETID_BITS as u32),
+            ret(RET_ALLOW),
+            ret(EPERM),
+        ]),
+        Class::SendFlags(arg) => out.extend([
+            ld_arg_lo(u32::from(arg)),
+            ins(JSET_K, 1, 0, MSG_FASTOPEN as u32),
+            ret(RET_ALLOW),
+            ret(EPERM),
+        ]),
+        Class::SendToNoAddress => out.extend([
+            // 0: flags
+            ld_arg_lo(3),
+            ins(JSET_K, 2, 0, MSG_FASTOPEN as u32),
+            // 2: address length 0
+            ld_arg_lo(5),
+            ins(JEQ_K, 1, 0, 0),
+            // 4, 5
+            ret(EPERM),
+            ret(RET_ALLOW),
+        ]),
+        Class::Bind => out.extend([
+            ld_arg_lo(2),
+            ins(JEQ_K, 1, 0, INET_ADDR_LENS[0] as u32),
+            ins(JEQ_K, 0, 1, INET_ADDR_LENS[1] as u32),
+            ret(RET_ALLOW),
+            ret(EPERM),
+        ]),
+        Class::Fallocate => out.extend([
+            ld_arg_lo(1),
+            ins(JEQ_K, 1, 0, FALLOCATE_FREEING[0] as u32),
+            ins(JEQ_K, 0, 1, FALLOCATE_FREEING[1] as u32),
+            ret(RET_ALLOW),
+            ret(EOPNOTSUPP),
+        ]),
         Class::Socketpair => out.extend([
+            // 0: AF_UNIX
             ld_arg_lo(0),
-            ins(JEQ_K, 0, 1, libc::AF_UNIX as u32),
+            ins(JEQ_K, 0, 5, libc::AF_UNIX as u32),
+            // 2: type & 0xf: stream or seqpacket
+            ld_arg_lo(1),
+            ins(AND_K, 0, 0, 0xf),
+            ins(JEQ_K, 1, 0, libc::SOCK_STREAM as u32),
+            ins(JEQ_K, 0, 1, libc::SOCK_SEQPACKET as u32),
+            // 6, 7
             ret(RET_ALLOW),
             ret(EPERM),
         ]),
@@ -192,7 +288,7 @@ fn tree(ranges: &[(u32, Class)], out: &mut Vec<sock_filter>) -> Option<()> {
     tree(&ranges[mid..], out)
 }
 
-/// Compiles the default profile for `network` as one program (clone3's ENOSYS folded in).
+/// Compiles the default profile for `network` as one program (the other errnos folded in).
 /// `None` if a jump would not fit (never for the shipped groups; the caller then uses the
 /// reference programs).
 pub(crate) fn compile(network: &Network) -> Option<Vec<sock_filter>> {
@@ -327,6 +423,29 @@ fn probes() -> Vec<u64> {
         CLONE_NEWTIME,
         libc::SIGCHLD as u64,
         (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u64,
+        // Modes and open flags.
+        0o755,
+        0o4755,
+        0o2755,
+        0o2000,
+        0o1777,
+        0o6000 | (1 << 32),
+        libc::S_IFREG as u64 | 0o4755,
+        libc::O_CREAT as u64,
+        (libc::O_CREAT | libc::O_WRONLY | libc::O_EXCL) as u64,
+        (libc::O_TMPFILE | libc::O_RDWR) as u64,
+        libc::O_DIRECTORY as u64,
+        // Send flags, address lengths, fallocate modes.
+        MSG_FASTOPEN,
+        MSG_FASTOPEN | libc::MSG_NOSIGNAL as u64,
+        libc::MSG_NOSIGNAL as u64,
+        16,
+        28,
+        110,
+        8,
+        0x10,
+        0x40,
+        libc::SOCK_SEQPACKET as u64 | libc::SOCK_CLOEXEC as u64,
     ];
     for bit in 0..32 {
         let f = 1u64 << bit;
@@ -355,10 +474,30 @@ const COMBOS: [u64; 13] = [
     (1 << 32) | 1,
 ];
 
+/// Values combined in the argument pairs of [`PAIRS`] (flags and modes, send flags and
+/// address lengths).
+const PAIR_VALUES: [u64; 10] = [
+    0,
+    0o4755,
+    0o2000,
+    0o755,
+    libc::O_CREAT as u64,
+    (libc::O_TMPFILE | libc::O_RDWR) as u64,
+    MSG_FASTOPEN,
+    16,
+    0xffff_ffff,
+    (1 << 32) | 0o4000,
+];
+
+/// Argument pairs whose decisions depend on each other: `open` (flags, mode), `openat`
+/// (flags, mode), `sendto` (flags, address length).
+const PAIRS: [(usize, usize); 3] = [(1, 2), (2, 3), (3, 5)];
+
 /// Whether `fast` decides exactly like the reference `programs` for every syscall number
 /// below [`MAX_NR`], x32 and out-of-range numbers and a foreign architecture (arguments
 /// zero); and, for every number whose decision reads an argument in either program, for each
-/// probe value in each argument and every combination of [`COMBOS`] in the first three.
+/// probe value in each argument, every combination of [`COMBOS`] in the first three and of
+/// [`PAIR_VALUES`] in each of [`PAIRS`].
 pub(crate) fn equivalent(fast: &[sock_filter], programs: &[Vec<sock_filter>]) -> bool {
     let fast = [fast.to_vec()];
     // Some(reads_args) when both agree.
@@ -398,6 +537,18 @@ pub(crate) fn equivalent(fast: &[sock_filter], programs: &[Vec<sock_filter>]) ->
                 }
             }
         }
+        for (a, b) in PAIRS {
+            for x in PAIR_VALUES {
+                for y in PAIR_VALUES {
+                    let mut args = [0u64; 6];
+                    args[a] = x;
+                    args[b] = y;
+                    if same(&data(AUDIT_ARCH_X86_64, nr, args)).is_none() {
+                        return false;
+                    }
+                }
+            }
+        }
     }
     true
 }
@@ -431,6 +582,10 @@ mod tests {
             Network::Tcp {
                 connect: [80].into(),
                 bind: Default::default(),
+            },
+            Network::Tcp {
+                connect: [80].into(),
+                bind: [8080].into(),
             },
             Network::All,
         ] {
@@ -529,6 +684,121 @@ mod tests {
             for ty in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_RAW] {
                 assert_eq!(verdict(family, ty, 0), EPERM, "{family} {ty}");
             }
+        }
+    }
+
+    fn verdict(prog: &[sock_filter], nr: i64, args: [u64; 6]) -> u32 {
+        interpret(prog, &data(AUDIT_ARCH_X86_64, nr as u32, args))
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn no_setid_modes_no_fast_open_no_datagram_pairs_no_allocation() {
+        let tcp = Network::Tcp {
+            connect: [80].into(),
+            bind: Default::default(),
+        };
+        for network in [Network::Off, tcp.clone(), Network::All] {
+            let p = compile(&network).unwrap();
+            for (nr, arg) in seccomp::MODE_ARGS {
+                for (mode, want) in [
+                    (0o755, RET_ALLOW),
+                    (0o1777, RET_ALLOW),
+                    (0o4755, EPERM),
+                    (0o2755, EPERM),
+                    (0o2777, EPERM),
+                    (libc::S_IFREG as u64 | 0o6755, EPERM),
+                ] {
+                    let mut a = [0; 6];
+                    a[usize::from(*arg)] = mode;
+                    assert_eq!(verdict(&p, *nr, a), want, "{nr} {mode:o}");
+                }
+            }
+            let creat = libc::O_CREAT as u64 | libc::O_WRONLY as u64;
+            let tmp = (libc::O_TMPFILE | libc::O_RDWR) as u64;
+            for (flags, mode, want) in [
+                (creat, 0o644, RET_ALLOW),
+                (creat, 0o4755, EPERM),
+                (tmp, 0o2755, EPERM),
+                (tmp, 0o600, RET_ALLOW),
+                // Without O_CREAT the mode is ignored by the kernel.
+                (libc::O_RDONLY as u64, 0o4755, RET_ALLOW),
+            ] {
+                assert_eq!(
+                    verdict(&p, libc::SYS_openat, [0, 0, flags, mode, 0, 0]),
+                    want
+                );
+                assert_eq!(verdict(&p, libc::SYS_open, [0, flags, mode, 0, 0, 0]), want);
+            }
+            assert_eq!(verdict(&p, libc::SYS_openat2, [0; 6]), ENOSYS);
+            assert_eq!(verdict(&p, libc::SYS_clone3, [0; 6]), ENOSYS);
+            let fo = MSG_FASTOPEN;
+            assert_eq!(verdict(&p, libc::SYS_sendmsg, [3, 0, fo, 0, 0, 0]), EPERM);
+            assert_eq!(verdict(&p, libc::SYS_sendmmsg, [3, 0, 1, fo, 0, 0]), EPERM);
+            assert_eq!(verdict(&p, libc::SYS_sendto, [3, 0, 1, fo, 0, 0]), EPERM);
+            assert_eq!(verdict(&p, libc::SYS_sendto, [3, 0, 1, 0, 0, 0]), RET_ALLOW);
+            let to_addr = verdict(&p, libc::SYS_sendto, [3, 0, 1, 0, 1, 110]);
+            if network == Network::All {
+                assert_eq!(to_addr, RET_ALLOW);
+            } else {
+                assert_eq!(to_addr, EPERM, "{network:?}");
+            }
+            let unix = libc::AF_UNIX as u64;
+            for (ty, want) in [
+                (libc::SOCK_STREAM, RET_ALLOW),
+                (libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, RET_ALLOW),
+                (libc::SOCK_DGRAM, EPERM),
+                (libc::SOCK_DGRAM | libc::SOCK_NONBLOCK, EPERM),
+            ] {
+                assert_eq!(
+                    verdict(&p, libc::SYS_socketpair, [unix, ty as u64, 0, 0, 0, 0]),
+                    want
+                );
+            }
+            for (mode, want) in [
+                (0, EOPNOTSUPP),
+                (1, EOPNOTSUPP),
+                (0x10, EOPNOTSUPP),
+                (3, RET_ALLOW),
+                (8, RET_ALLOW),
+            ] {
+                assert_eq!(
+                    verdict(&p, libc::SYS_fallocate, [3, mode, 0, 1 << 30, 0, 0]),
+                    want
+                );
+            }
+        }
+        // Binding: nothing under tcp without bind ports; inet address sizes otherwise.
+        let p = compile(&tcp).unwrap();
+        for nr in [
+            libc::SYS_bind,
+            libc::SYS_listen,
+            libc::SYS_accept,
+            libc::SYS_accept4,
+        ] {
+            assert_eq!(verdict(&p, nr, [3, 0, 16, 0, 0, 0]), EPERM);
+        }
+        assert_eq!(
+            verdict(&p, libc::SYS_connect, [3, 0, 16, 0, 0, 0]),
+            RET_ALLOW
+        );
+        let bind = Network::Tcp {
+            connect: Default::default(),
+            bind: [8080].into(),
+        };
+        for network in [bind, Network::All] {
+            let p = compile(&network).unwrap();
+            for (len, want) in [
+                (16, RET_ALLOW),
+                (28, RET_ALLOW),
+                (20, EPERM),
+                (110, EPERM),
+                (2, EPERM),
+            ] {
+                assert_eq!(verdict(&p, libc::SYS_bind, [3, 0, len, 0, 0, 0]), want);
+            }
+            assert_eq!(verdict(&p, libc::SYS_listen, [3, 5, 0, 0, 0, 0]), RET_ALLOW);
         }
     }
 }

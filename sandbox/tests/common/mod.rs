@@ -53,6 +53,16 @@ pub fn profile_with_limits(profile: &str, limits: &str) -> ollie_policy::Policy 
     .unwrap()
 }
 
+/// The shipped `workspace` profile's text with `extra` added to its `fs.write` list.
+pub fn workspace_with_write(extra: &str) -> String {
+    let base = ollie_policy::SHIPPED_PROFILES
+        .iter()
+        .find(|(n, _)| *n == "workspace")
+        .unwrap()
+        .1;
+    base.replacen("write = [\"{workdir}\",", &format!("write = [\"{extra}\", \"{{workdir}}\","), 1)
+}
+
 /// Pids of live (non-zombie) processes whose command line contains `marker`.
 pub fn procs_with(marker: &str) -> Vec<u32> {
     let mut out = Vec::new();
