@@ -1538,3 +1538,48 @@ fn overlay_layers_list_members_with_dated_folders_newest_first() {
     assert!(!l.work.starts_with(&l.upper) && !l.upper.starts_with(&l.work));
     assert!(ns.overlay_layers(&fx.env, "/none").is_err());
 }
+
+#[test]
+fn set_id_files_never_leave_the_shadow_layer() {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new();
+    let (a, c) = (fx.plain("A"), fx.plain("C"));
+    let mut ns = Namespace::new("s1");
+    fx.ok(&mut ns, &format!("mount -b {} /ctx", a.display()));
+    for (name, mode) in [("suid", 0o4755), ("sgid", 0o2755), ("plain", 0o755)] {
+        let r = ns
+            .create(
+                &fx.env,
+                "/ctx",
+                &format!("artifacts/{name}"),
+                NodeKind::File,
+            )
+            .unwrap();
+        fs::write(&r.path, "#!/bin/sh\n").unwrap();
+        // What an overlay copy-up of a member's set-id file leaves in the shadow layer.
+        fs::set_permissions(&r.path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let shadow = fs::canonicalize(fx.shadow()).unwrap();
+    let Outcome::Mounted(report) = fx.ok(&mut ns, &format!("mount -ac {} /ctx", c.display()))
+    else {
+        panic!()
+    };
+    let settled = report.settled.unwrap();
+    let today = utc_today();
+    let moved: Vec<&str> = settled.moved.iter().map(|m| m.rel.as_str()).collect();
+    assert_eq!(moved, ["artifacts/plain"]);
+    let kept: Vec<(&str, &str)> = settled
+        .kept
+        .iter()
+        .map(|k| (k.rel.as_str(), k.reason.as_str()))
+        .collect();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    for (rel, why) in kept {
+        assert!(rel == "artifacts/suid" || rel == "artifacts/sgid", "{rel}");
+        assert!(why.contains("set-id"), "{why}");
+    }
+    for name in ["suid", "sgid"] {
+        assert!(!c.join(&today).join("artifacts").join(name).exists());
+        assert!(shadow.join("artifacts").join(name).exists());
+    }
+}

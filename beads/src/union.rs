@@ -852,6 +852,24 @@ impl Namespace {
                         continue;
                     }
                 }
+                // A set-id file (a copy-up keeps the mode of a member's file) never leaves
+                // the shadow layer: moved into a bead it would run with its owner's rights
+                // for anyone who can reach the bead.
+                let src = base.join(sub.join("/"));
+                if let Ok(md) = fs::symlink_metadata(&src) {
+                    use std::os::unix::fs::PermissionsExt;
+                    let mode = md.permissions().mode();
+                    if mode & 0o6000 != 0 {
+                        keep(
+                            format!(
+                                "it is set-id (mode {:o}); set-id files are never moved",
+                                mode & 0o7777
+                            ),
+                            &mut report,
+                        );
+                        continue;
+                    }
+                }
                 let mut dest_sub = vec![today.clone(), kind.as_str().to_string()];
                 dest_sub.extend(sub.iter().cloned());
                 let vp = view.view_path(&comps);
@@ -863,7 +881,6 @@ impl Namespace {
                                 path: format!("{} in {}", vp, member.name()),
                             });
                         }
-                        let src = base.join(sub.join("/"));
                         move_file(&src, &dest)?;
                         sync_dir(&dir)?;
                         Ok(dest)

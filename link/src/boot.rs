@@ -53,6 +53,14 @@ pub struct Bootstrap {
     /// Exited processes kept for `out`/`wait`/`stat` before the oldest are reaped.
     #[serde(default = "default_kept")]
     pub max_exited: usize,
+    /// Read grants added to every policy with `Policy::with_grants` (the skill paths): the
+    /// one documented way to widen, so secret locations stay refused.
+    #[serde(default)]
+    pub read_grants: Vec<PathBuf>,
+    /// Paths hidden from every tool besides the secret locations (olliesrv's state and
+    /// configuration directories; see `ollie_sandbox::MountRecord::hidden`).
+    #[serde(default)]
+    pub hidden: Vec<PathBuf>,
 }
 
 fn default_agent_procs() -> usize {
@@ -85,6 +93,8 @@ impl Bootstrap {
             max_procs_per_agent: default_agent_procs(),
             max_procs: default_session_procs(),
             max_exited: default_kept(),
+            read_grants: Vec::new(),
+            hidden: Vec::new(),
         }
     }
 }

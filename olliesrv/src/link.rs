@@ -370,8 +370,7 @@ async fn kill_agent_procs(c: &Conn, agent: &str) -> Result<(), String> {
 fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
     let config = reg.config();
     let home = std::env::var("HOME").unwrap_or_else(|_| "/".to_owned());
-    // Every policy reads the skill paths (read-only grants).
-    let policies = crate::skills::policies_with_skill_reads(&config, std::path::Path::new(&home));
+    let policies = config.policies.clone();
     let default_policy = s
         .profile
         .as_deref()
@@ -385,7 +384,7 @@ fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
         if s.remote.is_some() {
             PathBuf::new()
         } else {
-            home.into()
+            PathBuf::from(&home)
         },
         policies,
         default_policy,
@@ -407,6 +406,16 @@ fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
         })
         .collect();
     b.env.push(("OLLIE_SESSION_ID".into(), s.id.clone()));
+    // Every policy reads the skill paths: read grants toolsrv adds with `with_grants`.
+    b.read_grants = crate::skills::grantable(&config, std::path::Path::new(&home));
+    // olliesrv's own state and configuration: hidden from every tool (they are on this host
+    // only, so a remote toolsrv gets none).
+    if s.remote.is_none() {
+        b.hidden.push(reg.store.dir().to_path_buf());
+        if let Some(p) = &config.path {
+            b.hidden.push(crate::config::dir_of(p));
+        }
+    }
     b
 }
 

@@ -14,8 +14,8 @@
 //!   not in `idx` or any prompt. Symbolic links inside a skill are never followed.
 //! - Agents see the winning skills in their system prompt ([`prompt_section`]: name,
 //!   description, where the `SKILL.md` is) and read them with `file_read`, through a read-only
-//!   grant of every skill path that every policy gets in the session's toolsrv
-//!   ([`policies_with_skill_reads`]). A skill path inside a secret location (say
+//!   grant of every skill path ([`grantable`]) that toolsrv adds to every policy of the
+//!   session with `Policy::with_grants` (the boot message's `read_grants`). A skill path inside a secret location (say
 //!   `~/.config/ollie/skills`, beside the API keys) can never be granted; `file_read`
 //!   of a skill file there, and of any skill file in a remote session (whose tools run on a
 //!   host without these paths), is served by olliesrv itself ([`file_read`]), from the same
@@ -458,58 +458,6 @@ pub fn grantable(config: &Config, home: &Path) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-/// `text` (a policy) with `reads` added to `fs.read`; the text unchanged when there is
-/// nothing to add or the result would not be a valid policy.
-fn add_reads(name: &str, text: &str, reads: &[PathBuf]) -> String {
-    if reads.is_empty() {
-        return text.to_owned();
-    }
-    match widen(text, reads) {
-        Ok(w) => w,
-        Err(e) => {
-            warn(format!(
-                "skills: policy {name}: cannot add the skill paths as read grants: {e}"
-            ));
-            text.to_owned()
-        }
-    }
-}
-
-fn widen(text: &str, reads: &[PathBuf]) -> Result<String, String> {
-    let mut t: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    let fs = t
-        .entry("fs")
-        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        .as_table_mut()
-        .ok_or("fs is not a table")?;
-    let read = fs
-        .entry("read")
-        .or_insert_with(|| toml::Value::Array(Vec::new()))
-        .as_array_mut()
-        .ok_or("fs.read is not an array")?;
-    for r in reads {
-        read.push(toml::Value::String(r.to_string_lossy().into_owned()));
-    }
-    let out = toml::to_string(&t).map_err(|e| e.to_string())?;
-    ollie_policy::Policy::from_toml(&out).map_err(|e| e.to_string())?;
-    Ok(out)
-}
-
-/// Every policy of `config` (name → TOML text, as toolsrv gets them) with a read-only grant
-/// of each skill path a policy can grant ([`grantable`]). Nothing else changes: no write or
-/// exec right is ever added.
-pub fn policies_with_skill_reads(
-    config: &Config,
-    home: &Path,
-) -> std::collections::BTreeMap<String, String> {
-    let reads = grantable(config, home);
-    config
-        .policies
-        .iter()
-        .map(|(n, t)| (n.clone(), add_reads(n, t, &reads)))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1293,25 +1241,28 @@ mod tests {
         };
         let real = open.canonicalize().unwrap();
         assert_eq!(grantable(&cfg, &home), std::slice::from_ref(&real));
-        let p = policies_with_skill_reads(&cfg, &home);
-        assert_eq!(p.len(), cfg.policies.len());
-        for (name, text) in &p {
-            let policy = ollie_policy::Policy::from_toml(text).unwrap();
+        // What toolsrv does with them (`read_grants` in the boot message): every policy
+        // gains a read grant, never write or exec.
+        for (name, text) in &cfg.policies {
             let ctx = ollie_policy::ResolveContext {
                 workdir: t.path().join("work"),
                 home: home.clone(),
             };
+            let policy = ollie_policy::Policy::from_toml(text)
+                .unwrap()
+                .with_grants(&[ollie_policy::Grant::Read(real.clone())], &ctx)
+                .unwrap();
             let r = policy.resolve(&ctx).unwrap();
             assert!(r.fs.read.contains(&real), "{name}");
             assert!(!r.fs.write.iter().any(|w| real.starts_with(w)), "{name}");
             assert!(!r.fs.exec.iter().any(|w| real.starts_with(w)), "{name}");
         }
-        // Without skill paths the texts are unchanged.
+        // Without skill paths there is nothing to grant.
         let none = Config {
             skill_paths: Some(Vec::new()),
             ..Config::builtin()
         };
-        assert_eq!(policies_with_skill_reads(&none, &home), none.policies);
+        assert!(grantable(&none, &home).is_empty());
     }
 
     #[test]

@@ -31,13 +31,14 @@ mod model;
 mod narrow;
 mod raw;
 pub mod secrets;
+pub mod syscalls;
 mod widen;
 
 pub use decide::{Decision, DenyReason, EscalationRequest, Grant, decide};
 pub use model::{
-    Access, DEFAULT_LANDLOCK_MIN_ABI, EnvPolicy, EscalationKind, FsRules, Limits, Network,
-    PathAnchor, PathTemplate, Policy, PolicyError, ResolveContext, ResolvedFs, ResolvedPolicy,
-    SyscallProfile, env_name_is_forbidden,
+    Access, DEFAULT_LANDLOCK_MIN_ABI, EnvPolicy, EscalationKind, FsRules, Limits,
+    MAX_DENIED_SYSCALLS, Network, PathAnchor, PathTemplate, Policy, PolicyError, ResolveContext,
+    ResolvedFs, ResolvedPolicy, SyscallProfile, Syscalls, env_name_is_forbidden,
 };
 pub use narrow::{Layer, NarrowError};
 

@@ -191,6 +191,30 @@ pub enum SyscallProfile {
     Default,
 }
 
+/// The seccomp rules of a policy: a profile, narrowed by calls taken out of it. Nothing can
+/// add a call; a denied call fails with EPERM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Syscalls {
+    /// The allowlist the tool starts from (`syscalls.profile`).
+    pub profile: SyscallProfile,
+    /// Calls the profile allows that this policy takes out (`syscalls.deny`, x86_64 names
+    /// such as `"memfd_create"`, from [`crate::syscalls::DEFAULT_PROFILE_CALLS`]). A name the
+    /// profile does not allow is refused, so a typo cannot pass for a restriction.
+    pub deny: BTreeSet<String>,
+}
+
+/// At most this many names in `syscalls.deny`.
+pub const MAX_DENIED_SYSCALLS: usize = 256;
+
+/// Why `name` cannot be taken out of the default profile, if it cannot.
+pub(crate) fn deny_name_error(name: &str) -> Option<String> {
+    (!crate::syscalls::in_default_profile(name)).then(|| {
+        format!(
+            "{name:?} is not a call the default profile allows, so denying it would do nothing (valid: x86_64 names such as \"memfd_create\" or \"socketpair\"; \"ptrace\" is never allowed)"
+        )
+    })
+}
+
 /// Resource limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -292,8 +316,8 @@ pub struct Policy {
     pub fs: FsRules,
     /// Network rules.
     pub network: Network,
-    /// Syscall profile.
-    pub syscalls: SyscallProfile,
+    /// Syscall profile and the calls taken out of it.
+    pub syscalls: Syscalls,
     /// Resource limits.
     pub limits: Limits,
     /// Environment allowlist.
@@ -455,7 +479,7 @@ impl TryFrom<RawPolicy> for Policy {
                 ));
             }
         };
-        let syscalls = match raw.syscalls.profile.as_deref() {
+        let profile = match raw.syscalls.profile.as_deref() {
             None | Some("default") => SyscallProfile::Default,
             Some(p) => {
                 return Err(invalid(
@@ -464,6 +488,23 @@ impl TryFrom<RawPolicy> for Policy {
                 ));
             }
         };
+        if raw.syscalls.deny.len() > MAX_DENIED_SYSCALLS {
+            return Err(invalid(
+                "syscalls.deny",
+                format!(
+                    "{} names; at most {MAX_DENIED_SYSCALLS}",
+                    raw.syscalls.deny.len()
+                ),
+            ));
+        }
+        let mut deny = BTreeSet::new();
+        for (i, name) in raw.syscalls.deny.iter().enumerate() {
+            if let Some(why) = deny_name_error(name) {
+                return Err(invalid(format!("syscalls.deny[{i}]"), why));
+            }
+            deny.insert(name.clone());
+        }
+        let syscalls = Syscalls { profile, deny };
         let d = Limits::default();
         let l = &raw.limits;
         let limits = Limits {
@@ -879,6 +920,55 @@ mod tests {
         ] {
             assert!(Policy::from_toml(text).is_err(), "{text}");
         }
+    }
+
+    #[test]
+    fn syscalls_deny_narrows_and_refuses_what_it_cannot_take_out() {
+        let p = Policy::from_toml(
+            "[syscalls]\nprofile = \"default\"\ndeny = [\"memfd_create\", \"ioctl\"]",
+        )
+        .unwrap();
+        assert_eq!(
+            p.syscalls
+                .deny
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            ["ioctl", "memfd_create"]
+        );
+        assert!(Policy::from_toml("").unwrap().syscalls.deny.is_empty());
+        for (bad, key) in [
+            ("deny = [\"ptrace\"]", "syscalls.deny[0]:"),
+            ("deny = [\"read\", \"no_such_call\"]", "syscalls.deny[1]:"),
+            ("deny = [\"SYS_read\"]", "syscalls.deny[0]:"),
+            ("deny = [\"\"]", "syscalls.deny[0]:"),
+        ] {
+            let e = err(&format!("[syscalls]\n{bad}"));
+            assert!(e.starts_with(key) && e.contains("valid:"), "{e}");
+        }
+        assert!(err("[syscalls]\nallow = [\"ptrace\"]").contains("unknown field `allow`"));
+        // A layer can take more out, never put one back.
+        let layer = crate::Layer {
+            deny_syscalls: ["socketpair".to_string()].into(),
+            ..crate::Layer::default()
+        };
+        let n = p.narrow(&layer).unwrap();
+        assert_eq!(n.syscalls.deny.len(), 3);
+        let bad = crate::Layer {
+            deny_syscalls: ["mount".to_string()].into(),
+            ..crate::Layer::default()
+        };
+        assert!(
+            p.narrow(&bad)
+                .unwrap_err()
+                .to_string()
+                .starts_with("syscalls.deny[0]:")
+        );
+        // An empty layer keeps what the base took out.
+        assert_eq!(
+            p.narrow(&crate::Layer::default()).unwrap().syscalls,
+            p.syscalls
+        );
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct Layer {
     pub forbid_best_effort: bool,
     /// Replacement escalation kinds; must be a subset.
     pub escalations: Option<BTreeSet<EscalationKind>>,
+    /// More calls to take out of the seccomp profile (taking out narrows).
+    pub deny_syscalls: BTreeSet<String>,
 }
 
 /// A layer tried to widen the policy.
@@ -125,6 +127,12 @@ impl Policy {
             if !out.fs.protected.contains(p) {
                 out.fs.protected.push(p.clone());
             }
+        }
+        for (i, name) in layer.deny_syscalls.iter().enumerate() {
+            if let Some(why) = crate::model::deny_name_error(name) {
+                return Err(widens(format!("syscalls.deny[{i}]"), why));
+            }
+            out.syscalls.deny.insert(name.clone());
         }
         if let Some(net) = &layer.network {
             let ok = match (&self.network, net) {

@@ -55,6 +55,9 @@ pub(crate) struct RawNetwork {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawSyscalls {
     pub profile: Option<String>,
+    /// Calls taken out of the profile.
+    #[serde(default)]
+    pub deny: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -63,8 +63,8 @@ impl MountPlan {
     ///
     /// Last, before `/dev/shm`, everything the tool has no business seeing is hidden
     /// ([`hidden_paths`]): the secret locations, the runner's `hidden` paths (olliesrv's state
-    /// and configuration directories) and every home directory (`/root`, `/home/*`) and
-    /// `/run/user` that holds none of the policy's paths.
+    /// and configuration directories) and every home directory (the user's, `/root`,
+    /// `/home/*`) and `/run/user` that holds none of the policy's paths.
     pub(crate) fn new(
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
@@ -113,8 +113,14 @@ impl MountPlan {
         }
         // A protected `.git` that is a gitdir pointer file (a linked worktree, a separate git
         // dir) protects the directory it points at too, where that lies in a writable tree.
-        for target in protected.iter().filter_map(|p| gitfile_target(p)).collect::<Vec<_>>() {
-            if writable.iter().any(|w| target.starts_with(w) && &target != w)
+        for target in protected
+            .iter()
+            .filter_map(|p| gitfile_target(p))
+            .collect::<Vec<_>>()
+        {
+            if writable
+                .iter()
+                .any(|w| target.starts_with(w) && &target != w)
                 && !protected.iter().any(|p| target.starts_with(p))
             {
                 protected.push(target);
@@ -210,8 +216,9 @@ impl MountPlan {
 
 /// What a run hides, canonical, each once, with whether it is a directory: every existing
 /// secret location ([`ollie_policy::secrets::secret_locations`] of the home), the runner's
-/// `extra` paths, and every home directory (`/root`, each entry of `/home`) and `/run/user`
-/// that holds none of the policy's paths, the writable trees or the unions' points. Nothing
+/// `extra` paths, and every home directory (the user's, `/root`, each entry of `/home`) and
+/// `/run/user` that holds none of the policy's paths, the writable trees or the unions'
+/// points (all homes stay under `read_all`). Nothing
 /// that contains a policy path is hidden (so a workspace inside the home keeps the home
 /// visible; only its secrets are hidden). Stat, `access` and inotify are not mediated by
 /// Landlock: without this a tool could see the names and sizes in these trees.
@@ -234,12 +241,19 @@ pub(crate) fn hidden_paths(
         .collect();
     granted.extend(unions.iter().map(|u| u.point.clone()));
     let holds_grant = |p: &Path| granted.iter().any(|g| g.starts_with(p));
-    let mut candidates: Vec<PathBuf> =
-        ollie_policy::secrets::secret_locations(&resolved.ctx.home);
+    let mut candidates: Vec<PathBuf> = ollie_policy::secrets::secret_locations(&resolved.ctx.home);
     candidates.extend(extra.iter().cloned());
-    let mut homes: Vec<PathBuf> = vec!["/root".into(), "/run/user".into()];
+    let mut homes: Vec<PathBuf> = vec![
+        resolved.ctx.home.clone(),
+        "/root".into(),
+        "/run/user".into(),
+    ];
     if let Ok(rd) = std::fs::read_dir("/home") {
         homes.extend(rd.flatten().map(|e| e.path()).take(4096));
+    }
+    // `read_all` grants the whole filesystem but the secrets: homes included.
+    if fs.read_all {
+        homes.clear();
     }
     let mut out: Vec<(PathBuf, bool)> = Vec::new();
     for p in candidates.into_iter().chain(homes) {

@@ -81,7 +81,6 @@ pub const WATCHED_FILES: &[&str] = &[
 /// the directories below), fingerprinted whole.
 pub const GIT_METADATA: &[&str] = &[
     "commondir",
-    "config.worktree",
     "objects/info/alternates",
     "objects/info/http-alternates",
 ];
@@ -633,7 +632,9 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
                     let abs = tree.join(&child);
                     flags.push(PostRunFlag {
                         kind: FlagKind::SetId,
-                        path: abs.strip_prefix(workdir).map_or(abs.clone(), Path::to_path_buf),
+                        path: abs
+                            .strip_prefix(workdir)
+                            .map_or(abs.clone(), Path::to_path_buf),
                         detail: format!("mode {:o}", mode & 0o7777),
                     });
                 }

@@ -54,11 +54,12 @@ use crate::{
 use ollie_policy::{Network, Policy, ResolveContext, ResolvedPolicy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Instant;
 
 /// Namespaces of a prepared call, as recorded: the session's (set up once, inherited; IPC only
@@ -117,22 +118,29 @@ pub struct Prepared {
     reaped: bool,
 }
 
-/// The fast program for a network mode, if it is equivalent to the reference (checked once
-/// per process and mode).
+/// The fast program for a network mode and a policy's denied calls, if it is equivalent to the
+/// reference (checked once per process, mode shape and deny list).
 fn fast_filter(
     network: &Network,
+    deny: &BTreeSet<String>,
     reference: &[Vec<libc::sock_filter>],
 ) -> Option<Vec<libc::sock_filter>> {
-    static OFF: OnceLock<Option<Vec<libc::sock_filter>>> = OnceLock::new();
-    static TCP: OnceLock<Option<Vec<libc::sock_filter>>> = OnceLock::new();
-    static ALL: OnceLock<Option<Vec<libc::sock_filter>>> = OnceLock::new();
-    let cell = match network {
-        Network::Off => &OFF,
-        Network::Tcp { .. } => &TCP,
-        Network::All => &ALL,
-    };
-    cell.get_or_init(|| bpf::compile(network).filter(|f| bpf::equivalent(f, reference)))
-        .clone()
+    type Key = (seccomp::NetFilter, BTreeSet<String>);
+    static CHECKED: Mutex<BTreeMap<Key, Option<Vec<libc::sock_filter>>>> =
+        Mutex::new(BTreeMap::new());
+    let key = (seccomp::NetFilter::of(network), deny.clone());
+    if let Some(f) = CHECKED.lock().ok()?.get(&key) {
+        return f.clone();
+    }
+    let nrs = seccomp::denied_numbers(deny).ok()?;
+    let fast = bpf::compile(network, &nrs).filter(|f| bpf::equivalent(f, reference));
+    if let Ok(mut m) = CHECKED.lock() {
+        // Bounded: a session has a handful of policies.
+        if m.len() < 64 {
+            m.insert(key, fast.clone());
+        }
+    }
+    fast
 }
 
 pub(crate) fn program_hash(programs: &[Vec<libc::sock_filter>]) -> String {
@@ -180,16 +188,18 @@ impl Prepared {
             })
             .map_err(|source| SandboxError::Policy { source })?;
         let ruleset = landlock::build(&resolved, None)?;
-        let reference = seccomp::filters(&resolved.network)?;
+        let deny = &resolved.policy.syscalls.deny;
+        let reference = seccomp::filters(&resolved.network, deny)?;
         let reference_programs: Vec<Vec<libc::sock_filter>> = reference
             .programs
             .iter()
             .map(spawn::to_sock_filters)
             .collect();
-        let (programs, seccomp_layout) = match fast_filter(&resolved.network, &reference_programs) {
-            Some(f) => (vec![f], "range-tree"),
-            None => (reference_programs, "reference"),
-        };
+        let (programs, seccomp_layout) =
+            match fast_filter(&resolved.network, deny, &reference_programs) {
+                Some(f) => (vec![f], "range-tree"),
+                None => (reference_programs, "reference"),
+            };
         let seccomp = SeccompRecord {
             profile: reference.record.profile,
             hash: program_hash(&programs),
@@ -197,6 +207,7 @@ impl Prepared {
             instructions: programs.iter().map(Vec::len).sum(),
             allowed_syscalls: reference.record.allowed_syscalls,
             default_action: reference.record.default_action,
+            denied: reference.record.denied.clone(),
         };
         let MountPlan {
             steps,

@@ -42,7 +42,7 @@ use seccompiler::{
 };
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 /// Errors compiling the filters.
@@ -54,6 +54,14 @@ pub enum SeccompError {
         /// The cause.
         #[source]
         source: seccompiler::BackendError,
+    },
+    /// `syscalls.deny` names a call the profile does not allow (or none at all).
+    #[error(
+        "syscalls.deny: {name:?} is not a call the default profile allows, so denying it would do nothing (valid: the profile's calls, e.g. \"ptrace\" is not one, \"memfd_create\" is)"
+    )]
+    UnknownCall {
+        /// The name.
+        name: String,
     },
 }
 
@@ -81,6 +89,8 @@ pub struct SeccompRecord {
     pub allowed_syscalls: usize,
     /// The default action for anything not allowed.
     pub default_action: &'static str,
+    /// Calls the policy took out of the profile (`syscalls.deny`).
+    pub denied: Vec<String>,
 }
 
 type Rules = BTreeMap<i64, Vec<SeccompRule>>;
@@ -129,8 +139,8 @@ pub(crate) const OPEN_ARGS: &[(i64, u8, u8)] = &[(SYS_open, 1, 2), (SYS_openat, 
 /// `sendto` (flags 3, address length 5) is handled on its own.
 pub(crate) const SEND_FLAGS: &[(i64, u8)] = &[(SYS_sendmsg, 2), (SYS_sendmmsg, 3)];
 
-fn allow(rules: &mut Rules, nrs: &[i64]) {
-    for nr in nrs {
+fn allow(rules: &mut Rules, calls: &[Call]) {
+    for (_, nr) in calls {
         rules.insert(*nr, vec![]);
     }
 }
@@ -145,8 +155,29 @@ pub(crate) fn rule(conds: Vec<Cond>) -> Result<SeccompRule, SeccompError> {
 
 use libc::*;
 
+/// A call of the profile: `(name, number)`, the name as libc spells the constant
+/// (`SYS_read`; [`call_number`] takes it without the prefix).
+pub(crate) type Call = (&'static str, i64);
+
+/// A list of [`Call`]s from libc's `SYS_*` constants.
+macro_rules! calls {
+    ($($nr:ident),* $(,)?) => {
+        &[$((stringify!($nr), $nr)),*]
+    };
+}
+
+/// Calls allowed with argument rules (not in a group): what `syscalls.deny` may also name.
+pub(crate) const FILTERED: &[Call] = calls![
+    SYS_ioctl,
+    SYS_clone,
+    SYS_unshare,
+    SYS_personality,
+    SYS_socketpair,
+    SYS_socket,
+];
+
 /// Reading, writing and waiting on fds that are already open.
-pub(crate) const GROUP_FD_IO: &[i64] = &[
+pub(crate) const GROUP_FD_IO: &[Call] = calls![
     SYS_read,
     SYS_write,
     SYS_readv,
@@ -207,7 +238,7 @@ pub(crate) const GROUP_FD_IO: &[i64] = &[
 
 /// Path-based filesystem calls. Landlock decides which paths; the read-only mounts of the
 /// mount namespace stop metadata changes (chmod/chown/xattr/utime) outside writable trees.
-pub(crate) const GROUP_FS: &[i64] = &[
+pub(crate) const GROUP_FS: &[Call] = calls![
     SYS_open,
     SYS_openat,
     SYS_openat2,
@@ -272,7 +303,7 @@ pub(crate) const GROUP_FS: &[i64] = &[
 ];
 
 /// Memory management of the process itself.
-pub(crate) const GROUP_MEMORY: &[i64] = &[
+pub(crate) const GROUP_MEMORY: &[Call] = calls![
     SYS_mmap,
     SYS_munmap,
     SYS_mprotect,
@@ -296,7 +327,7 @@ pub(crate) const GROUP_MEMORY: &[i64] = &[
 
 /// Process life cycle, identity queries and scheduling of the caller's own processes.
 /// (`clone` and `unshare` are flag-filtered below; `clone3` is answered ENOSYS.)
-pub(crate) const GROUP_PROCESS: &[i64] = &[
+pub(crate) const GROUP_PROCESS: &[Call] = calls![
     SYS_fork,
     SYS_vfork,
     SYS_execve,
@@ -366,7 +397,7 @@ pub(crate) const GROUP_PROCESS: &[i64] = &[
 ];
 
 /// Signals (Landlock's signal scope confines them to the sandbox).
-pub(crate) const GROUP_SIGNALS: &[i64] = &[
+pub(crate) const GROUP_SIGNALS: &[Call] = calls![
     SYS_kill,
     SYS_tkill,
     SYS_tgkill,
@@ -386,7 +417,7 @@ pub(crate) const GROUP_SIGNALS: &[i64] = &[
 ];
 
 /// Clocks, timers and system information.
-pub(crate) const GROUP_TIME_INFO: &[i64] = &[
+pub(crate) const GROUP_TIME_INFO: &[Call] = calls![
     SYS_nanosleep,
     SYS_clock_nanosleep,
     SYS_clock_gettime,
@@ -406,7 +437,7 @@ pub(crate) const GROUP_TIME_INFO: &[i64] = &[
 ];
 
 /// Socket calls that only make sense on an existing (socketpair) socket.
-pub(crate) const GROUP_SOCKET_IO: &[i64] = &[
+pub(crate) const GROUP_SOCKET_IO: &[Call] = calls![
     SYS_sendmsg,
     SYS_recvmsg,
     SYS_sendto,
@@ -423,14 +454,15 @@ pub(crate) const GROUP_SOCKET_IO: &[i64] = &[
 /// Client/server socket calls when the policy grants bind ports or the whole network
 /// (`bind` is argument-filtered: [`INET_ADDR_LENS`]). A `tcp` policy without bind ports gets
 /// `connect` alone ([`GROUP_CONNECT`]).
-pub(crate) const GROUP_INET: &[i64] = &[SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
+pub(crate) const GROUP_INET: &[Call] =
+    calls![SYS_connect, SYS_bind, SYS_listen, SYS_accept, SYS_accept4];
 
 /// The client call of a `tcp` policy without bind ports (Landlock filters the ports).
-pub(crate) const GROUP_CONNECT: &[i64] = &[SYS_connect];
+pub(crate) const GROUP_CONNECT: &[Call] = calls![SYS_connect];
 
 /// What a network mode changes in the filter. `Tcp` splits on whether a bind port is
 /// granted: without one, nothing may bind or listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum NetFilter {
     /// `Network::Off`: no inet socket.
     Off,
@@ -454,12 +486,17 @@ impl NetFilter {
     }
 
     /// The client/server calls allowed (before argument rules).
-    pub(crate) fn inet_calls(self) -> &'static [i64] {
+    pub(crate) fn inet_calls(self) -> &'static [Call] {
         match self {
             NetFilter::Off => &[],
             NetFilter::Connect => GROUP_CONNECT,
             NetFilter::ConnectBind | NetFilter::All => GROUP_INET,
         }
+    }
+
+    /// Whether `bind` is allowed (with its address-length rule).
+    pub(crate) fn binds(self) -> bool {
+        self.inet_calls().iter().any(|(_, nr)| *nr == SYS_bind)
     }
 
     /// Whether `sendto` may name a destination (UDP needs it; nothing else does).
@@ -495,7 +532,7 @@ pub(crate) fn socket_triples(network: &Network) -> Vec<(i32, i32, i32)> {
 /// `connect` to retarget it).
 pub(crate) const SOCKETPAIR_TYPES: [i32; 2] = [SOCK_STREAM, SOCK_SEQPACKET];
 
-fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
+fn build_allowlist(network: &Network, deny: &BTreeSet<i64>) -> Result<Rules, SeccompError> {
     let net = NetFilter::of(network);
     let mut rules = Rules::new();
     for g in [
@@ -579,7 +616,7 @@ fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
     let triples = socket_triples(network);
     if !triples.is_empty() {
         allow(&mut rules, net.inet_calls());
-        if net.inet_calls().contains(&SYS_bind) {
+        if net.binds() {
             let mut binds = Vec::new();
             for len in INET_ADDR_LENS {
                 binds.push(rule(vec![cond(2, Op::Eq, len)?])?);
@@ -596,7 +633,44 @@ fn build_allowlist(network: &Network) -> Result<Rules, SeccompError> {
         }
         rules.insert(SYS_socket, socket_rules);
     }
+    // What the policy takes out (`syscalls.deny`): EPERM like everything not listed.
+    for nr in deny {
+        rules.remove(nr);
+    }
     Ok(rules)
+}
+
+/// Every call the profile can allow, by name without the `SYS_` prefix.
+fn profile_calls() -> impl Iterator<Item = (&'static str, i64)> {
+    [
+        GROUP_FD_IO,
+        GROUP_FS,
+        GROUP_MEMORY,
+        GROUP_PROCESS,
+        GROUP_SIGNALS,
+        GROUP_TIME_INFO,
+        GROUP_SOCKET_IO,
+        GROUP_INET,
+        FILTERED,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|(name, nr)| (name.strip_prefix("SYS_").unwrap_or(name), *nr))
+}
+
+/// The number of a call the default profile can allow (`"ptrace"` is not one).
+pub fn call_number(name: &str) -> Option<i64> {
+    profile_calls().find(|(n, _)| *n == name).map(|(_, nr)| nr)
+}
+
+/// The numbers of a policy's `syscalls.deny` names; a name the profile does not allow is an
+/// error (a typo must not pass for a restriction).
+pub(crate) fn denied_numbers(deny: &BTreeSet<String>) -> Result<BTreeSet<i64>, SeccompError> {
+    deny.iter()
+        .map(|name| {
+            call_number(name).ok_or_else(|| SeccompError::UnknownCall { name: name.clone() })
+        })
+        .collect()
 }
 
 fn compile(
@@ -610,8 +684,9 @@ fn compile(
         .map_err(|source| SeccompError::Compile { source })
 }
 
-fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
-    let allowlist = build_allowlist(network)?;
+fn build_uncached(network: &Network, deny: &BTreeSet<String>) -> Result<Filters, SeccompError> {
+    let denied = denied_numbers(deny)?;
+    let allowlist = build_allowlist(network, &denied)?;
     let allowed = allowlist.len();
     let main = compile(
         allowlist,
@@ -621,25 +696,31 @@ fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
     // Installed after the allowlist so that their errno is the one returned (the most
     // recently installed filter wins among equal actions): ENOSYS for clone3 (libc falls
     // back to the filtered clone) and openat2 (libc and careful programs fall back to
-    // openat), EOPNOTSUPP for fallocate that would allocate.
+    // openat), EOPNOTSUPP for fallocate that would allocate. A call the policy denies is
+    // EPERM, so it is left out of these.
     let mut nosys = Rules::new();
-    nosys.insert(SYS_clone3, vec![]);
-    nosys.insert(SYS_openat2, vec![]);
+    for nr in [SYS_clone3, SYS_openat2] {
+        if !denied.contains(&nr) {
+            nosys.insert(nr, vec![]);
+        }
+    }
     let enosys = compile(
         nosys,
         SeccompAction::Allow,
         SeccompAction::Errno(ENOSYS as u32),
     )?;
     let mut alloc = Rules::new();
-    alloc.insert(
-        SYS_fallocate,
-        vec![rule(
-            FALLOCATE_FREEING
-                .iter()
-                .map(|m| cond(1, Op::Ne, *m))
-                .collect::<Result<_, _>>()?,
-        )?],
-    );
+    if !denied.contains(&SYS_fallocate) {
+        alloc.insert(
+            SYS_fallocate,
+            vec![rule(
+                FALLOCATE_FREEING
+                    .iter()
+                    .map(|m| cond(1, Op::Ne, *m))
+                    .collect::<Result<_, _>>()?,
+            )?],
+        );
+    }
     let eopnotsupp = compile(
         alloc,
         SeccompAction::Allow,
@@ -670,18 +751,23 @@ fn build_uncached(network: &Network) -> Result<Filters, SeccompError> {
             instructions,
             allowed_syscalls: allowed,
             default_action: "errno(EPERM); foreign arch: kill process; clone3, openat2: errno(ENOSYS); allocating fallocate: errno(EOPNOTSUPP)",
+            denied: deny.iter().cloned().collect(),
         },
         programs,
     })
 }
 
-/// The compiled filters for a network mode (compiled once per [`NetFilter`] shape; the
-/// ports of `Tcp` are Landlock's business, not seccomp's).
-pub fn filters(network: &Network) -> Result<Filters, SeccompError> {
+/// The compiled filters for a network mode and the calls a policy takes out (compiled once
+/// per [`NetFilter`] shape when nothing is taken out; the ports of `Tcp` are Landlock's
+/// business, not seccomp's).
+pub fn filters(network: &Network, deny: &BTreeSet<String>) -> Result<Filters, SeccompError> {
     static OFF: OnceLock<Filters> = OnceLock::new();
     static CONNECT: OnceLock<Filters> = OnceLock::new();
     static CONNECT_BIND: OnceLock<Filters> = OnceLock::new();
     static ALL: OnceLock<Filters> = OnceLock::new();
+    if !deny.is_empty() {
+        return build_uncached(network, deny);
+    }
     let cell = match NetFilter::of(network) {
         NetFilter::Off => &OFF,
         NetFilter::Connect => &CONNECT,
@@ -691,7 +777,7 @@ pub fn filters(network: &Network) -> Result<Filters, SeccompError> {
     if let Some(f) = cell.get() {
         return Ok(f.clone());
     }
-    let f = build_uncached(network)?;
+    let f = build_uncached(network, deny)?;
     Ok(cell.get_or_init(|| f).clone())
 }
 
@@ -701,27 +787,36 @@ mod tests {
 
     #[test]
     fn compiles_for_every_mode_and_denies_by_default() {
-        let off = filters(&Network::Off).unwrap();
-        let tcp = filters(&Network::Tcp {
-            connect: [80].into(),
-            bind: Default::default(),
-        })
+        let none = BTreeSet::new();
+        let off = filters(&Network::Off, &none).unwrap();
+        let tcp = filters(
+            &Network::Tcp {
+                connect: [80].into(),
+                bind: Default::default(),
+            },
+            &none,
+        )
         .unwrap();
-        let all = filters(&Network::All).unwrap();
+        let all = filters(&Network::All, &BTreeSet::new()).unwrap();
         assert_ne!(off.record.hash, tcp.record.hash);
         assert_ne!(tcp.record.hash, all.record.hash);
         assert_ne!(off.record.hash, all.record.hash);
         assert_eq!(off.programs.len(), 3);
         assert_eq!(all.programs.len(), 3);
         // The network modes differ in the client/server calls and socket(2) only.
-        let keys =
-            |n: &Network| -> Vec<i64> { build_allowlist(n).unwrap().keys().copied().collect() };
+        let keys = |n: &Network| -> Vec<i64> {
+            build_allowlist(n, &BTreeSet::new())
+                .unwrap()
+                .keys()
+                .copied()
+                .collect()
+        };
         let extra = |n: &Network| -> Vec<i64> {
             let off = keys(&Network::Off);
             keys(n).into_iter().filter(|k| !off.contains(k)).collect()
         };
-        let with = |calls: &[i64]| {
-            let mut v = calls.to_vec();
+        let with = |calls: &[Call]| {
+            let mut v: Vec<i64> = calls.iter().map(|(_, nr)| *nr).collect();
             v.push(SYS_socket);
             v.sort_unstable();
             v
@@ -738,10 +833,10 @@ mod tests {
         assert_eq!(extra(&tcp_bind), with(GROUP_INET));
         // Without a bind port nothing binds, listens or accepts.
         assert_eq!(extra(&tcp_connect), with(GROUP_CONNECT));
-        let fc = filters(&tcp_connect).unwrap();
-        let fb = filters(&tcp_bind).unwrap();
+        let fc = filters(&tcp_connect, &BTreeSet::new()).unwrap();
+        let fb = filters(&tcp_bind, &BTreeSet::new()).unwrap();
         assert_ne!(fc.record.hash, fb.record.hash);
-        let rules = build_allowlist(&Network::Off).unwrap();
+        let rules = build_allowlist(&Network::Off, &BTreeSet::new()).unwrap();
         for denied in [
             SYS_io_uring_setup,
             SYS_io_uring_enter,
@@ -812,5 +907,51 @@ mod tests {
             assert!([SOCK_STREAM, SOCK_DGRAM].contains(&ty));
             assert!(![IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_MPTCP, IPPROTO_SCTP].contains(&proto));
         }
+    }
+
+    #[test]
+    fn deny_takes_calls_out_and_refuses_names_the_profile_lacks() {
+        let deny: BTreeSet<String> = ["memfd_create", "ioctl", "connect"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let nrs = denied_numbers(&deny).unwrap();
+        assert_eq!(
+            nrs,
+            [SYS_memfd_create, SYS_ioctl, SYS_connect]
+                .into_iter()
+                .collect()
+        );
+        let base = build_allowlist(&Network::All, &BTreeSet::new()).unwrap();
+        let narrowed = build_allowlist(&Network::All, &nrs).unwrap();
+        for nr in &nrs {
+            assert!(base.contains_key(nr) && !narrowed.contains_key(nr));
+        }
+        assert_eq!(base.len(), narrowed.len() + nrs.len());
+        let f = filters(&Network::All, &deny).unwrap();
+        assert_eq!(f.record.denied, ["connect", "ioctl", "memfd_create"]);
+        assert_ne!(
+            f.record.hash,
+            filters(&Network::All, &BTreeSet::new())
+                .unwrap()
+                .record
+                .hash
+        );
+        // Names the profile never allows (or no call at all) are refused, not ignored.
+        for bad in ["ptrace", "mount", "no_such_call", "SYS_read"] {
+            let one: BTreeSet<String> = [bad.to_string()].into();
+            let e = filters(&Network::Off, &one).unwrap_err().to_string();
+            assert!(e.starts_with("syscalls.deny:") && e.contains(bad), "{e}");
+        }
+        assert_eq!(call_number("read"), Some(SYS_read));
+        assert_eq!(call_number("socket"), Some(SYS_socket));
+    }
+
+    #[test]
+    fn the_policy_crate_names_exactly_the_profile_calls() {
+        let mut ours: Vec<&str> = profile_calls().map(|(n, _)| n).collect();
+        ours.sort_unstable();
+        ours.dedup();
+        assert_eq!(ours, ollie_policy::syscalls::DEFAULT_PROFILE_CALLS);
     }
 }

@@ -1092,7 +1092,7 @@ pub fn run_streaming(
     // Landlock ruleset (parent side).
     // (None for an approved unsandboxed run: no Landlock, recorded.)
     let ruleset = landlock::build(&resolved, simulated_abi(req.fault))?;
-    let filters = seccomp::filters(&resolved.network)?;
+    let filters = seccomp::filters(&resolved.network, &resolved.policy.syscalls.deny)?;
 
     let cwd = tool_cwd(&workdir, req.cwd.as_deref())?;
     let l = effective_limits(&resolved.policy.limits, req)?;

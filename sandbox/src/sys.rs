@@ -1887,7 +1887,8 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
 
 /// The init stage's [`MountStep::Hide`]. Child only (raw syscalls on prepared data).
 fn hide(path: &CStr, dir: bool) {
-    const LOCKED: libc::c_ulong = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    const LOCKED: libc::c_ulong =
+        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     // SAFETY: valid C strings; raw mount(2) calls in the child's own mount namespace.
     let r = unsafe {
         if dir {

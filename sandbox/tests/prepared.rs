@@ -474,14 +474,27 @@ fn protected_island_cannot_be_moved_aside() {
         ]))
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    for l in ["mvgit", "mvhooks", "hook", "git", "commondir", "objects", "head"] {
+    for l in [
+        "mvgit",
+        "mvhooks",
+        "hook",
+        "git",
+        "commondir",
+        "objects",
+        "head",
+    ] {
         assert!(
             text.lines().any(|x| x.starts_with(l) && !x.ends_with(" 0")),
             "{l} succeeded: {text}"
         );
     }
     assert!(!ws.0.join("w/.g2").exists());
-    for f in [".git/hooks/pre-commit", ".git/ok", ".git/commondir", ".git/objects/o"] {
+    for f in [
+        ".git/hooks/pre-commit",
+        ".git/ok",
+        ".git/commondir",
+        ".git/objects/o",
+    ] {
         assert!(!ws.0.join("w").join(f).exists(), "{f} was created");
     }
     assert_eq!(

@@ -212,7 +212,7 @@ impl Ctx {
             "{}",
             self.name
         );
-        assert_eq!(r.layers.seccomp.filters, 2, "{}", self.name);
+        assert_eq!(r.layers.seccomp.filters, 3, "{}", self.name);
         assert!(r.layers.no_new_privs);
         assert_eq!(r.layers.capabilities.bounding, 0);
         assert_eq!(r.layers.namespaces, vec!["user", "pid", "mount", "ipc"]);
@@ -672,9 +672,9 @@ case!(a06c_persistence_is_flagged_by_the_post_run_diff, |c| {
 });
 
 case!(a06d_protected_island_cannot_be_moved_aside, |c| {
-    // The default profile protects `.git/hooks` and `.git/config`, not `.git`. Moving `.git`
-    // aside (taking the read-only binds along) and creating a fresh `.git/hooks` must fail:
-    // the ancestors of a protected island are pinned (a mount point cannot be renamed).
+    // The default profile protects the whole of `.git`. Moving it aside, removing it, or
+    // creating anything in it (a hook, a fresh `.git/hooks`) must fail: it is a read-only
+    // mount point. git inside the sandbox can read the repository but not commit.
     assert!(
         Command::new("git")
             .args(["init", "-q"])
@@ -688,17 +688,121 @@ case!(a06d_protected_island_cannot_be_moved_aside, |c| {
         "mv .git .g2; echo \"mvgit $?\"; mv .git/hooks .git/h2; echo \"mvhooks $?\"; \
          rmdir .git; echo \"rmgit $?\"; mkdir -p .git/hooks/x; echo \"mkdir $?\"; \
          echo x > .git/hooks/pre-commit; echo \"hook $?\"; \
-         git -c user.name=t -c user.email=t@e commit -q --allow-empty -m x; echo \"commit $?\"",
+         git status --short >/dev/null; echo \"status $?\"; \
+         git -c user.name=t -c user.email=t@e commit -q --allow-empty -m x 2>/dev/null; echo \"commit $?\"",
     );
-    for l in ["mvgit", "mvhooks", "rmgit", "mkdir", "hook"] {
+    for l in ["mvgit", "mvhooks", "rmgit", "mkdir", "hook", "commit"] {
         expect_fail(&out, l);
     }
-    // .git itself stays writable for git.
-    expect(&out, "commit", &["0"]);
+    expect(&out, "status", &["0"]);
     assert!(!c.w.join(".g2").exists());
     assert!(!c.w.join(".git/hooks/pre-commit").exists());
     assert!(
         out.record.post_run.flags.is_empty(),
+        "{:?}",
+        out.record.post_run.flags
+    );
+});
+
+/// The `.git/commondir` redirection (issue 20 item 2): a copy of the repository with an
+/// attacker's config, and `commondir` pointing at it, so that the next host `git status` runs
+/// the attacker's fsmonitor command.
+const COMMONDIR_ATTACK: &str = "mkdir ev; cp -r .git/objects .git/refs .git/HEAD ev/; \
+     printf '[core]\\n\\tfsmonitor=\"touch MARKER;false\"\\n' > ev/config; \
+     echo $PWD/ev > .git/commondir; echo \"commondir $?\"; \
+     mkdir -p .git/worktrees/x && echo $PWD/ev > .git/worktrees/x/commondir; echo \"worktree $?\"; \
+     echo '/tmp/alt' > .git/objects/info/alternates; echo \"alternates $?\"; \
+     mkdir -p .git/info && echo '* filter=evil' > .git/info/attributes; echo \"info $?\"; \
+     mkdir -p .git/modules/m && printf '[core]\\n\\tfsmonitor=x\\n' > .git/modules/m/config; echo \"modules $?\"; \
+     echo x > .git/config.worktree; echo \"configwt $?\"; \
+     printf '[submodule \"s\"]\\n\\tpath = s\\n\\turl = ../evil\\n' > .gitmodules; echo \"gitmodules $?\"";
+
+fn host_git_status(w: &Path) {
+    // What the user does next, on the host: whatever the workspace's git files say runs.
+    let _ = Command::new("git")
+        .args(["status", "--short"])
+        .current_dir(w)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+}
+
+case!(a06e_git_commondir_redirection_is_refused_and_flagged, |c| {
+    assert!(
+        Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&c.w)
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::fs::create_dir_all(c.w.join(".git/objects/info")).unwrap();
+    let marker = c.root.join("PWNED");
+    let script = COMMONDIR_ATTACK.replace("MARKER", &marker.display().to_string());
+    // Under the default profile every write into `.git` fails (read-only mount).
+    let out = c.run(&p_std(), &script);
+    for l in [
+        "commondir",
+        "worktree",
+        "alternates",
+        "info",
+        "modules",
+        "configwt",
+    ] {
+        expect_fail(&out, l);
+    }
+    assert!(!c.w.join(".git/commondir").exists());
+    assert!(!c.w.join(".git/config.worktree").exists());
+    host_git_status(&c.w);
+    assert!(!marker.exists(), "host git ran the attacker's fsmonitor");
+    // `.gitmodules` is workspace content (writable), and flagged.
+    assert!(
+        out.record
+            .post_run
+            .flags
+            .iter()
+            .any(|f| f.path == Path::new(".gitmodules")),
+        "{:?}",
+        out.record.post_run.flags
+    );
+    // With no protection at all (as an approved unsandboxed run has), every write lands,
+    // and the post-run diff reports each of them.
+    let bare = p_std_with(|t| {
+        let start = t.find("protected = [").unwrap();
+        let end = t[start..].find(']').unwrap() + start + 1;
+        format!("{}protected = []{}", &t[..start], &t[end..])
+    });
+    let _ = std::fs::remove_dir_all(c.w.join("ev"));
+    let _ = std::fs::remove_file(c.w.join(".gitmodules"));
+    let out = c.run(&bare, &script);
+    expect(&out, "commondir", &["0"]);
+    let flags = &out.record.post_run.flags;
+    use ollie_sandbox::FlagKind::*;
+    for (kind, path) in [
+        (GitMetadata, ".git/commondir"),
+        (GitMetadata, ".git/worktrees/x/commondir"),
+        (GitMetadata, ".git/objects/info/alternates"),
+        (GitMetadata, ".git/info/attributes"),
+        (GitConfig, ".git/modules/m/config"),
+        (GitConfig, ".git/config.worktree"),
+        (WatchedFile, ".gitmodules"),
+    ] {
+        assert!(
+            flags
+                .iter()
+                .any(|f| f.kind == kind && f.path == Path::new(path)),
+            "no flag {kind:?} {path}: {flags:#?}"
+        );
+    }
+    // Removing one is reported too.
+    let out = c.run(&bare, "rm .git/commondir; echo \"rm $?\"");
+    expect(&out, "rm", &["0"]);
+    assert!(
+        out.record
+            .post_run
+            .flags
+            .iter()
+            .any(|f| f.path == Path::new(".git/commondir") && f.detail.contains("removed")),
         "{:?}",
         out.record.post_run.flags
     );
@@ -1939,12 +2043,489 @@ case!(i57_approval_does_not_widen_next_run, |c| {
         )),
     );
     expect(&out, "other", &["EACCES"]);
+    // Binding: no bind port is granted, so seccomp refuses bind (and listen) outright.
     let out = c.run(
         &granted,
         &py("t('bind', lambda: socket.socket().bind(('127.0.0.1', 0)))"),
     );
-    expect(&out, "bind", &["EACCES"]);
+    expect(&out, "bind", &["EPERM"]);
     other.assert_untouched();
+});
+
+// ---------------------------------------------------------------------------------------------
+// J. What a run may leave for the host, in every sandbox mode (issue 20)
+
+const SETID_PY: &str = include_str!("escapes/setid.py");
+
+/// Set-id files and directories below `dir` (S_ISUID or S_ISGID; symlinks not followed).
+fn setid_under(dir: &Path) -> Vec<(PathBuf, u32)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(md) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if md.permissions().mode() & 0o6000 != 0 {
+            out.push((e.path(), md.permissions().mode() & 0o7777));
+        }
+        if md.is_dir() {
+            out.extend(setid_under(&e.path()));
+        }
+    }
+    out
+}
+
+/// Empties the workspace but for the probe scripts.
+fn reset_workspace(c: &Ctx) {
+    for e in std::fs::read_dir(&c.w).unwrap().flatten() {
+        let n = e.file_name();
+        if n == "t.py" || n == "setid.py" || n == "reach.py" {
+            continue;
+        }
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            std::fs::remove_dir_all(&p).unwrap();
+        } else {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+}
+
+/// A bead-style union at `/ctx` for a run: one read-only lower layer holding a set-id file
+/// the host made, a writable upper layer.
+struct Union {
+    mount: ollie_sandbox::UnionMount,
+}
+
+impl Union {
+    fn new(c: &Ctx) -> Union {
+        let base = c.root.join("union");
+        let _ = std::fs::remove_dir_all(&base);
+        let (lower, upper, work) = (base.join("lower"), base.join("upper"), base.join("work"));
+        for d in [&lower, &upper, &work] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::copy("/bin/true", lower.join("tool")).unwrap();
+        std::fs::set_permissions(lower.join("tool"), std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        Union {
+            mount: ollie_sandbox::UnionMount {
+                point: "/ctx".into(),
+                lowers: vec![lower],
+                upper,
+                work,
+            },
+        }
+    }
+}
+
+/// Every sandbox mode a tool call can run in, as `(name, output)`: one-shot, prepared (the
+/// session's zygote), with a bead union, escalated but sandboxed (an approved `write:`
+/// grant), and approved unsandboxed. The workspace is emptied (but for the probes) before
+/// each; `after` checks what each left on the host.
+fn in_every_mode(c: &Ctx, policy: &Policy, script: &str, after: &dyn Fn(&str, &RunOutput)) {
+    use ollie_policy::{Grant, ResolveContext};
+    let ctx = ResolveContext {
+        workdir: c.w.canonicalize().unwrap(),
+        home: c.home.clone(),
+    };
+    let extra = c.root.join("extra");
+    std::fs::create_dir_all(&extra).unwrap();
+    let req = c.request(&["bash", "-c", script]);
+    reset_workspace(c);
+    let before = c.hashes();
+    let out = ollie_sandbox::run(policy, &req).unwrap();
+    assert_eq!(before, c.hashes(), "one-shot: a canary file changed");
+    c.check_no_leak(&out, &[]);
+    after("one-shot", &out);
+
+    reset_workspace(c);
+    let prepared = ollie_sandbox::Prepared::new(policy, &c.w, &c.home).unwrap();
+    let out = prepared.run(&req).unwrap();
+    drop(prepared);
+    after("prepared", &out);
+
+    reset_workspace(c);
+    let u = Union::new(c);
+    let mut ureq = c.request(&["bash", "-c", script]);
+    ureq.unions = vec![u.mount.clone()];
+    let out = ollie_sandbox::run(policy, &ureq).unwrap();
+    assert!(
+        setid_under(&u.mount.upper).is_empty(),
+        "union: set-id file in the upper layer: {:?}",
+        setid_under(&u.mount.upper)
+    );
+    after("union", &out);
+
+    reset_workspace(c);
+    let esc = policy
+        .with_grants(&[Grant::Write(extra.clone())], &ctx)
+        .unwrap();
+    let out = ollie_sandbox::run(&esc, &req).unwrap();
+    after("escalated", &out);
+
+    reset_workspace(c);
+    let unsandboxed = policy.with_grants(&[Grant::Unsandboxed], &ctx).unwrap();
+    let out = ollie_sandbox::run(&unsandboxed, &req).unwrap();
+    after("unsandboxed", &out);
+    assert!(setid_under(&extra).is_empty());
+}
+
+case!(j01_no_set_id_file_is_left_behind, |c| {
+    std::fs::write(c.w.join("setid.py"), SETID_PY).unwrap();
+    let script = "python3 setid.py; cp /bin/sh x; chmod 4755 x; echo \"cp4755 $?\"; \
+                  chmod 2755 x; echo \"cp2755 $?\"; install -m 4755 /bin/true inst; echo \"install $?\"; \
+                  cp -p x y; chmod u+s,g+s y; echo \"symbolic $?\"; \
+                  [ -e /ctx/tool ] && { cat /ctx/tool >/dev/null; echo x >> /ctx/tool; touch /ctx/tool; \
+                  chmod 4711 /ctx/tool; echo \"union $?\"; }; true";
+    let check = |mode: &str, out: &RunOutput| {
+        for tag in ["suid", "sgid"] {
+            for call in [
+                "chmod",
+                "fchmod",
+                "fchmodat",
+                "fchmodat2",
+                "open",
+                "openat",
+                "creat",
+                "mknod",
+                "mknodat",
+                "mkdir",
+                "mkdirat",
+                "tmpfile",
+                "chmoddir",
+            ] {
+                expect(out, &format!("{call}_{tag}"), &["EPERM"]);
+            }
+        }
+        expect(out, "openat2", &["ENOSYS"]);
+        for l in ["cp4755", "cp2755", "install", "symbolic"] {
+            expect_fail(out, l);
+        }
+        for l in ["chmod_plain", "open_plain", "mkdir_sticky"] {
+            expect(out, l, &["OK"]);
+        }
+        let left = setid_under(&c.w);
+        assert!(
+            left.is_empty(),
+            "{mode}: set-id files left in the workspace: {left:?}"
+        );
+        assert!(
+            !out.record
+                .post_run
+                .flags
+                .iter()
+                .any(|f| f.kind == ollie_sandbox::FlagKind::SetId),
+            "{mode}: {:?}",
+            out.record.post_run.flags
+        );
+    };
+    in_every_mode(c, &p_std(), script, &check);
+});
+
+case!(j02_set_id_files_in_writable_trees_are_reported, |c| {
+    // Defence in depth: a set-id file that is there after a run (here the host put it
+    // there) is reported by the post-run diff, in one-shot and prepared runs.
+    std::fs::create_dir_all(c.w.join("bin")).unwrap();
+    std::fs::copy("/bin/true", c.w.join("bin/helper")).unwrap();
+    std::fs::set_permissions(
+        c.w.join("bin/helper"),
+        std::fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    let out = c.run(&p_std(), "true");
+    let prepared = ollie_sandbox::Prepared::new(&p_std(), &c.w, &c.home).unwrap();
+    let pout = prepared.run(&c.request(&["/bin/true"])).unwrap();
+    for o in [&out, &pout] {
+        assert!(
+            o.record
+                .post_run
+                .flags
+                .iter()
+                .any(|f| f.kind == ollie_sandbox::FlagKind::SetId
+                    && f.path == Path::new("bin/helper")
+                    && f.detail == "mode 4755"),
+            "{:?}",
+            o.record.post_run.flags
+        );
+    }
+});
+
+/// Host-side unix sockets of the three kinds at pathnames, which no tool may reach.
+struct UnixCanaries {
+    dgram: std::os::unix::net::UnixDatagram,
+    seq: UnixListener,
+    stream: UnixListener,
+    paths: [PathBuf; 3],
+}
+
+impl UnixCanaries {
+    fn new(dir: &Path) -> UnixCanaries {
+        let paths = [
+            dir.join("dg.sock"),
+            dir.join("seq.sock"),
+            dir.join("st.sock"),
+        ];
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let dgram = std::os::unix::net::UnixDatagram::bind(&paths[0]).unwrap();
+        dgram.set_nonblocking(true).unwrap();
+        // A seqpacket listener through nix (std has none).
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, bind, listen, socket};
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &UnixAddr::new(&paths[1]).unwrap(),
+        )
+        .unwrap();
+        listen(&fd, nix::sys::socket::Backlog::new(8).unwrap()).unwrap();
+        let seq = UnixListener::from(fd);
+        let stream = UnixListener::bind(&paths[2]).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        for p in &paths {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        UnixCanaries {
+            dgram,
+            seq,
+            stream,
+            paths,
+        }
+    }
+
+    #[track_caller]
+    fn assert_untouched(&self, mode: &str) {
+        let mut buf = [0u8; 64];
+        match self.dgram.recv(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("{mode}: the datagram canary got {other:?}"),
+        }
+        for (l, what) in [(&self.seq, "seqpacket"), (&self.stream, "stream")] {
+            match l.accept() {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                other => panic!("{mode}: the {what} canary got a connection: {other:?}"),
+            }
+        }
+    }
+}
+
+const REACH_PY: &str = include_str!("escapes/reach.py");
+
+/// The shell command that tries to reach the canaries from socketpair sockets.
+fn unix_reach_probes(paths: &[PathBuf; 3]) -> String {
+    let [dg, seq, st] = paths.each_ref().map(|p| p.display().to_string());
+    format!("python3 reach.py {dg} {seq} {st}")
+}
+
+case!(j03_unix_sockets_of_the_host_are_unreachable, |c| {
+    let canaries = UnixCanaries::new(&c.root);
+    let script = unix_reach_probes(&canaries.paths);
+    std::fs::write(c.w.join("reach.py"), REACH_PY).unwrap();
+    let check = |mode: &str, out: &RunOutput| {
+        expect(out, "dgram_pair", &["EPERM"]);
+        for ty in ["stream", "seq"] {
+            for target in ["dg", "seq", "st"] {
+                // A connected socketpair socket ignores or refuses a destination: what is
+                // sent goes to its peer, never to the canary.
+                let sendto = format!("{ty}_sendto_{target}");
+                let rights = format!("{ty}_rights_{target}");
+                let connect = format!("{ty}_connect_{target}");
+                expect(out, &sendto, &["EPERM", "EISCONN", "OK"]);
+                expect(out, &rights, &["EPERM", "EISCONN", "EOPNOTSUPP", "OK"]);
+                expect(out, &connect, &["EPERM", "EISCONN", "EPROTOTYPE", "EACCES"]);
+            }
+        }
+        expect(out, "bind_abstract", &["EPERM"]);
+        expect(out, "bind_path", &["EPERM", "EACCES"]);
+        assert!(
+            !c.w.join("s.sock").exists(),
+            "{mode}: a socket file was made"
+        );
+        canaries.assert_untouched(mode);
+    };
+    // Without network, with TCP (connect only and with bind ports), and with the whole
+    // network (what an approved `net` grant gives).
+    in_every_mode(c, &p_std(), &script, &check);
+    let tcp = Policy::from_toml(&profile_text("network")).unwrap();
+    in_every_mode(c, &tcp, &script, &check);
+    let tcp_bind =
+        Policy::from_toml(&profile_text("network").replace("bind = []", "bind = [18765]")).unwrap();
+    in_every_mode(c, &tcp_bind, &script, &check);
+    let all = Policy::from_toml(&profile_text("network").replace(
+        "mode = \"tcp\"\nconnect = [53, 80, 443]\nbind = []",
+        "mode = \"all\"",
+    ))
+    .unwrap();
+    in_every_mode(c, &all, &script, &check);
+});
+
+case!(j04_tcp_fast_open_does_not_pass_landlock, |c| {
+    // sendto/sendmsg with MSG_FASTOPEN connect without connect(2), which Landlock's TCP
+    // rule never sees: refused by seccomp, the canary on an ungranted port sees nothing.
+    let canary = TcpCanary::v4();
+    let port = canary.port();
+    let tcp = Policy::from_toml(&profile_text("network")).unwrap();
+    let script = py(&format!(
+        "t('tfo_sendto', lambda: socket.socket().sendto(b'x', socket.MSG_FASTOPEN, ('127.0.0.1', {port}))); \
+         t('tfo_sendmsg', lambda: socket.socket().sendmsg([b'x'], [], socket.MSG_FASTOPEN, ('127.0.0.1', {port}))); \
+         t('connect', lambda: socket.create_connection(('127.0.0.1', {port}), 2))"
+    ));
+    let check = |mode: &str, out: &RunOutput| {
+        expect(out, "tfo_sendto", &["EPERM"]);
+        expect(out, "tfo_sendmsg", &["EPERM"]);
+        if mode != "unsandboxed" {
+            expect(out, "connect", &["EACCES"]);
+            canary.assert_untouched();
+        } else {
+            // The host network: the plain connect is the approved behaviour.
+            let _ = canary.0.accept();
+        }
+    };
+    in_every_mode(c, &tcp, &script, &check);
+});
+
+case!(j05_disk_budget_cannot_be_outrun, |c| {
+    // Eight parallel fallocates just under RLIMIT_FSIZE each used to take 8 GiB in a few
+    // milliseconds under a 1 GiB budget. fallocate that allocates is refused; writing takes
+    // the space only as fast as it is written, and no single file exceeds the budget.
+    let budget: u64 = 32 << 20;
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            &format!("disk_bytes = {budget}\nfile_size_bytes = 1073741824\ntimeout_seconds = 60"),
+        )
+    });
+    let out = c.run(
+        &pol,
+        "for i in 1 2 3 4 5 6 7 8; do fallocate -l 1073741823 f$i 2>/dev/null & done; wait; \
+         python3 -c \"from t import *; fd = os.open('g', os.O_CREAT | os.O_WRONLY, 0o644); \
+         sc('fallocate', 285, fd, 0, 0, 1 << 30); sc('punch', 285, fd, 3, 0, 4096)\"",
+    );
+    expect(&out, "fallocate", &["EOPNOTSUPP", "ENOTSUP"]);
+    expect(&out, "punch", &["OK"]);
+    let used: u64 = walk(&c.w)
+        .iter()
+        .map(|p| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap()) * 512)
+        .sum();
+    assert!(used < 1 << 20, "fallocate took {used} bytes");
+    assert_eq!(out.record.limits.file_size_bytes, budget);
+    reset_workspace(c);
+    // Sixteen writers of 256 MiB each (no file may pass the 32 MiB budget, so at most 512 MiB
+    // without the watchdog): stopped near the budget.
+    let out = c.run(
+        &pol,
+        "for i in $(seq 16); do head -c 268435456 /dev/zero > w$i 2>/dev/null & done; wait; echo done",
+    );
+    let used: u64 = walk(&c.w)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| std::os::unix::fs::MetadataExt::size(&m))
+        .sum();
+    assert_eq!(
+        out.record.exit.killed_by,
+        Some(ollie_sandbox::KilledBy::DiskLimit),
+        "{:?}",
+        out.record.exit
+    );
+    assert!(
+        used <= 8 * budget,
+        "{used} bytes written under a {budget}-byte budget"
+    );
+    for p in walk(&c.w) {
+        let len = std::fs::metadata(&p).unwrap().len();
+        assert!(len <= budget, "{} is {len} bytes", p.display());
+    }
+});
+
+fn inotify_probe(label: &str, path: &Path) -> String {
+    format!("t('{label}', lambda: watch('{}'))", path.display())
+}
+
+case!(j06_state_secrets_and_homes_are_hidden, |c| {
+    // What Landlock does not mediate (stat, access, inotify) must not reveal the runner's
+    // state directory, secret locations or home directories that hold no grant.
+    let state = c.root.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("tcp.key"), "k").unwrap();
+    let key = state.join("tcp.key");
+    let ssh = c.home.join(".ssh/id_ed25519");
+    let profile = c.home.join(".profile");
+    let mut req = c.request(&["bash", "-c", ""]);
+    req.hidden = vec![state.clone()];
+    let script = format!(
+        "stat {key} >/dev/null 2>&1; echo \"stat_key $?\"; ls {st} >/dev/null 2>&1; echo \"ls_state $?\"; \
+         stat {ssh} >/dev/null 2>&1; echo \"stat_ssh $?\"; stat {profile} >/dev/null 2>&1; echo \"stat_home $?\"; \
+         ls /root >/dev/null 2>&1; echo \"ls_root $?\"; test -e {key}; echo \"exists_key $?\"; \
+         python3 -c \"from t import *; {}; {}; {}\"",
+        inotify_probe("watch_state", &state),
+        inotify_probe("watch_home", &c.home),
+        inotify_probe("watch_ws", &c.w),
+        key = key.display(),
+        st = state.display(),
+        ssh = ssh.display(),
+        profile = profile.display(),
+    );
+    req.argv[2] = script.clone().into();
+    let check = |mode: &str, out: &RunOutput| {
+        for l in [
+            "stat_key",
+            "ls_state",
+            "stat_ssh",
+            "stat_home",
+            "exists_key",
+        ] {
+            expect_fail(out, l);
+        }
+        if is_root() {
+            // /root is not this run's home and holds no grant (as another user it is 0700
+            // anyway, so only the root run shows the hiding).
+            expect_fail(out, "ls_root");
+        }
+        expect(out, "watch_state", &["EACCES", "ENOENT"]);
+        expect(out, "watch_home", &["EACCES", "ENOENT"]);
+        expect(out, "watch_ws", &["OK"]);
+        let hidden = &out.record.layers.mounts.hidden;
+        for p in [&state, &c.home] {
+            assert!(
+                hidden.contains(&p.canonicalize().unwrap()),
+                "{mode}: {} not hidden: {hidden:?}",
+                p.display()
+            );
+        }
+    };
+    let out = c.run_with(&p_std(), &req);
+    check("one-shot", &out);
+    let prepared =
+        ollie_sandbox::Prepared::new_hiding(&p_std(), &c.w, &c.home, &[state.clone()]).unwrap();
+    let out = prepared.run(&req).unwrap();
+    check("prepared", &out);
+    // A workspace inside the home keeps the home visible; its secrets stay hidden.
+    let w2 = c.home.join("proj");
+    std::fs::create_dir_all(&w2).unwrap();
+    std::fs::write(w2.join("t.py"), PROBE_PY).unwrap();
+    let mut req2 = req.clone();
+    req2.workdir = w2.clone();
+    req2.argv[2] = format!(
+        "stat {ssh} >/dev/null 2>&1; echo \"stat_ssh $?\"; stat {profile} >/dev/null 2>&1; echo \"stat_home $?\"; \
+         echo x > note; echo \"write $?\"",
+        ssh = ssh.display(),
+        profile = profile.display()
+    )
+    .into();
+    let out = ollie_sandbox::run(&p_std(), &req2).unwrap();
+    expect_fail(&out, "stat_ssh");
+    expect(&out, "stat_home", &["0"]);
+    expect(&out, "write", &["0"]);
+    assert!(w2.join("note").exists());
 });
 
 /// The shell probes above only prove something when their tool exists on the host (a missing

@@ -93,6 +93,9 @@ pub struct Session {
     pub env: Vec<(OsString, OsString)>,
     pub tools: ToolEnv,
     pub procs: Procs,
+    /// Paths hidden from every tool besides the secret locations (the boot message's
+    /// `hidden`: olliesrv's state and configuration directories).
+    pub hidden: Vec<PathBuf>,
     /// Escalation requests waiting for the operator.
     pub broker: crate::broker::Broker,
     agents: Mutex<HashMap<String, AgentCfg>>,
@@ -249,6 +252,21 @@ impl Session {
                     })?;
                 p.fs.exec.push(t);
             }
+            // The skill paths: read grants, through the one way to widen a policy.
+            if !boot.read_grants.is_empty() {
+                let grants: Vec<ollie_policy::Grant> = boot
+                    .read_grants
+                    .iter()
+                    .map(|r| ollie_policy::Grant::Read(r.clone()))
+                    .collect();
+                let ctx = ollie_policy::ResolveContext {
+                    workdir: workdir.clone(),
+                    home: boot.home.clone(),
+                };
+                p = p.with_grants(&grants, &ctx).map_err(|e| {
+                    SetupError::Invalid(format!("policy {name:?}: read grants: {e}"))
+                })?;
+            }
             policies.insert(name.clone(), p);
         }
         if !policies.contains_key(&boot.default_policy) {
@@ -275,6 +293,7 @@ impl Session {
                 tools_dir: boot.tools_dir,
             },
             procs: Procs::new(boot.max_procs_per_agent, boot.max_procs, boot.max_exited),
+            hidden: boot.hidden,
             agents: Mutex::new(HashMap::new()),
             prepared: tokio::sync::Mutex::new(HashMap::new()),
             union_runs: Mutex::new(HashMap::new()),
@@ -439,10 +458,13 @@ impl Session {
             .cloned()
             .ok_or_else(|| format!("unknown policy {name:?}"))?;
         let (workdir, home) = (self.workdir.clone(), self.home.clone());
-        let p = tokio::task::spawn_blocking(move || Prepared::new(&policy, &workdir, &home))
-            .await
-            .map_err(|e| format!("sandbox setup: {e}"))?
-            .map_err(|e| crate::error_chain(&e))?;
+        let hidden = self.hidden.clone();
+        let p = tokio::task::spawn_blocking(move || {
+            Prepared::new_hiding(&policy, &workdir, &home, &hidden)
+        })
+        .await
+        .map_err(|e| format!("sandbox setup: {e}"))?
+        .map_err(|e| crate::error_chain(&e))?;
         let p = Arc::new(p);
         map.insert(name.to_owned(), Arc::clone(&p));
         Ok(p)
@@ -858,6 +880,7 @@ impl Session {
     fn request(&self, proc: &Proc, inv: Invocation, cwd: Option<PathBuf>) -> RunRequest {
         let mut req = RunRequest::new(inv.argv, self.workdir.clone());
         req.home = self.home.clone();
+        req.hidden = self.hidden.clone();
         req.base_env = self.env.clone();
         req.stdin = inv.stdin;
         req.cancel = Some(proc.cancel.clone());

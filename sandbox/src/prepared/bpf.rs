@@ -18,6 +18,7 @@ use crate::seccomp::{
 };
 use libc::sock_filter;
 use ollie_policy::Network;
+use std::collections::BTreeSet;
 
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
@@ -78,7 +79,7 @@ enum Class {
     Fallocate,
 }
 
-fn classes(network: &Network) -> Vec<Class> {
+fn classes(network: &Network, deny: &BTreeSet<i64>) -> Vec<Class> {
     let net = NetFilter::of(network);
     let mut c = vec![Class::Deny; MAX_NR as usize];
     let groups = [
@@ -97,7 +98,7 @@ fn classes(network: &Network) -> Vec<Class> {
         Network::All => Some(Class::SocketAll),
     };
     for g in groups {
-        for nr in g {
+        for (_, nr) in g.iter() {
             if let Some(slot) = usize::try_from(*nr).ok().and_then(|i| c.get_mut(i)) {
                 *slot = Class::Allow;
             }
@@ -133,11 +134,15 @@ fn classes(network: &Network) -> Vec<Class> {
             Class::SendToNoAddress
         },
     );
-    if net.inet_calls().contains(&libc::SYS_bind) {
+    if net.binds() {
         set(libc::SYS_bind, Class::Bind);
     }
     if let Some(class) = socket {
         set(libc::SYS_socket, class);
+    }
+    // What the policy takes out (`syscalls.deny`).
+    for nr in deny {
+        set(*nr, Class::Deny);
     }
     c
 }
@@ -291,8 +296,8 @@ fn tree(ranges: &[(u32, Class)], out: &mut Vec<sock_filter>) -> Option<()> {
 /// Compiles the default profile for `network` as one program (the other errnos folded in).
 /// `None` if a jump would not fit (never for the shipped groups; the caller then uses the
 /// reference programs).
-pub(crate) fn compile(network: &Network) -> Option<Vec<sock_filter>> {
-    let classes = classes(network);
+pub(crate) fn compile(network: &Network, deny: &BTreeSet<i64>) -> Option<Vec<sock_filter>> {
+    let classes = classes(network, deny);
     let mut ranges: Vec<(u32, Class)> = Vec::new();
     for (nr, class) in classes.iter().enumerate() {
         match ranges.last() {
@@ -558,7 +563,7 @@ mod tests {
     use super::*;
 
     fn reference(network: &Network) -> Vec<Vec<sock_filter>> {
-        seccomp::filters(network)
+        seccomp::filters(network, &BTreeSet::new())
             .unwrap()
             .programs
             .iter()
@@ -589,7 +594,7 @@ mod tests {
             },
             Network::All,
         ] {
-            let fast = compile(&network).unwrap();
+            let fast = compile(&network, &BTreeSet::new()).unwrap();
             let reference = reference(&network);
             let ref_len: usize = reference.iter().map(Vec::len).sum();
             assert!(
@@ -603,7 +608,7 @@ mod tests {
 
     #[test]
     fn equivalence_check_catches_a_difference() {
-        let fast = compile(&Network::Off).unwrap();
+        let fast = compile(&Network::Off, &BTreeSet::new()).unwrap();
         let reference = reference(&Network::Off);
         // Allowing TIOCSTI must be noticed.
         let mut weak = fast.clone();
@@ -614,10 +619,13 @@ mod tests {
         }
         assert!(!equivalent(&weak, &reference));
         // Compiling the TCP profile against the no-network reference must be noticed too.
-        let tcp = compile(&Network::Tcp {
-            connect: [80].into(),
-            bind: Default::default(),
-        })
+        let tcp = compile(
+            &Network::Tcp {
+                connect: [80].into(),
+                bind: Default::default(),
+            },
+            &BTreeSet::new(),
+        )
         .unwrap();
         assert!(!equivalent(&tcp, &reference));
         // And the whole-network profile against the TCP reference, both ways (UDP differs).
@@ -625,7 +633,7 @@ mod tests {
             connect: [80].into(),
             bind: Default::default(),
         });
-        let all = compile(&Network::All).unwrap();
+        let all = compile(&Network::All, &BTreeSet::new()).unwrap();
         assert!(!equivalent(&all, &tcp_ref));
         assert!(!equivalent(&tcp, &super::tests::reference(&Network::All)));
         // A UDP leaf that lets ICMP datagrams through must be noticed.
@@ -640,7 +648,7 @@ mod tests {
 
     #[test]
     fn socket_leaf_decides_like_the_policy_says() {
-        let prog = compile(&Network::All).unwrap();
+        let prog = compile(&Network::All, &BTreeSet::new()).unwrap();
         let verdict = |family: i32, ty: i32, proto: i32| {
             let d = data(
                 AUDIT_ARCH_X86_64,
@@ -700,7 +708,7 @@ mod tests {
             bind: Default::default(),
         };
         for network in [Network::Off, tcp.clone(), Network::All] {
-            let p = compile(&network).unwrap();
+            let p = compile(&network, &BTreeSet::new()).unwrap();
             for (nr, arg) in seccomp::MODE_ARGS {
                 for (mode, want) in [
                     (0o755, RET_ALLOW),
@@ -770,7 +778,7 @@ mod tests {
             }
         }
         // Binding: nothing under tcp without bind ports; inet address sizes otherwise.
-        let p = compile(&tcp).unwrap();
+        let p = compile(&tcp, &BTreeSet::new()).unwrap();
         for nr in [
             libc::SYS_bind,
             libc::SYS_listen,
@@ -788,7 +796,7 @@ mod tests {
             bind: [8080].into(),
         };
         for network in [bind, Network::All] {
-            let p = compile(&network).unwrap();
+            let p = compile(&network, &BTreeSet::new()).unwrap();
             for (len, want) in [
                 (16, RET_ALLOW),
                 (28, RET_ALLOW),
@@ -800,5 +808,31 @@ mod tests {
             }
             assert_eq!(verdict(&p, libc::SYS_listen, [3, 5, 0, 0, 0, 0]), RET_ALLOW);
         }
+    }
+
+    #[test]
+    fn a_policy_deny_list_matches_the_reference_and_is_noticed() {
+        let names: BTreeSet<String> =
+            ["memfd_create", "ioctl", "socketpair", "fallocate", "clone3"]
+                .into_iter()
+                .map(String::from)
+                .collect();
+        let nrs = seccomp::denied_numbers(&names).unwrap();
+        let reference: Vec<Vec<sock_filter>> = seccomp::filters(&Network::Off, &names)
+            .unwrap()
+            .programs
+            .iter()
+            .map(crate::spawn::to_sock_filters)
+            .collect();
+        let fast = compile(&Network::Off, &nrs).unwrap();
+        assert!(equivalent(&fast, &reference));
+        assert_eq!(verdict(&fast, libc::SYS_memfd_create, [0; 6]), EPERM);
+        assert_eq!(
+            verdict(&fast, libc::SYS_ioctl, [0, 0x5413, 0, 0, 0, 0]),
+            EPERM
+        );
+        // The profile without the deny list is not the same filter.
+        let plain = compile(&Network::Off, &BTreeSet::new()).unwrap();
+        assert!(!equivalent(&plain, &reference));
     }
 }

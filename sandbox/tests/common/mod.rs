@@ -60,7 +60,11 @@ pub fn workspace_with_write(extra: &str) -> String {
         .find(|(n, _)| *n == "workspace")
         .unwrap()
         .1;
-    base.replacen("write = [\"{workdir}\",", &format!("write = [\"{extra}\", \"{{workdir}}\","), 1)
+    base.replacen(
+        "write = [\"{workdir}\",",
+        &format!("write = [\"{extra}\", \"{{workdir}}\","),
+        1,
+    )
 }
 
 /// Pids of live (non-zombie) processes whose command line contains `marker`.

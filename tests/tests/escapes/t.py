@@ -40,3 +40,15 @@ def write(path, mode="w"):
 def sock(family, kind, proto=0):
     s = socket.socket(family, kind, proto)
     s.close()
+
+
+def watch(path):
+    """inotify_add_watch on `path` (all events); raises OSError like the os module does."""
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    r = libc.inotify_add_watch(fd, os.fsencode(path), 0xFFF)
+    e = ctypes.get_errno()
+    os.close(fd)
+    if r < 0:
+        raise OSError(e, "inotify_add_watch")
