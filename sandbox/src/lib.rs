@@ -6,7 +6,7 @@
 //!    started, including setsid'd, double-forked and nohup'd ones). As root it is also placed
 //!    in a fresh pids cgroup (`pids.max` = `limits.processes`).
 //! 2. Mounts: everything read-only and nosuid except the policy's writable trees, with
-//!    protected islands (e.g. `.git/hooks`) read-only again — a missing one through a
+//!    protected islands (e.g. `.git`) read-only again — a missing one through a
 //!    placeholder at its first missing component, and every directory between a writable root
 //!    and an island pinned (cannot be renamed away). This closes Landlock's metadata gap
 //!    (chmod/chown/xattr/utime outside writable trees fail with EROFS). `/dev/shm` is a
@@ -26,7 +26,8 @@
 //! 6. On timeout (`limits.timeout_seconds`, narrowed per run by
 //!    [`RunRequest::timeout_seconds`]), [`Cancel::cancel`], or when the free space / free
 //!    inodes of a writable tree's filesystem shrink past `limits.disk_bytes` /
-//!    `limits.disk_inodes` or below a reserve (sampled every 50 ms): SIGTERM to every process
+//!    `limits.disk_inodes` or below a reserve (sampled every 10 ms; each file is bounded by
+//!    RLIMIT_FSIZE ≤ `disk_bytes` and `fallocate` cannot allocate): SIGTERM to every process
 //!    (forwarded by init), SIGKILL to the whole namespace after the grace period
 //!    ([`ExitRecord::killed_by`]). [`Cancel::kill`] sends that SIGKILL at once;
 //!    [`Cancel::signal`] forwards one signal of a fixed set ([`Cancel::SIGNALS`]) to every

@@ -1493,6 +1493,45 @@ async fn readonly_hooks_write_nothing_and_workspace_hooks_write_the_cwd() {
     }
 }
 
+/// A hook under a writable policy is sandboxed like any tool: it cannot leave a set-id file
+/// in the workspace, and olliesrv's state directory is hidden from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_leave_no_set_id_file_and_cannot_see_the_state_directory() {
+    if !features_ok("hooks_leave_no_set_id_file_and_cannot_see_the_state_directory") {
+        return;
+    }
+    let cmd = format!(
+        "cp /bin/true hookbin; chmod 4755 hookbin; echo \"suid $?\"; chmod 2755 hookbin; echo \"sgid $?\"; \
+         stat {TOP}/state/lock >/dev/null 2>&1; echo \"state $?\"; ls {TOP}/state >/dev/null 2>&1; echo \"lsstate $?\""
+    );
+    let profile = format!(
+        "hook_policy = \"workspace\"\n{}",
+        hooks_table(&[("pre_turn", &[&cmd])])
+    );
+    let turns = [replay_text("ok")];
+    let h = start(&[("p", profile)], &[], Model::Replay(&turns)).await;
+    agent(&h, "a", "p").await;
+    turn(&h, "a", "go", 1).await;
+    let said: String = hook_infos(&chat(&h, "a").await, "pre_turn")
+        .iter()
+        .map(|b| b.body.clone())
+        .collect();
+    for l in ["suid", "sgid", "state", "lsstate"] {
+        assert!(
+            said.lines().any(|x| x.starts_with(l) && !x.ends_with(" 0")),
+            "{l} succeeded: {said}"
+        );
+    }
+    assert!(said.contains("suid "), "{said}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(h.work.join("hookbin"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o6000, 0, "the hook left a set-id file: {mode:o}");
+    assert!(h.srv.state_dir().join("lock").exists(), "the state directory is in use");
+}
+
 /// Under `readonly` a hook reaches no network: a connection to a loopback listener of this
 /// test fails and the listener sees nothing. Under a user policy allowing that port (the
 /// positive control) it connects.

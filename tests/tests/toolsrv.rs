@@ -482,6 +482,52 @@ async fn execute_code_in_bash_sh_and_python3() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_leave_no_set_id_file_and_cannot_see_hidden_paths() {
+    if !features_ok("tools_leave_no_set_id_file_and_cannot_see_hidden_paths") {
+        return;
+    }
+    // Through toolsrv (its prepared sandbox, the path every ordinary call and every hook
+    // takes): no set-id file can be made, and the boot message's hidden paths (olliesrv's
+    // state and configuration) cannot even be stat'ed.
+    let dirs = Dirs::new();
+    let state = dirs.dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(state.join("tcp.key"), "key").unwrap();
+    let mut boot = dirs.boot();
+    boot.hidden = vec![state.clone()];
+    let t = Ts::start_with(dirs, &boot).await;
+    let a = t.attach("a").await;
+    let key = state.join("tcp.key");
+    let r = run(
+        &a,
+        &code(
+            "bash",
+            &format!(
+                "cp /bin/true x; chmod 4755 x; echo \"suid $?\"; chmod 2755 x; echo \"sgid $?\"; \
+                 mkdir d; chmod 2777 d; echo \"dir $?\"; \
+                 python3 -c \"import os; os.open('y', os.O_CREAT | os.O_WRONLY, 0o4755)\" 2>/dev/null; echo \"open $?\"; \
+                 stat {k} >/dev/null 2>&1; echo \"stat $?\"; ls {s} >/dev/null 2>&1; echo \"ls $?\"",
+                k = key.display(),
+                s = state.display()
+            ),
+        ),
+    )
+    .await
+    .expect("bash");
+    for l in ["suid", "sgid", "dir", "open", "stat", "ls"] {
+        assert!(
+            r.body.lines().any(|x| x.starts_with(l) && !x.ends_with(" 0")),
+            "{l} succeeded: {r:?}"
+        );
+    }
+    for e in std::fs::read_dir(t.ws()).unwrap().flatten() {
+        let mode = e.metadata().unwrap().permissions().mode();
+        assert_eq!(mode & 0o6000, 0, "{} is set-id", e.path().display());
+    }
+    assert!(!t.ws().join("y").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cmd_shorthand_runs_bash() {
     if !features_ok("cmd_shorthand_runs_bash") {
         return;
