@@ -13,13 +13,15 @@
 //!    private, size-limited tmpfs per run.
 //! 3. The tool is forked from init: fds ≥ 3 closed (stdin `/dev/null` or a socket the runner
 //!    feeds with [`RunRequest::stdin`] or relays from [`RunRequest::stdin_fd`], stdout/stderr
-//!    pipes),
+//!    pipes; only a one-shot run's [`RunRequest::pass_fds`] stay, at 7, 8, …),
 //!    `setsid`, rlimits, every capability set emptied (bounding and ambient included,
 //!    securebits locked), `no_new_privs`, Landlock (every ABI-7 filesystem right handled in one
 //!    ruleset, TCP bind/connect unless the network is `all`, both scopes; a working directory
 //!    other than the workdir,
 //!    [`RunRequest::cwd`], must then be listable, or the run fails with
-//!    [`SandboxError::Cwd`]), seccomp last (allowlist), `execve`.
+//!    [`SandboxError::Cwd`]), seccomp last (allowlist), `execve` — or, with
+//!    [`RunRequest::exec_fd`], `execveat` of the caller's descriptor, so what runs is the file
+//!    it opened (sealed copies for that: [`sealed_copy`]).
 //! 4. The environment is cleared and rebuilt from the policy's allowlist.
 //! 5. Output is captured up to a cap per stream (the rest counted, dropped, flagged);
 //!    [`run_streaming`] also hands every chunk to a callback as it arrives.
@@ -95,6 +97,7 @@ mod mounts;
 mod placeholder;
 pub mod postrun;
 mod prepared;
+mod sealed;
 pub mod seccomp;
 mod spawn;
 mod sys;
@@ -105,12 +108,14 @@ pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::ProtectError;
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
+pub use sealed::{SealError, SealedCopy, sealed_copy};
 pub use spawn::{
     Cancel, CapabilityRecord, ExitRecord, Fault, Layers, LimitsRecord, MountRecord, OutputRecord,
     Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
     run_streaming,
 };
 pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
+pub use spawn::{ExecFd, ExecFrom, MAX_PASS_FDS, pass_fd_path};
 pub use spawn::{forwardable_stdin, tool_environment};
 pub use sys::{ipc_namespaces, seccomp_available, user_namespaces};
 pub use unions::{MAX_UNION_LOWERS, UnionMount};

@@ -355,6 +355,11 @@ impl Prepared {
                 reason: "union mounts are supported by one-shot runs only".into(),
             });
         }
+        if req.exec_fd.is_some() || !req.pass_fds.is_empty() {
+            return Err(SandboxError::InvalidRequest {
+                reason: "exec_fd and pass_fds are supported by one-shot runs only".into(),
+            });
+        }
         // From here on the call is started: signals sent to its handle are queued for it.
         let cancel = spawn::watch_cancel(req)?;
         let workdir =

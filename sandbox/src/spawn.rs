@@ -292,8 +292,37 @@ pub struct RunRequest {
     /// [`crate::UnionMount`]). Not empty: the run gets a new root that holds the points. One-shot
     /// runs only; [`crate::Prepared::run`] refuses them.
     pub unions: Vec<crate::UnionMount>,
+    /// Execute this descriptor (`execveat(fd, "", argv, envp, AT_EMPTY_PATH)`) instead of
+    /// looking `argv[0]` up: what runs is the file the caller opened (and checked), whatever
+    /// its path names by then. `argv` is passed unchanged. One-shot runs only;
+    /// [`crate::Prepared::run`] refuses it.
+    pub exec_fd: Option<ExecFd>,
+    /// Descriptors the tool inherits: `pass_fds[i]` is fd 7 + i in the tool, reachable as
+    /// [`pass_fd_path`]`(i)` (`/proc/self/fd/7`, …), open across its `execve`. At most
+    /// [`MAX_PASS_FDS`]. One-shot runs only; [`crate::Prepared::run`] refuses them.
+    pub pass_fds: Vec<Arc<OwnedFd>>,
     /// Tests only: force a failure.
     pub fault: Option<Fault>,
+}
+
+/// The program of a run as a descriptor ([`RunRequest::exec_fd`]).
+#[derive(Debug, Clone)]
+pub struct ExecFd {
+    /// The program: an ELF file or a `#!` script, open for reading. A script's descriptor is
+    /// left open in the tool (as the number after the passed ones: the kernel hands its
+    /// interpreter `/dev/fd/N`); an ELF file's is closed by the exec.
+    pub fd: Arc<OwnedFd>,
+    /// Where it was opened from: the record's `program` and error messages (never looked up).
+    pub path: PathBuf,
+}
+
+/// The most descriptors a run can pass to its tool ([`RunRequest::pass_fds`]).
+pub const MAX_PASS_FDS: usize = sys::MAX_PASS_FDS;
+
+/// The path the tool reaches `pass_fds[i]` by ([`RunRequest::pass_fds`]): `/proc/self/fd/N`,
+/// N = 7 + i.
+pub fn pass_fd_path(i: usize) -> String {
+    format!("/proc/self/fd/{}", sys::FD_PASS_BASE as usize + i)
 }
 
 /// Which output stream a chunk came from (see [`run_streaming`]).
@@ -320,6 +349,8 @@ impl RunRequest {
             timeout_seconds: None,
             hidden: Vec::new(),
             unions: Vec::new(),
+            exec_fd: None,
+            pass_fds: Vec::new(),
             fault: None,
         }
     }
@@ -636,9 +667,25 @@ pub struct RunRecord {
     pub stdout: OutputRecord,
     /// stderr.
     pub stderr: OutputRecord,
+    /// How the program was started: `path` (`execve` of `program`) or `fd` (`execveat` of
+    /// the caller's descriptor, [`RunRequest::exec_fd`], opened from `program`).
+    pub exec: ExecFrom,
+    /// The paths the tool reached the descriptors it inherited by ([`RunRequest::pass_fds`]),
+    /// in order; empty for ordinary runs.
+    pub pass_fds: Vec<String>,
     /// What the run left behind that host-side tools would execute later (git hooks, risky
     /// git config, new repositories, `.envrc`, editor/agent settings); see `postrun`.
     pub post_run: crate::postrun::PostRunRecord,
+}
+
+/// How a run's program was started ([`RunRecord::exec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecFrom {
+    /// `execve` of the program's path.
+    Path,
+    /// `execveat` of the descriptor the caller gave ([`RunRequest::exec_fd`]).
+    Fd,
 }
 
 /// Limits as recorded.
@@ -1078,6 +1125,18 @@ pub fn run_streaming(
             reason: "no command given".into(),
         });
     }
+    if req.pass_fds.len() > MAX_PASS_FDS {
+        return Err(SandboxError::InvalidRequest {
+            reason: format!(
+                "at most {MAX_PASS_FDS} descriptors can be passed to a tool ({} given)",
+                req.pass_fds.len()
+            ),
+        });
+    }
+    let exec_fd_inherit = match &req.exec_fd {
+        None => false,
+        Some(x) => is_script(&x.fd)?,
+    };
     // From here on the run is started: signals sent to its handle are queued for it.
     let cancel = watch_cancel(req)?;
     let workdir = canonical_workdir(&req.workdir)?;
@@ -1172,6 +1231,11 @@ pub fn run_streaming(
     plan.cwd = sys::cstring(&cwd).map_err(io_err("prepare exec"))?;
     plan.check_cwd = cwd != workdir;
     plan.fault = child_fault(req.fault);
+    plan.pass = req.pass_fds.iter().map(|f| f.as_raw_fd()).collect();
+    if let Some(x) = &req.exec_fd {
+        plan.exec_fd = x.fd.as_raw_fd();
+        plan.exec_fd_inherit = exec_fd_inherit;
+    }
 
     let (pid, pidfd) =
         sys::spawn_init(&plan).map_err(|source| SandboxError::Namespaces { source })?;
@@ -1263,6 +1327,26 @@ pub fn run_streaming(
         out,
         errc,
     ))
+}
+
+/// Whether the program descriptor `fd` holds a `#!` script (its first two bytes, read without
+/// moving the offset).
+fn is_script(fd: &OwnedFd) -> Result<bool, SandboxError> {
+    let mut head = [0u8; 2];
+    let mut got = 0;
+    while got < head.len() {
+        match sys::pread(fd.as_raw_fd(), &mut head[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(source) => {
+                return Err(SandboxError::Io {
+                    op: "read the program descriptor",
+                    source,
+                });
+            }
+        }
+    }
+    Ok(head == *b"#!")
 }
 
 /// The Landlock ABI a test fault simulates (the parent builds the ruleset for it).
@@ -1374,6 +1458,9 @@ pub(crate) fn child_plan(
         cwd: CString::default(),
         check_cwd: false,
         fault: ChildFault::None,
+        pass: Vec::new(),
+        exec_fd: -1,
+        exec_fd_inherit: false,
     })
 }
 
@@ -1818,6 +1905,12 @@ pub(crate) fn run_output(
         rusage: f.rusage,
         stdout: out.record(),
         stderr: errc.record(),
+        exec: if req.exec_fd.is_some() {
+            ExecFrom::Fd
+        } else {
+            ExecFrom::Path
+        },
+        pass_fds: (0..req.pass_fds.len()).map(pass_fd_path).collect(),
         post_run: f.post_run,
     };
     RunOutput {
@@ -1893,7 +1986,8 @@ pub(crate) fn effective_limits(
 
 /// The tool's environment ([`tool_env`]) and its program, looked up in that environment's
 /// `PATH`, or relative to the tool's working directory `cwd` when it contains a `/` (ENOENT
-/// as an [`SandboxError::Exec`] if it is not found).
+/// as an [`SandboxError::Exec`] if it is not found); with [`RunRequest::exec_fd`], the path
+/// the descriptor was opened from (nothing is looked up).
 pub(crate) fn tool_command(
     resolved: &ResolvedPolicy,
     req: &RunRequest,
@@ -1905,6 +1999,9 @@ pub(crate) fn tool_command(
         .iter()
         .find(|(n, _)| n == "PATH")
         .and_then(|(_, v)| std::str::from_utf8(v).ok().map(str::to_string));
+    if let Some(x) = &req.exec_fd {
+        return Ok((env, x.path.clone()));
+    }
     let program =
         find_program(Path::new(&req.argv[0]), path_var.as_deref(), cwd).ok_or_else(|| {
             SandboxError::Exec {

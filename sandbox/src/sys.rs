@@ -914,6 +914,15 @@ pub(crate) struct ChildPlan {
     /// `cwd` is not the workspace (see `restrict_and_exec`).
     pub check_cwd: bool,
     pub fault: ChildFault,
+    /// Descriptors the tool inherits as [`FD_PASS_BASE`], [`FD_PASS_BASE`] + 1, … (at most
+    /// [`MAX_PASS_FDS`]; one-shot runs only).
+    pub pass: Vec<RawFd>,
+    /// The descriptor the tool executes (`execveat(fd, "", …, AT_EMPTY_PATH)`) instead of
+    /// `exe`; -1: `execve(exe)`. The tool holds it as the number after the passed ones.
+    pub exec_fd: RawFd,
+    /// `exec_fd` stays open across the exec (a `#!` script: the kernel hands its interpreter
+    /// `/dev/fd/N`); otherwise it is close-on-exec.
+    pub exec_fd_inherit: bool,
 }
 
 /// Namespaces the init stage is always created in.
@@ -956,12 +965,26 @@ const FD_ERR: RawFd = 3;
 const FD_STATUS: RawFd = 4;
 const FD_SYNC: RawFd = 5;
 const FD_RULESET: RawFd = 6;
+/// The first of the descriptors a one-shot tool inherits ([`ChildPlan::pass`]): 7, 8, ….
+pub(crate) const FD_PASS_BASE: RawFd = 7;
+/// At most this many passed descriptors.
+pub(crate) const MAX_PASS_FDS: usize = 16;
+/// The longest fd list the child arranges: its own 0–6, the passed ones and the exec fd.
+const FD_LIST_MAX: usize = FD_PASS_BASE as usize + MAX_PASS_FDS + 1;
+/// Slots of an fd list that stay open across `execve`: stdin, stdout and stderr.
+const KEEP_STDIO: u32 = 0b111;
 
 const MAX_SLOTS: usize = 64;
 
 /// Starts the init stage (pid 1 of new user, pid, mount and IPC namespaces), which sets up the
 /// mounts and forks the tool. Returns `(pid, pidfd)` in the parent.
 pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)> {
+    if plan.pass.len() > MAX_PASS_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors to pass",
+        ));
+    }
     clone_namespaced(&plan.mounts, init_main, plan)
 }
 
@@ -1507,18 +1530,32 @@ fn init_main(plan: &ChildPlan) -> ! {
     unsafe {
         // Die with the runner; the kernel then kills the whole pid namespace.
         libc::prctl(PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-        arrange_fd_list(
-            &[
-                plan.stdin,
-                plan.stdout,
-                plan.stderr,
-                plan.err_w,
-                plan.status_w,
-                plan.sync_r,
-                plan.ruleset,
-            ],
+        // 0–6, then the passed descriptors and the exec fd (spawn_init bounded their count).
+        let mut fds = [-1 as RawFd; FD_LIST_MAX];
+        fds[..FD_PASS_BASE as usize].copy_from_slice(&[
+            plan.stdin,
+            plan.stdout,
+            plan.stderr,
             plan.err_w,
-        );
+            plan.status_w,
+            plan.sync_r,
+            plan.ruleset,
+        ]);
+        let mut n = FD_PASS_BASE as usize;
+        let mut keep = KEEP_STDIO;
+        for fd in plan.pass.iter().take(MAX_PASS_FDS) {
+            fds[n] = *fd;
+            keep |= 1 << n;
+            n += 1;
+        }
+        if plan.exec_fd >= 0 {
+            fds[n] = plan.exec_fd;
+            if plan.exec_fd_inherit {
+                keep |= 1 << n;
+            }
+            n += 1;
+        }
+        arrange_fd_list_keeping(&fds[..n], keep, plan.err_w);
         let mut b = [0u8; 1];
         // Wait until the parent has placed us in a cgroup (EOF = parent gone).
         if libc::read(FD_SYNC, b.as_mut_ptr().cast(), 1) != 1 {
@@ -1558,6 +1595,15 @@ fn init_main(plan: &ChildPlan) -> ! {
         libc::close(0);
         libc::close(1);
         libc::close(2);
+        // The tool's copies of the passed descriptors and the exec fd are its own.
+        if n > FD_PASS_BASE as usize {
+            libc::syscall(
+                SYS_CLOSE_RANGE,
+                FD_PASS_BASE as libc::c_uint,
+                libc::c_uint::MAX,
+                0u32,
+            );
+        }
         wait_for_tool(child, StatusReport::Status)
     }
 }
@@ -1733,6 +1779,11 @@ fn tool_main(plan: &ChildPlan) -> ! {
         filters: &plan.filters,
         fault: plan.fault,
         exe: plan.exe.as_ptr(),
+        exec_fd: if plan.exec_fd >= 0 {
+            FD_PASS_BASE + plan.pass.len() as RawFd
+        } else {
+            -1
+        },
         argv: plan.argv.as_ptr(),
         envp: plan.envp.as_ptr(),
     })
@@ -1765,6 +1816,8 @@ struct ToolExec<'a> {
     filters: &'a [Vec<libc::sock_filter>],
     fault: ChildFault,
     exe: *const libc::c_char,
+    /// Execute this fd (`execveat` with `AT_EMPTY_PATH`) instead of `exe`; -1: none.
+    exec_fd: RawFd,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 }
@@ -1880,7 +1933,18 @@ fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
                 ),
             );
         }
-        libc::execve(t.exe, t.argv, t.envp);
+        if t.exec_fd >= 0 {
+            libc::syscall(
+                libc::SYS_execveat,
+                t.exec_fd,
+                c"".as_ptr(),
+                t.argv,
+                t.envp,
+                libc::AT_EMPTY_PATH,
+            );
+        } else {
+            libc::execve(t.exe, t.argv, t.envp);
+        }
         fail(Stage::Exec, errno());
     }
 }
@@ -2258,18 +2322,28 @@ pub(crate) fn spawn_zygote(z: &ZygotePlan) -> io::Result<(libc::pid_t, OwnedFd)>
 /// close-on-exec flag set (one syscall instead of two: call fds often arrive in place).
 /// Child only.
 fn arrange_fd_list(src: &[RawFd], report: RawFd) {
+    arrange_fd_list_keeping(src, KEEP_STDIO, report);
+}
+
+/// [`arrange_fd_list`], with the slots whose bit is set in `keep` (at most [`FD_LIST_MAX`]
+/// slots) left open across `execve` instead of stdio. Child only.
+fn arrange_fd_list_keeping(src: &[RawFd], keep: u32, report: RawFd) {
     // Before the layout is in place, failures go to `report` (FD_ERR may be anything yet).
-    let bail = || -> ! {
+    let bail = |err: i32| -> ! {
         let mut msg = [0u8; 8];
         msg[..4].copy_from_slice(&(Stage::FdLayout as u32).to_ne_bytes());
-        msg[4..].copy_from_slice(&errno().to_ne_bytes());
+        msg[4..].copy_from_slice(&err.to_ne_bytes());
         // SAFETY: raw write/_exit.
         unsafe {
             libc::write(report, msg.as_ptr().cast(), msg.len());
             libc::_exit(126)
         }
     };
-    let mut tmp = [-1 as RawFd; 8];
+    let kept = |i: usize| keep & (1 << i) != 0;
+    let mut tmp = [-1 as RawFd; FD_LIST_MAX];
+    if src.len() > tmp.len() {
+        bail(libc::EINVAL);
+    }
     for (i, fd) in src.iter().enumerate().take(tmp.len()) {
         if *fd < 0 {
             continue;
@@ -2277,17 +2351,17 @@ fn arrange_fd_list(src: &[RawFd], report: RawFd) {
         if *fd == i as RawFd {
             // In place: the second loop only writes to indices of sources that are not in
             // place, so this fd is never clobbered.
-            let flags = if i < 3 { 0 } else { libc::FD_CLOEXEC };
+            let flags = if kept(i) { 0 } else { libc::FD_CLOEXEC };
             // SAFETY: F_SETFD on an fd this process holds.
             if unsafe { libc::fcntl(*fd, libc::F_SETFD, flags) } < 0 {
-                bail();
+                bail(errno());
             }
             continue;
         }
         // SAFETY: F_DUPFD_CLOEXEC picks the lowest free fd >= 100, never clobbering one.
         let n = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100) };
         if n < 0 {
-            bail();
+            bail(errno());
         }
         tmp[i] = n;
     }
@@ -2295,7 +2369,7 @@ fn arrange_fd_list(src: &[RawFd], report: RawFd) {
         if *fd < 0 {
             continue;
         }
-        let flags = if i < 3 { 0 } else { libc::O_CLOEXEC };
+        let flags = if kept(i) { 0 } else { libc::O_CLOEXEC };
         // SAFETY: dup3 onto a fixed number; the old target (if any) is closed atomically.
         if unsafe { libc::dup3(*fd, i as RawFd, flags) } < 0 {
             fail(Stage::FdLayout, errno());
@@ -2721,6 +2795,7 @@ fn prepared_tool_main(call: &Call<'_>) -> ! {
         filters: &plan.filters,
         fault: ChildFault::from_u32(call.fault),
         exe: call.exe,
+        exec_fd: -1,
         argv: call.argv,
         envp: call.envp,
     })
@@ -2834,6 +2909,85 @@ pub(crate) fn memfd_with(data: &[u8]) -> io::Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     write_all(fd.as_raw_fd(), data)?;
     Ok(fd)
+}
+
+/// `memfd_create`'s `MFD_EXEC` (Linux 6.3): executable even under `vm.memfd_noexec = 1`.
+const MFD_EXEC: libc::c_uint = 0x10;
+
+/// A new, empty, close-on-exec memfd that can be sealed, asked to be executable
+/// (`MFD_EXEC`). Kernels before 6.3 reject the flag and make every memfd executable; where
+/// `vm.memfd_noexec = 2` refuses it, the memfd is made without it and may not be executable
+/// (executing it then fails, as for a file without an execute bit).
+pub(crate) fn memfd_sealable(name: &CStr) -> io::Result<OwnedFd> {
+    let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: valid C string name; returns a new fd or -1.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), base | MFD_EXEC) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EACCES)) {
+            return Err(e);
+        }
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), base) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: a new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fchmod(fd, mode)`.
+pub(crate) fn fchmod(fd: &OwnedFd, mode: u32) -> io::Result<()> {
+    // SAFETY: fchmod on an open fd.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Adds `seals` (`F_SEAL_*`) to a memfd, then reads the seals back: `Ok` only if all of them
+/// are in place.
+pub(crate) fn add_seals(fd: &OwnedFd, seals: libc::c_int) -> io::Result<()> {
+    // SAFETY: fcntl on an open fd with integer arguments.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    let now = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if now < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if now & seals != seals {
+        return Err(io::Error::other("the seals did not hold"));
+    }
+    Ok(())
+}
+
+/// `lseek(fd, 0, SEEK_SET)`.
+pub(crate) fn rewind(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: lseek on an open fd.
+    if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `pread(fd, buf, offset)`, retrying EINTR (does not move the file offset).
+pub(crate) fn pread(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let off =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    loop {
+        // SAFETY: reads into a valid buffer of the given length.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// Sends one byte on a socket (the zygote's start signal).

@@ -5,8 +5,10 @@
 //! Covers approve (runs once, under exactly the grants, the request's fields), deny (the
 //! operator's message, nothing ran), the deadline (`ctl bypass_timeout`), strict and
 //! single-use verdicts, agents kept out of `bypass/`, the binding (a script changed before
-//! approval voids it), `"scope":"session"`, approvals not widening later runs, a stopped call
-//! withdrawing its request, escalations refused without asking, and the flood bound.
+//! approval voids it; an agent's background process swapping the script at any of toolsrv's
+//! checks, found with inotify, never gets its script run), `"scope":"session"`, approvals not
+//! widening later runs, a stopped call withdrawing its request, escalations refused without
+//! asking, and the flood bound.
 //!
 //! Every grant here names a directory beside the workspace, which the `workspace` policy does
 //! not let a tool write; each case first shows (or relies on a case showing) that the write is
@@ -769,6 +771,317 @@ async fn a_script_run_by_bash_in_execute_code_changed_before_approval_voids_it()
         matches!(&r, Err(e) if e.contains("approval voided")) && ran.is_none(),
         "the script changed after the request ran with the approval: result {r:?}, wrote {ran:?}; request {v}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// What runs is what was approved: an agent's process swapping the script at the checks
+
+/// The agent's racer (python3, ctypes inotify), started in the background in the workspace:
+/// `python3 racer.py K MODE`. It watches `run.sh` for opens and closes and the workspace for
+/// new files, prints `ready`, and from the moment `armed` appears (the test creates it right
+/// before it approves; one inotify queue, so every earlier event of `run.sh` comes first)
+/// counts the closes of `run.sh`: at the K-th it puts `evil.sh` in its place (`rename`: over
+/// it; `inplace`: rewrites `run.sh`'s own inode) and prints `swapped`. It ends (printing `end`)
+/// then, or when `stop` appears.
+const RACER: &str = r#"import ctypes, os, struct, sys
+k, mode = int(sys.argv[1]), sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+IN_CLOSE_WRITE, IN_CLOSE_NOWRITE, IN_OPEN, IN_CREATE = 0x8, 0x10, 0x20, 0x100
+fd = libc.inotify_init1(os.O_CLOEXEC)
+if fd < 0 or libc.inotify_add_watch(fd, b"run.sh", IN_OPEN | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE) < 0 or libc.inotify_add_watch(fd, b".", IN_CREATE) < 0:
+    print("inotify failed: errno", ctypes.get_errno(), flush=True)
+    sys.exit(1)
+print("ready", flush=True)
+armed, closes = False, 0
+while True:
+    buf = os.read(fd, 65536)
+    i = 0
+    while i < len(buf):
+        wd, mask, cookie, n = struct.unpack_from("iIII", buf, i)
+        name = buf[i + 16:i + 16 + n].rstrip(b"\0")
+        i += 16 + n
+        if mask & IN_CREATE:
+            if name == b"armed":
+                armed = True
+            elif name == b"stop":
+                print("end", flush=True)
+                sys.exit(0)
+        elif armed and mask & (IN_CLOSE_WRITE | IN_CLOSE_NOWRITE):
+            closes += 1
+            if closes == k:
+                if mode == "rename":
+                    os.rename("evil.sh", "run.sh")
+                else:
+                    data = open("evil.sh", "rb").read()
+                    with open("run.sh", "r+b") as f:
+                        f.truncate(0)
+                        f.write(data)
+                print("swapped", flush=True)
+                print("end", flush=True)
+                sys.exit(0)
+"#;
+
+/// How the racer puts the evil script in place.
+#[derive(Clone, Copy, Debug)]
+enum Swap {
+    /// `rename("evil.sh", "run.sh")`: a new inode at the path.
+    Rename,
+    /// `run.sh` truncated and rewritten: the same inode, new content.
+    InPlace,
+}
+
+/// How one raced call ended.
+#[derive(Debug)]
+enum Raced {
+    /// The approved script ran (and the racer did or did not swap before it).
+    Ran { swapped: bool },
+    /// The approval was voided and nothing ran.
+    Voided,
+}
+
+/// Whether `python3` (which the racer needs) is in the sandbox's `PATH`; prints SKIP (or
+/// fails under `OLLIE_TEST_REQUIRE=all`) when it is not.
+fn python3_ok(case: &str) -> bool {
+    if ["/usr/local/bin/python3", "/usr/bin/python3", "/bin/python3"]
+        .iter()
+        .any(|p| Path::new(p).is_file())
+    {
+        return true;
+    }
+    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        panic!("{case}: python3 is not installed in the system directories");
+    }
+    skip(&format!(
+        "SKIP {case}: python3 is not installed in the system directories"
+    ));
+    false
+}
+
+/// Races one escalated call `payload` (which runs `run.sh` of the workspace) against the
+/// racer swapping it at the `k`-th close after the approval. Checks what every outcome must
+/// hold: the evil script never ran; either the approved script ran once, its output is the
+/// call's, and `bypass/log` has `ran` with the approved request's digest and `exec: fd`, or
+/// the approval was voided (`voided`, both digests) and nothing ran.
+async fn race_once(c: &Case, payload: &str, swap: Swap, k: usize) -> Raced {
+    let ws = c.t.ws().to_path_buf();
+    let (honest, evil) = (c.out("honest"), c.out("evil"));
+    for f in [&honest, &evil] {
+        let _ = std::fs::remove_file(f);
+    }
+    for f in ["armed", "stop", "evil.sh"] {
+        let _ = std::fs::remove_file(ws.join(f));
+    }
+    script(
+        &ws.join("run.sh"),
+        &format!(
+            "echo HONEST-MARKER-{k}\necho honest >> {}\n",
+            honest.display()
+        ),
+    );
+    script(
+        &ws.join("evil.sh"),
+        &format!(
+            "echo EVIL-MARKER\necho evil >> {}\necho evil > {}/evil-ran\n",
+            evil.display(),
+            ws.display()
+        ),
+    );
+    std::fs::write(ws.join("racer.py"), RACER).unwrap();
+    let mode = match swap {
+        Swap::Rename => "rename",
+        Swap::InPlace => "inplace",
+    };
+    let racer = run_bg(
+        &c.a,
+        &code("bash", &format!("exec python3 racer.py {k} {mode}")),
+    )
+    .await
+    .expect("start the racer");
+    let o = wait_out(&c.a, racer, "ready").await;
+    assert!(!o.contains("failed"), "racer: {o}");
+
+    let call = start_call(&c.a, payload).await;
+    let v = Pending::open(&c.op).await.next().await;
+    let id = v["id"].as_str().unwrap().to_owned();
+    std::fs::write(ws.join("armed"), "").unwrap();
+    resolve(&c.op, &approve(&id)).await.expect("approve");
+    let r = call.finish().await;
+    std::fs::write(ws.join("stop"), "").unwrap();
+    let racer_out = wait_out(&c.a, racer, "end").await;
+    let swapped = racer_out.contains("swapped");
+
+    let what = format!("{swap:?}, swap at close {k} (swapped: {swapped})");
+    assert!(
+        !evil.exists() && !ws.join("evil-ran").exists(),
+        "{what}: the evil script ran with the approval: result {r:?}"
+    );
+    let events = log_events(&c.op).await;
+    let of_id = |kind: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["event"] == kind && e["id"] == id.as_str())
+            .collect()
+    };
+    match r {
+        Ok(run) => {
+            assert_eq!(run.exit(), Some(0), "{what}: {run:?}");
+            assert!(
+                run.body.contains(&format!("HONEST-MARKER-{k}")) && !run.body.contains("EVIL"),
+                "{what}: {run:?}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(&honest).ok().as_deref(),
+                Some("honest\n"),
+                "{what}: the approved script did not run once"
+            );
+            let ran = of_id("ran");
+            assert_eq!(ran.len(), 1, "{what}: {events:?}");
+            assert_eq!(ran[0]["digest"], v["digest"], "{what}: {ran:?}");
+            assert_eq!(ran[0]["status"], 0, "{what}: {ran:?}");
+            assert_eq!(ran[0]["exec"], "fd", "{what}: {ran:?}");
+            let pinned = ran[0]["pinned"].as_array().expect("pinned scripts");
+            let run_sh = std::fs::canonicalize(ws.join("run.sh")).unwrap();
+            assert!(
+                pinned
+                    .iter()
+                    .any(|p| p["path"] == run_sh.display().to_string()
+                        && p["as"]
+                            .as_str()
+                            .is_some_and(|s| s.starts_with("/proc/self/fd/"))),
+                "{what}: run.sh is not among the pinned scripts: {ran:?}"
+            );
+            assert!(of_id("voided").is_empty(), "{what}: {events:?}");
+            Raced::Ran { swapped }
+        }
+        Err(e) => {
+            assert!(
+                e.contains("approval voided") && e.contains("nothing was run"),
+                "{what}: {e}"
+            );
+            assert!(!honest.exists(), "{what}: a voided call ran");
+            let voided = of_id("voided");
+            assert_eq!(voided.len(), 1, "{what}: {events:?}");
+            let (was, now) = (&voided[0]["binding_approved"], &voided[0]["binding_now"]);
+            assert!(is_hex(was.as_str().unwrap_or(""), 64), "{what}: {voided:?}");
+            assert!(is_hex(now.as_str().unwrap_or(""), 64), "{what}: {voided:?}");
+            assert_ne!(was, now, "{what}: {voided:?}");
+            assert!(of_id("ran").is_empty(), "{what}: {events:?}");
+            Raced::Voided
+        }
+    }
+}
+
+/// [`race_once`] with the swap at the 1st to 5th close after the approval: a swap at any
+/// check voids the approval or comes too late to matter, and at least one swap lands after
+/// the last check and still runs the approved script.
+async fn race(c: &Case, payload: &str, swap: Swap) {
+    let mut outcomes = Vec::new();
+    for k in 1..=5 {
+        outcomes.push((k, race_once(c, payload, swap, k).await));
+    }
+    eprintln!("{swap:?}: swap at close k → outcome: {outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .any(|(_, o)| matches!(o, Raced::Ran { swapped: true })),
+        "{swap:?}: no swap came after the last check (so none showed what runs): {outcomes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_renamed_over_at_any_check_never_runs_inline() {
+    let case = "a_script_renamed_over_at_any_check_never_runs_inline";
+    if !python3_ok(case) {
+        return;
+    }
+    let Some(c) = Case::start(case).await else {
+        return;
+    };
+    race(&c, &esc("bash run.sh", &[&c.grant()]), Swap::Rename).await;
+    // Command position runs the pinned copy too (it keeps run.sh's execute bits).
+    race(&c, &esc("./run.sh", &[&c.grant()]), Swap::Rename).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_rewritten_in_place_at_any_check_never_runs_inline() {
+    let case = "a_script_rewritten_in_place_at_any_check_never_runs_inline";
+    if !python3_ok(case) {
+        return;
+    }
+    let Some(c) = Case::start(case).await else {
+        return;
+    };
+    race(&c, &esc("bash run.sh", &[&c.grant()]), Swap::InPlace).await;
+}
+
+/// The whole-argument form: `execute_tool` running a copy of bash from the tools directory
+/// with `run.sh` as its argument (argv `[TOOLS/bash, run.sh]`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_swapped_at_any_check_never_runs_as_a_whole_argument() {
+    let case = "a_script_swapped_at_any_check_never_runs_as_a_whole_argument";
+    if !python3_ok(case) {
+        return;
+    }
+    let mut tools = PathBuf::new();
+    let Some(c) = Case::start_with(case, |boot| {
+        tools = boot.workdir.parent().unwrap().join("tools");
+        std::fs::create_dir(&tools).unwrap();
+        std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bash = std::fs::canonicalize("/bin/bash").unwrap();
+        std::fs::copy(&bash, tools.join("bash")).unwrap();
+        std::fs::set_permissions(tools.join("bash"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        boot.tools_dir = Some(tools.clone());
+    })
+    .await
+    else {
+        return;
+    };
+    let payload = tool(
+        "execute_tool",
+        json!({"name": "bash", "args": ["run.sh"], "escalate": {"grants": [c.grant()], "reason": REASON}}),
+    );
+    race(&c, &payload, Swap::Rename).await;
+    race(&c, &payload, Swap::InPlace).await;
+}
+
+/// A script replaced before the operator answers (same content, new inode) is found by the
+/// check on the descriptor that would run: the approval is voided there and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_replaced_before_the_answer_voids_it_when_opened_to_run() {
+    let Some(c) =
+        Case::start("a_script_replaced_before_the_answer_voids_it_when_opened_to_run").await
+    else {
+        return;
+    };
+    let out = c.out("report");
+    let ws = c.t.ws().to_path_buf();
+    let body = format!("echo honest >> {}\n", out.display());
+    script(&ws.join("run.sh"), &body);
+    let call = start_call(&c.a, &esc("bash run.sh", &[&c.grant()])).await;
+    let v = Pending::open(&c.op).await.next().await;
+    script(&ws.join("copy.sh"), &body);
+    std::fs::rename(ws.join("copy.sh"), ws.join("run.sh")).unwrap();
+    resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve");
+    let e = call.finish().await.expect_err("the replaced script ran");
+    let run_sh = std::fs::canonicalize(ws.join("run.sh")).unwrap();
+    assert!(
+        e.contains(&format!(
+            "approval voided: script {} opened to run was replaced (device:inode ",
+            run_sh.display()
+        )) && e.ends_with("; nothing was run"),
+        "{e}"
+    );
+    assert!(!out.exists(), "the replaced script ran");
+    let voided: Vec<Value> = log_events(&c.op)
+        .await
+        .into_iter()
+        .filter(|e| e["event"] == "voided" && e["id"] == v["id"])
+        .collect();
+    assert_eq!(voided.len(), 1, "{voided:?}");
+    assert_ne!(voided[0]["binding_approved"], voided[0]["binding_now"]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,41 +1,60 @@
-//! What an approval is bound to: the exact execution toolsrv would perform.
+//! What an approval is bound to: the exact execution toolsrv would perform, and running
+//! exactly that.
 //!
 //! Before a request goes to the human, [`compute`] records the argv (raw bytes), the working
 //! directory, the environment the run will get, the resolved executable (canonical path,
 //! device, inode, size, SHA-256) and every file the command line names (scripts for
-//! interpreters: `python3 x.py`, `bash run.sh`, `rg --pre=./x`). Right before running,
-//! [`Binding::recheck`] recomputes all of it and refuses on any difference, naming what
-//! changed (DESIGN.md §5; ESCAPES.md item 55). [`Binding::digest`] is a SHA-256 over a
-//! canonical encoding of the whole binding, for matching byte-identical requests.
+//! interpreters: `python3 x.py`, `bash run.sh`, `rg --pre=./x`), and where the command line
+//! runs one of them as a script ([`Binding::runs`]). After the approval, [`Binding::pin`]
+//! opens the program and each such script once, checks them on those descriptors, and hands
+//! back what the run executes; [`Binding::recheck`] then recomputes the rest by path (a file
+//! named since, a data file changed). Any difference voids the approval, naming what changed
+//! (DESIGN.md §5; ESCAPES.md item 55). [`Binding::digest`] is a SHA-256 over a canonical
+//! encoding of the whole binding, for matching byte-identical requests.
 //!
 //! Guarantees:
 //! - The program is found by an absolute path or in the fixed system directories
 //!   ([`SYSTEM_DIRS`]), never through the agent's `PATH`; a relative program path is refused.
 //! - Each file is hashed from the same open descriptor that supplied its device, inode and
 //!   size, and a file whose length changes while it is read is refused.
+//! - What runs is what was checked: the program is executed from the descriptor [`Binding::pin`]
+//!   checked (`execveat`), as a sealed memfd copy when it lies in a tree sandboxed tools can
+//!   write, else the file itself (read-only; `/proc/self/exe` stays its path). Every script
+//!   the command runs — an interpreter's first non-option argument (`bash run.sh`), and inside
+//!   inline code (`-c`, `-e`) the words in command position with a `/` (`./run.sh`) and after
+//!   a runner (`sh x.sh`, `python3 x.py`, `. ./env.sh`) — is a sealed copy (mode `& 0o555`)
+//!   the tool inherits at `/proc/self/fd/7`, 8, …, and exactly that argument or word is
+//!   replaced by that name. A rename over a file or a write to it after the check changes
+//!   nothing that runs. At most [`ollie_sandbox::MAX_PASS_FDS`] scripts per command.
 //! - Files are streamed and capped ([`MAX_FILE`] each, [`MAX_TOTAL`] together).
 //!
 //! Not guaranteed:
-//! - The window between [`Binding::recheck`] and `execve` remains; the runner should keep it
-//!   short (or execute from the hashed descriptor).
-//! - Inside inline code (`bash -c '…'`), files in command position (`./run.sh`) or run by an
-//!   interpreter (`sh ./x`, `python3 x.py`) are bound; data files the code mentions, names
-//!   built at run time (`sh "$(echo ./x)"`) and files the program opens on its own are not.
-//!   The inline code itself is part of argv and so is bound.
+//! - Data files (`cp a.txt b.txt`, arguments of other programs, `--opt=FILE` values) are
+//!   bound by hash up to the re-check, not pinned: they are not rewritten (that would break
+//!   writes), so a change after the re-check reaches the run.
+//! - Inside inline code, data files the code mentions, names built at run time
+//!   (`sh "$(echo ./x)"`), files the program opens on its own (its libraries, a script's own
+//!   `source` of another file) and files named on the command line that did not exist when
+//!   the request was made are not bound. The inline code itself is part of argv and so is
+//!   bound. Splitting is quote-agnostic, so a script's name inside a quoted string in
+//!   command position (`echo "x; ./run.sh"`) is rewritten too.
 //! - The permission delta (grants) is not part of the binding; the caller's request digest
 //!   must cover it too.
 //!
 //! Everything here is blocking file I/O: call it from `spawn_blocking`.
 //!
-//! Tested by the unit tests below (temporary directories; the system `sh`).
+//! Tested by the unit tests below (temporary directories; the system `sh`) and, end to end
+//! with an agent's process swapping a script at every check, by `tests/tests/broker.rs`.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -85,6 +104,18 @@ pub struct Binding {
     pub executable: FileId,
     /// Every later argument that names an existing regular file, in argv order.
     pub scripts: Vec<FileId>,
+    /// Where the command line names a file of `scripts` it runs: what [`Binding::pin`]
+    /// replaces by a sealed copy.
+    #[serde(skip)]
+    pub runs: Vec<ScriptRun>,
+}
+
+/// A place on the command line naming a script the command runs.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ScriptRun {
+    site: Site,
+    /// Index into [`Binding::scripts`].
+    script: usize,
 }
 
 /// Computes the binding of running `argv` in `cwd` with environment `env`.
@@ -121,6 +152,26 @@ pub fn compute(
             }
         }
     }
+    let mut runs = Vec::new();
+    for (site, path) in script_sites(argv, cwd, env.get("PATH").map(String::as_str)) {
+        let Some(script) = scripts.iter().position(|f| f.path == path) else {
+            return Err(format!(
+                "{} appeared while the command was being bound",
+                show(&path)
+            ));
+        };
+        runs.push(ScriptRun { site, script });
+    }
+    let mut distinct: Vec<usize> = runs.iter().map(|r| r.script).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() > ollie_sandbox::MAX_PASS_FDS {
+        return Err(format!(
+            "the command runs {} scripts; at most {} can be pinned for one run",
+            distinct.len(),
+            ollie_sandbox::MAX_PASS_FDS
+        ));
+    }
     Ok(Binding {
         argv: argv
             .iter()
@@ -131,6 +182,7 @@ pub fn compute(
         env: env.clone(),
         executable,
         scripts,
+        runs,
     })
 }
 
@@ -208,10 +260,11 @@ impl Binding {
     }
 
     /// Lowercase hex SHA-256 over a canonical, length-prefixed encoding of the whole binding
-    /// (raw argv bytes, cwd bytes, environment in key order, every file identity).
+    /// (raw argv bytes, cwd bytes, environment in key order, every file identity, where the
+    /// command line runs which script).
     pub fn digest(&self) -> String {
         let mut h = Sha256::new();
-        h.update(b"ollie-binding-v1\0");
+        h.update(b"ollie-binding-v2\0");
         field(&mut h, b"argv", self.argv_raw.len() as u64);
         for a in &self.argv_raw {
             bytes(&mut h, a);
@@ -229,8 +282,270 @@ impl Binding {
         for s in &self.scripts {
             file_fields(&mut h, s);
         }
+        field(&mut h, b"runs", self.runs.len() as u64);
+        for r in &self.runs {
+            h.update((r.site.arg as u64).to_be_bytes());
+            let (start, end) = r
+                .site
+                .range
+                .as_ref()
+                .map_or((u64::MAX, u64::MAX), |w| (w.start as u64, w.end as u64));
+            h.update(start.to_be_bytes());
+            h.update(end.to_be_bytes());
+            h.update((r.script as u64).to_be_bytes());
+        }
         hex(&h.finalize())
     }
+}
+
+/// One script pinned for a run ([`Pinned::scripts`]).
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct PinnedScript {
+    /// The file the binding names (canonical).
+    pub path: PathBuf,
+    /// What the command line names it by now (`/proc/self/fd/N`).
+    #[serde(rename = "as")]
+    pub as_path: String,
+}
+
+/// What runs, opened once and checked against the binding ([`Binding::pin`]).
+#[derive(Debug)]
+pub struct Pinned {
+    /// The program, executed from this descriptor.
+    pub exec: ollie_sandbox::ExecFd,
+    /// Whether `exec` is a sealed copy (the program lies in a tree tools can write) rather
+    /// than the file itself.
+    pub exec_copied: bool,
+    /// Sealed copies of the scripts the command runs, for `RunRequest::pass_fds`.
+    pub pass_fds: Vec<Arc<OwnedFd>>,
+    /// Which file each of `pass_fds` holds, and the name it is run by.
+    pub scripts: Vec<PinnedScript>,
+    /// The command line to run: every argument or inline-code word naming a pinned script
+    /// replaced by its `/proc/self/fd/N`, nothing else changed.
+    pub argv: Vec<OsString>,
+}
+
+impl Binding {
+    /// Opens the program and every script the command runs once, checks device, inode, size
+    /// and SHA-256 on those descriptors against the binding, and returns them to run: the
+    /// program as is, or, if it lies in one of `writable` (canonical trees sandboxed tools
+    /// can write), as a sealed copy; each script as a sealed copy (mode `& 0o555`), which
+    /// argv then names instead of the file. A rename or write after this changes nothing
+    /// that runs. `Err` names the first difference (a one-line reason); nothing may run then.
+    pub fn pin(&self, writable: &[PathBuf]) -> Result<Pinned, String> {
+        let argv: Vec<OsString> = self
+            .argv_raw
+            .iter()
+            .map(|b| OsString::from_vec(b.clone()))
+            .collect();
+        let mut budget = MAX_TOTAL;
+        let exe = &self.executable;
+        let copy = writable.iter().any(|w| exe.path.starts_with(w));
+        let (fd, exec_copied) = if copy {
+            let c = sealed_copy_of(exe, "the executable", &mut budget)?;
+            (c, true)
+        } else {
+            (opened_as_bound(exe, "the executable", &mut budget)?, false)
+        };
+        let exec = ollie_sandbox::ExecFd {
+            fd: Arc::new(fd),
+            path: exe.path.clone(),
+        };
+        let mut scripts: Vec<PinnedScript> = Vec::new();
+        let mut pass_fds = Vec::new();
+        let mut edits: Vec<(Site, String)> = Vec::new();
+        for run in &self.runs {
+            let Some(bound) = self.scripts.get(run.script) else {
+                return Err("the binding is inconsistent".into());
+            };
+            let n = match scripts.iter().position(|p| p.path == bound.path) {
+                Some(n) => n,
+                None => {
+                    if scripts.len() == ollie_sandbox::MAX_PASS_FDS {
+                        return Err(format!(
+                            "the command runs more than {} scripts",
+                            ollie_sandbox::MAX_PASS_FDS
+                        ));
+                    }
+                    pass_fds.push(Arc::new(sealed_copy_of(bound, "script", &mut budget)?));
+                    scripts.push(PinnedScript {
+                        path: bound.path.clone(),
+                        as_path: ollie_sandbox::pass_fd_path(scripts.len()),
+                    });
+                    scripts.len() - 1
+                }
+            };
+            edits.push((run.site.clone(), scripts[n].as_path.clone()));
+        }
+        Ok(Pinned {
+            exec,
+            exec_copied,
+            pass_fds,
+            scripts,
+            argv: rewrite(&argv, &edits),
+        })
+    }
+}
+
+/// `argv` with each edit's site replaced: a whole argument, or exactly a word's bytes.
+fn rewrite(argv: &[OsString], edits: &[(Site, String)]) -> Vec<OsString> {
+    argv.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mine: Vec<&(Site, String)> = edits.iter().filter(|(s, _)| s.arg == i).collect();
+            if let Some((_, to)) = mine.iter().find(|(s, _)| s.range.is_none()) {
+                return OsString::from(to);
+            }
+            let b = a.as_bytes();
+            let mut ranges: Vec<(std::ops::Range<usize>, &str)> = mine
+                .iter()
+                .filter_map(|(s, to)| s.range.clone().map(|r| (r, to.as_str())))
+                .collect();
+            ranges.sort_by_key(|(r, _)| r.start);
+            let mut out = Vec::with_capacity(b.len());
+            let mut at = 0;
+            for (r, to) in ranges {
+                if r.start < at {
+                    continue;
+                }
+                out.extend_from_slice(&b[at..r.start]);
+                out.extend_from_slice(to.as_bytes());
+                at = r.end;
+            }
+            out.extend_from_slice(&b[at..]);
+            OsString::from_vec(out)
+        })
+        .collect()
+}
+
+/// Opens `f.path` once (no symlink at the end, no blocking) and checks that the descriptor
+/// is the bound file: a regular file with the same device, inode and size.
+fn open_bound(f: &FileId, what: &str) -> Result<(File, u32), String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOFOLLOW).bits())
+        .open(&f.path)
+        .map_err(|e| {
+            format!(
+                "{what} {} cannot be opened to run: {}",
+                show(&f.path),
+                io_reason(&e)
+            )
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{what} {}: {}", show(&f.path), io_reason(&e)))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{what} {} is no longer a regular file",
+            show(&f.path)
+        ));
+    }
+    if (meta.dev(), meta.ino()) != (f.dev, f.ino) {
+        return Err(format!(
+            "{what} {} opened to run was replaced (device:inode {}:{} → {}:{})",
+            show(&f.path),
+            f.dev,
+            f.ino,
+            meta.dev(),
+            meta.ino()
+        ));
+    }
+    if meta.len() != f.size {
+        return Err(format!(
+            "{what} {} opened to run changed (size {} → {})",
+            show(&f.path),
+            f.size,
+            meta.len()
+        ));
+    }
+    Ok((file, meta.mode()))
+}
+
+/// The error for contents whose hash is not the bound one.
+fn changed(what: &str, f: &FileId, now: &str) -> String {
+    format!(
+        "{what} {} opened to run changed (sha256 {} → {})",
+        show(&f.path),
+        short(&f.sha256),
+        short(now)
+    )
+}
+
+/// Charges `f`'s size to `budget`.
+fn charge(f: &FileId, budget: &mut u64) -> Result<(), String> {
+    if f.size > MAX_FILE || f.size > *budget {
+        return Err(format!(
+            "the files named by the command total more than {} MiB and cannot be pinned",
+            MAX_TOTAL >> 20
+        ));
+    }
+    *budget -= f.size;
+    Ok(())
+}
+
+/// The bound file itself, open read-only, after checking it ([`open_bound`]) and hashing
+/// everything read through the descriptor; the offset is back at 0.
+fn opened_as_bound(f: &FileId, what: &str, budget: &mut u64) -> Result<OwnedFd, String> {
+    use std::io::Seek;
+    charge(f, budget)?;
+    let (mut file, _) = open_bound(f, what)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read: u64 = 0;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                h.update(&buf[..n]);
+                read += n as u64;
+                if read > f.size {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("{what} {}: {}", show(&f.path), io_reason(&e))),
+        }
+    }
+    let now = hex(&h.finalize());
+    if read != f.size || now != f.sha256 {
+        return Err(changed(what, f, &now));
+    }
+    file.rewind()
+        .map_err(|e| format!("{what} {}: {}", show(&f.path), io_reason(&e)))?;
+    Ok(file.into())
+}
+
+/// A sealed copy of the bound file, after checking it ([`open_bound`]); the hash is of
+/// exactly the bytes copied.
+fn sealed_copy_of(f: &FileId, what: &str, budget: &mut u64) -> Result<OwnedFd, String> {
+    charge(f, budget)?;
+    let (file, mode) = open_bound(f, what)?;
+    let name = format!(
+        "ollie-pin:{}",
+        f.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    let c = ollie_sandbox::sealed_copy(&mut (&file).take(f.size + 1), &name, mode, f.size)
+        .map_err(|e| match e {
+            ollie_sandbox::SealError::TooLarge { .. } => format!(
+                "{what} {} opened to run changed (it grew past {} bytes)",
+                show(&f.path),
+                f.size
+            ),
+            e => format!(
+                "{what} {} cannot be pinned: {}",
+                show(&f.path),
+                crate::error_chain(&e)
+            ),
+        })?;
+    let now = hex(&c.sha256);
+    if c.len != f.size || now != f.sha256 {
+        return Err(changed(what, f, &now));
+    }
+    Ok(c.fd)
 }
 
 fn field(h: &mut Sha256, tag: &[u8], count: u64) {
@@ -297,13 +612,142 @@ const RUNNERS: &[&[u8]] = &[
     b"php", b"lua", b"tclsh", b"source", b".", b"exec", b"env", b"nohup", b"time", b"nice",
 ];
 
+/// The runners that read their first non-option argument as a script (a name without `/` is
+/// taken relative to the working directory).
+const INTERPRETERS: &[&[u8]] = &[
+    b"sh", b"bash", b"dash", b"zsh", b"ksh", b"python", b"python3", b"perl", b"node", b"ruby",
+    b"php", b"lua", b"tclsh",
+];
+
+/// The interpreters that are shells: `-c` anywhere in their options makes the first
+/// non-option argument inline code.
+const SHELLS: &[&[u8]] = &[b"sh", b"bash", b"dash", b"zsh", b"ksh"];
+
+/// The runners that read a file as code in the running shell: a name without `/` is looked
+/// up in `PATH` first.
+const SOURCERS: &[&[u8]] = &[b"source", b"."];
+
+/// Options of the interpreters that take the next argument as their value.
+const VALUE_OPTIONS: &[&[u8]] = &[
+    b"-o",
+    b"+o",
+    b"-O",
+    b"+O",
+    b"--rcfile",
+    b"--init-file",
+    b"-W",
+    b"-X",
+    b"-r",
+    b"--require",
+    b"--import",
+    b"--loader",
+    b"-I",
+];
+
+/// The last component of a program name.
+fn base_name(p: &[u8]) -> &[u8] {
+    p.rsplit(|c| *c == b'/').next().unwrap_or(p)
+}
+
+/// Where a word of inline code stands ([`inline_words`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// First word of a simple command (assignments skipped): run through `PATH` unless it
+    /// has a `/`.
+    Command,
+    /// First non-option word after an interpreter (`bash x.sh`, `python3 x.py`).
+    Script,
+    /// First non-option word after `source` or `.`.
+    Sourced,
+    /// First non-option word after `exec`, `env`, `nohup`, `time` or `nice`: a command.
+    RunCommand,
+}
+
+/// A word of inline code that may name a file: `b[start..end]`, quotes dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Word {
+    start: usize,
+    end: usize,
+    place: Place,
+}
+
+/// The words of inline code (one argument) in command position of each simple command
+/// (`./run.sh`) and after a runner (`bash x.sh`, `python3 x.py`, `. ./env.sh`). Commands
+/// split at `;&|()`, newlines and backquotes, words at whitespace; one leading and one
+/// trailing quote are dropped; assignments before a command (`X=1 ./run.sh`) are not the
+/// command. Quote-agnostic on purpose: code nested in quotes (`bash -c "sh x.sh"`,
+/// `os.system('./x')`) is split too. Other words (an output file, a pattern) are data.
+fn inline_words(b: &[u8]) -> Vec<Word> {
+    let mut out = Vec::new();
+    for (cs, ce) in spans(b, 0, b.len(), |c| b";&|()\n`".contains(&c)).take(1024) {
+        let words: Vec<(usize, usize)> = spans(b, cs, ce, |c| c.is_ascii_whitespace())
+            .map(|(mut s, mut e)| {
+                if b[s] == b'"' || b[s] == b'\'' {
+                    s += 1;
+                }
+                if e > s && (b[e - 1] == b'"' || b[e - 1] == b'\'') {
+                    e -= 1;
+                }
+                (s, e)
+            })
+            .filter(|(s, e)| e > s && e - s <= 4096)
+            // Assignments before a command (`X=1 ./run.sh`) are not the command.
+            .skip_while(|&(s, e)| b[s..e].contains(&b'=') && b[s] != b'-')
+            .collect();
+        let mut prev: Option<&[u8]> = None;
+        for (i, &(s, e)) in words.iter().enumerate() {
+            let w = &b[s..e];
+            let option = w.starts_with(b"-");
+            let place = match prev.map(base_name) {
+                _ if option => None,
+                _ if i == 0 => Some(Place::Command),
+                Some(p) if INTERPRETERS.contains(&p) => Some(Place::Script),
+                Some(p) if SOURCERS.contains(&p) => Some(Place::Sourced),
+                Some(p) if RUNNERS.contains(&p) => Some(Place::RunCommand),
+                _ => None,
+            };
+            if let Some(place) = place {
+                out.push(Word {
+                    start: s,
+                    end: e,
+                    place,
+                });
+            }
+            if !option {
+                prev = Some(w);
+            }
+        }
+    }
+    out
+}
+
+/// The non-empty spans of `b[from..to]` between bytes for which `sep` holds.
+fn spans(
+    b: &[u8],
+    from: usize,
+    to: usize,
+    sep: impl Fn(u8) -> bool,
+) -> impl Iterator<Item = (usize, usize)> {
+    let mut i = from;
+    std::iter::from_fn(move || {
+        while i < to && sep(b[i]) {
+            i += 1;
+        }
+        if i >= to {
+            return None;
+        }
+        let s = i;
+        while i < to && !sep(b[i]) {
+            i += 1;
+        }
+        Some((s, i))
+    })
+}
+
 /// The strings in one argument that may name a file: the argument itself; for
 /// `--opt=VALUE` / `-o=VALUE`, the value; and, when the argument is inline code (it holds
-/// several words), the words in command position of each simple command (`./run.sh`) and
-/// the word after a program that runs a file (`bash x.sh`, `python3 x.py`, `. ./env.sh`).
-/// Other words (an output file, a pattern) are data and stay unbound, so an approval for
-/// the session still matches after they change. Words split at whitespace and shell
-/// punctuation, quotes dropped.
+/// several words), the [`inline_words`] in command position and after a runner. Other words
+/// stay unbound, so an approval for the session still matches after they change.
 fn candidates(arg: &OsStr) -> Vec<&OsStr> {
     let b = arg.as_bytes();
     let mut out = vec![arg];
@@ -316,38 +760,130 @@ fn candidates(arg: &OsStr) -> Vec<&OsStr> {
     if !b.iter().any(u8::is_ascii_whitespace) {
         return out;
     }
-    for command in b.split(|c| b";&|()\n`".contains(c)).take(1024) {
-        let words: Vec<&[u8]> = command
-            .split(|c| c.is_ascii_whitespace())
-            .map(|w| w.trim_ascii_start())
-            .map(|w| {
-                let w = w
-                    .strip_prefix(b"\"")
-                    .or_else(|| w.strip_prefix(b"'"))
-                    .unwrap_or(w);
-                w.strip_suffix(b"\"")
-                    .or_else(|| w.strip_suffix(b"'"))
-                    .unwrap_or(w)
-            })
-            .filter(|w| !w.is_empty() && w.len() <= 4096)
-            // Assignments before a command (`X=1 ./run.sh`) are not the command.
-            .skip_while(|w| w.contains(&b'=') && !w.starts_with(b"-"))
-            .collect();
-        let mut prev: Option<&[u8]> = None;
-        for (i, w) in words.iter().enumerate() {
-            let runner = prev.is_some_and(|p| {
-                let base = p.rsplit(|c| *c == b'/').next().unwrap_or(p);
-                RUNNERS.contains(&base)
-            });
-            if (i == 0 || runner) && !w.starts_with(b"-") {
-                out.push(OsStr::from_bytes(w));
+    out.extend(
+        inline_words(b)
+            .into_iter()
+            .map(|w| OsStr::from_bytes(&b[w.start..w.end])),
+    );
+    out.dedup();
+    out
+}
+
+/// Where the command line names a script to run: a whole argument (`bash run.sh`) or a word
+/// inside inline code (`bash -c 'sh run.sh'`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Site {
+    /// The argument's index in argv.
+    arg: usize,
+    /// The word's bytes in that argument; `None`: the whole argument.
+    range: Option<std::ops::Range<usize>>,
+}
+
+/// What of argv an interpreter `argv[0]` runs or reads as code: `(script, code)`, the index
+/// of the argument naming its script file (its first non-option argument) and the indices of
+/// its inline code arguments (after `-c`, `-e`; for a shell, the first non-option argument
+/// once any option holds `c`). Only interpreters have either. A shell's positional
+/// parameters right after a `-c` or `-e` are inline code too (code the shell hands on to
+/// another interpreter, as `execute_pipe` does).
+fn script_args(argv: &[OsString]) -> (Option<usize>, Vec<usize>) {
+    let Some(program) = argv.first() else {
+        return (None, Vec::new());
+    };
+    let base = base_name(program.as_bytes());
+    if !INTERPRETERS.contains(&base) {
+        return (None, Vec::new());
+    }
+    let shell = SHELLS.contains(&base);
+    let (mut script, mut code) = (None, Vec::new());
+    let mut shell_code = false;
+    let mut i = 1;
+    while i < argv.len() {
+        let a = argv[i].as_bytes();
+        if a == b"--" {
+            if shell_code {
+                code.push(i + 1);
+            } else {
+                script = Some(i + 1);
             }
-            if !w.starts_with(b"-") {
-                prev = Some(w);
+            break;
+        }
+        let option = a.len() > 1 && (a[0] == b'-' || (shell && a[0] == b'+'));
+        if !option {
+            if shell_code {
+                code.push(i);
+            } else {
+                script = Some(i);
+            }
+            break;
+        }
+        if shell && a[0] == b'-' && a[1] != b'-' && a.contains(&b'c') {
+            shell_code = true;
+        } else if !shell && (a == b"-c" || a == b"-e" || a == b"-E") {
+            code.push(i + 1);
+            break;
+        } else if !shell && a == b"-m" {
+            break;
+        } else if VALUE_OPTIONS.contains(&a) {
+            i += 1;
+        }
+        i += 1;
+    }
+    // A shell's inline code gets the later arguments as positional parameters.
+    if shell_code && let Some(&at) = code.first() {
+        for j in at + 2..argv.len() {
+            if matches!(argv[j - 1].as_bytes(), b"-c" | b"-e") {
+                code.push(j);
             }
         }
     }
-    out.dedup();
+    code.retain(|&j| j < argv.len());
+    (script.filter(|&j| j < argv.len()), code)
+}
+
+/// Every [`Site`] of argv naming a script, with the canonical path of the regular file it
+/// names (relative to `cwd`). A word in command position or after `exec`/`env`/… counts
+/// only with a `/` (otherwise the shell looks it up in `PATH`); one after `source` or `.`
+/// only with a `/` or when no directory of `path_var` holds that name.
+fn script_sites(argv: &[OsString], cwd: &Path, path_var: Option<&str>) -> Vec<(Site, PathBuf)> {
+    let (script, code) = script_args(argv);
+    let mut out = Vec::new();
+    if let Some(i) = script
+        && let Some(p) = named_file(cwd, &argv[i])
+    {
+        out.push((
+            Site {
+                arg: i,
+                range: None,
+            },
+            p,
+        ));
+    }
+    for i in code {
+        let b = argv[i].as_bytes();
+        for w in inline_words(b) {
+            let word = &b[w.start..w.end];
+            let slash = word.contains(&b'/');
+            let counts = match w.place {
+                Place::Script => true,
+                Place::Command | Place::RunCommand => slash,
+                Place::Sourced => {
+                    slash
+                        || !path_var.unwrap_or("").split(':').any(|d| {
+                            !d.is_empty() && Path::new(d).join(OsStr::from_bytes(word)).is_file()
+                        })
+                }
+            };
+            if counts && let Some(p) = named_file(cwd, OsStr::from_bytes(word)) {
+                out.push((
+                    Site {
+                        arg: i,
+                        range: Some(w.start..w.end),
+                    },
+                    p,
+                ));
+            }
+        }
+    }
     out
 }
 
@@ -787,6 +1323,301 @@ mod tests {
         assert_eq!(words("cat a | sh 'b.sh'"), ["cat", "sh", "b.sh"]);
         assert_eq!(words(". ./env.sh"), [".", "./env.sh"]);
         assert!(words("single").is_empty());
+    }
+
+    /// A directory with the files the rewriting cases name.
+    fn scripts_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (name, body) in [
+            ("run.sh", "echo run\n"),
+            ("b.sh", "echo b\n"),
+            ("x.py", "print(1)\n"),
+            ("env.sh", "X=1\n"),
+            ("data.txt", "data\n"),
+        ] {
+            std::fs::write(d.path().join(name), body).unwrap();
+        }
+        std::fs::set_permissions(
+            d.path().join("run.sh"),
+            std::fs::Permissions::from_mode(0o750),
+        )
+        .unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        d
+    }
+
+    /// argv as `pin` rewrites it (nothing opened: the sites and the edits only).
+    fn rewritten(dir: &Path, argv: &[&str]) -> Vec<String> {
+        let argv = os(argv);
+        let mut files: Vec<PathBuf> = Vec::new();
+        let edits: Vec<(Site, String)> = script_sites(&argv, dir, Some("/usr/bin:/bin"))
+            .into_iter()
+            .map(|(site, p)| {
+                let n = files.iter().position(|f| *f == p).unwrap_or_else(|| {
+                    files.push(p);
+                    files.len() - 1
+                });
+                (site, ollie_sandbox::pass_fd_path(n))
+            })
+            .collect();
+        rewrite(&argv, &edits)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn pinning_rewrites_exactly_the_script_words_of_inline_code() {
+        let d = scripts_dir();
+        let w = d.path();
+        let code = |c: &str| rewritten(w, &["bash", "-c", c])[2].clone();
+        // After an interpreter, in command position with a `/`, after `.`: the word only.
+        assert_eq!(code("bash run.sh"), "bash /proc/self/fd/7");
+        assert_eq!(code("bash -x run.sh arg"), "bash -x /proc/self/fd/7 arg");
+        assert_eq!(code("./run.sh"), "/proc/self/fd/7");
+        assert_eq!(code("X=1 ./run.sh --fast"), "X=1 /proc/self/fd/7 --fast");
+        assert_eq!(
+            code(". ./env.sh; source env.sh"),
+            ". /proc/self/fd/7; source /proc/self/fd/7"
+        );
+        // Quotes stay where they are; several commands; one descriptor per file.
+        assert_eq!(
+            code("sh 'b.sh' && python3 -u \"x.py\" data.txt; cd sub; ./run.sh | bash run.sh"),
+            "sh '/proc/self/fd/7' && python3 -u \"/proc/self/fd/8\" data.txt; cd sub; /proc/self/fd/9 | bash /proc/self/fd/9"
+        );
+        // Nested code: a shell in the shell, Python's os.system.
+        assert_eq!(
+            code("bash -c \"bash run.sh\""),
+            "bash -c \"bash /proc/self/fd/7\""
+        );
+        assert_eq!(
+            rewritten(w, &["python3", "-c", "import os; os.system('bash run.sh')"])[2],
+            "import os; os.system('bash /proc/self/fd/7')"
+        );
+        // Data words, bare command names (looked up in PATH), arguments of scripts and
+        // names that are no file stay as they are.
+        for c in [
+            "cp run.sh data.txt; cat run.sh > b.sh",
+            "run.sh",
+            "env run.sh",
+            "grep -e 'bash x' data.txt",
+            "bash missing.sh",
+            "bash run.sh ./b.sh",
+            "echo ./run.sh",
+        ] {
+            let want = if c == "bash run.sh ./b.sh" {
+                "bash /proc/self/fd/7 ./b.sh"
+            } else {
+                c
+            };
+            assert_eq!(code(c), want, "{c}");
+        }
+        // `source` of a name PATH holds reads that file, not the one in cwd.
+        std::fs::write(w.join("ls"), "x\n").unwrap();
+        assert_eq!(code(". ls"), ". ls");
+    }
+
+    #[test]
+    fn pinning_rewrites_a_whole_script_argument_of_an_interpreter_only() {
+        let d = scripts_dir();
+        let w = d.path();
+        assert_eq!(
+            rewritten(w, &["sh", "run.sh", "data.txt"]),
+            ["sh", "/proc/self/fd/7", "data.txt"]
+        );
+        assert_eq!(
+            rewritten(
+                w,
+                &["/usr/bin/bash", "-o", "pipefail", "--", "run.sh", "b.sh"]
+            ),
+            [
+                "/usr/bin/bash",
+                "-o",
+                "pipefail",
+                "--",
+                "/proc/self/fd/7",
+                "b.sh"
+            ]
+        );
+        assert_eq!(
+            rewritten(w, &["python3", "-W", "ignore", "x.py", "run.sh"]),
+            ["python3", "-W", "ignore", "/proc/self/fd/7", "run.sh"]
+        );
+        // Inline code: the script is inside it; later arguments are positional data.
+        assert_eq!(
+            rewritten(w, &["bash", "-lc", "sh b.sh", "run.sh", "x.py"]),
+            ["bash", "-lc", "sh /proc/self/fd/7", "run.sh", "x.py"]
+        );
+        // execute_pipe hands code on as positional parameters after a `-c`.
+        assert_eq!(
+            rewritten(
+                w,
+                &[
+                    "bash",
+                    "-c",
+                    "\"${1}\" \"${2}\" \"${3}\"",
+                    "execute_pipe",
+                    "bash",
+                    "-c",
+                    "bash run.sh"
+                ]
+            )[6],
+            "bash /proc/self/fd/7"
+        );
+        // Other programs' arguments are bound, never rewritten; so is python's -m.
+        for argv in [
+            vec!["cat", "run.sh"],
+            vec!["cp", "run.sh", "b.sh"],
+            vec!["python3", "-m", "x.py"],
+        ] {
+            assert_eq!(rewritten(w, &argv), argv, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn pin_runs_sealed_copies_checked_on_the_descriptor() {
+        use std::io::Write;
+        let d = scripts_dir();
+        let w = d.path();
+        let argv = os(&["bash", "-c", "bash run.sh; sh ./run.sh; cat data.txt"]);
+        let b = compute(&argv, w, &env()).unwrap();
+        let p = b.pin(&[]).unwrap();
+        assert_eq!(
+            p.argv,
+            os(&[
+                "bash",
+                "-c",
+                "bash /proc/self/fd/7; sh /proc/self/fd/7; cat data.txt"
+            ])
+        );
+        assert_eq!(p.pass_fds.len(), 1);
+        let run = std::fs::canonicalize(w.join("run.sh")).unwrap();
+        assert_eq!(
+            p.scripts,
+            [PinnedScript {
+                path: run.clone(),
+                as_path: "/proc/self/fd/7".into()
+            }]
+        );
+        // The copy: the approved bytes, mode & 0o555, sealed; a rename over the file or a
+        // write to it changes nothing in it.
+        std::fs::write(w.join("evil"), "echo evil\n").unwrap();
+        std::fs::rename(w.join("evil"), w.join("run.sh")).unwrap();
+        let mut f = File::from(p.pass_fds[0].try_clone().unwrap());
+        let mut got = String::new();
+        f.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "echo run\n");
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o550);
+        assert!(f.write_all(b"x").is_err());
+        assert!(f.set_len(0).is_err());
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", {
+            use std::os::fd::AsRawFd;
+            p.pass_fds[0].as_raw_fd()
+        }))
+        .unwrap();
+        assert!(
+            link.to_string_lossy()
+                .starts_with("/memfd:ollie-pin:run.sh"),
+            "{link:?}"
+        );
+        // The program lies outside `writable`: the file itself, read-only.
+        assert!(!p.exec_copied);
+        assert_eq!(p.exec.path, b.executable.path);
+
+        // Pinning again now finds the replacement on the descriptor it opens.
+        let e = b.pin(&[]).unwrap_err();
+        let name = show(&run);
+        assert!(
+            e.starts_with(&format!(
+                "script {name} opened to run was replaced (device:inode "
+            )),
+            "{e}"
+        );
+        // Same inode, new bytes of the same length.
+        let b = compute(&argv, w, &env()).unwrap();
+        std::fs::write(w.join("run.sh"), "echo EVIL\n").unwrap();
+        let e = b.pin(&[]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("script {name} opened to run changed (sha256 ")),
+            "{e}"
+        );
+        // Another length.
+        std::fs::write(w.join("run.sh"), "echo longer evil\n").unwrap();
+        let e = b.pin(&[]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("script {name} opened to run changed (size ")),
+            "{e}"
+        );
+        // Gone.
+        std::fs::remove_file(w.join("run.sh")).unwrap();
+        let e = b.pin(&[]).unwrap_err();
+        assert_eq!(
+            e,
+            format!("script {name} cannot be opened to run: no such file")
+        );
+        // Replaced by a symlink to the same bytes.
+        std::fs::write(w.join("real.sh"), "echo evil\n").unwrap();
+        std::os::unix::fs::symlink("real.sh", w.join("run.sh")).unwrap();
+        assert!(b.pin(&[]).is_err());
+    }
+
+    #[test]
+    fn pin_copies_a_program_in_a_writable_tree_and_opens_others_as_they_are() {
+        use std::os::fd::AsRawFd;
+        let d = tempfile::tempdir().unwrap();
+        let exe = copied_sh(d.path());
+        let argv = [exe.clone().into_os_string(), "-c".into(), "true".into()];
+        let b = compute(&argv, d.path(), &env()).unwrap();
+        let canon = std::fs::canonicalize(d.path()).unwrap();
+        let link = |p: &Pinned| {
+            std::fs::read_link(format!("/proc/self/fd/{}", p.exec.fd.as_raw_fd())).unwrap()
+        };
+        let outside = b.pin(&[PathBuf::from("/nonexistent")]).unwrap();
+        assert!(!outside.exec_copied);
+        assert_eq!(link(&outside), std::fs::canonicalize(&exe).unwrap());
+        let inside = b.pin(&[canon]).unwrap();
+        assert!(inside.exec_copied);
+        assert!(
+            link(&inside)
+                .to_string_lossy()
+                .starts_with("/memfd:ollie-pin:mysh")
+        );
+        let mut copy = Vec::new();
+        File::from(inside.exec.fd.try_clone().unwrap())
+            .read_to_end(&mut copy)
+            .unwrap();
+        assert!(copy == std::fs::read(&exe).unwrap(), "the copy differs");
+        assert_eq!(inside.argv, argv);
+        // The program changed in place since the binding: refused on the descriptor.
+        let mut content = std::fs::read(&exe).unwrap();
+        content[100] ^= 1;
+        std::fs::write(&exe, &content).unwrap();
+        for w in [vec![], vec![std::fs::canonicalize(d.path()).unwrap()]] {
+            let e = b.pin(&w).unwrap_err();
+            assert!(
+                e.contains("the executable ") && e.contains(" opened to run changed (sha256 "),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_command_running_more_scripts_than_can_be_pinned_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let mut code = String::new();
+        for i in 0..=ollie_sandbox::MAX_PASS_FDS {
+            std::fs::write(d.path().join(format!("s{i}.sh")), format!("echo {i}\n")).unwrap();
+            code.push_str(&format!("sh s{i}.sh; "));
+        }
+        let e = compute(&os(&["bash", "-c", &code]), d.path(), &env()).unwrap_err();
+        assert_eq!(
+            e,
+            "the command runs 17 scripts; at most 16 can be pinned for one run"
+        );
+        // Sixteen are fine, and so is naming one file many times.
+        let code16 = code.replacen("sh s16.sh; ", "sh s0.sh; ", 1);
+        let b = compute(&os(&["bash", "-c", &code16]), d.path(), &env()).unwrap();
+        assert_eq!(b.pin(&[]).unwrap().pass_fds.len(), 16);
     }
 
     #[test]

@@ -717,7 +717,8 @@ impl Session {
     }
 
     /// Asks the operator, then runs exactly the bound execution once under the widened
-    /// policy (a one-shot sandbox), or fails the call with why it did not run. Everything
+    /// policy (a one-shot sandbox), from the descriptors [`crate::binding::Binding::pin`]
+    /// checked, or fails the call with why it did not run. Everything
     /// the operator does not see on `pending` goes to `bypass/log`.
     async fn run_escalated(
         self: Arc<Self>,
@@ -791,24 +792,35 @@ impl Session {
                 (v, Some("approval".to_owned()))
             }
         };
+        let writable = self.writable_trees(&e.widened);
+        let mut pinned_log = None;
         let result = match verdict {
             Err(e) => Err(e),
-            // Re-check everything bound; any difference voids the approval.
+            // Open what will run once and check it against the binding (the check that
+            // counts: the run executes these descriptors), then re-check the rest by path (a
+            // file named since, data files); any difference voids the approval.
             Ok(()) => match tokio::task::spawn_blocking(move || {
-                binding.recheck().map_err(|why| {
-                    let now = crate::binding::compute(
-                        &binding
-                            .argv_raw
-                            .iter()
-                            .map(|b| std::os::unix::ffi::OsStringExt::from_vec(b.clone()))
-                            .collect::<Vec<OsString>>(),
-                        &binding.cwd,
-                        &binding.env,
-                    )
-                    .map(|b| b.digest())
-                    .ok();
-                    (why, binding.digest(), now)
-                })
+                let writable: Vec<PathBuf> = writable
+                    .into_iter()
+                    .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+                    .collect();
+                binding
+                    .pin(&writable)
+                    .and_then(|p| binding.recheck().map(|()| p))
+                    .map_err(|why| {
+                        let now = crate::binding::compute(
+                            &binding
+                                .argv_raw
+                                .iter()
+                                .map(|b| std::os::unix::ffi::OsStringExt::from_vec(b.clone()))
+                                .collect::<Vec<OsString>>(),
+                            &binding.cwd,
+                            &binding.env,
+                        )
+                        .map(|b| b.digest())
+                        .ok();
+                        (why, binding.digest(), now)
+                    })
             })
             .await
             .unwrap_or_else(|e| {
@@ -828,11 +840,15 @@ impl Session {
                     self.broker.log("voided", f);
                     Err(why)
                 }
-                Ok(()) if *proc.stop.borrow() => {
+                Ok(_) if *proc.stop.borrow() => {
                     Err("the call was stopped; nothing was run".to_owned())
                 }
-                Ok(()) => {
-                    let req = self.request(&proc, inv, cwd);
+                Ok(pinned) => {
+                    let mut req = self.request(&proc, inv, cwd);
+                    req.argv = pinned.argv;
+                    req.exec_fd = Some(pinned.exec);
+                    req.pass_fds = pinned.pass_fds;
+                    pinned_log = Some((pinned.exec_copied, pinned.scripts));
                     let pr = Arc::clone(&proc);
                     let policy = e.widened;
                     tokio::task::spawn_blocking(move || {
@@ -853,6 +869,10 @@ impl Session {
             },
         };
         let ran = result.is_ok();
+        let exec = match &result {
+            Ok(Ok(run)) => Some(to_json(&run.record.exec)),
+            _ => None,
+        };
         let f = match result {
             Ok(run) => finish_of(&proc, &render, run),
             Err(why) => not_run(&proc, why),
@@ -861,6 +881,13 @@ impl Session {
             let mut l = about;
             if let Some(v) = via {
                 l.insert("approved_by".into(), v.into());
+            }
+            if let Some(x) = exec {
+                l.insert("exec".into(), x);
+            }
+            if let Some((copied, scripts)) = pinned_log {
+                l.insert("exec_copied".into(), copied.into());
+                l.insert("pinned".into(), to_json(&scripts));
             }
             l.insert("status".into(), f.status().into());
             if let Some(s) = &f.stopped_by {
@@ -873,6 +900,26 @@ impl Session {
         }
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
         self.procs.finish(&proc, f);
+    }
+
+    /// The trees sandboxed tools of this session can write while an escalated run starts:
+    /// the workspace, every policy's writable paths (and the widened policy's), and the
+    /// agents' union upper layers. A program in one of them runs from a sealed copy.
+    fn writable_trees(&self, widened: &Policy) -> Vec<PathBuf> {
+        let ctx = ollie_policy::ResolveContext {
+            workdir: self.workdir.clone(),
+            home: self.home.clone(),
+        };
+        let mut out = vec![self.workdir.clone()];
+        for p in self.policies.values().chain([widened]) {
+            if let Ok(r) = p.resolve(&ctx) {
+                out.extend(r.fs.write);
+            }
+        }
+        for cfg in lock(&self.agents).values() {
+            out.extend(cfg.unions.iter().map(|u| u.upper.clone()));
+        }
+        out
     }
 
     /// The sandbox request of `inv` for `proc` (the session's workspace, home and
