@@ -794,4 +794,31 @@ mod tests {
         assert_eq!(r.flags[0].detail, "changed during the run");
         let _ = std::fs::remove_dir_all(&d);
     }
+
+    #[test]
+    fn set_id_means_what_runs_with_other_rights() {
+        let reg = libc::S_IFREG;
+        let dir = libc::S_IFDIR;
+        assert!(is_setid(reg | 0o4755));
+        assert!(is_setid(reg | 0o2755));
+        assert!(is_setid(dir | 0o4755));
+        // A setgid directory only passes its group on (the host's choice).
+        assert!(!is_setid(dir | 0o2775));
+        assert!(!is_setid(reg | 0o1755));
+        assert!(!is_setid(reg | 0o755));
+        let d = std::env::temp_dir().join(format!("ollie-postrun-s-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(d.join("a/b")).unwrap();
+        std::fs::write(d.join("a/b/x"), "x").unwrap();
+        std::fs::set_permissions(d.join("a/b/x"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/passwd", d.join("link")).unwrap();
+        let (flags, cut) = setid_flags(std::slice::from_ref(&d), &d);
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(!cut);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].path, Path::new("a/b/x"));
+        assert_eq!(flags[0].detail, "mode 4755");
+        assert_eq!(flags[0].kind, FlagKind::SetId);
+    }
 }
