@@ -2505,7 +2505,8 @@ case!(j06_state_secrets_and_homes_are_hidden, |c| {
     let out = c.run_with(&p_std(), &req);
     check("one-shot", &out);
     let prepared =
-        ollie_sandbox::Prepared::new_hiding(&p_std(), &c.w, &c.home, &[state.clone()]).unwrap();
+        ollie_sandbox::Prepared::new_hiding(&p_std(), &c.w, &c.home, std::slice::from_ref(&state))
+            .unwrap();
     let out = prepared.run(&req).unwrap();
     check("prepared", &out);
     // A workspace inside the home keeps the home visible; its secrets stay hidden.

@@ -1529,7 +1529,10 @@ async fn hooks_leave_no_set_id_file_and_cannot_see_the_state_directory() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o6000, 0, "the hook left a set-id file: {mode:o}");
-    assert!(h.srv.state_dir().join("lock").exists(), "the state directory is in use");
+    assert!(
+        h.srv.state_dir().join("lock").exists(),
+        "the state directory is in use"
+    );
 }
 
 /// Under `readonly` a hook reaches no network: a connection to a loopback listener of this

@@ -516,7 +516,9 @@ async fn tools_leave_no_set_id_file_and_cannot_see_hidden_paths() {
     .expect("bash");
     for l in ["suid", "sgid", "dir", "open", "stat", "ls"] {
         assert!(
-            r.body.lines().any(|x| x.starts_with(l) && !x.ends_with(" 0")),
+            r.body
+                .lines()
+                .any(|x| x.starts_with(l) && !x.ends_with(" 0")),
             "{l} succeeded: {r:?}"
         );
     }
