@@ -222,6 +222,13 @@ pub struct Limits {
     pub cpu_seconds: u64,
     /// RLIMIT_AS in bytes.
     pub address_space_bytes: u64,
+    /// The run's memory cgroup (`memory.max` / `memory.limit_in_bytes`, swap included):
+    /// everything the run's processes charge, also what RLIMIT_AS does not count (shared
+    /// memory held by file descriptors: memfd, tmpfs files, the private `/dev/shm`). A
+    /// prepared session shares one for all its calls. Where no memory cgroup can be made
+    /// (an unprivileged user without a delegated cgroup) only RLIMIT_AS applies, and the
+    /// run record says so.
+    pub memory_bytes: u64,
     /// Maximum processes (RLIMIT_NPROC, and the pids cgroup where available).
     pub processes: u64,
     /// RLIMIT_FSIZE in bytes.
@@ -253,6 +260,7 @@ impl Default for Limits {
         Limits {
             cpu_seconds: 60,
             address_space_bytes: 4 << 30,
+            memory_bytes: 4 << 30,
             processes: 256,
             file_size_bytes: 1 << 30,
             open_files: 256,
@@ -513,6 +521,12 @@ impl TryFrom<RawPolicy> for Policy {
                 "limits.address_space_bytes",
                 l.address_space_bytes,
                 d.address_space_bytes,
+                1 << 46,
+            )?,
+            memory_bytes: positive(
+                "limits.memory_bytes",
+                l.memory_bytes,
+                d.memory_bytes,
                 1 << 46,
             )?,
             processes: positive("limits.processes", l.processes, d.processes, 65_536)?,
@@ -830,6 +844,34 @@ mod tests {
             ..crate::Layer::default()
         };
         assert_eq!(base.narrow(&shrink).unwrap().limits.shm_bytes, 0);
+    }
+
+    #[test]
+    fn memory_bytes_defaults_validates_and_only_narrows() {
+        let p = Policy::from_toml("").unwrap();
+        assert_eq!(p.limits.memory_bytes, 4 << 30);
+        let p = Policy::from_toml("[limits]\nmemory_bytes = 268435456").unwrap();
+        assert_eq!(p.limits.memory_bytes, 256 << 20);
+        for bad in ["0", "-1", "70368744177665"] {
+            let e = err(&format!("[limits]\nmemory_bytes = {bad}"));
+            assert_eq!(
+                e,
+                format!("limits.memory_bytes: {bad} is out of range (valid: 1..=70368744177664)")
+            );
+        }
+        let e = err("[limits]\nmemory_bytes = \"1G\"");
+        assert!(e.contains("line 2") && e.contains("expected i64"), "{e}");
+        let base = Policy::from_toml("[limits]\nmemory_bytes = 1048576").unwrap();
+        let layer = |memory_bytes| crate::Layer {
+            limits: Some(Limits {
+                memory_bytes,
+                ..base.limits
+            }),
+            ..crate::Layer::default()
+        };
+        let e = base.narrow(&layer(1048577)).unwrap_err().to_string();
+        assert!(e.contains("limits.memory_bytes"), "{e}");
+        assert_eq!(base.narrow(&layer(4096)).unwrap().limits.memory_bytes, 4096);
     }
 
     #[test]

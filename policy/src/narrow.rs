@@ -164,6 +164,7 @@ impl Policy {
                     l.address_space_bytes,
                     b.address_space_bytes,
                 ),
+                ("limits.memory_bytes", l.memory_bytes, b.memory_bytes),
                 ("limits.processes", l.processes, b.processes),
                 (
                     "limits.file_size_bytes",

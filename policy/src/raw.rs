@@ -65,6 +65,7 @@ pub(crate) struct RawSyscalls {
 pub(crate) struct RawLimits {
     pub cpu_seconds: Option<i64>,
     pub address_space_bytes: Option<i64>,
+    pub memory_bytes: Option<i64>,
     pub processes: Option<i64>,
     pub file_size_bytes: Option<i64>,
     pub open_files: Option<i64>,

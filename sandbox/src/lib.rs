@@ -3,8 +3,14 @@
 //! What [`run`] guarantees, in the order the child applies it (STYLE.md):
 //! 1. An init stage is cloned into new user, pid, mount and IPC namespaces (pid 1 of its own
 //!    pid namespace: when it exits or is killed, the kernel kills every process the tool
-//!    started, including setsid'd, double-forked and nohup'd ones). As root it is also placed
-//!    in a fresh pids cgroup (`pids.max` = `limits.processes`).
+//!    started, including setsid'd, double-forked and nohup'd ones). Before it does anything it
+//!    is placed in a fresh pids cgroup (`pids.max` = `limits.processes`; required as root,
+//!    where RLIMIT_NPROC does not bind) and a fresh memory cgroup (`limits.memory_bytes`, swap
+//!    included: also shared memory held by file descriptors, which RLIMIT_AS does not count),
+//!    children of the runner's own cgroup (v1 or v2). An unprivileged runner gets them only
+//!    where its cgroup is delegated to it; without a memory cgroup the run still runs and
+//!    [`Layers::memory`] says only RLIMIT_AS bounds it, and why ([`probe`] tells up front).
+//!    An OOM kill at the limit is recorded as `killed_by = "memory_limit"`.
 //! 2. Mounts: everything read-only and nosuid except the policy's writable trees, with
 //!    protected islands (e.g. `.git`) read-only again — a missing one through a
 //!    placeholder at its first missing component, and every directory between a writable root
@@ -47,7 +53,7 @@
 //! (see [`UnionMount`] and SECURITY.md, "Union mounts").
 //!
 //! [`Prepared`] sets up what every tool of a session shares once (namespaces, mounts, the
-//! Landlock ruleset, the seccomp program) in a zygote, and runs each call in a pid namespace
+//! Landlock ruleset, the seccomp program, the pids and memory cgroups) in a zygote, and runs each call in a pid namespace
 //! of its own, with the same per-call steps, record, and controls (cwd, timeout, [`Cancel`]).
 //!
 //! [`harden::harden_server`] is for the long-lived server that creates those sandboxes (the
@@ -80,7 +86,8 @@
 //!
 //! What it does not guarantee: protection against kernel bugs; confidentiality of files the
 //! policy grants; UDP/DNS unless the network is `all`; anything about the filesystem for an
-//! unsandboxed run. See SECURITY.md.
+//! unsandboxed run; a memory bound beyond RLIMIT_AS where no memory cgroup can be made, or
+//! per call within a prepared session. See SECURITY.md ("Memory").
 //!
 //! Tested by unit tests here, the integration tests in `tests/` (`harden.rs` and
 //! `service_filter.rs` — the sandbox under a systemd unit's seccomp filter — have their own
@@ -91,6 +98,7 @@
 //! All `unsafe` is in the private `sys` module.
 #![deny(unsafe_code)]
 
+mod cgroup;
 pub mod harden;
 pub mod landlock;
 mod mounts;
@@ -104,6 +112,9 @@ mod sys;
 mod unions;
 pub mod workspace;
 
+pub use cgroup::{
+    CgroupProbe, CgroupVersion, ControllerProbe, MemoryBound, MemoryRecord, MemoryScope,
+};
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::ProtectError;
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};

@@ -43,6 +43,7 @@
 
 pub(crate) mod bpf;
 
+use crate::cgroup::{MemoryRecord, MemoryScope, RunCgroups};
 use crate::landlock::{self, LandlockRecord};
 use crate::mounts::{self, MountPlan};
 use crate::seccomp::{self, SeccompRecord};
@@ -89,8 +90,11 @@ pub struct SessionRecord {
     pub set_up_once: Vec<&'static str>,
     /// Steps every call applies itself.
     pub per_call: Vec<&'static str>,
-    /// The session-wide pids cgroup (root only).
+    /// The session-wide pids cgroup (required as root).
     pub cgroup: Option<PathBuf>,
+    /// The session-wide memory cgroup (`limits.memory_bytes` for the zygote and all calls
+    /// together), or why there is none (`oom_kills`: so far, the whole session).
+    pub memory: MemoryRecord,
     /// The seccomp program layout: `"range-tree"` or `"reference"` (fallback).
     pub seccomp_layout: &'static str,
 }
@@ -111,7 +115,8 @@ pub struct Prepared {
     mounts: MountRecord,
     /// Protected islands and placeholders, kept for the session (dropped after the zygote).
     islands: Option<crate::placeholder::Protected>,
-    cgroup: Option<PathBuf>,
+    /// The session's pids and memory cgroups (removed after the zygote is gone).
+    cgroups: Option<RunCgroups>,
     cgroup_degraded: bool,
     policy_hash: String,
     seccomp_layout: &'static str,
@@ -254,18 +259,20 @@ impl Prepared {
             seccomp,
             mounts,
             islands: Some(islands),
-            cgroup: None,
+            cgroups: None,
             cgroup_degraded: false,
             seccomp_layout,
             reaped: false,
         };
-        // RLIMIT_NPROC does not bind uid 0: as root the session gets a pids cgroup (all its
-        // calls together stay within `limits.processes`), or nothing runs.
-        (prepared.cgroup, prepared.cgroup_degraded) = spawn::place_in_cgroup(
+        // The session's pids and memory cgroups, before the zygote does anything: all calls
+        // together stay within `limits.processes` and `limits.memory_bytes`. RLIMIT_NPROC
+        // does not bind uid 0: as root without a pids cgroup nothing runs.
+        prepared.cgroup_degraded = spawn::place_in_cgroup(
             uid,
             zygote_pid,
-            l.processes,
+            &l,
             prepared.resolved.policy.best_effort,
+            &mut prepared.cgroups,
         )?;
         {
             let control = prepared.lock();
@@ -310,7 +317,8 @@ impl Prepared {
                 "mounts (read-only root, writable trees, protected islands)",
                 "landlock ruleset (built once; restrict_self per call)",
                 "seccomp program (compiled and checked once; attached per call)",
-                "pids cgroup (root: session-wide)",
+                "pids cgroup (session-wide; required as root)",
+                "memory cgroup (session-wide, where one can be made)",
                 "oom_score_adj",
             ],
             per_call: vec![
@@ -327,9 +335,44 @@ impl Prepared {
                 "seccomp",
                 "execve",
             ],
-            cgroup: self.cgroup.clone(),
+            cgroup: self.pids_cgroup(),
+            memory: self.memory_record(self.oom_kills()),
             seccomp_layout: self.seccomp_layout,
         }
+    }
+
+    /// The session's pids cgroup.
+    fn pids_cgroup(&self) -> Option<PathBuf> {
+        self.cgroups
+            .as_ref()
+            .and_then(RunCgroups::pids)
+            .map(Path::to_path_buf)
+    }
+
+    /// OOM kills in the session's memory cgroup so far.
+    fn oom_kills(&self) -> u64 {
+        self.cgroups.as_ref().map_or(0, RunCgroups::oom_kills)
+    }
+
+    /// The session's memory record, with `oom_kills`.
+    fn memory_record(&self, oom_kills: u64) -> MemoryRecord {
+        match &self.cgroups {
+            Some(c) => c.memory_record(MemoryScope::Session, oom_kills),
+            None => MemoryRecord::none(MemoryScope::Session, "no memory cgroup was made"),
+        }
+    }
+
+    /// Whether the zygote is still running. It ends only when it is killed: by dropping the
+    /// [`Prepared`], or by the session's memory cgroup's OOM killer (the per-call inits
+    /// share its memory, so the kernel may pick them). A caller that keeps sandboxes per
+    /// session prepares a new one when this is false.
+    pub fn is_alive(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: self.zygote_pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        matches!(sys::poll(&mut fds, 0), Ok(0))
     }
 
     /// Runs one command in the prepared sandbox, like [`crate::run`]. `req.workdir` must be
@@ -433,6 +476,9 @@ impl Prepared {
         let snapshot_before = crate::postrun::Snapshot::take(&workdir);
         // The disk watchdog's baseline, taken before the call's tool can write anything.
         let disk = spawn::DiskWatch::start(&self.mounts.writable, &l, Instant::now())?;
+        // OOM kills in the session's memory cgroup during this call are this call's (or a
+        // concurrent call's: the cgroup is shared).
+        let oom_before = self.oom_kills();
         let memfd = if payload.len() > sys::MAX_INLINE_PAYLOAD {
             Some(sys::memfd_with(&payload).map_err(io_err("write the call payload"))?)
         } else {
@@ -529,6 +575,7 @@ impl Prepared {
             sink,
         )?;
         call.done = true;
+        let oom_kills = self.oom_kills().saturating_sub(oom_before);
         // Every writer of the report is gone (the per-call init has exited).
         if let Some(msg) = read_report(&report)? {
             return Err(stage_error(msg, &program, &cwd));
@@ -582,8 +629,9 @@ impl Prepared {
                     self.seccomp.clone(),
                     prepared_namespaces(),
                     self.mounts.clone(),
-                    self.cgroup.clone(),
+                    self.pids_cgroup(),
                     self.cgroup_degraded,
+                    self.memory_record(oom_kills),
                 ),
                 limits: LimitsRecord::new(&l, shm_bytes),
                 stopped,
@@ -630,8 +678,6 @@ impl Drop for Prepared {
         }
         // The session's mount namespace is gone: placeholders can be removed.
         drop(self.islands.take());
-        if let Some(dir) = self.cgroup.take() {
-            spawn::remove_cgroup(&dir);
-        }
+        drop(self.cgroups.take());
     }
 }

@@ -1,5 +1,6 @@
 //! Running one command under a policy, and the run record.
 
+use crate::cgroup::{MemoryRecord, MemoryScope, RunCgroups};
 use crate::landlock::{self, LandlockError, LandlockRecord};
 use crate::mounts::MountPlan;
 use crate::seccomp::{self, SeccompError, SeccompRecord};
@@ -12,7 +13,6 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -528,8 +528,12 @@ pub struct Layers {
     pub namespaces: Vec<&'static str>,
     /// Mounts.
     pub mounts: MountRecord,
-    /// The pids cgroup, when one was used (root only).
+    /// The pids cgroup, when one was made (required as root: RLIMIT_NPROC does not bind
+    /// uid 0; unprivileged runs get one only where a cgroup is delegated to the user).
     pub cgroup: Option<PathBuf>,
+    /// What bounds the run's memory: its memory cgroup (`limits.memory_bytes`), or, where none
+    /// could be made, only RLIMIT_AS (with the reason).
+    pub memory: MemoryRecord,
     /// Whether the run had to degrade (only possible with `best_effort`; an approved
     /// unsandboxed run is not a degradation).
     pub best_effort_degraded: bool,
@@ -548,13 +552,14 @@ pub struct ExitRecord {
     pub timed_out: bool,
     /// The run was cancelled.
     pub cancelled: bool,
-    /// Why the runner stopped the run (the first cause), if it did.
+    /// Why the run was stopped (the first cause), if the runner or the memory cgroup did.
     pub killed_by: Option<KilledBy>,
     /// The aggregate disk limit the run crossed (`killed_by = "disk_limit"`), with the figures.
     pub disk_limit: Option<DiskLimitRecord>,
 }
 
-/// Why the runner stopped a run (SIGTERM to the tree, SIGKILL after the grace period).
+/// Why a run was stopped: by the runner (SIGTERM to the tree, SIGKILL after the grace
+/// period), or by the kernel at the memory cgroup's limit.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum KilledBy {
@@ -565,6 +570,9 @@ pub enum KilledBy {
     /// An aggregate disk limit (`limits.disk_bytes`, `limits.disk_inodes` or a reserve) was
     /// crossed; see [`ExitRecord::disk_limit`].
     DiskLimit,
+    /// The memory cgroup's OOM killer killed the tool (SIGKILL) at `limits.memory_bytes`;
+    /// see [`MemoryRecord::oom_kills`].
+    MemoryLimit,
 }
 
 impl KilledBy {
@@ -695,6 +703,8 @@ pub struct LimitsRecord {
     pub cpu_seconds: u64,
     /// RLIMIT_AS.
     pub address_space_bytes: u64,
+    /// The memory cgroup's limit (see [`Layers::memory`] for whether one was made).
+    pub memory_bytes: u64,
     /// RLIMIT_NPROC / pids.max.
     pub processes: u64,
     /// RLIMIT_FSIZE: the policy's `file_size_bytes`, capped at `disk_bytes`.
@@ -756,85 +766,13 @@ fn find_program(argv0: &Path, path_var: Option<&str>, cwd: &Path) -> Option<Path
     None
 }
 
-/// Candidate parents for the run's pids cgroup: the runner's own cgroup in the v1 `pids`
-/// hierarchy, or in the v2 hierarchy (nested, so the run never leaves the runner's limits).
-fn cgroup_parents() -> Vec<PathBuf> {
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let mut out = Vec::new();
-    for line in own.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(a), Some(b), Some(c)) => (a, b, c),
-            _ => continue,
-        };
-        let rel = path.trim_start_matches('/');
-        if controllers.split(',').any(|c| c == "pids") {
-            out.push(Path::new("/sys/fs/cgroup/pids").join(rel));
-        } else if controllers.is_empty() {
-            for mount in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"] {
-                out.push(Path::new(mount).join(rel));
-            }
-        }
-    }
-    out
-}
-
-/// Creates a fresh pids cgroup with `pids.max` = `max` under the runner's own cgroup (root).
-/// Only real cgroup filesystems count (a plain directory would limit nothing). A name left
-/// by a dead process with the same pid (killed before it could remove its cgroup) is removed
-/// when it is empty, or skipped for the next name.
-pub(crate) fn make_cgroup(max: u64) -> Option<PathBuf> {
-    static N: AtomicU64 = AtomicU64::new(0);
-    for base in cgroup_parents() {
-        if !sys::is_cgroup_fs(&base) {
-            continue;
-        }
-        for _ in 0..8 {
-            let name = format!(
-                "ollie-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            );
-            let dir = base.join(&name);
-            let made = match std::fs::create_dir(&dir) {
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    std::fs::remove_dir(&dir).is_ok() && std::fs::create_dir(&dir).is_ok()
-                }
-                r => r.is_ok(),
-            };
-            if !made {
-                continue;
-            }
-            if std::fs::write(dir.join("pids.max"), max.to_string()).is_ok() {
-                return Some(dir);
-            }
-            let _ = std::fs::remove_dir(&dir);
-            break;
-        }
-    }
-    None
-}
-
-pub(crate) fn remove_cgroup(dir: &Path) {
-    // The namespace's processes are being torn down by the kernel; the directory can only be
-    // removed once they are gone.
-    for _ in 0..200 {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return,
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(_) => return,
-        }
-    }
-}
-
 /// The running sandbox (its init stage). Dropping it without [`Running::reap`] kills and
 /// reaps the whole run, so no early return can leave a sandbox behind.
 struct Running {
     pid: libc::pid_t,
     pidfd: OwnedFd,
-    cgroup: Option<PathBuf>,
+    /// The run's cgroups, removed after the run (dropped after the kill in `drop`).
+    cgroups: Option<RunCgroups>,
     reaped: bool,
 }
 
@@ -846,9 +784,6 @@ impl Running {
     fn reap(&mut self) -> io::Result<(i32, sys::Rusage)> {
         let r = sys::wait4(self.pid);
         self.reaped = r.is_ok();
-        if let Some(dir) = self.cgroup.take() {
-            remove_cgroup(&dir);
-        }
         r
     }
 }
@@ -859,9 +794,8 @@ impl Drop for Running {
             self.signal(libc::SIGKILL);
             let _ = sys::wait4(self.pid);
         }
-        if let Some(dir) = self.cgroup.take() {
-            remove_cgroup(&dir);
-        }
+        // Every process of the run is gone: its cgroups can be removed.
+        drop(self.cgroups.take());
     }
 }
 
@@ -1242,15 +1176,25 @@ pub fn run_streaming(
     let mut running = Running {
         pid,
         pidfd,
-        cgroup: None,
+        cgroups: None,
         reaped: false,
     };
     // The child's ends.
     drop((stdin_child, out_w, errout_w, err_w, status_w, sync_r));
-    // RLIMIT_NPROC does not bind uid 0, so root runs need a pids cgroup (fail closed).
-    let cgroup_degraded;
-    (running.cgroup, cgroup_degraded) =
-        place_in_cgroup(uid, pid, l.processes, resolved.policy.best_effort)?;
+    // A fresh pids and memory cgroup before init does anything (root runs need the pids one:
+    // RLIMIT_NPROC does not bind uid 0; fail closed).
+    let cgroup_degraded = place_in_cgroup(
+        uid,
+        pid,
+        &l,
+        resolved.policy.best_effort,
+        &mut running.cgroups,
+    )?;
+    let cgroup = running
+        .cgroups
+        .as_ref()
+        .and_then(RunCgroups::pids)
+        .map(Path::to_path_buf);
     // The disk watchdog's baseline, taken before the tool can write anything.
     let disk = DiskWatch::start(&watched, &l, Instant::now())?;
     let go = sys::write_all(sync_w.as_raw_fd(), b"g");
@@ -1281,8 +1225,11 @@ pub fn run_streaming(
         &mut errc,
         sink,
     )?;
-    let cgroup = running.cgroup.clone();
     let (init_status, rusage) = running.reap().map_err(io_err("reap the sandbox"))?;
+    let memory = running.cgroups.as_ref().map_or_else(
+        || MemoryRecord::none(MemoryScope::Run, "no memory cgroup was made"),
+        |c| c.memory_record(MemoryScope::Run, c.oom_kills()),
+    );
     let mut st = [0u8; 4];
     let tool_status = match sys::read(status_r.as_raw_fd(), &mut st) {
         Ok(4) => Some(i32::from_ne_bytes(st)),
@@ -1313,6 +1260,7 @@ pub fn run_streaming(
                 mount_record,
                 cgroup,
                 cgroup_degraded,
+                memory,
             ),
             limits: LimitsRecord::new(&l, shm_bytes),
             stopped,
@@ -1475,31 +1423,30 @@ pub(crate) fn child_fault(fault: Option<Fault>) -> ChildFault {
     }
 }
 
-/// As root (`uid` 0: RLIMIT_NPROC does not bind it), places `pid` in a fresh pids cgroup with
-/// `pids.max` = `processes`; without one, fails closed unless `best_effort`. Returns the
-/// cgroup and whether the run degraded.
+/// Places `pid` (a sandbox's pid 1, before it does anything) in fresh cgroups under the
+/// runner's own: pids (`pids.max` = `limits.processes`) and memory (`limits.memory_bytes`),
+/// kept in `slot`, whose owner kills `pid` before it drops them. As root (`uid` 0:
+/// RLIMIT_NPROC does not bind it) a missing pids cgroup fails closed unless `best_effort`;
+/// a missing memory cgroup is recorded ([`MemoryRecord::reason`]), never fatal. Returns
+/// whether the run degraded.
 pub(crate) fn place_in_cgroup(
     uid: u32,
     pid: libc::pid_t,
-    processes: u64,
+    l: &ollie_policy::Limits,
     best_effort: bool,
-) -> Result<(Option<PathBuf>, bool), SandboxError> {
-    if uid != 0 {
-        return Ok((None, false));
-    }
-    let cgroup = make_cgroup(processes).and_then(|dir| {
-        match std::fs::write(dir.join("cgroup.procs"), pid.to_string()) {
-            Ok(()) => Some(dir),
-            Err(_) => {
-                let _ = std::fs::remove_dir(&dir);
-                None
-            }
-        }
+    slot: &mut Option<RunCgroups>,
+) -> Result<bool, SandboxError> {
+    let mut cgroups = RunCgroups::make(crate::cgroup::Want {
+        processes: l.processes,
+        memory_bytes: l.memory_bytes,
     });
-    match cgroup {
-        Some(dir) => Ok((Some(dir), false)),
-        None if best_effort => Ok((None, true)),
-        None => Err(SandboxError::ProcessLimit),
+    cgroups.place(pid);
+    let pids = cgroups.pids().is_some();
+    *slot = Some(cgroups);
+    match (uid, pids) {
+        (0, false) if best_effort => Ok(true),
+        (0, false) => Err(SandboxError::ProcessLimit),
+        _ => Ok(false),
     }
 }
 
@@ -1813,6 +1760,7 @@ impl Layers {
         mounts: MountRecord,
         cgroup: Option<PathBuf>,
         cgroup_degraded: bool,
+        memory: MemoryRecord,
     ) -> Layers {
         Layers {
             best_effort_degraded: cgroup_degraded
@@ -1832,6 +1780,7 @@ impl Layers {
             namespaces,
             mounts,
             cgroup,
+            memory,
         }
     }
 }
@@ -1842,6 +1791,7 @@ impl LimitsRecord {
         LimitsRecord {
             cpu_seconds: l.cpu_seconds,
             address_space_bytes: l.address_space_bytes,
+            memory_bytes: l.memory_bytes,
             processes: l.processes,
             file_size_bytes: file_size_limit(l),
             open_files: l.open_files,
@@ -1880,6 +1830,12 @@ pub(crate) fn run_output(
     errc: Capture,
 ) -> RunOutput {
     let (code, signal) = f.exit;
+    // Nothing else stopped it, it died of SIGKILL, and the memory cgroup's OOM killer killed
+    // during the run: the memory limit.
+    let killed_by = f.stopped.killed_by.or_else(|| {
+        (signal == Some(libc::SIGKILL) && f.layers.memory.oom_kills > 0)
+            .then_some(KilledBy::MemoryLimit)
+    });
     let record = RunRecord {
         argv: req
             .argv
@@ -1898,7 +1854,7 @@ pub(crate) fn run_output(
             status: code.unwrap_or_else(|| 128 + signal.unwrap_or(0)),
             timed_out: f.stopped.timed_out,
             cancelled: f.stopped.cancelled,
-            killed_by: f.stopped.killed_by,
+            killed_by,
             disk_limit: f.stopped.disk_limit,
         },
         duration_ms: started.elapsed().as_millis() as u64,
@@ -2065,21 +2021,39 @@ impl RunRecord {
     }
 }
 
-/// Whether the kernel offers what the sandbox needs, for callers that want to check up front.
+/// Whether the kernel offers what the sandbox needs, for callers that want to check up front
+/// (`o doctor`). The cgroup facts come from trying: a trial cgroup is made where a run's would
+/// go, its limit written, and removed.
 pub fn probe() -> Probe {
     Probe {
         landlock_abi: landlock::kernel_abi(),
         user_namespaces: sys::user_namespaces(),
+        seccomp: sys::seccomp_available(),
+        ipc_namespaces: sys::ipc_namespaces(),
+        cgroups: crate::cgroup::probe(),
+        fuse: std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .is_ok(),
     }
 }
 
 /// Kernel features found by [`probe`].
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Probe {
     /// Landlock ABI (0 = none).
     pub landlock_abi: u32,
     /// User namespaces are enabled.
     pub user_namespaces: bool,
+    /// seccomp filter mode is available.
+    pub seccomp: bool,
+    /// IPC namespaces may be created (optional: runs share the runner's otherwise).
+    pub ipc_namespaces: bool,
+    /// Whether runs get pids and memory cgroups here, and why not.
+    pub cgroups: crate::cgroup::CgroupProbe,
+    /// `/dev/fuse` can be opened (`o mount`; not the sandbox).
+    pub fuse: bool,
 }
 
 #[cfg(test)]
@@ -2103,27 +2077,6 @@ mod tests {
             .unwrap_or(false);
         if sysctl {
             assert!(sys::user_namespaces());
-        }
-    }
-
-    #[test]
-    fn pids_cgroups_are_made_only_on_cgroup_filesystems() {
-        let t = std::env::temp_dir();
-        assert!(
-            !sys::is_cgroup_fs(&t),
-            "a temporary directory counted as a cgroup"
-        );
-        // As root on a host with a writable pids hierarchy it is a real cgroup; elsewhere none.
-        if let Some(dir) = make_cgroup(8) {
-            assert!(sys::is_cgroup_fs(&dir), "{}", dir.display());
-            assert_eq!(
-                std::fs::read_to_string(dir.join("pids.max"))
-                    .unwrap()
-                    .trim(),
-                "8"
-            );
-            remove_cgroup(&dir);
-            assert!(!dir.exists());
         }
     }
 

@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ollie_policy::Policy;
-use ollie_sandbox::{Cancel, Prepared, RunRequest, SandboxError};
+use ollie_sandbox::{Cancel, MemoryBound, MemoryScope, Prepared, RunRequest, SandboxError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -340,6 +340,59 @@ fn dropping_prepared_leaves_no_process() {
     assert!(wait_gone(&marker), "left behind: {:?}", procs_with(&marker));
     assert!(sb.run(&ws.req(&["true"])).is_err());
     drop(sb);
+}
+
+#[test]
+fn the_session_shares_one_memory_cgroup_and_reports_a_dead_zygote() {
+    if !features_ok("the_session_shares_one_memory_cgroup_and_reports_a_dead_zygote") {
+        return;
+    }
+    let ws = Ws::new("memcg");
+    let bound: u64 = 128 << 20;
+    let sb = ws.prepare(&policy("workspace", &format!("memory_bytes = {bound}")));
+    assert!(sb.is_alive());
+    let s = sb.session();
+    let o = sb.run(&ws.req(&["true"])).unwrap();
+    let m = &o.record.layers.memory;
+    assert_eq!(m.scope, MemoryScope::Session);
+    assert_eq!(o.record.limits.memory_bytes, bound);
+    // Every call names the session's cgroup (or the same reason for having none).
+    assert_eq!(m.cgroup, s.memory.cgroup);
+    assert_eq!(m.reason, s.memory.reason);
+    let cg = match &s.memory.cgroup {
+        Some(cg) => {
+            assert_eq!(s.memory.bound, MemoryBound::Cgroup);
+            assert_eq!(s.memory.max_bytes, Some(bound));
+            assert_eq!(m.oom_kills, 0);
+            // The zygote was placed in it before it did anything (calls are its children).
+            let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap();
+            let zygote = sb.zygote_pid().to_string();
+            assert!(procs.lines().any(|p| p == zygote), "{procs}");
+            Some(cg.clone())
+        }
+        None => {
+            assert_eq!(s.memory.bound, MemoryBound::RlimitAsOnly);
+            assert!(s.memory.reason.as_deref().is_some_and(|r| !r.is_empty()));
+            None
+        }
+    };
+    // The cgroup's OOM killer may pick the zygote (the per-call inits share its memory): the
+    // session then reports it is gone, so its owner can prepare a new one.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &sb.zygote_pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let until = Instant::now() + Duration::from_secs(5);
+    while sb.is_alive() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!sb.is_alive());
+    assert!(sb.run(&ws.req(&["true"])).is_err());
+    drop(sb);
+    if let Some(cg) = cg {
+        assert!(!cg.exists(), "{} left behind", cg.display());
+    }
 }
 
 #[test]

@@ -22,6 +22,9 @@ use std::process::Command;
 
 const PROBE_PY: &str = include_str!("escapes/t.py");
 
+#[path = "common/memory.rs"]
+mod memory;
+
 // ---------------------------------------------------------------------------------------------
 // Harness
 
@@ -1882,6 +1885,149 @@ case!(f42_memory_exhaustion, |c| {
     );
     expect(&out, "big", &["MemoryError"]);
     expect(&out, "many", &["MemoryError"]);
+});
+
+/// Whether a memory cgroup bounds runs here (the probe tries to make one, as a run would).
+/// Without one: SKIP with the probe's reason, or a failure under `OLLIE_TEST_REQUIRE=all` (CI
+/// runs as root, and `scripts/test-unprivileged.sh` delegates a memory cgroup to its user).
+fn memory_cgroup_ok(case: &str) -> bool {
+    let m = ollie_sandbox::probe().cgroups.memory;
+    if m.available() {
+        return true;
+    }
+    let line = format!(
+        "SKIP {case}: no memory cgroup: {}",
+        m.reason.unwrap_or_default()
+    );
+    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        panic!("{line} (OLLIE_TEST_REQUIRE=all)");
+    }
+    skip(&line);
+    false
+}
+
+/// Runs `fill(kind, step, total)` under `pol` while sampling the host's Shmem; the output,
+/// what the script printed, and the peak Shmem growth (sampled, or seen by the script).
+fn run_fill(
+    c: &Ctx,
+    pol: &Policy,
+    kind: &str,
+    step: u64,
+    total: u64,
+) -> (RunOutput, memory::Fill, u64) {
+    std::fs::write(c.w.join("fill.py"), memory::FILL_PY).unwrap();
+    let sampler = memory::ShmemSampler::start();
+    let call = format!(
+        "from fill import *; {}",
+        memory::fill_call(kind, step, total)
+    );
+    let out = c.run_with(pol, &c.request(&["python3", "-c", &call]));
+    let sampled = sampler.stop();
+    let fill = memory::parse_fill(&String::from_utf8_lossy(&out.stdout));
+    let growth = sampled.max(fill.growth);
+    (out, fill, growth)
+}
+
+/// The fill was stopped at the memory cgroup: an allocation failed, or the cgroup's OOM killer
+/// ended the run (recorded as `killed_by = "memory_limit"`).
+#[track_caller]
+fn stopped_by_the_memory_cgroup(out: &RunOutput, fill: &memory::Fill) {
+    assert!(!fill.all, "the fill completed: {fill:?}");
+    let killed = out.record.exit.signal == Some(libc::SIGKILL)
+        && out.record.exit.killed_by == Some(ollie_sandbox::KilledBy::MemoryLimit);
+    let failed = matches!(fill.stopped.as_deref(), Some("ENOMEM" | "EFBIG" | "ENOSPC"));
+    assert!(
+        killed || failed,
+        "not stopped at the memory bound: {fill:?}, exit {:?}, stderr {}",
+        out.record.exit,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if killed {
+        assert!(
+            out.record.layers.memory.oom_kills > 0,
+            "{:?}",
+            out.record.layers.memory
+        );
+    }
+}
+
+case!(f42b_memory_held_by_fds_stops_at_the_memory_cgroup, |c| {
+    // memfd_create + posix_fallocate (and tmpfs files) hold shared memory that RLIMIT_AS does
+    // not count: only the run's memory cgroup (`limits.memory_bytes`) bounds it.
+    use memory::{MIB, SLACK};
+    if !memory_cgroup_ok(&c.name) {
+        return;
+    }
+    let bound = 256 * MIB;
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            &format!(
+                "memory_bytes = {bound}\nshm_bytes = {}\ntimeout_seconds = 60\nkill_grace_ms = 200",
+                64 * MIB
+            ),
+        )
+    });
+    let (out, fill, growth) = run_fill(c, &pol, "memfd", 64 * MIB, 3 * bound);
+    stopped_by_the_memory_cgroup(&out, &fill);
+    assert!(
+        growth <= bound + SLACK,
+        "host Shmem grew by {} MiB under a {} MiB bound ({fill:?})",
+        growth >> 20,
+        bound >> 20
+    );
+    // The record names the cgroup and its bound; the cgroup is gone after the run.
+    let m = &out.record.layers.memory;
+    let cg = m.cgroup.clone().expect("a memory cgroup");
+    assert_eq!(m.max_bytes, Some(bound), "{m:?}");
+    assert_eq!(m.bound, ollie_sandbox::MemoryBound::Cgroup, "{m:?}");
+    assert!(m.reason.is_none(), "{m:?}");
+    assert!(!cg.exists(), "memory cgroup {} left behind", cg.display());
+    let json: serde_json::Value = serde_json::from_str(&out.record.to_json()).unwrap();
+    assert_eq!(json["layers"]["memory"]["cgroup"], cg.to_str().unwrap());
+    assert_eq!(json["layers"]["memory"]["max_bytes"], bound);
+    assert_eq!(out.record.limits.memory_bytes, bound);
+    eprintln!(
+        "{}: memfd fill held {} MiB, host Shmem grew by at most {} MiB (bound {} MiB), exit {:?}",
+        c.name,
+        fill.held >> 20,
+        growth >> 20,
+        bound >> 20,
+        out.record.exit
+    );
+
+    // The run's private /dev/shm (a tmpfs) stops at `shm_bytes` first…
+    let (out, fill, growth) = run_fill(c, &pol, "shm", 16 * MIB, 256 * MIB);
+    assert_eq!(fill.stopped.as_deref(), Some("ENOSPC"), "{fill:?}");
+    assert!(fill.held <= 64 * MIB, "{fill:?}");
+    assert!(growth <= 64 * MIB + SLACK, "{} MiB", growth >> 20);
+    assert_eq!(out.record.exit.killed_by, None);
+    // …and where `shm_bytes` is larger than the memory bound, at the cgroup.
+    let big_shm = p_std_with(|t| {
+        with_limits(
+            t,
+            &format!(
+                "memory_bytes = {bound}\nshm_bytes = {}\ntimeout_seconds = 60\nkill_grace_ms = 200",
+                1024 * MIB
+            ),
+        )
+    });
+    let before = memory::host_shmem();
+    let (out, fill, growth) = run_fill(c, &big_shm, "shm", 64 * MIB, 3 * bound);
+    stopped_by_the_memory_cgroup(&out, &fill);
+    assert!(
+        growth <= bound + SLACK,
+        "host Shmem grew by {} MiB under a {} MiB bound ({fill:?})",
+        growth >> 20,
+        bound >> 20
+    );
+    // The tmpfs went away with the run's mount namespace.
+    let left = memory::host_shmem().saturating_sub(before);
+    assert!(
+        left <= SLACK,
+        "{} MiB of Shmem left after the run",
+        left >> 20
+    );
 });
 
 case!(f43_cpu_burn, |c| {

@@ -992,6 +992,159 @@ async fn output_beyond_the_policy_limit_is_truncated_with_a_notice() {
     assert!(!r.raw.contains("truncated"), "{r:?}");
 }
 
+/// A toolsrv whose default policy is `workspace` with `memory_bytes = bound`.
+async fn small_memory_toolsrv(bound: u64) -> Ts {
+    let dirs = Dirs::new();
+    let mut boot = dirs.boot();
+    let small = WORKSPACE_TOML.replace(
+        "memory_bytes = 4294967296",
+        &format!("memory_bytes = {bound}"),
+    );
+    assert_ne!(
+        small, WORKSPACE_TOML,
+        "workspace.toml no longer sets memory_bytes"
+    );
+    boot.policies.insert("small".into(), small);
+    boot.default_policy = "small".into();
+    Ts::start_with(dirs, &boot).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_held_by_fds_stops_at_the_sessions_memory_cgroup() {
+    // ESCAPES case 42 through toolsrv (a prepared sandbox): memfd_create + posix_fallocate
+    // hold shared memory RLIMIT_AS does not count; the session's memory cgroup bounds it.
+    use common::memory::{FILL_PY, MIB, SLACK, ShmemSampler, fill_call, parse_fill};
+    let case = "memory_held_by_fds_stops_at_the_sessions_memory_cgroup";
+    if !features_ok(case) {
+        return;
+    }
+    let m = ollie_sandbox::probe().cgroups.memory;
+    if !m.available() {
+        let line = format!(
+            "SKIP {case}: no memory cgroup: {}",
+            m.reason.unwrap_or_default()
+        );
+        if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+            panic!("{line} (OLLIE_TEST_REQUIRE=all)");
+        }
+        skip(&line);
+        return;
+    }
+    let bound = 256 * MIB;
+    let t = small_memory_toolsrv(bound).await;
+    let a = t.attach("a").await;
+    let src = format!("{FILL_PY}\n{}\n", fill_call("memfd", 64 * MIB, 3 * bound));
+    let sampler = ShmemSampler::start();
+    let (line, v, rest) = run_with_record(&a, &format!("record=1\n{}", code("python3", &src)))
+        .await
+        .expect("the fill");
+    let sampled = sampler.stop();
+    let r = Run::parse(&rest);
+    let fill = parse_fill(&r.body);
+    let growth = sampled.max(fill.growth);
+    assert!(!fill.all, "the fill completed: {fill:?} {rest}");
+    let rec = &v["record"];
+    let killed =
+        rec["exit"]["signal"] == libc::SIGKILL && rec["exit"]["killed_by"] == "memory_limit";
+    let failed = matches!(fill.stopped.as_deref(), Some("ENOMEM" | "EFBIG" | "ENOSPC"));
+    assert!(
+        killed || failed,
+        "not stopped at the memory bound: {fill:?} {line}"
+    );
+    assert!(
+        growth <= bound + SLACK,
+        "host Shmem grew by {} MiB under a {} MiB bound ({fill:?})",
+        growth >> 20,
+        bound >> 20
+    );
+    // The record names the session's memory cgroup and its bound.
+    let mem = &rec["layers"]["memory"];
+    assert!(mem["cgroup"].is_string(), "{line}");
+    assert_eq!(mem["max_bytes"], bound, "{line}");
+    assert_eq!(mem["bound"], "cgroup", "{line}");
+    assert_eq!(mem["scope"], "session", "{line}");
+    assert_eq!(rec["limits"]["memory_bytes"], bound, "{line}");
+    eprintln!(
+        "{case}: memfd fill held {} MiB, host Shmem grew by at most {} MiB (bound {} MiB), exit {}",
+        fill.held >> 20,
+        growth >> 20,
+        bound >> 20,
+        rec["exit"]
+    );
+    // toolsrv is healthy: the next call runs, and the memory of the stopped one was given
+    // back (half the bound fits again).
+    let r = run(&a, &code("python3", "print('after')"))
+        .await
+        .expect("after");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(r.body, "after\n", "{r:?}");
+    let src = format!("{FILL_PY}\n{}\n", fill_call("memfd", 32 * MIB, bound / 2));
+    let r = run(&a, &code("python3", &src)).await.expect("half");
+    assert!(parse_fill(&r.body).all, "{r:?}");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+}
+
+/// Pids whose parent is `ppid`.
+fn children_of(ppid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid …": comm may hold spaces, so split after the last ')'.
+        let ppid_of = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if ppid_of == Some(ppid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_sandbox_whose_zygote_died_is_set_up_again() {
+    // The session's memory cgroup's OOM killer may pick the zygote (the per-call inits share
+    // its memory): the next call must get a new sandbox, not an error.
+    if !features_ok("a_session_sandbox_whose_zygote_died_is_set_up_again") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let r = run(&a, &code("bash", "echo one")).await.expect("one");
+    assert_eq!((r.exit(), r.body.as_str()), (Some(0), "one\n"), "{r:?}");
+    // Between calls the zygote is toolsrv's only child.
+    let zygotes = children_of(t.pid());
+    assert!(!zygotes.is_empty(), "no zygote under toolsrv {}", t.pid());
+    for z in &zygotes {
+        let killed = Command::new("kill")
+            .args(["-KILL", &z.to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    }
+    // Dead (a zombie until toolsrv drops the sandbox) before the next call arrives, as after
+    // an OOM kill, which ends the call that caused it first.
+    let dead = |z: &i32| {
+        std::fs::read_to_string(format!("/proc/{z}/stat"))
+            .map(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true)
+    };
+    assert!(
+        poll(IO_TIMEOUT, || zygotes.iter().all(dead)).await,
+        "zygote did not die"
+    );
+    let r = run(&a, &code("bash", "echo two")).await.expect("two");
+    assert_eq!((r.exit(), r.body.as_str()), (Some(0), "two\n"), "{r:?}");
+    let r = run(&a, &code("bash", "echo three")).await.expect("three");
+    assert_eq!((r.exit(), r.body.as_str()), (Some(0), "three\n"), "{r:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escalation_is_refused_and_nothing_runs() {
     if !features_ok("escalation_is_refused_and_nothing_runs") {

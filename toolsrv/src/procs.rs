@@ -45,7 +45,8 @@ pub struct Finish {
     pub code: Option<i32>,
     /// Signal, if one killed it.
     pub signal: Option<i32>,
-    /// Why the runner stopped it, if it did (`timeout`, `cancel`, `disk-limit`).
+    /// Why it was stopped, if the runner or the memory cgroup did (`timeout`, `cancel`,
+    /// `disk-limit`, `memory-limit`).
     pub stopped_by: Option<String>,
     /// Set when the tool never ran (the sandbox refused or failed to start it).
     pub error: Option<String>,
@@ -568,6 +569,7 @@ pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) 
                     KilledBy::Timeout => "timeout".to_owned(),
                     KilledBy::Cancel => "cancel".to_owned(),
                     KilledBy::DiskLimit => "disk-limit".to_owned(),
+                    KilledBy::MemoryLimit => "memory-limit".to_owned(),
                 }),
                 error: None,
                 record: Some(Arc::new(record_json(&out.record))),

@@ -446,11 +446,17 @@ impl Session {
         }
     }
 
-    /// The prepared sandbox of a policy, set up on first use.
+    /// The prepared sandbox of a policy, set up on first use, and again when its zygote has
+    /// died (the session's memory cgroup's OOM killer may pick it: the per-call inits share
+    /// its memory).
     async fn prepared(&self, name: &str) -> Result<Arc<Prepared>, String> {
         let mut map = self.prepared.lock().await;
         if let Some(p) = map.get(name) {
-            return Ok(Arc::clone(p));
+            if p.is_alive() {
+                return Ok(Arc::clone(p));
+            }
+            tracing::warn!(policy = %name, "the prepared sandbox ended (out of memory?); setting up a new one");
+            map.remove(name);
         }
         let policy = self
             .policies

@@ -14,6 +14,8 @@
 //! user; see the `sessions` module (and `approve` for the escalation requests, `progress` for
 //! the progress line of `prompt` and `attach`).
 //!
+//! `o doctor [--json]` prints what this machine's sandbox offers (see the `doctor` module).
+//!
 //! `o completions SHELL` prints a completion script for bash, zsh, fish, elvish or PowerShell,
 //! generated from this parser.
 
@@ -21,6 +23,8 @@
 mod approve;
 #[path = "o/bead.rs"]
 mod bead;
+#[path = "o/doctor.rs"]
+mod doctor;
 #[path = "o/mount.rs"]
 mod mount;
 #[path = "o/progress.rs"]
@@ -52,6 +56,7 @@ use std::process::ExitCode;
         o -a unix!/run/ollie/ollie ls      another server\n  \
         o mount ~/n/ollie                  the namespace as files (FUSE); o mount -u ~/n/ollie\n  \
         o sandbox -- make test             run a command in the tool sandbox\n  \
+        o doctor                           what the sandbox can enforce on this machine\n  \
         o completions bash                 a completion script (see o completions --help)\n\n\
         The default address is unix!$NAMESPACE/ollie when NAMESPACE is set; otherwise the first socket found of\n        /tmp/ns.$USER.$DISPLAY/ollie, $XDG_RUNTIME_DIR/ollie/ollie (user service) and /run/ollie/ollie (system service).\n\
         EXIT STATUS (session commands): 0 ok, 1 the server refused or the turn failed, 2 usage, \
@@ -73,6 +78,9 @@ enum Cmd {
     /// Run one command in the tool sandbox.
     #[command(after_help = SANDBOX_HELP)]
     Sandbox(SandboxArgs),
+    /// Check what the tool sandbox can enforce here (no server needed).
+    #[command(after_help = doctor::AFTER_HELP)]
+    Doctor(doctor::Args),
     /// Mount the namespace on a directory (FUSE), or unmount it with -u.
     #[command(after_help = mount::AFTER_HELP)]
     Mount(mount::Args),
@@ -243,6 +251,12 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
             out.record.limits.timeout_seconds
         );
     }
+    if out.record.exit.killed_by == Some(ollie_sandbox::KilledBy::MemoryLimit) {
+        eprintln!(
+            "o sandbox: stopped: out of memory at limits.memory_bytes = {} MiB (the run's memory cgroup)",
+            out.record.limits.memory_bytes >> 20
+        );
+    }
     if let Some(d) = &out.record.exit.disk_limit {
         let what = match d.limit {
             ollie_sandbox::DiskLimit::DiskBytes => format!(
@@ -286,6 +300,11 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Cmd::Sandbox(args) => sandbox(args),
+        Cmd::Doctor(_) if cli.addr.is_some() || cli.key.is_some() => {
+            eprintln!("o doctor: -a and -k apply to the session commands, not to o doctor");
+            ExitCode::from(2)
+        }
+        Cmd::Doctor(args) => doctor::main(args),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Mount(args) => mount::main(cli.addr, cli.key, args),
         Cmd::Session(cmd) => sessions::main(cli.addr, cli.key, cmd),

@@ -1,0 +1,248 @@
+//! `o doctor`: what this machine's sandbox offers, from `ollie_sandbox::probe()` (no server).
+//!
+//! One line per item, `ok` or `missing`, with the facts or the reason and the fix. Exit 0 when
+//! everything a default policy needs is present, 1 otherwise; `--json` prints one object
+//! (`ok`, `items`, `probe`) for scripts.
+
+use ollie_sandbox::{CgroupVersion, ControllerProbe, Probe};
+use serde::Serialize;
+use std::io::Write;
+use std::process::ExitCode;
+
+pub const AFTER_HELP: &str = "Checks, without a server, what the tool sandbox can enforce for \
+    this user here: Landlock, seccomp, user and IPC namespaces, the pids and memory cgroups \
+    (made and removed as a run would), and /dev/fuse for o mount. One line per item: ok or \
+    missing, with the reason and the fix.\n\
+    EXIT STATUS: 0 everything a default policy needs is present (IPC namespaces and fuse are \
+    optional), 1 something is missing.\n\n\
+    EXAMPLES:\n  \
+    o doctor\n  \
+    o doctor --json | jq '.items[] | select(.status == \"missing\")'";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print one JSON object (ok, items, probe) instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One checked item.
+#[derive(Debug, Serialize)]
+struct Item {
+    name: &'static str,
+    /// "ok" or "missing".
+    status: &'static str,
+    /// A default policy needs it (a missing one makes the exit status 1).
+    required: bool,
+    /// The facts, or why it is missing.
+    detail: String,
+    /// What to do about a missing item.
+    fix: Option<String>,
+}
+
+impl Item {
+    fn new(name: &'static str, required: bool, ok: bool, detail: String, fix: &str) -> Item {
+        Item {
+            name,
+            status: if ok { "ok" } else { "missing" },
+            required,
+            detail,
+            fix: (!ok).then(|| fix.to_owned()),
+        }
+    }
+
+    fn ok(&self) -> bool {
+        self.status == "ok"
+    }
+}
+
+fn version(v: Option<CgroupVersion>) -> &'static str {
+    match v {
+        Some(CgroupVersion::V1) => "v1",
+        Some(CgroupVersion::V2) => "v2",
+        None => "",
+    }
+}
+
+/// Where a controller's cgroups go, in words.
+fn cgroup_facts(c: &ControllerProbe, uid: u32) -> String {
+    let parent = c
+        .parent
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let who = if c.delegated {
+        format!(", delegated to uid {uid}")
+    } else {
+        String::new()
+    };
+    format!(
+        "cgroup {}, runs' cgroups go in {parent}{who}",
+        version(c.version)
+    )
+}
+
+/// The host has swap configured (`/proc/swaps` lists a device or file).
+fn host_has_swap() -> bool {
+    std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1)
+}
+
+/// A program found in `PATH`.
+fn in_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+fn items(p: &Probe, uid: u32) -> Vec<Item> {
+    let floor = ollie_policy::DEFAULT_LANDLOCK_MIN_ABI;
+    let mut v = vec![
+        Item::new(
+            "landlock",
+            true,
+            p.landlock_abi >= floor,
+            if p.landlock_abi == 0 {
+                format!("not available (policies need ABI {floor})")
+            } else {
+                format!("ABI {} (policies need {floor})", p.landlock_abi)
+            },
+            "Linux 6.15 or later with landlock in the LSM list (lsm=…,landlock on the kernel command line)",
+        ),
+        Item::new(
+            "seccomp",
+            true,
+            p.seccomp,
+            if p.seccomp {
+                "filter mode".to_owned()
+            } else {
+                "filter mode is not available".to_owned()
+            },
+            "a kernel built with CONFIG_SECCOMP_FILTER, and no service manager's filter refusing seccomp()",
+        ),
+        Item::new(
+            "user namespaces",
+            true,
+            p.user_namespaces,
+            if p.user_namespaces {
+                "can be created (each run's user, pid and mount namespaces)".to_owned()
+            } else {
+                "cannot be created".to_owned()
+            },
+            "sysctl user.max_user_namespaces > 0 (Debian: kernel.unprivileged_userns_clone=1; Ubuntu 23.10+: kernel.apparmor_restrict_unprivileged_userns=0)",
+        ),
+        Item::new(
+            "ipc namespaces",
+            false,
+            p.ipc_namespaces,
+            if p.ipc_namespaces {
+                "can be created (a private SysV IPC namespace per run)".to_owned()
+            } else {
+                "cannot be created: runs share the runner's (tools cannot use SysV IPC anyway)"
+                    .to_owned()
+            },
+            "optional; allow ipc in the service manager's RestrictNamespaces=",
+        ),
+    ];
+    let pids = &p.cgroups.pids;
+    v.push(if uid != 0 && !pids.available() {
+        Item::new(
+            "pids cgroup",
+            false,
+            true,
+            "not needed: RLIMIT_NPROC bounds the processes of an unprivileged user's runs (the new user namespace makes it per run)".to_owned(),
+            "",
+        )
+    } else {
+        Item::new(
+            "pids cgroup",
+            uid == 0,
+            pids.available(),
+            if pids.available() {
+                format!("{} (pids.max = limits.processes)", cgroup_facts(pids, uid))
+            } else {
+                format!(
+                    "{} (as root RLIMIT_NPROC does not bound processes: root runs are refused)",
+                    pids.reason.clone().unwrap_or_default()
+                )
+            },
+            "mount a writable pids cgroup hierarchy (v1 pids, or v2 with pids enabled for the runner's cgroup), or run unprivileged",
+        )
+    });
+    let mem = &p.cgroups.memory;
+    let swap_note = if mem.available() && !mem.swap_bounded && host_has_swap() {
+        "; swap is not accounted (swapaccount=0), so swap can extend the bound"
+    } else {
+        ""
+    };
+    v.push(Item::new(
+        "memory cgroup",
+        true,
+        mem.available(),
+        if mem.available() {
+            format!(
+                "{} (limits.memory_bytes bounds all of a run's memory, memfd and tmpfs included){swap_note}",
+                cgroup_facts(mem, uid)
+            )
+        } else {
+            format!(
+                "{}: runs are bounded by RLIMIT_AS only, which shared memory held by file descriptors (memfd, tmpfs) bypasses",
+                mem.reason.clone().unwrap_or_default()
+            )
+        },
+        if uid == 0 {
+            "mount the memory controller (cgroup v1 memory hierarchy, or v2 with memory enabled in the runner's cgroup.subtree_control)"
+        } else {
+            "delegate a cgroup to this user: a systemd unit with Delegate=yes (e.g. systemd-run --user -p Delegate=yes …), or have an administrator create one, chown it with its cgroup.procs to this user and start the runner in it (see SECURITY.md)"
+        },
+    ));
+    let fusermount = uid == 0 || in_path("fusermount3");
+    v.push(Item::new(
+        "fuse",
+        false,
+        p.fuse && fusermount,
+        match (p.fuse, fusermount) {
+            (true, true) => "/dev/fuse can be opened (o mount)".to_owned(),
+            (false, _) => {
+                "/dev/fuse cannot be opened (o mount needs it; the sandbox does not)".to_owned()
+            }
+            (true, false) => "fusermount3 is not in PATH (o mount needs it as non-root)".to_owned(),
+        },
+        "optional, for o mount: load the fuse module and install fuse3",
+    ));
+    v
+}
+
+pub fn main(args: Args) -> ExitCode {
+    let probe = ollie_sandbox::probe();
+    let uid = nix::unistd::geteuid().as_raw();
+    let items = items(&probe, uid);
+    let ok = items.iter().all(|i| i.ok() || !i.required);
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        let v = serde_json::json!({ "ok": ok, "items": items, "probe": probe });
+        writeln!(out, "{v}")
+    } else {
+        items.iter().try_for_each(|i| {
+            let optional = if i.required || i.ok() {
+                ""
+            } else {
+                " (optional)"
+            };
+            match &i.fix {
+                Some(fix) => writeln!(
+                    out,
+                    "{:<8} {}{optional}: {}; fix: {fix}",
+                    i.status, i.name, i.detail
+                ),
+                None => writeln!(out, "{:<8} {}: {}", i.status, i.name, i.detail),
+            }
+        })
+    };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::from(u8::from(!ok)),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::from(141),
+        Err(e) => {
+            eprintln!("o doctor: writing standard output: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
