@@ -532,18 +532,21 @@ pub(crate) fn socket_triples(network: &Network) -> Vec<(i32, i32, i32)> {
 /// `connect` to retarget it).
 pub(crate) const SOCKETPAIR_TYPES: [i32; 2] = [SOCK_STREAM, SOCK_SEQPACKET];
 
+/// The groups every network mode allows (before argument rules).
+pub(crate) const BASE_GROUPS: [&[Call]; 7] = [
+    GROUP_FD_IO,
+    GROUP_FS,
+    GROUP_MEMORY,
+    GROUP_PROCESS,
+    GROUP_SIGNALS,
+    GROUP_TIME_INFO,
+    GROUP_SOCKET_IO,
+];
+
 fn build_allowlist(network: &Network, deny: &BTreeSet<i64>) -> Result<Rules, SeccompError> {
     let net = NetFilter::of(network);
     let mut rules = Rules::new();
-    for g in [
-        GROUP_FD_IO,
-        GROUP_FS,
-        GROUP_MEMORY,
-        GROUP_PROCESS,
-        GROUP_SIGNALS,
-        GROUP_TIME_INFO,
-        GROUP_SOCKET_IO,
-    ] {
+    for g in BASE_GROUPS {
         allow(&mut rules, g);
     }
     // ioctl: anything but terminal input injection.
@@ -642,20 +645,11 @@ fn build_allowlist(network: &Network, deny: &BTreeSet<i64>) -> Result<Rules, Sec
 
 /// Every call the profile can allow, by name without the `SYS_` prefix.
 fn profile_calls() -> impl Iterator<Item = (&'static str, i64)> {
-    [
-        GROUP_FD_IO,
-        GROUP_FS,
-        GROUP_MEMORY,
-        GROUP_PROCESS,
-        GROUP_SIGNALS,
-        GROUP_TIME_INFO,
-        GROUP_SOCKET_IO,
-        GROUP_INET,
-        FILTERED,
-    ]
-    .into_iter()
-    .flatten()
-    .map(|(name, nr)| (name.strip_prefix("SYS_").unwrap_or(name), *nr))
+    BASE_GROUPS
+        .into_iter()
+        .chain([GROUP_INET, FILTERED])
+        .flatten()
+        .map(|(name, nr)| (name.strip_prefix("SYS_").unwrap_or(name), *nr))
 }
 
 /// The number of a call the default profile can allow (`"ptrace"` is not one).

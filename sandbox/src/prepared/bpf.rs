@@ -82,16 +82,7 @@ enum Class {
 fn classes(network: &Network, deny: &BTreeSet<i64>) -> Vec<Class> {
     let net = NetFilter::of(network);
     let mut c = vec![Class::Deny; MAX_NR as usize];
-    let groups = [
-        seccomp::GROUP_FD_IO,
-        seccomp::GROUP_FS,
-        seccomp::GROUP_MEMORY,
-        seccomp::GROUP_PROCESS,
-        seccomp::GROUP_SIGNALS,
-        seccomp::GROUP_TIME_INFO,
-        seccomp::GROUP_SOCKET_IO,
-        net.inet_calls(),
-    ];
+    let groups = seccomp::BASE_GROUPS.into_iter().chain([net.inet_calls()]);
     let socket = match network {
         Network::Off => None,
         Network::Tcp { .. } => Some(Class::Socket),
