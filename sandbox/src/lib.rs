@@ -15,8 +15,11 @@
 //!    protected islands (e.g. `.git`) read-only again — a missing one through a
 //!    placeholder at its first missing component, and every directory between a writable root
 //!    and an island pinned (cannot be renamed away). This closes Landlock's metadata gap
-//!    (chmod/chown/xattr/utime outside writable trees fail with EROFS). `/dev/shm` is a
-//!    private, size-limited tmpfs per run.
+//!    (chmod/chown/xattr/utime outside writable trees fail with EROFS). Write rules inside
+//!    an island are attached after it (the innermost rule wins). Secret locations, the
+//!    caller's [`RunRequest::hidden`] paths and homes holding no grant are hidden (an empty
+//!    mode-0 tmpfs, `/dev/null` over a file: [`MountRecord::hidden`]), since Landlock does
+//!    not mediate `stat` or inotify. `/dev/shm` is a private, size-limited tmpfs per run.
 //! 3. The tool is forked from init: fds ≥ 3 closed (stdin `/dev/null` or a socket the runner
 //!    feeds with [`RunRequest::stdin`] or relays from [`RunRequest::stdin_fd`], stdout/stderr
 //!    pipes; only a one-shot run's [`RunRequest::pass_fds`] stay, at 7, 8, …),
@@ -25,7 +28,9 @@
 //!    ruleset, TCP bind/connect unless the network is `all`, both scopes; a working directory
 //!    other than the workdir,
 //!    [`RunRequest::cwd`], must then be listable, or the run fails with
-//!    [`SandboxError::Cwd`]), seccomp last (allowlist), `execve` — or, with
+//!    [`SandboxError::Cwd`]), seccomp last (allowlist; no set-id modes, datagram
+//!    socketpairs, destination addresses or TCP fast open, no bind without a bind grant, no
+//!    allocating `fallocate`; minus the policy's `syscalls.deny`), `execve` — or, with
 //!    [`RunRequest::exec_fd`], `execveat` of the caller's descriptor, so what runs is the file
 //!    it opened (sealed copies for that: [`sealed_copy`]).
 //! 4. The environment is cleared and rebuilt from the policy's allowlist.

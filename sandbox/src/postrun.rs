@@ -25,7 +25,7 @@
 //!   `.vscode/settings.json`, `.vscode/launch.json`, `.gitmodules` at the workspace root: new
 //!   or changed;
 //! - any set-id file (S_ISUID or S_ISGID on a regular file, S_ISUID on anything) left in a
-//!   writable tree after the run ([`setid_flags`]; the seccomp filter already refuses to
+//!   writable tree after the run (`setid_flags`; the seccomp filter already refuses to
 //!   make one, so this is a second line), at most [`MAX_SETID_ENTRIES`] entries per run.
 //!
 //! Cost is bounded: the search for nested repositories visits at most [`MAX_DIRS`]

@@ -752,7 +752,7 @@ fn build_uncached(network: &Network, deny: &BTreeSet<String>) -> Result<Filters,
 }
 
 /// The compiled filters for a network mode and the calls a policy takes out (compiled once
-/// per [`NetFilter`] shape when nothing is taken out; the ports of `Tcp` are Landlock's
+/// per network shape (`NetFilter`) when nothing is taken out; the ports of `Tcp` are Landlock's
 /// business, not seccomp's).
 pub fn filters(network: &Network, deny: &BTreeSet<String>) -> Result<Filters, SeccompError> {
     static OFF: OnceLock<Filters> = OnceLock::new();
