@@ -62,6 +62,7 @@ fuzz_target!(|data: &[u8]| {
         landlock_min_abi: Some(other.landlock_min_abi),
         forbid_best_effort: !other.best_effort,
         escalations: Some(other.escalations.clone()),
+        deny_syscalls: other.syscalls.deny.clone(),
     };
     let Ok(n) = base.narrow(&layer) else { return };
     check_resolved(&n);
@@ -76,6 +77,9 @@ fuzz_target!(|data: &[u8]| {
         (l.timeout_seconds, b.timeout_seconds),
         (l.kill_grace_ms, b.kill_grace_ms),
         (l.shm_bytes, b.shm_bytes),
+        (l.memory_bytes, b.memory_bytes),
+        (l.disk_bytes, b.disk_bytes),
+        (l.disk_inodes, b.disk_inodes),
     ] {
         assert!(new <= old, "a limit widened: {new} > {old}");
     }
@@ -83,6 +87,10 @@ fuzz_target!(|data: &[u8]| {
     assert!(!n.best_effort || base.best_effort);
     assert!(n.env.allow.is_subset(&base.env.allow));
     assert!(n.escalations.is_subset(&base.escalations));
+    assert!(
+        base.syscalls.deny.is_subset(&n.syscalls.deny),
+        "a denied call came back"
+    );
     match (&n.network, &base.network) {
         (Network::Off, _) => {}
         (
