@@ -125,6 +125,8 @@ in_cgroup() { # in_cgroup CMD…: CMD, started in the delegated cgroup if there 
 
 # corpus_cargo_build is left to the root run: the Rust toolchain lives in root's home, which
 # this user cannot read (the run would only prove that, not anything about the sandbox).
+# without_a_memory_cgroup_the_run_runs_and_says_so too: it switches to an undelegated uid,
+# which needs root (this user's own case is the o_doctor test that runs here).
 status=0
 for bin in "$dir"/*; do
     [ -f "$bin" ] || continue
@@ -136,7 +138,8 @@ for bin in "$dir"/*; do
         OLLIE_TEST_REQUIRE="${OLLIE_TEST_REQUIRE:-}" \
         OLLIE_BIN_DIR="$dir/bin" \
         RUST_BACKTRACE=0 \
-        "$bin" --test-threads=2 --skip corpus_cargo_build); then
+        "$bin" --test-threads=2 --skip corpus_cargo_build \
+        --skip without_a_memory_cgroup_the_run_runs_and_says_so); then
         status=1
     fi
 done
