@@ -367,12 +367,19 @@ impl Prepared {
     /// share its memory, so the kernel may pick them). A caller that keeps sandboxes per
     /// session prepares a new one when this is false.
     pub fn is_alive(&self) -> bool {
+        !self.wait_gone(std::time::Duration::ZERO)
+    }
+
+    /// Waits up to `timeout` for the zygote to die (its pidfd becomes readable); whether it
+    /// is gone.
+    pub fn wait_gone(&self, timeout: std::time::Duration) -> bool {
         let mut fds = [libc::pollfd {
             fd: self.zygote_pidfd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }];
-        matches!(sys::poll(&mut fds, 0), Ok(0))
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        matches!(sys::poll(&mut fds, ms), Ok(n) if n > 0)
     }
 
     /// Runs one command in the prepared sandbox, like [`crate::run`]. `req.workdir` must be

@@ -383,10 +383,7 @@ fn the_session_shares_one_memory_cgroup_and_reports_a_dead_zygote() {
         .status()
         .unwrap();
     assert!(killed.success());
-    let until = Instant::now() + Duration::from_secs(5);
-    while sb.is_alive() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(sb.wait_gone(Duration::from_secs(5)));
     assert!(!sb.is_alive());
     assert!(sb.run(&ws.req(&["true"])).is_err());
     drop(sb);
