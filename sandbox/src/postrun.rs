@@ -26,7 +26,9 @@
 //!   or changed;
 //! - any set-id file (S_ISUID or S_ISGID on a regular file, S_ISUID on anything) left in a
 //!   writable tree after the run (`setid_flags`; the seccomp filter already refuses to
-//!   make one, so this is a second line), at most [`MAX_SETID_ENTRIES`] entries per run.
+//!   make one, so this is a second line), at most [`MAX_SETID_ENTRIES`] entries per run,
+//!   not inside the dependency and build trees of [`SKIPPED_DIRS`] (it runs after every
+//!   call, so its cost must stay small in large workspaces).
 //!
 //! Cost is bounded: the search for nested repositories visits at most [`MAX_DIRS`]
 //! directories, [`MAX_DEPTH`] levels deep, skips dependency and build trees
@@ -93,8 +95,9 @@ pub const GIT_METADATA_DIRS: &[&str] = &["info"];
 /// Submodule gitdirs (`modules/NAME`) are scanned like repositories at most this deep.
 pub const MAX_MODULE_DEPTH: usize = 3;
 
-/// At most this many directory entries are looked at for set-id files after a run.
-pub const MAX_SETID_ENTRIES: usize = 50_000;
+/// At most this many directory entries are looked at for set-id files after a run (about
+/// 10–20 ms on the reference machine at the bound).
+pub const MAX_SETID_ENTRIES: usize = 10_000;
 
 /// What kind of persistence a flag is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -599,7 +602,8 @@ fn is_setid(mode: u32) -> bool {
 
 /// Every set-id file in the writable directories `trees` (absolute; symlinks never
 /// followed, other filesystems' mounts included), as flags whose path is relative to
-/// `workdir` where it lies inside it. Looks at most at [`MAX_SETID_ENTRIES`] entries in
+/// `workdir` where it lies inside it. Skips [`SKIPPED_DIRS`]; looks at most at
+/// [`MAX_SETID_ENTRIES`] entries in
 /// all; `true` when that bound cut the search short.
 pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag>, bool) {
     let mut flags = Vec::new();
@@ -638,7 +642,7 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
                         detail: format!("mode {:o}", mode & 0o7777),
                     });
                 }
-                if is_dir {
+                if is_dir && !SKIPPED_DIRS.iter().any(|d| name == *d) {
                     queue.push_back(child);
                 }
             }
