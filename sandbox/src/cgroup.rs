@@ -644,38 +644,28 @@ impl RunCgroups {
                 CgroupVersion::V1
             }
         };
+        let missing = |why: &String| ControllerProbe {
+            parent: None,
+            version: None,
+            delegated: false,
+            swap_bounded: false,
+            reason: Some(why.clone()),
+        };
+        let found = |d: &Path, version, swap_bounded| ControllerProbe {
+            parent: parent(d),
+            version: Some(version),
+            delegated,
+            swap_bounded,
+            reason: None,
+        };
         CgroupProbe {
             pids: match &self.pids {
-                Ok(d) => ControllerProbe {
-                    parent: parent(d),
-                    version: Some(version_of(d)),
-                    delegated,
-                    swap_bounded: false,
-                    reason: None,
-                },
-                Err(why) => ControllerProbe {
-                    parent: None,
-                    version: None,
-                    delegated: false,
-                    swap_bounded: false,
-                    reason: Some(why.clone()),
-                },
+                Ok(d) => found(d, version_of(d), false),
+                Err(why) => missing(why),
             },
             memory: match &self.memory {
-                Ok(m) => ControllerProbe {
-                    parent: parent(&m.dir),
-                    version: Some(m.version),
-                    delegated,
-                    swap_bounded: m.swap_bounded,
-                    reason: None,
-                },
-                Err(why) => ControllerProbe {
-                    parent: None,
-                    version: None,
-                    delegated: false,
-                    swap_bounded: false,
-                    reason: Some(why.clone()),
-                },
+                Ok(m) => found(&m.dir, m.version, m.swap_bounded),
+                Err(why) => missing(why),
             },
         }
     }

@@ -138,6 +138,27 @@ fn classes(network: &Network, deny: &BTreeSet<i64>) -> Vec<Class> {
     c
 }
 
+/// Allowed when argument `arg` carries none of `bits`, else EPERM.
+fn none_of_bits(arg: u8, bits: u64) -> [sock_filter; 4] {
+    [
+        ld_arg_lo(u32::from(arg)),
+        ins(JSET_K, 1, 0, bits as u32),
+        ret(RET_ALLOW),
+        ret(EPERM),
+    ]
+}
+
+/// Allowed when argument `arg` is one of `values`, else `otherwise`.
+fn one_of(arg: u32, values: [u64; 2], otherwise: u32) -> [sock_filter; 5] {
+    [
+        ld_arg_lo(arg),
+        ins(JEQ_K, 1, 0, values[0] as u32),
+        ins(JEQ_K, 0, 1, values[1] as u32),
+        ret(RET_ALLOW),
+        ret(otherwise),
+    ]
+}
+
 fn leaf(class: Class, out: &mut Vec<sock_filter>) {
     match class {
         Class::Allow => out.push(ret(RET_ALLOW)),
@@ -170,12 +191,7 @@ fn leaf(class: Class, out: &mut Vec<sock_filter>) {
             ret(EPERM),
             ret(RET_ALLOW),
         ]),
-        Class::Mode(arg) => out.extend([
-            ld_arg_lo(u32::from(arg)),
-            ins(JSET_K, 1, 0, SETID_BITS as u32),
-            ret(RET_ALLOW),
-            ret(EPERM),
-        ]),
+        Class::Mode(arg) => out.extend(none_of_bits(arg, SETID_BITS)),
         Class::OpenMode(flags, mode) => out.extend([
             // 0: creating?
             ld_arg_lo(u32::from(flags)),
@@ -187,12 +203,7 @@ fn leaf(class: Class, out: &mut Vec<sock_filter>) {
             ret(RET_ALLOW),
             ret(EPERM),
         ]),
-        Class::SendFlags(arg) => out.extend([
-            ld_arg_lo(u32::from(arg)),
-            ins(JSET_K, 1, 0, MSG_FASTOPEN as u32),
-            ret(RET_ALLOW),
-            ret(EPERM),
-        ]),
+        Class::SendFlags(arg) => out.extend(none_of_bits(arg, MSG_FASTOPEN)),
         Class::SendToNoAddress => out.extend([
             // 0: flags
             ld_arg_lo(3),
@@ -204,20 +215,8 @@ fn leaf(class: Class, out: &mut Vec<sock_filter>) {
             ret(EPERM),
             ret(RET_ALLOW),
         ]),
-        Class::Bind => out.extend([
-            ld_arg_lo(2),
-            ins(JEQ_K, 1, 0, INET_ADDR_LENS[0] as u32),
-            ins(JEQ_K, 0, 1, INET_ADDR_LENS[1] as u32),
-            ret(RET_ALLOW),
-            ret(EPERM),
-        ]),
-        Class::Fallocate => out.extend([
-            ld_arg_lo(1),
-            ins(JEQ_K, 1, 0, FALLOCATE_FREEING[0] as u32),
-            ins(JEQ_K, 0, 1, FALLOCATE_FREEING[1] as u32),
-            ret(RET_ALLOW),
-            ret(EOPNOTSUPP),
-        ]),
+        Class::Bind => out.extend(one_of(2, INET_ADDR_LENS, EPERM)),
+        Class::Fallocate => out.extend(one_of(1, FALLOCATE_FREEING, EOPNOTSUPP)),
         Class::Socketpair => out.extend([
             // 0: AF_UNIX
             ld_arg_lo(0),
