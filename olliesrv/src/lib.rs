@@ -36,6 +36,7 @@ pub mod listen;
 pub mod model;
 pub mod ns;
 pub mod nstools;
+pub mod redact;
 pub mod skills;
 pub mod store;
 pub mod systemd;

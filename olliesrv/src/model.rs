@@ -386,6 +386,8 @@ impl Stats {
 pub struct Block {
     kind: String,
     raw: Vec<u8>,
+    /// Redaction of the streamed text: the end that could begin an API key waits here.
+    redact: crate::redact::Stream,
     /// The start of the current line while it could still be a marker.
     line: String,
     decided: bool,
@@ -501,13 +503,20 @@ impl Agent {
             Block {
                 kind: kind.to_owned(),
                 raw: head.into_bytes(),
+                redact: crate::redact::Stream::default(),
                 line: String::new(),
                 decided: false,
                 ends_line: true,
             }
         });
-        // A body line that would read as a marker is indented by one space, as in whole
-        // blocks.
+        let text = b.redact.push(text);
+        Self::stream_into(&self.chat, b, &text);
+        Ok(())
+    }
+
+    /// Adds `text` to the streamed block `b` (and the live chat). A body line that would read
+    /// as a marker is indented by one space, as in whole blocks.
+    fn stream_into(chat: &Chat, b: &mut Block, text: &str) {
         let mut out = String::new();
         for c in text.chars() {
             if b.decided {
@@ -535,9 +544,8 @@ impl Agent {
         if !out.is_empty() {
             b.ends_line = out.ends_with('\n');
             b.raw.extend_from_slice(out.as_bytes());
-            self.chat.append(out.as_bytes(), out.as_bytes());
+            chat.append(out.as_bytes(), out.as_bytes());
         }
-        Ok(())
     }
 
     /// Closes the streamed block, if one is open, and makes it durable.
@@ -549,6 +557,8 @@ impl Agent {
     }
 
     fn close_block(&self, mut b: Block) -> Result<(), String> {
+        let rest = b.redact.finish();
+        Self::stream_into(&self.chat, &mut b, &rest);
         let mut out = std::mem::take(&mut b.line);
         if out == "]]]" || out == "[[[" {
             out.insert(0, ' ');
@@ -625,8 +635,12 @@ impl Agent {
     }
 
     /// [`Agent::say`], durable as `sync` says.
+    /// Both are redacted ([`crate::redact`]): a tool call's arguments run as the model wrote
+    /// them, but the chat shows them without API keys.
     pub fn say_sync(&self, kind: &str, attrs: &str, body: &str, sync: Sync) -> Result<(), String> {
-        let (raw, text) = Chat::block_bytes(kind, attrs, body);
+        let attrs = crate::redact::redact(attrs);
+        let body = crate::redact::redact(body);
+        let (raw, text) = Chat::block_bytes(kind, &attrs, &body);
         self.store
             .append_chat(&self.session_id, &self.id, &raw, sync)
             .map_err(|e| crate::error_chain(&e))?;
@@ -1872,8 +1886,10 @@ impl Registry {
         );
     }
 
-    /// Records the end of a turn.
+    /// Records the end of a turn (its reply or error as shown: without API keys).
     pub fn turn_ended(&self, a: &Agent, result: Result<String, String>) {
+        let shown = |s: String| crate::redact::redact(&s).into_owned();
+        let result = result.map(shown).map_err(shown);
         a.turns.send_modify(|t| {
             let seq = t.as_ref().map_or(1, |t| t.seq + 1);
             *t = Some(TurnEnd { seq, result });

@@ -787,8 +787,10 @@ impl Store {
         sync: Sync,
     ) -> Result<(), StoreError> {
         let dir = self.agent_dir(session, agent)?;
-        // Compact JSON escapes newlines inside strings, so this is exactly one line.
-        let mut data = serde_json::to_vec(line).map_err(|source| StoreError::Encode {
+        // Stored without API keys ([`crate::redact`]). Compact JSON escapes newlines inside
+        // strings, so this is exactly one line.
+        let line = crate::redact::redact_json(line);
+        let mut data = serde_json::to_vec(&*line).map_err(|source| StoreError::Encode {
             path: dir.join(HISTORY_FILE),
             source,
         })?;
@@ -849,7 +851,8 @@ impl Store {
         let path = dir.join(HISTORY_FILE);
         let mut data = Vec::new();
         for line in lines {
-            serde_json::to_writer(&mut data, line).map_err(|source| StoreError::Encode {
+            let line = crate::redact::redact_json(line);
+            serde_json::to_writer(&mut data, &*line).map_err(|source| StoreError::Encode {
                 path: path.clone(),
                 source,
             })?;

@@ -1293,7 +1293,7 @@ fn deliver(reg: &Registry, a: &Agent, msg: &str) {
     }
 }
 
-/// `generate`: one completion without tools or history.
+/// `generate`: one completion without tools or history (shown without API keys).
 pub async fn generate(
     config: &Config,
     prompt: &str,
@@ -1310,7 +1310,7 @@ pub async fn generate(
         .call(&req, &mut |_| {})
         .await
         .map_err(|e| format!("model call failed: {e}"))?;
-    Ok(reply.text)
+    Ok(crate::redact::redact(&reply.text).into_owned())
 }
 
 #[cfg(test)]

@@ -1188,6 +1188,91 @@ async fn the_api_key_is_sent_as_a_bearer_token_and_never_shown() {
     }
 }
 
+/// Redaction never changes what runs: a tool call whose arguments hold the API key's text runs
+/// exactly as the model wrote it (the file it writes holds the key), while the chat, the
+/// history the next request carries and the state directory show `<redacted>` instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_runs_as_written_and_only_its_copies_are_redacted() {
+    let code = format!("printf %s '{KEY}/bk/work' > got.txt && printf wrote");
+    // The answer streams in three pieces that cut the key apart.
+    let h = start_agent(vec![exec("c1", &code), answer(&format!("done {KEY}"))], "").await;
+    assert_eq!(turn(&h.root, "write it").await.last().unwrap(), "idle");
+    let got = std::fs::read_to_string(h.work.join("got.txt")).unwrap();
+    assert_eq!(got, format!("{KEY}/bk/work"), "the command did not run as written");
+
+    let log = read(&h.root, &format!("{A}/log")).await;
+    assert!(!log.contains(KEY), "the key shows in the chat:\n{log}");
+    let call = blocks(&log)
+        .into_iter()
+        .find(|b| b.kind == "tool_call")
+        .expect("a tool_call block");
+    assert!(call.body.contains("<redacted>/bk/work"), "{call:?}");
+    let said = blocks(&log)
+        .into_iter()
+        .rfind(|b| b.kind == "assistant")
+        .expect("an assistant block");
+    assert_eq!(said.body, "done <redacted>\n");
+    let mut all = Vec::new();
+    files(&h.srv.state_dir(), &mut all);
+    let history: Vec<&PathBuf> = all
+        .iter()
+        .filter(|f| f.ends_with("history.jsonl"))
+        .collect();
+    assert_eq!(history.len(), 1, "{all:?}");
+    for f in &all {
+        let text = String::from_utf8_lossy(&std::fs::read(f).unwrap()).into_owned();
+        assert!(!text.contains(KEY), "the key is in {}", f.display());
+    }
+    let history = std::fs::read_to_string(history[0]).unwrap();
+    assert!(history.contains("<redacted>/bk/work"), "{history}");
+    let got = h.fake.got();
+    assert_eq!(got.len(), 2);
+    assert!(!got[1].body.contains(KEY), "the key went back to the model");
+}
+
+/// A key shorter than 16 characters is refused where it is read: the turn fails with one line
+/// naming the source, no request is sent, and ordinary text that holds the short key's
+/// characters (a path `…/bk/work`) is shown untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_api_key_is_refused_with_a_clear_error() {
+    let keydir = tempfile::tempdir().unwrap();
+    let keyfile = keydir.path().join("key");
+    std::fs::write(&keyfile, "bk\n").unwrap();
+    std::fs::set_permissions(&keyfile, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .unwrap();
+    let fake = FakeLlm::start(vec![answer("never")]).await;
+    let extra = format!(
+        "[backends.short]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\napi_key_file = \"{}\"\n",
+        fake.url(),
+        keyfile.display()
+    );
+    let (srv, work) = olliesrv("openai", &format!("{}/v1", fake.url()), &extra);
+    let (_c, root) = attach(&srv, &me()).await;
+    rdwr(&root, "session/new", &format!("name=s cwd={}", work.display()))
+        .await
+        .unwrap();
+    rdwr(&root, "session/s/agent/new", "name=a backend=short")
+        .await
+        .unwrap();
+    assert_eq!(
+        turn(&root, "look in /home/bk/work").await.last().unwrap(),
+        "error"
+    );
+    let bs = chat_blocks(&root).await;
+    let err = bs.iter().find(|b| b.kind == "error").expect("an error block");
+    assert_eq!(
+        err.body.trim_end(),
+        format!(
+            "model call failed: short: the API key in {} is too short: at least 16 characters",
+            keyfile.display()
+        ),
+        "{bs:?}"
+    );
+    let user = bs.iter().find(|b| b.kind == "user").expect("the prompt");
+    assert_eq!(user.body, "look in /home/bk/work\n");
+    assert!(fake.got().is_empty(), "a request was sent with the short key");
+}
+
 /// The plan is shown to the model again (as the last message) on the 9th request of a turn,
 /// not before, and it does not stay in the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,7 +70,7 @@ use serde_json::{Map, Value, json};
 
 use super::http::{
     self, ApiKey, Endpoint, Frame, KeySource, MAX_MESSAGE_CHARS, SseParser, generated_id,
-    mentions_context, one_line, parse_arguments, scrub_frame, scrubbed,
+    mentions_context, one_line, parse_arguments, scrubbed,
 };
 use super::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
@@ -228,7 +228,7 @@ impl Anthropic {
             .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
             for frame in frames.drain(..) {
                 state
-                    .frame(&self.name, scrub_frame(frame, key.as_ref()), sink)
+                    .frame(&self.name, frame, sink)
                     .map_err(|e| scrubbed(e, key.as_ref()))?;
                 if state.done {
                     return state.finish(&self.name, sink);

@@ -115,9 +115,10 @@ impl fmt::Debug for ApiKey {
 }
 
 impl ApiKey {
-    /// `text` with every occurrence of the key replaced.
+    /// `text` with every occurrence of the key replaced (and its start, where `text` was cut
+    /// short inside it: [`crate::redact::redact_key`]).
     pub fn scrub(&self, text: &str) -> String {
-        text.replace(&self.0, "<redacted>")
+        crate::redact::redact_key(text.into(), &self.0).into_owned()
     }
 
     /// A header value (`prefix` + key), marked sensitive so that it is never logged.
@@ -165,23 +166,36 @@ impl KeySource {
         }
     }
 
-    /// The key, if one is configured; a configured source that is unset, empty, unreadable
-    /// or too open is an error naming the source (never the key).
+    /// The key, if one is configured; a configured source that is unset, empty, unreadable,
+    /// too open or holds a key shorter than [`crate::redact::MIN_KEY_CHARS`] is an error
+    /// naming the source (never the key). The key is remembered for redaction
+    /// ([`crate::redact`]).
     pub fn key(&self, name: &str) -> Result<Option<ApiKey>, BackendError> {
-        if let Some(var) = &self.env {
-            return match (self.lookup)(var) {
-                Some(k) if !k.trim().is_empty() => Ok(Some(ApiKey(k.trim().to_owned()))),
-                _ => Err(BackendError::Fatal(format!(
-                    "{name}: environment variable {var} (api_key_env) is not set or empty"
-                ))),
-            };
-        }
-        let Some(path) = &self.file else {
+        let (key, source) = if let Some(var) = &self.env {
+            match (self.lookup)(var) {
+                Some(k) if !k.trim().is_empty() => (k.trim().to_owned(), var.clone()),
+                _ => {
+                    return Err(BackendError::Fatal(format!(
+                        "{name}: environment variable {var} (api_key_env) is not set or empty"
+                    )));
+                }
+            }
+        } else if let Some(path) = &self.file {
+            let k = read_key_file(path).map_err(|e| {
+                BackendError::Fatal(format!("{name}: api_key_file {}: {e}", path.display()))
+            })?;
+            (k, path.display().to_string())
+        } else {
             return Ok(None);
         };
-        read_key_file(path).map(|k| Some(ApiKey(k))).map_err(|e| {
-            BackendError::Fatal(format!("{name}: api_key_file {}: {e}", path.display()))
-        })
+        if key.chars().count() < crate::redact::MIN_KEY_CHARS {
+            return Err(BackendError::Fatal(format!(
+                "{name}: the API key in {source} is too short: at least {} characters",
+                crate::redact::MIN_KEY_CHARS
+            )));
+        }
+        crate::redact::remember(&key);
+        Ok(Some(ApiKey(key)))
     }
 }
 
@@ -223,18 +237,6 @@ pub(super) fn scrubbed(e: BackendError, key: Option<&ApiKey>) -> BackendError {
         BackendError::ContextOverflow(m) => BackendError::ContextOverflow(k.scrub(&m)),
         BackendError::Fatal(m) => BackendError::Fatal(k.scrub(&m)),
         e @ BackendError::RateLimited { .. } => e,
-    }
-}
-
-/// `frame` with the key replaced, before its text is cut to an error message's length (a
-/// cut inside the key would leave a prefix of it that [`scrubbed`] no longer finds).
-pub(super) fn scrub_frame(frame: Frame, key: Option<&ApiKey>) -> Frame {
-    let Some(k) = key else {
-        return frame;
-    };
-    match frame {
-        Frame::Data(d) => Frame::Data(k.scrub(&d)),
-        Frame::Error(e) => Frame::Error(k.scrub(&e)),
     }
 }
 
@@ -600,14 +602,26 @@ mod tests {
     fn key_files_must_be_private_non_empty_regular_files() {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("k");
-        std::fs::write(&f, "  sk-secret-1\n").unwrap();
+        std::fs::write(&f, "  sk-secret-1-0123456789\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(keys(&f).key("b").unwrap().unwrap().0, "sk-secret-1");
+        assert_eq!(keys(&f).key("b").unwrap().unwrap().0, "sk-secret-1-0123456789");
 
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
         let e = keys(&f).key("b").unwrap_err().to_string();
         assert!(e.contains("mode 0640") && e.contains("chmod 600"), "{e}");
         assert!(!e.contains("sk-secret-1"), "{e}");
+
+        // A short key is refused where it is read, naming the source and never the key.
+        std::fs::write(&f, "sk-short-15char").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = keys(&f).key("b").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "b: the API key in {} is too short: at least 16 characters",
+                f.display()
+            )
+        );
 
         std::fs::write(&f, "\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -631,9 +645,18 @@ mod tests {
         let k = KeySource {
             env: Some("V".into()),
             file: Some("/nonexistent".into()),
-            lookup: |v| (v == "V").then(|| "from-env".to_owned()),
+            lookup: |v| (v == "V").then(|| "from-env-0123456789".to_owned()),
         };
-        assert_eq!(k.key("b").unwrap().unwrap().0, "from-env");
+        assert_eq!(k.key("b").unwrap().unwrap().0, "from-env-0123456789");
+        let short = KeySource {
+            env: Some("OPENAI_API_KEY".into()),
+            file: None,
+            lookup: |_| Some("bk".to_owned()),
+        };
+        assert_eq!(
+            short.key("b").unwrap_err().to_string(),
+            "b: the API key in OPENAI_API_KEY is too short: at least 16 characters"
+        );
         let k = KeySource {
             env: Some("W".into()),
             file: None,
@@ -654,9 +677,14 @@ mod tests {
 
     #[test]
     fn keys_never_show_in_debug_or_scrubbed_text() {
-        let k = ApiKey("sk-abc".into());
+        let k = ApiKey("sk-abc-0123456789".into());
         assert_eq!(format!("{k:?}"), "ApiKey(<redacted>)");
-        assert_eq!(k.scrub("bad key sk-abc!"), "bad key <redacted>!");
+        assert_eq!(
+            k.scrub("bad key sk-abc-0123456789!"),
+            "bad key <redacted>!"
+        );
+        // A message cut inside the key loses the key's start too.
+        assert_eq!(k.scrub("bad key sk-abc-0123…"), "bad key <redacted>…");
         assert!(k.header("b", "Bearer ").unwrap().is_sensitive());
     }
 }
