@@ -1138,7 +1138,7 @@ mod tests {
         );
         let e = run(&b, &request()).await.0.unwrap_err();
         assert!(
-            matches!(&e, BackendError::Fatal(m) if m.ends_with(" <redacted>") && !m.contains(&KEY[..8])),
+            matches!(&e, BackendError::Fatal(m) if m.ends_with(" <redacted>…") && !m.contains(&KEY[..8])),
             "{e:?}"
         );
         assert!(!format!("{b:?}").contains(KEY));
