@@ -622,7 +622,9 @@ pub fn help_text() -> String {
          skill with mkdir skills/NAME, then writes skills/NAME/SKILL.md: it goes into the first\n  \
          skill path, and only skills there can be changed over 9P; it is active once valid.\n  \
          attach as your own user (or as \"agent\" to get only the group's rights); the server's\n  \
-         user, root and config.toml's operators get the owner's rights.\n",
+         user, root and config.toml's operators get the owner's rights. Attached as \"agent\"\n  \
+         (or without credentials), the group's rights shrink further: no write to session/new,\n  \
+         a session's or agent's ctl, cfg or name, agent/new, ns/ctl, or a process's ctl.\n",
     );
     s
 }
@@ -648,10 +650,41 @@ fn operator_matches(
 /// Who a fid acts for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
-    /// The server's own user, root, and the `operators` of config.toml: owner bits.
+    /// The server's own user, root, the `operators` of config.toml, and a TCP client holding
+    /// the key: owner bits.
     Owner,
-    /// Anyone else (including agents): group bits.
+    /// Any other user attached as itself (checked with SO_PEERCRED): group bits.
     Group,
+    /// Anything attached as `agent` (or over a transport without credentials): group bits,
+    /// without any right to manage sessions or agents ([`manages`]).
+    Agent,
+}
+
+/// What writing `node` manages, if it manages sessions or agents (creates, renames,
+/// configures, pauses or kills them, or changes a namespace): what a fid of [`Class::Agent`]
+/// may never write. Reading these files is not managing; prompts, feeds, plans and union views
+/// are data, not management.
+pub fn manages(node: &Node) -> Option<&'static str> {
+    Some(match node {
+        Node::R(RootFile::SessionNew) => "session/new",
+        Node::R(RootFile::Ctl) => "the root ctl",
+        Node::S(_, SFile::Cfg) => "a session's cfg",
+        Node::S(_, SFile::Ctl) => "a session's ctl",
+        Node::S(_, SFile::Name) => "a session's name",
+        Node::S(_, SFile::AgentNew) => "agent/new",
+        Node::S(_, SFile::NsCtl) | Node::A(_, AFile::NsCtl) => "ns/ctl",
+        Node::A(_, AFile::Cfg) => "an agent's cfg",
+        Node::A(_, AFile::Ctl) => "an agent's ctl",
+        Node::A(_, AFile::Name) => "an agent's name",
+        _ => return None,
+    })
+}
+
+/// The error for a [`Class::Agent`] fid writing a file that [`manages`] (or a process `ctl`).
+fn agent_denied(what: &str) -> Error {
+    Error::new(format!(
+        "permission denied: {what} manages sessions and agents, which a client attached as \"agent\" may not do (attach as yourself)"
+    ))
 }
 
 /// Shared server state behind the tree.
@@ -834,7 +867,7 @@ fn gone() -> Error {
 pub fn may_open(mode: u32, class: Class, omode: u8) -> bool {
     let bits = match class {
         Class::Owner => (mode >> 6) & 7,
-        Class::Group => (mode >> 3) & 7,
+        Class::Group | Class::Agent => (mode >> 3) & 7,
     };
     let need = match omode & 3 {
         om::OREAD => 4,
@@ -1037,11 +1070,11 @@ impl OllieFs {
     fn class_for(&self, conn: &ConnInfo, uname: &str) -> Result<Class> {
         if uname == GROUP {
             // Anyone may give up rights and act as an agent.
-            return Ok(Class::Group);
+            return Ok(Class::Agent);
         }
         let Some(peer) = conn.peer else {
-            // No credentials to check (not a unix socket): never the owner.
-            return Ok(Class::Group);
+            // No credentials to check (not a unix socket): the least rights.
+            return Ok(Class::Agent);
         };
         let peer_name = match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(peer.uid)) {
             Ok(Some(u)) => u.name,
@@ -1969,7 +2002,7 @@ impl Filesystem for OllieFs {
             // Unix clients are identified by their credentials.
             return Err(Error::new("authentication not required"));
         }
-        let mut f = OllieFid::new(Node::Root, Class::Group);
+        let mut f = OllieFid::new(Node::Root, Class::Agent);
         f.auth = Some(TcpAuth::Fresh);
         Ok((
             f,
@@ -2008,7 +2041,7 @@ impl Filesystem for OllieFs {
                 None => return Err(Error::new("permission denied: not an authentication fid")),
             }
             if uname == GROUP {
-                Class::Group
+                Class::Agent
             } else {
                 Class::Owner
             }
@@ -2057,6 +2090,9 @@ impl Filesystem for OllieFs {
             if mode & 3 != om::OREAD && !Self::may_write_proxy(p) {
                 return Err(err("permission denied: a read-only view of toolsrv"));
             }
+            if mode & 3 != om::OREAD && fid.class == Class::Agent {
+                return Err(agent_denied("a process's ctl"));
+            }
             let r = p.remote.as_mut().ok_or_else(Error::not_found)?;
             // A directory stays unopened in toolsrv: each listing reads a fresh clone.
             if !r.qid().is_dir() {
@@ -2085,6 +2121,12 @@ impl Filesystem for OllieFs {
         }
         if !may_open(Self::mode(&fid.node), fid.class, mode) {
             return Err(Error::permission_denied());
+        }
+        if fid.class == Class::Agent
+            && (mode & 3 != om::OREAD || mode & om::OTRUNC != 0)
+            && let Some(what) = manages(&fid.node)
+        {
+            return Err(agent_denied(what));
         }
         let reg = Arc::clone(self.reg());
         match &fid.node {
@@ -2770,7 +2812,9 @@ impl Filesystem for OllieFs {
             Some(p) => Self::proxy_mode(p, 0),
             None => Self::mode(&fid.node),
         };
-        if *st == trunc && may_open(mode, fid.class, om::OWRITE) {
+        let managed =
+            fid.class == Class::Agent && (fid.proxy.is_some() || manages(&fid.node).is_some());
+        if *st == trunc && may_open(mode, fid.class, om::OWRITE) && !managed {
             if let Node::A(a, AFile::Plan) = &fid.node
                 && fid.proxy.is_none()
             {
