@@ -387,3 +387,56 @@ fn a_disk_limit_stop_is_explained_in_one_line() {
     let _ = std::fs::remove_dir_all(&ws);
     let _ = std::fs::remove_file(&policy);
 }
+
+/// `--profile NAME` resolves names as olliesrv does: a file in the user's policy directory
+/// with a shipped name is refused (exit 125, nothing runs) instead of silently replacing the
+/// shipped profile; another name is the user's file.
+#[test]
+fn a_profile_name_resolves_as_olliesrv_resolves_it() {
+    let ws = workspace("profile-name");
+    let xdg = ws.join("xdg");
+    let dir = xdg.join("ollie/policy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = |n: &str| {
+        ollie_policy::SHIPPED_PROFILES
+            .iter()
+            .find(|(name, _)| *name == n)
+            .unwrap()
+            .1
+    };
+    // A user "workspace" that would grant the network.
+    std::fs::write(dir.join("workspace.toml"), shipped("network")).unwrap();
+    std::fs::write(dir.join("mine.toml"), shipped("readonly")).unwrap();
+    let marker = ws.join("ran");
+    let run = |profile: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_o"));
+        c.env("XDG_CONFIG_HOME", &xdg)
+            .args(["sandbox", "--profile", profile, "--workdir"])
+            .arg(&ws)
+            .args(["--", "sh", "-c", "touch ran && echo ok"]);
+        c.output().unwrap()
+    };
+    let out = run("workspace");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("workspace.toml: \"workspace\" is a shipped policy and cannot be redefined"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!marker.exists(), "the command ran under the refused override");
+    if features_ok("a_profile_name_resolves_as_olliesrv_resolves_it") {
+        // "mine" is the user's read-only copy: the command runs (touch's own failure, not
+        // the sandbox's 125), and cannot write.
+        let out = run("mine");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).is_empty());
+        assert!(!marker.exists(), "a read-only profile wrote the workspace");
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}

@@ -432,11 +432,7 @@ fn valid_name(s: &str) -> bool {
 
 /// Names of profile and policy files: 1-64 letters, digits, '.', '_', '-', no leading '.'.
 fn valid_file_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && !s.starts_with('.')
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    ollie_policy::is_policy_name(s)
 }
 
 /// A decoder error as one line: the line number and, when that line is `KEY = …` and the
@@ -1172,17 +1168,11 @@ fn skill_paths(list: &[String]) -> Result<Vec<PathBuf>, (String, String)> {
 
 /// Validates a user policy (`policy/NAME.toml`) and returns its text.
 fn parse_user_policy(name: &str, text: &str, path: &Path) -> Result<String, ConfigError> {
-    if ollie_policy::SHIPPED_PROFILES
-        .iter()
-        .any(|(n, _)| *n == name)
-    {
+    if let Err(why) = ollie_policy::check_user_policy_name(name) {
         return Err(invalid_at(
             path.parent().unwrap_or(path),
             format!("{name}.toml"),
-            format!(
-                "{name:?} is a shipped policy and cannot be redefined; use another name (shipped: {})",
-                list_or_none(ollie_policy::SHIPPED_PROFILES.iter().map(|(n, _)| *n))
-            ),
+            why,
         ));
     }
     match ollie_policy::Policy::from_toml(text) {

@@ -76,6 +76,66 @@ pub fn shipped_profile(name: &str) -> Result<Policy, PolicyError> {
     }
 }
 
+/// Whether `name` is a shipped profile's name.
+pub fn is_shipped(name: &str) -> bool {
+    SHIPPED_PROFILES.iter().any(|(n, _)| *n == name)
+}
+
+/// The one rule for naming a user policy (`policy/NAME.toml` beside olliesrv's config, and the
+/// `o sandbox --profile NAME` lookup in `$XDG_CONFIG_HOME/ollie/policy/`): a shipped name
+/// always means the shipped profile, so a user file cannot take one. The error is the reason,
+/// one line.
+pub fn check_user_policy_name(name: &str) -> Result<(), String> {
+    if is_shipped(name) {
+        return Err(format!(
+            "{name:?} is a shipped policy and cannot be redefined; use another name (shipped: {})",
+            SHIPPED_PROFILES
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Resolves a profile name as olliesrv does: a shipped name is the shipped profile, unless
+/// `user_dir` (a `policy/` directory) holds a file of that name, which is refused as olliesrv
+/// refuses it; any other name is `user_dir/NAME.toml`. The error is one line naming the file.
+pub fn resolve_profile(name: &str, user_dir: Option<&std::path::Path>) -> Result<Policy, String> {
+    let file = user_dir
+        .filter(|_| is_policy_name(name))
+        .map(|d| d.join(format!("{name}.toml")))
+        .filter(|f| f.exists());
+    match (file, is_shipped(name)) {
+        (Some(f), true) => Err(format!(
+            "policy {}: {}",
+            f.display(),
+            check_user_policy_name(name).err().unwrap_or_default()
+        )),
+        (Some(f), false) => {
+            let text = std::fs::read_to_string(&f)
+                .map_err(|e| format!("cannot read policy {}: {e}", f.display()))?;
+            Policy::from_toml(&text).map_err(|e| format!("policy {}: {e}", f.display()))
+        }
+        (None, _) => shipped_profile(name).map_err(|e| match user_dir {
+            Some(d) => format!("{e} (or a file {}/NAME.toml)", d.display()),
+            None => e.to_string(),
+        }),
+    }
+}
+
+/// Whether `name` may name a policy or profile file: 1–64 letters, digits, `.`, `_` or `-`,
+/// not starting with `.`.
+pub fn is_policy_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +173,27 @@ mod tests {
         assert_eq!(ws.network, Network::Off);
         let net = shipped_profile("network").unwrap().resolve(&ctx).unwrap();
         assert!(matches!(net.network, Network::Tcp { .. }));
+    }
+
+    #[test]
+    fn a_user_file_cannot_take_a_shipped_name_and_other_names_are_user_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let user = SHIPPED_PROFILES[0].1;
+        std::fs::write(dir.path().join("workspace.toml"), user).unwrap();
+        std::fs::write(dir.path().join("mine.toml"), user).unwrap();
+        let e = resolve_profile("workspace", Some(dir.path())).unwrap_err();
+        assert!(
+            e.ends_with(
+                "workspace.toml: \"workspace\" is a shipped policy and cannot be redefined; use another name (shipped: readonly, workspace, network)"
+            ),
+            "{e}"
+        );
+        assert!(resolve_profile("readonly", Some(dir.path())).is_ok());
+        assert!(resolve_profile("mine", Some(dir.path())).is_ok());
+        let e = resolve_profile("absent", Some(dir.path())).unwrap_err();
+        assert!(e.contains("absent") && e.contains("NAME.toml"), "{e}");
+        assert!(resolve_profile("../mine", Some(dir.path())).is_err());
+        assert!(resolve_profile("workspace", None).is_ok());
     }
 
     #[test]

@@ -98,8 +98,9 @@ enum Cmd {
 const SANDBOX_HELP: &str = "Runs the command as toolsrv runs a tool, without a server: \
     its output streams, standard input is forwarded when it is a pipe or a file (never a \
     terminal), and a warning line follows for each risky file the run left behind. Without \
-    --profile or --policy the profile is workspace; ~/.config/ollie/policy/NAME.toml \
-    overrides the shipped profile NAME.\n\
+    --profile or --policy the profile is workspace. A NAME other than the shipped \
+    profiles (readonly, workspace, network) is ~/.config/ollie/policy/NAME.toml, as for \
+    olliesrv; a file there with a shipped name is refused, as olliesrv refuses it.\n\
     EXIT STATUS: the command's (128 + signal when it was killed); 125 the sandbox refused or \
     failed to start it, 126 it cannot be executed, 127 it was not found.\n\n\
     EXAMPLES:\n  \
@@ -166,23 +167,12 @@ fn load_policy(args: &SandboxArgs) -> anyhow::Result<ollie_policy::Policy> {
         .profile
         .as_deref()
         .unwrap_or(ollie_policy::DEFAULT_PROFILE);
-    if !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        let dir = std::env::var_os("XDG_CONFIG_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
-        if let Some(dir) = dir {
-            let file = dir.join("ollie/policy").join(format!("{name}.toml"));
-            if let Ok(text) = std::fs::read_to_string(&file) {
-                return ollie_policy::Policy::from_toml(&text)
-                    .with_context(|| format!("policy {}", file.display()));
-            }
-        }
-    }
-    Ok(ollie_policy::shipped_profile(name)?)
+    // The user's policies are where olliesrv reads them for this user.
+    let dir = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+        .map(|d| d.join("ollie/policy"));
+    ollie_policy::resolve_profile(name, dir.as_deref()).map_err(anyhow::Error::msg)
 }
 
 fn one_line(e: &anyhow::Error) -> String {
