@@ -185,8 +185,9 @@ fn load_policy(args: &SandboxArgs) -> anyhow::Result<ollie_policy::Policy> {
     Ok(ollie_policy::shipped_profile(name)?)
 }
 
+/// An error as one line, escaped: it may quote paths and names the run chose.
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    render::terminal_safe(&format!("{e:#}").replace('\n', " ")).into_owned()
 }
 
 fn sandbox(args: SandboxArgs) -> ExitCode {
@@ -238,6 +239,8 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     };
     // What the run left behind for host-side tools: one line each, after the tool's output.
     for flag in &out.record.post_run.flags {
+        // A flag names files the command created: escaped like all text `o` did not write.
+        let flag = render::line_safe(&flag.to_string()).into_owned();
         eprintln!("o sandbox: warning: {flag} (review before running git or tools here)");
     }
     if out.record.post_run.truncated {
@@ -278,14 +281,17 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
                 d.observed, d.allowed
             ),
         };
-        eprintln!("o sandbox: stopped: {what} on {}", d.path.display());
+        eprintln!(
+            "o sandbox: stopped: {what} on {}",
+            render::line_safe(&d.path.display().to_string())
+        );
     }
     if let Some(path) = &args.record
         && let Err(e) = std::fs::write(path, out.record.to_json() + "\n")
     {
         eprintln!(
             "o sandbox: cannot write the run record to {}: {e}",
-            path.display()
+            render::line_safe(&path.display().to_string())
         );
         return ExitCode::from(EXIT_REFUSED);
     }

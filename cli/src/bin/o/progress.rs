@@ -21,7 +21,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::approve::escape;
+use crate::render::line_safe;
 
 /// The spinner's frames, one per redraw.
 pub const FRAMES: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
@@ -69,7 +69,7 @@ pub fn elapsed_text(d: Duration) -> String {
 /// (without the erase sequence): `⠋ thinking · 12s`.
 pub fn line(frame: usize, state: &str, elapsed: Duration) -> String {
     let spin = FRAMES[frame % FRAMES.len()];
-    let state = escape(state.trim());
+    let state = line_safe(state.trim()).into_owned();
     let state = match state.char_indices().nth(MAX_STATE) {
         Some((i, _)) => format!("{}…", &state[..i]),
         None => state,
@@ -299,8 +299,10 @@ impl Status {
         r
     }
 
-    /// A message line on standard error, with the progress line out of its way.
+    /// A message line on standard error, with the progress line out of its way; the message
+    /// may quote the server, so it is escaped ([`crate::render::terminal_safe`]).
     pub fn eprintln(&self, msg: &str) {
+        let msg = crate::render::terminal_safe(msg);
         self.output(b"", || eprintln!("{msg}"));
     }
 
