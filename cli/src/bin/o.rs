@@ -16,6 +16,13 @@
 //!
 //! `o doctor [--json]` prints what this machine's sandbox offers (see the `doctor` module).
 //!
+//! Text `o` did not write itself (chat, tool output, server replies and errors, names,
+//! states) is always printed with its control, bidi and invisible characters escaped as
+//! `\u{X}`, on a terminal or not (the `render` module has the rule). The one exception is the
+//! output of `o sandbox`'s own command, which is passed through as it is (it is the
+//! operator's command, and its output may be data for a pipe); its warning and error lines
+//! are escaped.
+//!
 //! `o completions SHELL` prints a completion script for bash, zsh, fish, elvish or PowerShell,
 //! generated from this parser.
 

@@ -8,8 +8,9 @@
 //! non-empty; it never goes to standard output. It is erased (`\r` and clear-line) before any
 //! other output is written and when the turn ends, and it is not drawn while the chat stands
 //! in the middle of a line on the terminal (it would overwrite that line). The state comes
-//! from the server: every character that could drive the terminal is escaped, and a long
-//! one is cut so the line does not wrap on a common terminal.
+//! from the server: every character that could drive the terminal is escaped
+//! (`render::line_safe`), and a long one is cut so the line does not wrap on a common
+//! terminal. Message lines written through [`Status::eprintln`] are escaped as well.
 //!
 //! [`Progress`] holds these rules and writes to any `Write`; they are unit-tested below with
 //! a `Vec<u8>`. [`Status`] shares one on standard error between a command's tasks (the

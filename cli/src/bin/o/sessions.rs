@@ -141,7 +141,8 @@ pub enum Command {
     #[command(
         after_help = "Without -f, prints the conversation so far and exits; with -f, \
         keeps printing as it grows until the agent is killed. AGENT defaults to the session's \
-        first agent.\n\n\
+        first agent. Control, bidi and invisible characters are shown escaped (ESC as \\u{1B}), \
+        with --raw too; ollie-9p read gives the exact bytes.\n\n\
         EXAMPLES:\n  o logs proj/main\n  o logs -f proj/main\n  o logs --raw proj/main | grep -c '^\\[\\[\\[user'"
     )]
     Logs {
@@ -1304,6 +1305,18 @@ mod tests {
             ls_text(&s),
             "proj    sid  agents 1  toolsrv up  paused no\n  \
              main  aid  idle     tokens 15  cost $0.5000  context 25%\n"
+        );
+        // Whatever the server sends, every field is one escaped line: no control reaches the
+        // terminal, no tab or newline breaks the table.
+        let mut hostile = s;
+        hostile[0].name = "p\x1b]52;c;SGVsbG8=\x07".into();
+        hostile[0].toolsrv = "up\n\u{9b}2J".into();
+        hostile[0].agents[0].state = "idle\t\u{202e}".into();
+        let text = ls_text(&hostile);
+        assert_eq!(
+            text,
+            "p\\u{1B}]52;c;SGVsbG8=\\u{7}  sid  agents 1  toolsrv up\\u{A}\\u{9B}2J  paused no\n  \
+             main                      aid  idle\\u{9}\\u{202E}  tokens 15  cost $0.5000  context 25%\n"
         );
     }
 }
