@@ -16,6 +16,13 @@
 //!
 //! `o doctor [--json]` prints what this machine's sandbox offers (see the `doctor` module).
 //!
+//! Text `o` did not write itself (chat, tool output, server replies and errors, names,
+//! states) is always printed with its control, bidi and invisible characters escaped as
+//! `\u{X}`, on a terminal or not (the `render` module has the rule). The one exception is the
+//! output of `o sandbox`'s own command, which is passed through as it is (it is the
+//! operator's command, and its output may be data for a pipe); its warning and error lines
+//! are escaped.
+//!
 //! `o completions SHELL` prints a completion script for bash, zsh, fish, elvish or PowerShell,
 //! generated from this parser.
 
@@ -175,8 +182,9 @@ fn load_policy(args: &SandboxArgs) -> anyhow::Result<ollie_policy::Policy> {
     ollie_policy::resolve_profile(name, dir.as_deref()).map_err(anyhow::Error::msg)
 }
 
+/// An error as one line, escaped: it may quote paths and names the run chose.
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    render::terminal_safe(&format!("{e:#}").replace('\n', " ")).into_owned()
 }
 
 fn sandbox(args: SandboxArgs) -> ExitCode {
@@ -228,6 +236,8 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     };
     // What the run left behind for host-side tools: one line each, after the tool's output.
     for flag in &out.record.post_run.flags {
+        // A flag names files the command created: escaped like all text `o` did not write.
+        let flag = render::line_safe(&flag.to_string()).into_owned();
         eprintln!("o sandbox: warning: {flag} (review before running git or tools here)");
     }
     if out.record.post_run.truncated {
@@ -268,14 +278,17 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
                 d.observed, d.allowed
             ),
         };
-        eprintln!("o sandbox: stopped: {what} on {}", d.path.display());
+        eprintln!(
+            "o sandbox: stopped: {what} on {}",
+            render::line_safe(&d.path.display().to_string())
+        );
     }
     if let Some(path) = &args.record
         && let Err(e) = std::fs::write(path, out.record.to_json() + "\n")
     {
         eprintln!(
             "o sandbox: cannot write the run record to {}: {e}",
-            path.display()
+            render::line_safe(&path.display().to_string())
         );
         return ExitCode::from(EXIT_REFUSED);
     }

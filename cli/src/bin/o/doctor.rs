@@ -217,9 +217,11 @@ pub fn main(args: Args) -> ExitCode {
     let items = items(&probe, uid);
     let ok = items.iter().all(|i| i.ok() || !i.required);
     let mut out = std::io::stdout().lock();
+    // The details quote the system (error messages, cgroup paths, mount options), so they
+    // are escaped like any text `o` did not write itself (see the `render` module).
     let written = if args.json {
         let v = serde_json::json!({ "ok": ok, "items": items, "probe": probe });
-        writeln!(out, "{v}")
+        writeln!(out, "{}", crate::render::json_safe(&v.to_string()))
     } else {
         items.iter().try_for_each(|i| {
             let optional = if i.required || i.ok() {
@@ -227,13 +229,14 @@ pub fn main(args: Args) -> ExitCode {
             } else {
                 " (optional)"
             };
+            let detail = crate::render::line_safe(&i.detail);
             match &i.fix {
                 Some(fix) => writeln!(
                     out,
-                    "{:<8} {}{optional}: {}; fix: {fix}",
-                    i.status, i.name, i.detail
+                    "{:<8} {}{optional}: {detail}; fix: {fix}",
+                    i.status, i.name
                 ),
-                None => writeln!(out, "{:<8} {}: {}", i.status, i.name, i.detail),
+                None => writeln!(out, "{:<8} {}: {detail}", i.status, i.name),
             }
         })
     };

@@ -8,8 +8,9 @@
 //! non-empty; it never goes to standard output. It is erased (`\r` and clear-line) before any
 //! other output is written and when the turn ends, and it is not drawn while the chat stands
 //! in the middle of a line on the terminal (it would overwrite that line). The state comes
-//! from the server: every character that could drive the terminal is escaped, and a long
-//! one is cut so the line does not wrap on a common terminal.
+//! from the server: every character that could drive the terminal is escaped
+//! (`render::line_safe`), and a long one is cut so the line does not wrap on a common
+//! terminal. Message lines written through [`Status::eprintln`] are escaped as well.
 //!
 //! [`Progress`] holds these rules and writes to any `Write`; they are unit-tested below with
 //! a `Vec<u8>`. [`Status`] shares one on standard error between a command's tasks (the
@@ -21,7 +22,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::approve::escape;
+use crate::render::line_safe;
 
 /// The spinner's frames, one per redraw.
 pub const FRAMES: &[char] = &['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
@@ -69,7 +70,7 @@ pub fn elapsed_text(d: Duration) -> String {
 /// (without the erase sequence): `⠋ thinking · 12s`.
 pub fn line(frame: usize, state: &str, elapsed: Duration) -> String {
     let spin = FRAMES[frame % FRAMES.len()];
-    let state = escape(state.trim());
+    let state = line_safe(state.trim()).into_owned();
     let state = match state.char_indices().nth(MAX_STATE) {
         Some((i, _)) => format!("{}…", &state[..i]),
         None => state,
@@ -299,8 +300,10 @@ impl Status {
         r
     }
 
-    /// A message line on standard error, with the progress line out of its way.
+    /// A message line on standard error, with the progress line out of its way; the message
+    /// may quote the server, so it is escaped ([`crate::render::terminal_safe`]).
     pub fn eprintln(&self, msg: &str) {
+        let msg = crate::render::terminal_safe(msg);
         self.output(b"", || eprintln!("{msg}"));
     }
 

@@ -4,6 +4,10 @@
 //!
 //! Exit statuses: 0 ok, 1 the server refused or the turn failed (its message is printed as
 //! `o: …`), 2 usage, 3 cannot connect, 130 interrupted (`attach`, second Ctrl-C).
+//!
+//! Everything printed that the server, a model, a tool or an agent chose (chat, replies,
+//! names, states, error messages, `--json` output) goes through the escaping of the `render`
+//! module first (its "Untrusted text on the terminal" section has the rule).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -137,7 +141,8 @@ pub enum Command {
     #[command(
         after_help = "Without -f, prints the conversation so far and exits; with -f, \
         keeps printing as it grows until the agent is killed. AGENT defaults to the session's \
-        first agent.\n\n\
+        first agent. Control, bidi and invisible characters are shown escaped (ESC as \\u{1B}), \
+        with --raw too; ollie-9p read gives the exact bytes.\n\n\
         EXAMPLES:\n  o logs proj/main\n  o logs -f proj/main\n  o logs --raw proj/main | grep -c '^\\[\\[\\[user'"
     )]
     Logs {
@@ -228,7 +233,7 @@ impl Fail {
             Fail::Server(m) => (EXIT_SERVER, m),
             Fail::BrokenPipe => return ExitCode::from(141),
         };
-        eprintln!("o: {}", msg.replace('\n', " "));
+        eprintln!("o: {}", render::terminal_safe(&msg.replace('\n', " ")));
         ExitCode::from(code)
     }
 }
@@ -334,7 +339,7 @@ async fn run(
             };
             let dir = conn.target_dir(&Target { session, agent }).await?;
             let reply = request(&dir, &["ns", "ctl"], &verb.line()).await?;
-            stdout_write(reply.as_bytes()).and(ok)
+            stdout_write(render::terminal_safe(&reply).as_bytes()).and(ok)
         }
         (Command::New { spec, json, .. }, Some(t)) => new(&conn, &t, &spec, json).await.and(ok),
         (Command::Attach { history, quiet, .. }, Some(t)) => {
@@ -349,7 +354,7 @@ async fn run(
         (Command::Ctl { command, .. }, Some(t)) => {
             let dir = conn.target_dir(&t).await?;
             let reply = request(&dir, &["ctl"], &command.join(" ")).await?;
-            stdout_write(reply.as_bytes()).and(ok)
+            stdout_write(render::terminal_safe(&reply).as_bytes()).and(ok)
         }
         (Command::Kill { .. }, Some(t)) => {
             let dir = conn.target_dir(&t).await?;
@@ -667,11 +672,15 @@ async fn collect(conn: &Conn) -> Result<Vec<SessionInfo>, Fail> {
     Ok(out)
 }
 
+/// The `o ls` table; every field from the server is shown through [`render::line_safe`] (the
+/// columns are measured after escaping).
 fn ls_text(sessions: &[SessionInfo]) -> String {
+    use render::line_safe as safe;
     let w = sessions
         .iter()
         .flat_map(|s| {
-            std::iter::once(s.name.len()).chain(s.agents.iter().map(|a| a.name.len() + 2))
+            std::iter::once(safe(&s.name).chars().count())
+                .chain(s.agents.iter().map(|a| safe(&a.name).chars().count() + 2))
         })
         .max()
         .unwrap_or(0);
@@ -679,10 +688,10 @@ fn ls_text(sessions: &[SessionInfo]) -> String {
     for s in sessions {
         out.push_str(&format!(
             "{:<w$}  {}  agents {}  toolsrv {}  paused {}\n",
-            s.name,
-            s.id,
+            safe(&s.name),
+            safe(&s.id),
             s.agents.len(),
-            s.toolsrv,
+            safe(&s.toolsrv),
             if s.paused { "yes" } else { "no" },
         ));
         for a in &s.agents {
@@ -691,9 +700,9 @@ fn ls_text(sessions: &[SessionInfo]) -> String {
                 .map_or_else(|| "-".to_owned(), |p| format!("{p:.0}%"));
             out.push_str(&format!(
                 "  {:<aw$}  {}  {:<7}  tokens {}  cost ${:.4}  context {ctx}\n",
-                a.name,
-                a.id,
-                a.state,
+                safe(&a.name),
+                safe(&a.id),
+                safe(&a.state),
                 a.tokens,
                 a.cost_usd,
                 aw = w.saturating_sub(2),
@@ -709,7 +718,7 @@ async fn ls(conn: &Conn, json: bool) -> Result<(), Fail> {
         let mut j = serde_json::to_string_pretty(&sessions)
             .map_err(|e| Fail::Server(format!("cannot encode JSON: {e}")))?;
         j.push('\n');
-        j
+        render::json_safe(&j).into_owned()
     } else {
         ls_text(&sessions)
     };
@@ -780,12 +789,12 @@ struct NewInfo<'a> {
     id: Option<&'a str>,
 }
 
-/// One JSON object and a newline.
+/// One JSON object and a newline, safe to print ([`render::json_safe`]).
 fn json_line(v: &impl Serialize) -> Result<String, Fail> {
     let mut j =
         serde_json::to_string(v).map_err(|e| Fail::Server(format!("cannot encode JSON: {e}")))?;
     j.push('\n');
-    Ok(j)
+    Ok(render::json_safe(&j).into_owned())
 }
 
 async fn new(conn: &Conn, t: &Target, spec: &SpecArgs, json: bool) -> Result<(), Fail> {
@@ -805,7 +814,7 @@ async fn new(conn: &Conn, t: &Target, spec: &SpecArgs, json: bool) -> Result<(),
     };
     let reply = reply.trim();
     if !json {
-        return stdout_write(format!("{reply}\n").as_bytes());
+        return stdout_write(format!("{}\n", render::terminal_safe(reply)).as_bytes());
     }
     let info = match &t.agent {
         // session/new answers with the session's name.
@@ -847,7 +856,7 @@ impl StateFeed {
                 }
                 let st = String::from_utf8_lossy(&d).trim().to_owned();
                 if print && !(status.is_on() && progress::is_running(&st)) {
-                    status.eprintln(&format!("· {}", crate::approve::escape(&st)));
+                    status.eprintln(&format!("· {}", render::line_safe(&st)));
                 }
                 status.state(&st);
                 let killed = st == "killed";
@@ -1027,9 +1036,9 @@ async fn prompt(
         if b.kind == "error" {
             // Flush what came before, so the two streams keep their order on a terminal.
             stdout_write(std::mem::take(&mut text_out).as_bytes())?;
-            eprintln!("o: {}", b.body.trim_end());
+            eprintln!("o: {}", render::terminal_safe(b.body.trim_end()));
         } else {
-            text_out.push_str(&b.body);
+            text_out.push_str(&render::terminal_safe(&b.body));
         }
     }
     stdout_write(text_out.as_bytes())?;
@@ -1040,8 +1049,9 @@ async fn prompt(
 // logs and attach
 
 /// Copies a chat stream from `from` to standard output as it grows, through `renderer` when
-/// there is one, with the progress line of `status` out of its way; reports how far it got
-/// on `printed`. Ends at end of file (the agent killed).
+/// there is one (escaped either way: [`render::SafeStream`]), with the progress line of
+/// `status` out of its way; reports how far it got on `printed`. Ends at end of file (the
+/// agent killed).
 async fn stream_chat(
     f: Fid,
     from: u64,
@@ -1051,19 +1061,28 @@ async fn stream_chat(
 ) -> Result<(), Fail> {
     let mut off = from;
     let mut buf = Vec::new();
+    let mut safe = render::SafeStream::default();
     loop {
         let d = f.read(off, f.iounit()).await.map_err(remote)?;
+        buf.clear();
         if d.is_empty() {
+            // The end: a UTF-8 sequence left open is shown as such.
+            match &mut renderer {
+                Some(r) => r.finish(&mut buf),
+                None => safe.finish(&mut buf),
+            }
+            if !buf.is_empty() {
+                status.output(&buf, || stdout_write(&buf))?;
+            }
             return Ok(());
         }
         off += d.len() as u64;
         match &mut renderer {
-            Some(r) => {
-                buf.clear();
-                r.feed(&d, &mut buf);
-                status.output(&buf, || stdout_write(&buf))?;
-            }
-            None => status.output(&d, || stdout_write(&d))?,
+            Some(r) => r.feed(&d, &mut buf),
+            None => safe.feed(&d, &mut buf),
+        }
+        if !buf.is_empty() {
+            status.output(&buf, || stdout_write(&buf))?;
         }
         printed.send_replace(off);
     }
@@ -1072,7 +1091,8 @@ async fn stream_chat(
 async fn logs(a: &AgentRef, follow: bool, raw: bool) -> Result<(), Fail> {
     let name = if raw { "chat.raw" } else { "chat" };
     if !follow {
-        return stdout_write(&read_range(&a.dir, name, 0).await?);
+        let text = render::terminal_safe_bytes(&read_range(&a.dir, name, 0).await?);
+        return stdout_write(text.as_bytes());
     }
     let f = open(&a.dir, &[name], om::OREAD).await?;
     let (tx, _rx) = watch::channel(0);
@@ -1132,7 +1152,7 @@ async fn attach(conn: &Conn, t: &Target, history: bool, status: Status) -> Resul
     if std::io::stdin().is_terminal() {
         eprintln!(
             "· attached to {} (Ctrl-C stops a turn, twice quits; Ctrl-D quits when idle)",
-            a.label
+            render::line_safe(&a.label)
         );
     }
     let (printed_tx, mut printed) = watch::channel(start);
@@ -1285,6 +1305,18 @@ mod tests {
             ls_text(&s),
             "proj    sid  agents 1  toolsrv up  paused no\n  \
              main  aid  idle     tokens 15  cost $0.5000  context 25%\n"
+        );
+        // Whatever the server sends, every field is one escaped line: no control reaches the
+        // terminal, no tab or newline breaks the table.
+        let mut hostile = s;
+        hostile[0].name = "p\x1b]52;c;SGVsbG8=\x07".into();
+        hostile[0].toolsrv = "up\n\u{9b}2J".into();
+        hostile[0].agents[0].state = "idle\t\u{202e}".into();
+        let text = ls_text(&hostile);
+        assert_eq!(
+            text,
+            "p\\u{1B}]52;c;SGVsbG8=\\u{7}  sid  agents 1  toolsrv up\\u{A}\\u{9B}2J  paused no\n  \
+             main                      aid  idle\\u{9}\\u{202E}  tokens 15  cost $0.5000  context 25%\n"
         );
     }
 }
