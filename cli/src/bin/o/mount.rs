@@ -136,7 +136,7 @@ pub fn main(addr: Option<String>, key: Option<PathBuf>, args: Args) -> ExitCode 
 }
 
 fn fail(code: u8, msg: &str) -> ExitCode {
-    eprintln!("o mount: {}", msg.replace('\n', " "));
+    eprintln!("o mount: {}", crate::render::line_safe(msg));
     ExitCode::from(code)
 }
 
@@ -383,7 +383,7 @@ async fn run(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path
     // Lazily when the server is gone: a shell sitting inside must not keep a dead mount.
     let lazy = ended.starts_with("olliesrv");
     if let Err(m) = detach(dir, lazy) {
-        eprintln!("o mount: {m}");
+        eprintln!("o mount: {}", crate::render::line_safe(&m.to_string()));
         // Let the crate try (it runs fusermount3 -u or umount itself).
         let _ = handle.unmount().await;
         return ExitCode::from(EXIT_FAIL);
@@ -686,7 +686,8 @@ impl Bridge {
     fn fail(&self, op: &str, path: &[String], e: &ClientError, unmatched: i32) -> Errno {
         let n = errno_for(e, unmatched);
         if self.verbose {
-            eprintln!("o mount: {op} /{}: {e}", path.join("/"));
+            let what = format!("{op} /{}: {e}", path.join("/"));
+            eprintln!("o mount: {}", crate::render::line_safe(&what));
         }
         err(n)
     }
