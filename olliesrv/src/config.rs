@@ -35,7 +35,9 @@ pub enum ConfigError {
         line: usize,
         message: String,
     },
-    #[error("config {path}: {key}: {message}")]
+    /// The key is display-escaped: a key is text the file chose, and this line reaches a
+    /// terminal.
+    #[error("config {path}: {}: {message}", ollie_link::bypass::display_escape(.key))]
     Invalid {
         path: PathBuf,
         key: String,
@@ -1785,6 +1787,15 @@ context_limit = 128000
         );
         let e = load_err(&[("policy/.x.toml", USER_POLICY)]);
         assert!(e.contains(".x.toml: bad policy name"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_key_is_shown_escaped() {
+        let e = parse("[backends.\"x\\u001b]0;title\\u0007\"]\nkind = \"replay\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\u{1b}') && !e.contains('\u{7}'), "{e:?}");
+        assert!(e.contains("backends.x\\u{1B}]0;title\\u{7}: backend names use"), "{e}");
     }
 
     #[test]
