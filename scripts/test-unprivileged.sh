@@ -1,6 +1,6 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape, toolsrv, broker, authority, openai, hooks and remote suites, and the README's
-# `o mount` walk-through, as the unprivileged user `ollietest`.
+# Runs the policy, sandbox, escape, toolsrv, broker, authority, openai, hooks and remote suites,
+# and the README's `o mount` walk-through, as the unprivileged user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
 # the cross-process suites start (toolsrv, olliesrv, o, ollie-9p), copies them to a
