@@ -58,8 +58,10 @@ pub struct Limits {
     /// Authentication fids (Tauth) one connection may hold at once.
     pub max_afids: usize,
     /// Requests one connection may have running (not finished on arrival, such as a blocked
-    /// read) at once; more get `Rerror` until some finish or are flushed. `Tflush`, `Tclunk`
-    /// and `Tversion` are always served, so a client at the cap can always free requests.
+    /// read) at once. At the cap every new request gets `Rerror` (before it runs: a refused
+    /// request has done nothing) until some finish or are flushed; `Tflush`, `Tclunk` and
+    /// `Tversion` are always served, so a client at the cap can always free requests. The
+    /// socket keeps being read: backpressure would hold back the very Tflush that frees one.
     pub max_inflight: usize,
     /// Connections accepted by `serve_unix`/`serve_tcp` being served at once (all listeners of
     /// this server together); more are answered with one `Rerror` and closed.
@@ -1341,16 +1343,6 @@ impl<F: Filesystem> Conn<F> {
             self.reply(tag, &Rmsg::error("tag in use by an outstanding request"));
             return;
         }
-        if self.inflight.len() >= self.srv.limits.max_inflight {
-            self.reply(
-                tag,
-                &Rmsg::error(format!(
-                    "too many outstanding requests on this connection (limit {}; in use)",
-                    self.srv.limits.max_inflight
-                )),
-            );
-            return;
-        }
         if let Tmsg::Clunk { fid } = msg {
             // The fid is gone now: its number may be reused at once, and the reply does not
             // wait for requests still queued on it (a parked read would otherwise hold it
@@ -1367,6 +1359,16 @@ impl<F: Filesystem> Conn<F> {
                     },
                 ),
             }
+            return;
+        }
+        if self.inflight.len() >= self.srv.limits.max_inflight {
+            self.reply(
+                tag,
+                &Rmsg::error(format!(
+                    "too many outstanding requests on this connection (limit {}; in use)",
+                    self.srv.limits.max_inflight
+                )),
+            );
             return;
         }
         let (op, creates) = match self.resolve(msg) {
