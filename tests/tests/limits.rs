@@ -297,6 +297,15 @@ fn fid_cap_on_olliesrv() {
     stats_ok(&mut r, 99);
 }
 
+/// User plus system CPU time of `pid`, in clock ticks (usually 1/100 s).
+fn cpu_ticks(pid: nix::unistd::Pid) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
 /// The descriptors olliesrv has open.
 fn open_fds(pid: nix::unistd::Pid) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -350,7 +359,15 @@ fn out_of_file_descriptors_neither_spins_nor_floods_the_log() {
         );
         std::thread::sleep(STEP);
     }
+    let cpu0 = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(2));
+    let cpu = cpu_ticks(pid) - cpu0;
+    // A spinning accept loop burns a core (about 200 ticks in 2 s); a paused one next to
+    // nothing. Generous: only a spin can exceed it (a starved spin may not, never the reverse).
+    assert!(
+        cpu < 100,
+        "olliesrv used {cpu} ticks of CPU in 2 s while out of descriptors"
+    );
     let grown = srv.stderr().len() - log_before;
     assert!(grown < 16 * 1024, "stderr grew by {grown} bytes");
     // Once they are gone, a new client is served.
