@@ -77,6 +77,8 @@ pub struct Options {
     /// The service manager's notification socket: `READY=1` once every listener serves,
     /// `STOPPING=1` when the server starts to stop.
     pub notify: Option<systemd::Notifier>,
+    /// Per-connection and connection-count bounds of every listener.
+    pub limits: ollie_p9::server::Limits,
 }
 
 /// Why the server could not run.
@@ -281,7 +283,11 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
         stop.clone(),
         key,
     ));
-    let server = Server::new(Arc::new(OllieFs::new(Arc::clone(&shared))));
+    let server = Server::with_limits(
+        Arc::new(OllieFs::new(Arc::clone(&shared))),
+        ollie_p9::server::DEFAULT_MAX_MSIZE,
+        opts.limits,
+    );
 
     let mut f = Map::new();
     f.insert("pid".into(), Value::from(std::process::id()));

@@ -14,15 +14,21 @@
 //!   while a large `Twrite` is half received cannot lose bytes.
 //! - Malformed messages get `Rerror` with their tag; unframeable input (size below a header or
 //!   above msize) closes that connection only.
+//! - Every connection is bounded ([`Limits`]): fids, authentication fids and running requests
+//!   past their caps get `Rerror` (the connection keeps working); a connection that has not
+//!   attached within `attach_timeout` is closed; connections past the global or per-peer cap
+//!   are answered with one `Rerror` and closed. Accept errors never spin: out of file
+//!   descriptors, the listener sheds pending connections through a reserved descriptor and
+//!   backs off.
 
-use std::collections::HashMap;
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -36,10 +42,66 @@ use crate::wire::{self, DecodeError, HEADER_LEN, IOHDRSZ, NOFID, Qid, Rmsg, Stat
 pub const DEFAULT_MAX_MSIZE: u32 = 1 << 20;
 /// Smallest msize we accept: enough for any stat a server here produces.
 pub const MIN_MSIZE: u32 = 512;
-/// Requests a connection may have running at once; more get `Rerror` until some finish.
+/// Requests a connection may have running at once by default; more get `Rerror` until some
+/// finish.
 pub const MAX_INFLIGHT: usize = 4096;
 /// Unsent reply bytes after which the connection stops reading requests until the peer reads.
 const OUT_HIGH_WATER: usize = 4 << 20;
+
+/// The bounds a [`Server`] keeps on its peers. The caller fills it (olliesrv from its
+/// configuration); [`Limits::default`] suits an interactive server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Fids one connection may hold at once (authentication fids included). A request that
+    /// would create one more gets `Rerror` ("too many fids on this connection (limit N)").
+    pub max_fids: usize,
+    /// Authentication fids (Tauth) one connection may hold at once.
+    pub max_afids: usize,
+    /// Requests one connection may have running (not finished on arrival, such as a blocked
+    /// read) at once. At the cap every new request gets `Rerror` (before it runs: a refused
+    /// request has done nothing) until some finish or are flushed; `Tflush`, `Tclunk` and
+    /// `Tversion` are always served, so a client at the cap can always free requests. The
+    /// socket keeps being read: backpressure would hold back the very Tflush that frees one.
+    pub max_inflight: usize,
+    /// Connections accepted by `serve_unix`/`serve_tcp` being served at once (all listeners of
+    /// this server together); more are answered with one `Rerror` and closed.
+    pub max_conns: usize,
+    /// Connections at once from one peer: one uid (SO_PEERCRED) on unix sockets, one IP
+    /// address on TCP.
+    pub max_conns_per_peer: usize,
+    /// A connection that has not completed a Tattach this long after it was accepted is
+    /// closed (`None`: never).
+    pub attach_timeout: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_fids: 16_384,
+            max_afids: 16,
+            max_inflight: MAX_INFLIGHT,
+            max_conns: 512,
+            max_conns_per_peer: 64,
+            attach_timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+impl Limits {
+    /// Bounds for a server with one trusted link (toolsrv's socketpair to olliesrv): that link
+    /// carries the fids and blocked requests of every olliesrv client of the session, so its
+    /// fid and request caps are larger, and it has no attach deadline.
+    pub fn link() -> Limits {
+        Limits {
+            max_fids: 65_536,
+            max_afids: 64,
+            max_inflight: 16_384,
+            max_conns: 4,
+            max_conns_per_peer: 4,
+            attach_timeout: None,
+        }
+    }
+}
 
 /// The credentials of the process at the other end of a unix socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -533,33 +595,225 @@ struct Done {
 pub struct Server<F: Filesystem> {
     fs: Arc<F>,
     max_msize: u32,
+    limits: Limits,
     next_conn: AtomicU64,
+    conns: Arc<ConnTable>,
 }
 
 impl<F: Filesystem> std::fmt::Debug for Server<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Server")
             .field("max_msize", &self.max_msize)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
 
-impl<F: Filesystem> Server<F> {
-    /// A server for `fs` with the default maximum msize (1 MiB).
-    pub fn new(fs: Arc<F>) -> Arc<Server<F>> {
-        Arc::new(Server {
-            fs,
-            max_msize: DEFAULT_MAX_MSIZE,
-            next_conn: AtomicU64::new(1),
+/// Who a connection counts against for [`Limits::max_conns_per_peer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PeerKey {
+    Uid(u32),
+    /// A unix peer whose credentials could not be read: all such share one budget.
+    UnknownUid,
+    Ip(std::net::IpAddr),
+}
+
+impl std::fmt::Display for PeerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerKey::Uid(u) => write!(f, "uid {u}"),
+            PeerKey::UnknownUid => f.write_str("unix peers without credentials"),
+            PeerKey::Ip(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// The connections being served, in total and per peer.
+#[derive(Debug, Default)]
+struct ConnTable {
+    inner: std::sync::Mutex<ConnCounts>,
+}
+
+#[derive(Debug, Default)]
+struct ConnCounts {
+    total: usize,
+    per_peer: HashMap<PeerKey, usize>,
+}
+
+/// A connection's place in the [`ConnTable`], given back when dropped.
+#[derive(Debug)]
+struct Permit {
+    table: Arc<ConnTable>,
+    key: PeerKey,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut c = self
+            .table
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_peer.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.per_peer.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl ConnTable {
+    /// Counts one more connection from `key`, or says which cap it is over.
+    fn admit(
+        self: &Arc<Self>,
+        key: PeerKey,
+        limits: &Limits,
+    ) -> std::result::Result<Permit, String> {
+        let mut c = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if c.total >= limits.max_conns {
+            return Err(format!(
+                "too many connections to this server (limit {})",
+                limits.max_conns
+            ));
+        }
+        let mine = c.per_peer.get(&key).copied().unwrap_or(0);
+        if mine >= limits.max_conns_per_peer {
+            return Err(format!(
+                "too many connections from {key} (limit {})",
+                limits.max_conns_per_peer
+            ));
+        }
+        c.total += 1;
+        c.per_peer.insert(key, mine + 1);
+        Ok(Permit {
+            table: Arc::clone(self),
+            key,
         })
+    }
+}
+
+/// Lets a repeated log line through at most once per `every`, counting the ones held back.
+#[derive(Debug)]
+struct LogGate {
+    every: Duration,
+    state: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+impl LogGate {
+    fn new(every: Duration) -> LogGate {
+        LogGate {
+            every,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(held back since the last one)` when this occurrence may be logged.
+    fn pass(&self) -> Option<u64> {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        match s.0 {
+            Some(t) if now.duration_since(t) < self.every => {
+                s.1 += 1;
+                None
+            }
+            _ => {
+                let held = s.1;
+                *s = (Some(now), 0);
+                Some(held)
+            }
+        }
+    }
+}
+
+/// An accepted stream, either kind.
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream, std::net::SocketAddr),
+}
+
+/// What `serve_unix` and `serve_tcp` accept from.
+trait Listener: Send + Sync {
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<Accepted>> + Send;
+}
+
+impl Listener for tokio::net::UnixListener {
+    async fn accept_one(&self) -> std::io::Result<Accepted> {
+        self.accept().await.map(|(s, _)| Accepted::Unix(s))
+    }
+}
+
+impl Listener for tokio::net::TcpListener {
+    async fn accept_one(&self) -> std::io::Result<Accepted> {
+        self.accept().await.map(|(s, a)| Accepted::Tcp(s, a))
+    }
+}
+
+/// The first pause after a failed accept; it doubles up to [`ACCEPT_BACKOFF_MAX`] while accept
+/// keeps failing.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Pending connections closed per round when out of file descriptors.
+const SHED_BATCH: usize = 64;
+
+/// Whether an accept error means this process or the system is out of file descriptors.
+fn out_of_fds(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(code) if code == nix::libc::EMFILE || code == nix::libc::ENFILE
+    )
+}
+
+/// A descriptor held in reserve, closed to make room for accepting (and closing) a pending
+/// connection when the process is out of descriptors.
+fn reserve_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// `Rerror` with tag NOTAG, the answer a refused peer finds as the reply to its Tversion.
+fn refusal_frame(why: &str) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    match wire::encode_r(&mut b, wire::NOTAG, &Rmsg::error(why.to_owned())) {
+        Ok(()) => b.to_vec(),
+        Err(_) => Vec::new(),
+    }
+}
+
+impl<F: Filesystem> Server<F> {
+    /// A server for `fs` with the default maximum msize (1 MiB) and [`Limits::default`].
+    pub fn new(fs: Arc<F>) -> Arc<Server<F>> {
+        Server::with_limits(fs, DEFAULT_MAX_MSIZE, Limits::default())
     }
 
     /// A server with another maximum msize (clamped to at least [`MIN_MSIZE`]).
     pub fn with_max_msize(fs: Arc<F>, max_msize: u32) -> Arc<Server<F>> {
+        Server::with_limits(fs, max_msize, Limits::default())
+    }
+
+    /// A server with a maximum msize (clamped to at least [`MIN_MSIZE`]) and these limits
+    /// (each cap at least 1).
+    pub fn with_limits(fs: Arc<F>, max_msize: u32, limits: Limits) -> Arc<Server<F>> {
+        let limits = Limits {
+            max_fids: limits.max_fids.max(1),
+            max_afids: limits.max_afids.max(1),
+            max_inflight: limits.max_inflight.max(1),
+            max_conns: limits.max_conns.max(1),
+            max_conns_per_peer: limits.max_conns_per_peer.max(1),
+            attach_timeout: limits.attach_timeout,
+        };
         Arc::new(Server {
             fs,
             max_msize: max_msize.max(MIN_MSIZE),
+            limits,
             next_conn: AtomicU64::new(1),
+            conns: Arc::new(ConnTable::default()),
         })
     }
 
@@ -568,92 +822,169 @@ impl<F: Filesystem> Server<F> {
         &self.fs
     }
 
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// A fresh connection id.
     pub fn next_conn_id(&self) -> u64 {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Accepts unix-socket connections until `shutdown` completes; then gives open connections
-    /// up to `grace` to end by themselves and drops the rest.
+    /// up to `grace` to end by themselves and drops the rest. Each peer uid may have
+    /// [`Limits::max_conns_per_peer`] connections.
     pub async fn serve_unix(
         self: &Arc<Self>,
         listener: tokio::net::UnixListener,
         shutdown: impl Future<Output = ()>,
         grace: std::time::Duration,
     ) -> std::io::Result<()> {
-        let mut conns = tokio::task::JoinSet::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                r = listener.accept() => {
-                    let (stream, _) = match r {
-                        Ok(x) => x,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            continue;
-                        }
-                    };
-                    let peer = stream.peer_cred().ok().map(|c| PeerCred {
-                        uid: c.uid(),
-                        gid: c.gid(),
-                        pid: c.pid(),
-                    });
-                    let info = ConnInfo {
-                        id: self.next_conn_id(),
-                        peer,
-                        transport: "unix",
-                        remote: peer.map_or_else(|| "unix".into(), |p| format!("unix:pid={}", p.pid.unwrap_or(-1))),
-                    };
-                    let (r, w) = stream.into_split();
-                    let srv = Arc::clone(self);
-                    conns.spawn(async move { srv.serve_conn(r, w, info).await });
-                }
-            }
-        }
-        drain(conns, grace).await;
-        Ok(())
+        self.serve_listener(listener, shutdown, grace).await
     }
 
     /// Accepts TCP connections until `shutdown` completes (then as [`Server::serve_unix`]).
-    /// Authentication is the filesystem's
-    /// business (its `auth`/`attach`); `ConnInfo::peer` is `None` here.
+    /// Authentication is the filesystem's business (its `auth`/`attach`); `ConnInfo::peer` is
+    /// `None` here. Each peer IP address may have [`Limits::max_conns_per_peer`] connections.
     pub async fn serve_tcp(
         self: &Arc<Self>,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()>,
         grace: std::time::Duration,
     ) -> std::io::Result<()> {
+        self.serve_listener(listener, shutdown, grace).await
+    }
+
+    async fn serve_listener<L: Listener>(
+        self: &Arc<Self>,
+        listener: L,
+        shutdown: impl Future<Output = ()>,
+        grace: std::time::Duration,
+    ) -> std::io::Result<()> {
         let mut conns = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
+        let mut reserve = reserve_fd();
+        let mut backoff = Duration::ZERO;
+        let pause = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(pause);
+        let mut paused = false;
+        let accept_gate = LogGate::new(Duration::from_secs(5));
+        let refuse_gate = LogGate::new(Duration::from_secs(1));
         loop {
             tokio::select! {
+                biased;
                 _ = &mut shutdown => break,
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                r = listener.accept() => {
-                    let (stream, addr) = match r {
-                        Ok(x) => x,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            continue;
+                () = &mut pause, if paused => paused = false,
+                r = listener.accept_one(), if !paused => match r {
+                    Ok(a) => {
+                        backoff = Duration::ZERO;
+                        self.admit(a, &mut conns, &refuse_gate);
+                    }
+                    Err(e) => {
+                        // Never retry at once: the error (EMFILE above all) would repeat as
+                        // fast as we can log it.
+                        backoff = (backoff * 2).clamp(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
+                        let shed = if out_of_fds(&e) {
+                            drop(reserve.take());
+                            let n = shed_pending(&listener).await;
+                            reserve = reserve_fd();
+                            n
+                        } else {
+                            0
+                        };
+                        if let Some(held) = accept_gate.pass() {
+                            tracing::warn!(
+                                error = %e,
+                                shed,
+                                pause_ms = backoff.as_millis() as u64,
+                                suppressed = held,
+                                "accept failed; pausing the listener"
+                            );
                         }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let info = ConnInfo {
-                        id: self.next_conn_id(),
-                        peer: None,
-                        transport: "tcp",
-                        remote: addr.to_string(),
-                    };
-                    let (r, w) = stream.into_split();
-                    let srv = Arc::clone(self);
-                    conns.spawn(async move { srv.serve_conn(r, w, info).await });
-                }
+                        pause.as_mut().reset(tokio::time::Instant::now() + backoff);
+                        paused = true;
+                    }
+                },
             }
         }
         drain(conns, grace).await;
         Ok(())
+    }
+
+    /// Serves an accepted connection if it is within the connection caps; otherwise answers
+    /// it with one `Rerror` and closes it.
+    fn admit(
+        self: &Arc<Self>,
+        a: Accepted,
+        conns: &mut tokio::task::JoinSet<()>,
+        refuse_gate: &LogGate,
+    ) {
+        let (key, peer, transport, remote) = match &a {
+            Accepted::Unix(s) => {
+                let peer = s.peer_cred().ok().map(|c| PeerCred {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                    pid: c.pid(),
+                });
+                let key = peer.map_or(PeerKey::UnknownUid, |p| PeerKey::Uid(p.uid));
+                let remote = peer.map_or_else(
+                    || "unix".into(),
+                    |p| format!("unix:pid={}", p.pid.unwrap_or(-1)),
+                );
+                (key, peer, "unix", remote)
+            }
+            Accepted::Tcp(_, addr) => {
+                let ip = match addr.ip() {
+                    std::net::IpAddr::V6(v6) => v6
+                        .to_ipv4_mapped()
+                        .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                    v4 => v4,
+                };
+                (PeerKey::Ip(ip), None, "tcp", addr.to_string())
+            }
+        };
+        let permit = match self.conns.admit(key, &self.limits) {
+            Ok(p) => p,
+            Err(why) => {
+                // Best effort and never blocking: a fresh socket's buffer takes one small
+                // frame.
+                let frame = refusal_frame(&why);
+                let _ = match &a {
+                    Accepted::Unix(s) => s.try_write(&frame),
+                    Accepted::Tcp(s, _) => s.try_write(&frame),
+                };
+                if let Some(held) = refuse_gate.pass() {
+                    tracing::warn!(remote = %remote, suppressed = held, "refused a connection: {why}");
+                }
+                return;
+            }
+        };
+        let info = ConnInfo {
+            id: self.next_conn_id(),
+            peer,
+            transport,
+            remote,
+        };
+        let srv = Arc::clone(self);
+        match a {
+            Accepted::Unix(s) => {
+                let (r, w) = s.into_split();
+                conns.spawn(async move {
+                    let _permit = permit;
+                    srv.serve_conn(r, w, info).await;
+                });
+            }
+            Accepted::Tcp(s, _) => {
+                let _ = s.set_nodelay(true);
+                let (r, w) = s.into_split();
+                conns.spawn(async move {
+                    let _permit = permit;
+                    srv.serve_conn(r, w, info).await;
+                });
+            }
+        }
     }
 
     /// Serves one already-connected unix socket, such as one end of a socketpair inherited as a
@@ -680,8 +1011,9 @@ impl<F: Filesystem> Server<F> {
         Ok(())
     }
 
-    /// Serves one connection until the peer closes it, it breaks the framing, or the returned
-    /// future is dropped. In every case all its requests are cancelled and its fids clunked.
+    /// Serves one connection until the peer closes it, it breaks the framing, it does not
+    /// attach within [`Limits::attach_timeout`], or the returned future is dropped. In every
+    /// case all its requests are cancelled and its fids clunked.
     pub async fn serve_conn<R, W>(self: &Arc<Self>, reader: R, writer: W, info: ConnInfo)
     where
         R: AsyncRead + Unpin + Send,
@@ -698,14 +1030,45 @@ impl<F: Filesystem> Server<F> {
             }),
             msize: 0,
             fids: HashMap::default(),
+            afids: HashSet::default(),
             inflight: HashMap::default(),
             seq: 0,
             tx,
             out: Out::default(),
             closing: false,
+            attached: false,
         };
         if let Err(e) = conn.run(reader, writer, rx).await {
             tracing::debug!(error = %e, "connection ended");
+        }
+    }
+}
+
+/// Out of file descriptors, with one freed: accepts and closes up to [`SHED_BATCH`] pending
+/// connections (each closed before the next is accepted, so one descriptor serves all).
+async fn shed_pending<L: Listener>(listener: &L) -> usize {
+    let mut n = 0;
+    while n < SHED_BATCH {
+        match tokio::time::timeout(Duration::from_millis(20), listener.accept_one()).await {
+            Ok(Ok(a)) => {
+                drop(a);
+                n += 1;
+            }
+            _ => break,
+        }
+    }
+    n
+}
+
+/// Clunks a slot's state once every request queued on it is done (removing the file if it was
+/// opened with ORCLOSE; a failed remove is not reported, as with Tclunk).
+async fn retire_slot<F: Filesystem>(fs: &F, slot: Slot<F::Fid>) {
+    let e = slot.lock().await.take();
+    if let Some(e) = e {
+        if e.open.is_some_and(|m| m & om::ORCLOSE != 0) {
+            let _ = fs.remove(e.fs).await;
+        } else {
+            fs.clunk(e.fs).await;
         }
     }
 }
@@ -817,12 +1180,16 @@ struct Conn<F: Filesystem> {
     /// 0 until Tversion succeeds.
     msize: u32,
     fids: HashMap<u32, Slot<F::Fid>, SmallIntHash>,
+    /// The fids in `fids` that were created by Tauth.
+    afids: HashSet<u32, SmallIntHash>,
     inflight: HashMap<u16, Inflight<F::Fid>, SmallIntHash>,
     seq: u64,
     tx: mpsc::Sender<Done>,
     out: Out,
     /// Set after a framing error: send what is queued, then close.
     closing: bool,
+    /// Whether a Tattach has succeeded on this connection (ends the attach deadline).
+    attached: bool,
 }
 
 impl<F: Filesystem> Drop for Conn<F> {
@@ -843,6 +1210,9 @@ impl<F: Filesystem> Conn<F> {
         W: AsyncWrite + Unpin + Send,
     {
         let mut rbuf = BytesMut::with_capacity(8 * 1024);
+        let timeout = self.srv.limits.attach_timeout;
+        let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::ZERO));
+        tokio::pin!(deadline);
         loop {
             // Take every complete frame out of the buffer.
             while !self.closing {
@@ -865,6 +1235,10 @@ impl<F: Filesystem> Conn<F> {
             }
             tokio::select! {
                 biased;
+                () = &mut deadline, if timeout.is_some() && !self.attached => {
+                    tracing::debug!("no Tattach within the attach timeout; closing connection");
+                    return Ok(());
+                }
                 // Only tasks of in-flight requests send here; a reply that raced a flush waits
                 // harmlessly and is dropped by its sequence number later.
                 Some(done) = rx.recv(), if !self.inflight.is_empty() => self.finish(done),
@@ -969,15 +1343,11 @@ impl<F: Filesystem> Conn<F> {
             self.reply(tag, &Rmsg::error("tag in use by an outstanding request"));
             return;
         }
-        if self.inflight.len() >= MAX_INFLIGHT {
-            self.reply(tag, &Rmsg::error("too many outstanding requests (in use)"));
-            return;
-        }
         if let Tmsg::Clunk { fid } = msg {
             // The fid is gone now: its number may be reused at once, and the reply does not
             // wait for requests still queued on it (a parked read would otherwise hold it
             // forever). The filesystem sees the clunk after those requests, in order.
-            match self.fids.remove(&fid) {
+            match self.take_fid(fid) {
                 Some(slot) => {
                     self.retire(slot);
                     self.reply(tag, &Rmsg::Clunk);
@@ -989,6 +1359,16 @@ impl<F: Filesystem> Conn<F> {
                     },
                 ),
             }
+            return;
+        }
+        if self.inflight.len() >= self.srv.limits.max_inflight {
+            self.reply(
+                tag,
+                &Rmsg::error(format!(
+                    "too many outstanding requests on this connection (limit {}; in use)",
+                    self.srv.limits.max_inflight
+                )),
+            );
             return;
         }
         let (op, creates) = match self.resolve(msg) {
@@ -1040,46 +1420,72 @@ impl<F: Filesystem> Conn<F> {
         if !created && let Some((fid, slot)) = creates {
             self.forget_created(fid, &slot);
         }
+        if matches!(reply, Rmsg::Attach { .. }) {
+            self.attached = true;
+        }
         self.reply(tag, &reply);
     }
 
     /// Drops a fid that a failed or flushed request was creating, if the table still holds it.
     fn forget_created(&mut self, fid: u32, slot: &Slot<F::Fid>) {
         if self.fids.get(&fid).is_some_and(|s| Arc::ptr_eq(s, slot))
-            && let Some(s) = self.fids.remove(&fid)
+            && let Some(s) = self.take_fid(fid)
         {
             self.retire(s);
         }
     }
 
+    /// Removes a fid from the table (and from the afids), giving the table's memory back once
+    /// it is mostly empty.
+    fn take_fid(&mut self, fid: u32) -> Option<Slot<F::Fid>> {
+        let s = self.fids.remove(&fid)?;
+        self.afids.remove(&fid);
+        let cap = self.fids.capacity();
+        if cap > 1024 && self.fids.len() < cap / 4 {
+            self.fids.shrink_to(self.fids.len() * 2);
+        }
+        Some(s)
+    }
+
     /// Clunks a slot's state once every request queued on it is done (removing the file if it
     /// was opened with ORCLOSE; a failed remove is not reported, as with Tclunk).
     fn retire(&self, slot: Slot<F::Fid>) {
+        // A slot nobody else holds (no request queued on it) that is empty (a failed Tauth or
+        // walk) needs no task at all.
+        if Arc::strong_count(&slot) == 1
+            && let Ok(g) = slot.try_lock()
+            && g.is_none()
+        {
+            return;
+        }
         let fs = Arc::clone(&self.srv.fs);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let e = slot.lock().await.take();
-                if let Some(e) = e {
-                    if e.open.is_some_and(|m| m & om::ORCLOSE != 0) {
-                        let _ = fs.remove(e.fs).await;
-                    } else {
-                        fs.clunk(e.fs).await;
-                    }
-                }
-            });
+            rt.spawn(async move { retire_slot(&*fs, slot).await });
         }
     }
 
-    /// Cancels every request and clunks every fid (Tversion, and connection teardown).
+    /// Cancels every request and clunks every fid (Tversion, and connection teardown). The
+    /// fids are clunked by one task, one after another, not a task each: a connection holding
+    /// its full quota must not double its memory as it goes.
     fn reset(&mut self) {
         for (_, f) in self.inflight.drain() {
             if let Some(a) = f.abort {
                 a.abort();
             }
         }
-        let fids: Vec<_> = self.fids.drain().map(|(_, s)| s).collect();
-        for s in fids {
-            self.retire(s);
+        self.inflight = HashMap::default();
+        self.afids = HashSet::default();
+        let fids: Vec<_> = std::mem::take(&mut self.fids).into_values().collect();
+        if fids.is_empty() {
+            return;
+        }
+        let fs = Arc::clone(&self.srv.fs);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                for slot in fids {
+                    retire_slot(&*fs, slot).await;
+                }
+            });
         }
     }
 
@@ -1126,6 +1532,12 @@ impl<F: Filesystem> Conn<F> {
         if self.fids.contains_key(&fid) {
             return Err(Error::new("fid already in use"));
         }
+        let max = self.srv.limits.max_fids;
+        if self.fids.len() >= max {
+            return Err(Error::new(format!(
+                "too many fids on this connection (limit {max}); clunk some"
+            )));
+        }
         let slot: Slot<F::Fid> = Arc::new(Mutex::new(None));
         let guard = Arc::clone(&slot)
             .try_lock_owned()
@@ -1142,7 +1554,14 @@ impl<F: Filesystem> Conn<F> {
                 return Err(Error::new("internal: unexpected message"));
             }
             Tmsg::Auth { afid, uname, aname } => {
+                let max = self.srv.limits.max_afids;
+                if self.afids.len() >= max {
+                    return Err(Error::new(format!(
+                        "too many authentication fids on this connection (limit {max}); clunk some"
+                    )));
+                }
                 let (guard, slot) = self.new_slot(afid)?;
+                self.afids.insert(afid);
                 (
                     Op::Auth {
                         guard,
@@ -1247,7 +1666,7 @@ impl<F: Filesystem> Conn<F> {
                 return Err(Error::new("internal: unexpected message"));
             }
             Tmsg::Remove { fid } => {
-                let slot = self.fids.remove(&fid).ok_or_else(unknown_fid)?;
+                let slot = self.take_fid(fid).ok_or_else(unknown_fid)?;
                 (Op::Remove { slot }, None)
             }
             Tmsg::Stat { fid } => (

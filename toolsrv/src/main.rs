@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ollie_p9::Server;
+use ollie_p9::server::{DEFAULT_MAX_MSIZE, Limits};
 use ollie_sandbox::harden::{ServerHardening, harden_server};
 use ollie_toolsrv::fs::ToolFs;
 use ollie_toolsrv::session::Session;
@@ -212,7 +213,9 @@ fn main() -> ExitCode {
         Err(e) => return fail(1, "runtime", &e),
     };
     let fs = Arc::new(ToolFs::new(Arc::clone(&session), key));
-    let srv = Server::new(fs);
+    // The link carries every olliesrv client's fids and blocked reads for this session: the
+    // link limits, not an interactive server's.
+    let srv = Server::with_limits(fs, DEFAULT_MAX_MSIZE, Limits::link());
     let served = rt.block_on(async {
         let r = match link_out {
             None => {

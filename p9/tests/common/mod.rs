@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use ollie_p9::server::{ConnInfo, Filesystem, Server, Walked};
+use ollie_p9::server::{ConnInfo, Filesystem, Limits, Server, Walked};
 use ollie_p9::util::{DirSnapshot, read_at};
 use ollie_p9::wire::{Qid, Stat, dm, qt};
 use ollie_p9::{Error, Result};
@@ -106,6 +106,27 @@ impl Drop for CancelGuard {
 
 impl Filesystem for TestFs {
     type Fid = TestFid;
+
+    /// Tauth succeeds for aname "auth" (the limit tests need afids); anything else is refused
+    /// as by default.
+    async fn auth(&self, _c: &ConnInfo, _uname: &str, aname: &str) -> Result<(TestFid, Qid)> {
+        if aname != "auth" {
+            return Err(Error::new("authentication not required"));
+        }
+        Ok((
+            TestFid {
+                node: Node::Static,
+                reply: None,
+                dir: None,
+                seen: 0,
+            },
+            Qid {
+                ty: qt::AUTH,
+                version: 0,
+                path: 999,
+            },
+        ))
+    }
 
     async fn attach(
         &self,
@@ -261,8 +282,13 @@ impl Filesystem for TestFs {
 }
 
 pub fn start(fs: Arc<TestFs>) -> UnixStream {
+    start_with(fs, Limits::default())
+}
+
+/// One connection to a server with these limits.
+pub fn start_with(fs: Arc<TestFs>, limits: Limits) -> UnixStream {
     let (a, b) = UnixStream::pair().unwrap();
-    let srv = Server::new(fs);
+    let srv = Server::with_limits(fs, ollie_p9::server::DEFAULT_MAX_MSIZE, limits);
     tokio::spawn(async move {
         let info = ConnInfo {
             id: srv.next_conn_id(),
