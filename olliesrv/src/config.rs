@@ -12,7 +12,10 @@
 //! `operators` (who else attaches as the owner: user names, and `@group` for the members of a
 //! group; for a system service that people reach through a shared socket), and `skill_paths`
 //! (where skills are found, in order: absolute or `~/` paths; default:
-//! `$XDG_DATA_HOME/ollie/skills`, else `~/.local/share/ollie/skills`; see [`crate::skills`]).
+//! `$XDG_DATA_HOME/ollie/skills`, else `~/.local/share/ollie/skills`; see [`crate::skills`]),
+//! and `[limits]` (the 9P server's bounds on its clients: `fids_per_connection`,
+//! `afids_per_connection`, `requests_per_connection`, `connections`, `connections_per_peer`,
+//! `attach_timeout_s`; read at start, [`ollie_p9::server::Limits`]).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -275,6 +278,9 @@ pub struct Config {
     /// [`Config::load_dir`] sets the default (`$XDG_DATA_HOME/ollie/skills`); read through
     /// [`crate::skills::paths`].
     pub skill_paths: Option<Vec<PathBuf>>,
+    /// `[limits]`: the bounds of every listener on its clients; read at start (a reload
+    /// keeps the running ones and says so).
+    pub limits: ollie_p9::server::Limits,
 }
 
 /// An entry of `operators`: a user, or every member of a group.
@@ -335,6 +341,74 @@ struct RawConfig {
     #[serde(default)]
     operators: Vec<String>,
     skill_paths: Option<Vec<String>>,
+    limits: Option<RawLimits>,
+}
+
+/// `[limits]`: the 9P server's bounds on its clients ([`ollie_p9::server::Limits`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    fids_per_connection: Option<i64>,
+    afids_per_connection: Option<i64>,
+    requests_per_connection: Option<i64>,
+    connections: Option<i64>,
+    connections_per_peer: Option<i64>,
+    attach_timeout_s: Option<i64>,
+}
+
+/// The largest count a `[limits]` key takes.
+const MAX_LIMIT: i64 = 1 << 20;
+
+impl RawLimits {
+    /// The bounds over [`ollie_p9::server::Limits::default`]; errors: (key, message).
+    fn resolve(&self) -> Result<ollie_p9::server::Limits, (String, String)> {
+        let mut l = ollie_p9::server::Limits::default();
+        let count = |key: &str, v: Option<i64>, into: &mut usize| match v {
+            None => Ok(()),
+            Some(n @ 1..=MAX_LIMIT) => {
+                *into = n as usize;
+                Ok(())
+            }
+            Some(n) => Err((
+                format!("limits.{key}"),
+                format!("{n} is out of range (1..={MAX_LIMIT})"),
+            )),
+        };
+        count("fids_per_connection", self.fids_per_connection, &mut l.max_fids)?;
+        count("afids_per_connection", self.afids_per_connection, &mut l.max_afids)?;
+        count(
+            "requests_per_connection",
+            self.requests_per_connection,
+            &mut l.max_inflight,
+        )?;
+        count("connections", self.connections, &mut l.max_conns)?;
+        count(
+            "connections_per_peer",
+            self.connections_per_peer,
+            &mut l.max_conns_per_peer,
+        )?;
+        if l.max_afids > l.max_fids {
+            return Err((
+                "limits.afids_per_connection".into(),
+                format!(
+                    "{} is more than fids_per_connection ({}): authentication fids are fids",
+                    l.max_afids, l.max_fids
+                ),
+            ));
+        }
+        match self.attach_timeout_s {
+            None => {}
+            Some(0) => l.attach_timeout = None,
+            Some(n @ 1..=3600) => l.attach_timeout = Some(std::time::Duration::from_secs(n as u64)),
+            Some(n) => {
+                return Err((
+                    "limits.attach_timeout_s".into(),
+                    format!("{n} is out of range (seconds, 1..=3600; 0: no deadline)"),
+                ));
+            }
+        }
+        Ok(l)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -658,6 +732,7 @@ impl Config {
             beads_dir: None,
             operators: Vec::new(),
             skill_paths: None,
+            limits: ollie_p9::server::Limits::default(),
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -1104,6 +1179,10 @@ impl Config {
             None => None,
             Some(list) => Some(skill_paths(list).map_err(|(k, m)| invalid(k, m))?),
         };
+        let limits = match &raw.limits {
+            None => ollie_p9::server::Limits::default(),
+            Some(l) => l.resolve().map_err(|(k, m)| invalid(k, m))?,
+        };
         let mut operators = Vec::new();
         for (i, o) in raw.operators.iter().enumerate() {
             operators.push(Operator::parse(o).map_err(|m| invalid(format!("operators[{i}]"), m))?);
@@ -1120,6 +1199,7 @@ impl Config {
             beads_dir: raw.beads_dir,
             operators,
             skill_paths,
+            limits,
             ..Config::builtin()
         })
     }
@@ -1787,6 +1867,34 @@ context_limit = 128000
         );
         let e = load_err(&[("policy/.x.toml", USER_POLICY)]);
         assert!(e.contains(".x.toml: bad policy name"), "{e}");
+    }
+
+    #[test]
+    fn limits_take_every_key_and_refuse_bad_values() {
+        let c = parse(
+            "[limits]\nfids_per_connection = 100\nafids_per_connection = 2\nrequests_per_connection = 50\nconnections = 9\nconnections_per_peer = 3\nattach_timeout_s = 0\n",
+        )
+        .unwrap();
+        let l = c.limits;
+        assert_eq!(
+            (l.max_fids, l.max_afids, l.max_inflight, l.max_conns, l.max_conns_per_peer),
+            (100, 2, 50, 9, 3)
+        );
+        assert_eq!(l.attach_timeout, None);
+        assert_eq!(parse("").unwrap().limits, ollie_p9::server::Limits::default());
+        for (text, want) in [
+            ("fids_per_connection = 0", "limits.fids_per_connection: 0 is out of range"),
+            ("connections = -1", "limits.connections: -1 is out of range"),
+            ("attach_timeout_s = 4000", "limits.attach_timeout_s: 4000 is out of range"),
+            (
+                "fids_per_connection = 4\nafids_per_connection = 8",
+                "limits.afids_per_connection: 8 is more than fids_per_connection (4)",
+            ),
+            ("fids = 1", "unknown field `fids`"),
+        ] {
+            let e = parse(&format!("[limits]\n{text}\n")).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -747,6 +747,10 @@ impl Shared {
     /// Re-reads the configuration; on error the old one stays.
     pub fn reload(&self) -> std::result::Result<Arc<Config>, String> {
         let cfg = Config::load(self.config_path.as_deref()).map_err(|e| crate::error_chain(&e))?;
+        if cfg.limits != self.config().limits {
+            // The listeners were built with the first ones; keep what is enforced on record.
+            tracing::warn!("[limits] changed: they take effect when olliesrv next starts");
+        }
         let cfg = Arc::new(cfg);
         if let Ok(mut c) = self.config.write() {
             *c = Arc::clone(&cfg);
@@ -1353,11 +1357,17 @@ impl OllieFs {
                 .map(|(c, h)| format!("{c}\t{h}\n"))
                 .collect()),
             "invalidate" => {
+                let before = self.shared.config().limits;
                 let cfg = self
                     .shared
                     .reload()
                     .map_err(|e| err(format!("invalidate: {e}")))?;
                 let n = cfg.backends.len();
+                let later = if cfg.limits == before {
+                    ""
+                } else {
+                    "; [limits] take effect at the next start"
+                };
                 let mut f = Map::new();
                 f.insert("backends".into(), Value::from(n));
                 f.insert(
@@ -1365,7 +1375,7 @@ impl OllieFs {
                     Value::from(crate::skills::invalidate(&cfg)),
                 );
                 self.shared.events.emit("config-reloaded", f);
-                Ok(format!("config reloaded: {n} backends\n"))
+                Ok(format!("config reloaded: {n} backends{later}\n"))
             }
             "kill" => {
                 self.shared.stop.send_replace(true);

@@ -77,8 +77,6 @@ pub struct Options {
     /// The service manager's notification socket: `READY=1` once every listener serves,
     /// `STOPPING=1` when the server starts to stop.
     pub notify: Option<systemd::Notifier>,
-    /// Per-connection and connection-count bounds of every listener.
-    pub limits: ollie_p9::server::Limits,
 }
 
 /// Why the server could not run.
@@ -202,6 +200,7 @@ pub fn tcp_key(dir: &std::path::Path) -> Result<Vec<u8>, RunError> {
 /// Runs the server until `stop` is set (by the caller, a signal handler, or `ctl kill`).
 pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), RunError> {
     let config = Config::load(opts.config.as_deref())?;
+    let limits = config.limits;
     let activated = std::mem::take(&mut opts.activated);
     let addrs = if opts.addrs.is_empty() && !activated.is_empty() {
         Vec::new()
@@ -286,7 +285,7 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
     let server = Server::with_limits(
         Arc::new(OllieFs::new(Arc::clone(&shared))),
         ollie_p9::server::DEFAULT_MAX_MSIZE,
-        opts.limits,
+        limits,
     );
 
     let mut f = Map::new();

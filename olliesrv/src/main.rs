@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use ollie_olliesrv::{Options, RunError, error_chain, run};
 use ollie_p9::dial::Addr;
-use ollie_p9::server::Limits;
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser, Debug)]
@@ -19,8 +18,6 @@ use tokio::signal::unix::{SignalKind, signal};
         Under systemd: serves the sockets passed by socket activation (LISTEN_FDS; unix or TCP, instead of\n\
         the default address unless -a is given), reports readiness (Type=notify) and logs in the journal's format.\n\
         Logging: OLLIE_LOG=debug (tracing filter syntax).\n\
-        Limits: OLLIE_LIMITS=\"KEY=N …\" overrides fids, afids, requests (per connection), connections,\n\
-        connections_per_peer, attach_timeout_ms (0: none).\n\
         EXIT STATUS: 0 stopped cleanly, 1 failed while serving, 2 bad configuration or usage, 3 cannot listen."
 )]
 struct Args {
@@ -75,16 +72,6 @@ fn main() -> ExitCode {
             }
         }
     }
-    let limits = match std::env::var("OLLIE_LIMITS") {
-        Ok(v) => match parse_limits(&v) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("olliesrv: OLLIE_LIMITS: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        Err(_) => Limits::default(),
-    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -103,7 +90,6 @@ fn main() -> ExitCode {
         toolsrv: args.toolsrv,
         activated: env.sockets,
         notify: env.notify,
-        limits,
     };
     let result = rt.block_on(async move {
         let (stop, _) = tokio::sync::watch::channel(false);
@@ -142,56 +128,6 @@ fn main() -> ExitCode {
                 RunError::Listen(_) | RunError::StateInUse { .. } => 3,
                 RunError::Serve { .. } => 1,
             })
-        }
-    }
-}
-
-/// `OLLIE_LIMITS`: space- or comma-separated `KEY=N` over [`Limits::default`].
-fn parse_limits(text: &str) -> Result<Limits, String> {
-    let mut l = Limits::default();
-    for item in text.split([' ', ',']).filter(|s| !s.is_empty()) {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| format!("{item:?}: expected KEY=N"))?;
-        let n: u64 = v
-            .parse()
-            .map_err(|_| format!("{k}: {v:?} is not a whole number"))?;
-        let count = || usize::try_from(n).map_err(|_| format!("{k}: {n} is too large"));
-        match k {
-            "fids" => l.max_fids = count()?,
-            "afids" => l.max_afids = count()?,
-            "requests" => l.max_inflight = count()?,
-            "connections" => l.max_conns = count()?,
-            "connections_per_peer" => l.max_conns_per_peer = count()?,
-            "attach_timeout_ms" => {
-                l.attach_timeout = (n > 0).then(|| std::time::Duration::from_millis(n));
-            }
-            _ => return Err(format!("unknown key {k:?}")),
-        }
-    }
-    Ok(l)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_overrides() {
-        let l = parse_limits("fids=10, afids=2 attach_timeout_ms=1500").unwrap();
-        assert_eq!(l.max_fids, 10);
-        assert_eq!(l.max_afids, 2);
-        assert_eq!(
-            l.attach_timeout,
-            Some(std::time::Duration::from_millis(1500))
-        );
-        assert_eq!(l.max_conns, Limits::default().max_conns);
-        assert_eq!(
-            parse_limits("attach_timeout_ms=0").unwrap().attach_timeout,
-            None
-        );
-        for bad in ["fids", "fids=x", "bogus=1", "fids=-1"] {
-            assert!(parse_limits(bad).is_err(), "{bad}");
         }
     }
 }

@@ -17,11 +17,11 @@ use common::toolsrv::{Ts, features_ok, skip};
 use common::*;
 use ollie_p9::wire::{self, NOTAG, Rmsg, Tmsg, om};
 
-/// A server with `OLLIE_LIMITS=limits` and, if `tcp` is given, a TCP listener on that port.
+/// A server with `limits` (TOML lines) as config.toml's `[limits]` and, if `tcp` is given, a
+/// TCP listener on that port.
 fn start(limits: &str, tcp: Option<u16>) -> Srv {
-    let limits = limits.to_owned();
-    Srv::start_with(tempfile::tempdir().unwrap(), CONFIG, move |c| {
-        c.env("OLLIE_LIMITS", limits);
+    let config = format!("{CONFIG}\n[limits]\n{limits}\n");
+    Srv::start_with(tempfile::tempdir().unwrap(), &config, move |c| {
         if let Some(p) = tcp {
             c.arg("-a").arg(format!("tcp!127.0.0.1!{p}"));
         }
@@ -152,7 +152,7 @@ fn tauth_floods_keep_memory_bounded() {
 
 #[test]
 fn a_connection_that_never_attaches_is_closed() {
-    let srv = start("attach_timeout_ms=500", None);
+    let srv = start("attach_timeout_s = 1", None);
     let mut good = Raw::session(&srv.sock);
     // Versioned but never attached; and connected without a byte sent.
     let mut idle = Raw::connect(&srv.sock);
@@ -253,7 +253,7 @@ fn check_cap(limits: &str, served: usize, refusal: &str) {
 fn per_peer_connection_cap() {
     let uid = nix::unistd::getuid().as_raw();
     check_cap(
-        "connections_per_peer=4",
+        "connections_per_peer = 4",
         4,
         &format!("too many connections from uid {uid} (limit 4)"),
     );
@@ -262,7 +262,7 @@ fn per_peer_connection_cap() {
 #[test]
 fn global_connection_cap() {
     check_cap(
-        "connections=3",
+        "connections = 3",
         3,
         "too many connections to this server (limit 3)",
     );
@@ -270,7 +270,7 @@ fn global_connection_cap() {
 
 #[test]
 fn fid_cap_on_olliesrv() {
-    let srv = start("fids=100", None);
+    let srv = start("fids_per_connection = 100", None);
     let mut r = Raw::session(&srv.sock);
     for f in 1..100 {
         r.walk(2, 0, f, &[]);
@@ -328,7 +328,7 @@ fn out_of_file_descriptors_neither_spins_nor_floods_the_log() {
     };
     // No attach deadline and no per-peer cap in the way: only the descriptors run out.
     let srv = start(
-        "attach_timeout_ms=0 connections_per_peer=10000 connections=10000",
+        "attach_timeout_s = 0\nconnections_per_peer = 10000\nconnections = 10000",
         None,
     );
     let pid = srv.pid();
