@@ -1765,6 +1765,7 @@ impl OllieFs {
             match (p.agent.is_some(), p.path.as_slice()) {
                 (false, [b, f]) if b == "bypass" && f == "resolve" => 0o200,
                 (false, [b, f]) if b == "bypass" && f == "pending" => 0o400,
+                (false, [b, f]) if b == "bypass" && f == "full" => 0o600,
                 (false, _) => 0o400,
                 (true, [_, _, f]) if f == "ctl" => 0o222,
                 (true, _) => 0o444,
@@ -1775,7 +1776,7 @@ impl OllieFs {
 
     fn may_write_proxy(p: &Proxy) -> bool {
         match (p.agent.is_some(), p.path.as_slice()) {
-            (false, [b, f]) => b == "bypass" && f == "resolve",
+            (false, [b, f]) => b == "bypass" && (f == "resolve" || f == "full"),
             (true, [_, _, f]) => f == "ctl",
             _ => false,
         }
@@ -2426,7 +2427,7 @@ impl Filesystem for OllieFs {
                 let by = self.shared.owner.clone();
                 self.reg()
                     .bypass
-                    .resolve(self.reg(), &data, &by)
+                    .resolve(self.reg(), offset, &data, &by)
                     .await
                     .map_err(err)?;
                 Ok(n)
