@@ -405,6 +405,23 @@ pub fn display_bounded(s: &str) -> String {
     )
 }
 
+/// Whether `shown`, a string of a bounded display, has a part left out: it holds a marker of
+/// [`display_bounded`] or [`display_bounded_json`] (a backslash that is not itself escaped,
+/// followed by `[`), which no escaped string holds.
+pub fn has_hidden_marker(shown: &str) -> bool {
+    let mut it = shown.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.next() {
+                Some('[') => return true,
+                Some(_) => {}
+                None => return false,
+            }
+        }
+    }
+    false
+}
+
 /// [`display_escape_json`] with every string and key bounded by [`display_bounded`], and
 /// every array and object by [`MAX_SHOWN_ITEMS`]: a longer array shows its first 48 and last
 /// 15 elements with a `\[… N items hidden …]` string between them; a longer object its first
@@ -1404,6 +1421,12 @@ mod tests {
         assert_eq!(display_bounded("a\u{2800}b"), "a\\u{2800}b");
         let forged = "\\[… 5 characters hidden …]";
         assert_eq!(display_bounded(forged), format!("\\{forged}"));
+        assert!(has_hidden_marker(&shown));
+        assert!(!has_hidden_marker(&display_bounded(forged)));
+        assert!(!has_hidden_marker(&display_bounded(&format!(
+            "\\\\{forged}"
+        ))));
+        assert!(!has_hidden_marker("\\u{2800}\\\\"));
         // At the bound: whole; one over: cut.
         let at = "x".repeat(MAX_SHOWN_CHARS);
         assert_eq!(display_bounded(&at), at);

@@ -542,6 +542,46 @@ impl Bypass {
         self.audit("decision-refused", fields);
     }
 
+    /// The root `bypass/full`: the whole request whose id is written, from the session that
+    /// holds it (its toolsrv's `bypass/full`).
+    pub async fn full(&self, reg: &crate::model::Registry, data: &[u8]) -> Result<Bytes, String> {
+        let id = std::str::from_utf8(data)
+            .ok()
+            .map(|t| t.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r')))
+            .filter(|t| ollie_link::bypass::is_request_id(t))
+            .ok_or("full: write the id of a pending request (32 lowercase hex digits)")?;
+        let sid = self
+            .session_of(id)
+            .ok_or_else(|| format!("full: no request {id}"))?;
+        let s = reg
+            .sessions()
+            .into_iter()
+            .find(|s| s.id == sid)
+            .ok_or_else(|| format!("full: request {id} belonged to a session that is gone"))?;
+        let conn = s.link.conn(Duration::from_secs(5)).await?;
+        let mut f = conn
+            .operator
+            .walk(&["bypass", "full"])
+            .await
+            .map_err(|e| e.to_string())?;
+        f.open(om::ORDWR).await.map_err(|e| e.to_string())?;
+        f.write(0, Bytes::copy_from_slice(id.as_bytes()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        loop {
+            let b = f
+                .read(out.len() as u64, 64 * 1024)
+                .await
+                .map_err(|e| e.to_string())?;
+            if b.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&b);
+        }
+        Ok(Bytes::from(out))
+    }
+
     /// The root `bypass/resolve`: checks the verdict (whole, in one write at `offset` 0),
     /// finds its session, forwards it.
     pub async fn resolve(

@@ -53,6 +53,7 @@ pub enum RootFile {
     BypassPending,
     BypassResolve,
     BypassAudit,
+    BypassFull,
     SkillsDir,
     SkillsIdx,
 }
@@ -211,6 +212,12 @@ pub const BYPASS_FILES: &[FileDef<RootFile>] = &[
         RootFile::BypassAudit,
         0o400,
         "the audit log: every request and verdict, one JSON object per line (its last MiB)",
+    ),
+    f(
+        "full",
+        RootFile::BypassFull,
+        0o600,
+        "write a pending request's id, read the whole request on the same fid (display-escaped; pending shows long ones cut)",
     ),
 ];
 
@@ -2261,7 +2268,9 @@ impl Filesystem for OllieFs {
                     .as_ref()
                     .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
             }
-            Node::R(RootFile::Ctl | RootFile::Generate | RootFile::SessionNew)
+            Node::R(
+                RootFile::Ctl | RootFile::Generate | RootFile::SessionNew | RootFile::BypassFull,
+            )
             | Node::S(_, SFile::Ctl | SFile::NsCtl)
             | Node::A(_, AFile::Ctl | AFile::NsCtl) => Ok(fid
                 .reply
@@ -2421,6 +2430,17 @@ impl Filesystem for OllieFs {
                 fid.reply = None;
                 let reply = self.root_ctl(text(&data)?)?;
                 fid.reply = Some(Bytes::from(reply));
+                Ok(n)
+            }
+            Node::R(RootFile::BypassFull) => {
+                fid.reply = None;
+                let full = self
+                    .reg()
+                    .bypass
+                    .full(self.reg(), &data)
+                    .await
+                    .map_err(err)?;
+                fid.reply = Some(full);
                 Ok(n)
             }
             Node::R(RootFile::BypassResolve) => {
