@@ -8,7 +8,11 @@
 //! approval voids it; an agent's background process swapping the script at any of toolsrv's
 //! checks, found with inotify, never gets its script run), `"scope":"session"`, approvals not
 //! widening later runs, a stopped call withdrawing its request, escalations refused without
-//! asking, and the flood bound.
+//! asking, and the flood bound. And what the approver sees (issue 21): a long, blank-padded
+//! request shown bounded with the exact request's size and SHA-256 (checked with `sha256sum`
+//! against `bypass/full`), the operator's denial reaching the agent escaped, verdicts split
+//! across writes refused on every resolve file, and — through a real olliesrv with a replayed
+//! model — the root `bypass/` files and the `bypass-*` events of `eventwait`.
 //!
 //! Every grant here names a directory beside the workspace, which the `workspace` policy does
 //! not let a tool write; each case first shows (or relies on a case showing) that the write is
