@@ -16,7 +16,22 @@
 //!   down, its requests still pending are recorded as denied (`broker-gone`).
 //!
 //! The requests themselves, their deadlines and the decisions stay in toolsrv: the mirror only
-//! shows and forwards. A request whose `expires` has passed is no longer shown.
+//! shows and forwards. A request whose `expires` has passed is no longer shown. toolsrv shows
+//! each request bounded (long strings cut around `\[… N characters hidden …]`, with the exact
+//! request's `request_bytes` and `request_sha256`); the mirror and the audit log keep that
+//! bounded form, and a denial's message is audited display-escaped.
+//!
+//! The server's `eventwait` gets one event per request seen and one when it ends, each with
+//! only the session id, the request id, the agent id and the tool name (never the argv, the
+//! reason, the grants, the paths or the denial message: `eventwait` is readable by every client
+//! of the server and its ring is not the audit log):
+//! - `bypass-requested`;
+//! - `bypass-resolved` with `verdict` (`approved` or `denied`), `scope` (`session`, when so),
+//!   and `by` (who wrote the verdict through olliesrv);
+//! - `bypass-expired` (no answer before the deadline), `bypass-withdrawn` (the call was
+//!   stopped), `bypass-gone` (toolsrv stopped or its link went down first).
+//!
+//! Each request gets exactly one of the ending events, the first that happens.
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -30,6 +45,7 @@ use ollie_p9::wire::om;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::events::Events;
 use crate::link::Conn;
 
 /// Requests remembered by the mirror.
@@ -43,6 +59,9 @@ struct Req {
     seq: u64,
     session: String,
     id: String,
+    /// The agent's id and the tool, for `eventwait` (as toolsrv showed them: escaped).
+    agent: String,
+    tool: String,
     /// As toolsrv showed it (escaped JSON and a newline).
     shown: Arc<String>,
     /// Unix seconds.
@@ -62,6 +81,8 @@ pub struct Bypass {
     tick: watch::Sender<u64>,
     audit_path: PathBuf,
     audit: Mutex<()>,
+    /// The server's `eventwait` log.
+    events: Arc<Events>,
 }
 
 impl std::fmt::Debug for Bypass {
@@ -128,13 +149,35 @@ fn parse_time(s: &str) -> Option<u64> {
 }
 
 impl Bypass {
-    pub fn new(state_dir: &Path) -> Bypass {
+    pub fn new(state_dir: &Path, events: Arc<Events>) -> Bypass {
         Bypass {
             mirror: Mutex::new(Mirror::default()),
             tick: watch::Sender::new(0),
             audit_path: state_dir.join(AUDIT_FILE),
             audit: Mutex::new(()),
+            events,
         }
+    }
+
+    /// One `eventwait` event about request `id` of `session`, with the agent and tool the
+    /// mirror holds for it (nothing more: see the module doc) and `extra`.
+    fn emit(&self, kind: &str, session: &str, id: &str, extra: &[(&str, Value)]) {
+        let (agent, tool) = lock(&self.mirror)
+            .reqs
+            .iter()
+            .rev()
+            .find(|r| r.id == id && r.session == session)
+            .map(|r| (r.agent.clone(), r.tool.clone()))
+            .unwrap_or_default();
+        let mut f = serde_json::Map::new();
+        f.insert("session".into(), Value::from(session));
+        f.insert("id".into(), Value::from(id));
+        f.insert("agent".into(), Value::from(agent));
+        f.insert("tool".into(), Value::from(tool));
+        for (k, v) in extra {
+            f.insert((*k).into(), v.clone());
+        }
+        self.events.emit(kind, f);
     }
 
     /// Appends one event to the audit log, durably.
@@ -273,25 +316,38 @@ impl Bypass {
             fields.insert("toolsrv_time".into(), t);
         }
         fields.insert("session".into(), Value::from(session));
-        if matches!(event.as_str(), "expired" | "withdrawn" | "denied")
+        let ended = match event.as_str() {
+            "expired" => Some("bypass-expired"),
+            "withdrawn" => Some("bypass-withdrawn"),
+            "denied" => Some("bypass-gone"),
+            _ => None,
+        };
+        if let Some(kind) = ended
             && let Some(id) = fields.get("id").and_then(Value::as_str)
+            && self.mark_done(session, id)
         {
-            self.mark_done(session, id);
+            self.emit(kind, session, id, &[]);
         }
         self.audit(&event, fields);
     }
 
-    fn mark_done(&self, session: &str, id: &str) {
+    /// Marks request `id` of `session` answered; whether it was not already.
+    fn mark_done(&self, session: &str, id: &str) -> bool {
         let mut m = lock(&self.mirror);
-        if let Some(r) = m
+        let changed = match m
             .reqs
             .iter_mut()
             .find(|r| r.id == id && r.session == session)
         {
-            r.done = true;
-        }
+            Some(r) if !r.done => {
+                r.done = true;
+                true
+            }
+            _ => false,
+        };
         drop(m);
         self.tick.send_modify(|s| *s += 1);
+        changed
     }
 
     /// The link to a session's toolsrv went down: whatever it still had pending is denied
@@ -309,6 +365,7 @@ impl Bypass {
                 .collect()
         };
         for id in ids {
+            self.emit("bypass-gone", session, &id, &[]);
             let mut fields = serde_json::Map::new();
             fields.insert("session".into(), Value::from(session));
             fields.insert("id".into(), Value::from(id));
@@ -343,6 +400,8 @@ impl Bypass {
             "reason",
             "expires",
             "digest",
+            "request_bytes",
+            "request_sha256",
         ] {
             if let Some(x) = v.get(k) {
                 fields.insert(k.into(), x.clone());
@@ -352,6 +411,7 @@ impl Bypass {
             fields.insert("executable_sha256".into(), sha.clone());
         }
         self.audit("request", fields);
+        let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         {
             let mut m = lock(&self.mirror);
             m.seq += 1;
@@ -359,7 +419,9 @@ impl Bypass {
             m.reqs.push(Req {
                 seq,
                 session: session.to_owned(),
-                id,
+                id: id.clone(),
+                agent: text("agent"),
+                tool: text("tool"),
                 shown: Arc::new(shown),
                 expires,
                 done: false,
@@ -368,6 +430,7 @@ impl Bypass {
                 m.reqs.remove(0);
             }
         }
+        self.emit("bypass-requested", session, &id, &[]);
         self.tick.send_modify(|s| *s += 1);
     }
 
@@ -428,13 +491,28 @@ impl Bypass {
             }
             ollie_link::bypass::Verdict::Deny { message } => {
                 fields.insert("verdict".into(), json!("denied"));
-                fields.insert("message".into(), Value::from(message.clone()));
+                fields.insert(
+                    "message".into(),
+                    Value::from(ollie_link::bypass::display_escape(message)),
+                );
             }
         }
         match result {
             Ok(()) => {
-                if let Some(q) = lock(&self.mirror).reqs.iter_mut().find(|q| q.id == r.id) {
-                    q.done = true;
+                if self.mark_done(session, &r.id) {
+                    let mut extra = vec![("by", Value::from(by))];
+                    match &r.verdict {
+                        ollie_link::bypass::Verdict::Approve { session_scope } => {
+                            extra.push(("verdict", json!("approved")));
+                            if *session_scope {
+                                extra.push(("scope", json!("session")));
+                            }
+                        }
+                        ollie_link::bypass::Verdict::Deny { .. } => {
+                            extra.push(("verdict", json!("denied")));
+                        }
+                    }
+                    self.emit("bypass-resolved", session, &r.id, &extra);
                 }
                 self.audit("decision", fields);
             }
@@ -464,14 +542,56 @@ impl Bypass {
         self.audit("decision-refused", fields);
     }
 
-    /// The root `bypass/resolve`: checks the verdict, finds its session, forwards it.
+    /// The root `bypass/full`: the whole request whose id is written, from the session that
+    /// holds it (its toolsrv's `bypass/full`).
+    pub async fn full(&self, reg: &crate::model::Registry, data: &[u8]) -> Result<Bytes, String> {
+        let id = std::str::from_utf8(data)
+            .ok()
+            .map(|t| t.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r')))
+            .filter(|t| ollie_link::bypass::is_request_id(t))
+            .ok_or("full: write the id of a pending request (32 lowercase hex digits)")?;
+        let sid = self
+            .session_of(id)
+            .ok_or_else(|| format!("full: no request {id}"))?;
+        let s = reg
+            .sessions()
+            .into_iter()
+            .find(|s| s.id == sid)
+            .ok_or_else(|| format!("full: request {id} belonged to a session that is gone"))?;
+        let conn = s.link.conn(Duration::from_secs(5)).await?;
+        let mut f = conn
+            .operator
+            .walk(&["bypass", "full"])
+            .await
+            .map_err(|e| e.to_string())?;
+        f.open(om::ORDWR).await.map_err(|e| e.to_string())?;
+        f.write(0, Bytes::copy_from_slice(id.as_bytes()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        loop {
+            let b = f
+                .read(out.len() as u64, 64 * 1024)
+                .await
+                .map_err(|e| e.to_string())?;
+            if b.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&b);
+        }
+        Ok(Bytes::from(out))
+    }
+
+    /// The root `bypass/resolve`: checks the verdict (whole, in one write at `offset` 0),
+    /// finds its session, forwards it.
     pub async fn resolve(
         &self,
         reg: &crate::model::Registry,
+        offset: u64,
         data: &[u8],
         by: &str,
     ) -> Result<(), String> {
-        let r = ollie_link::bypass::parse_resolve(data).map_err(|e| {
+        let r = ollie_link::bypass::parse_resolve_at(offset, data).map_err(|e| {
             let e = e.to_string();
             self.refused_input(None, data, by, &e);
             e
@@ -534,7 +654,8 @@ mod tests {
     #[tokio::test]
     async fn the_mirror_shows_each_request_once_per_reader_and_audits() {
         let dir = tempfile::tempdir().unwrap();
-        let b = Bypass::new(dir.path());
+        let events = Arc::new(crate::events::Events::new());
+        let b = Bypass::new(dir.path(), Arc::clone(&events));
         let id = "0123456789abcdef0123456789abcdef";
         let v = json!({"id": id, "agent": "a", "tool": "execute_code", "argv": ["x"],
             "grants": ["net:80"], "reason": "r", "expires": "2999-01-01T00:00:00Z",
@@ -600,6 +721,7 @@ mod tests {
         let e = b
             .resolve(
                 &reg,
+                0,
                 "{\"id\":\"x\u{202e}\",\"approved\":true}".as_bytes(),
                 "me",
             )
@@ -609,6 +731,7 @@ mod tests {
         let e = b
             .resolve(
                 &reg,
+                0,
                 format!(r#"{{"id":"{}","approved":true}}"#, "a".repeat(32)).as_bytes(),
                 "me",
             )
@@ -664,6 +787,37 @@ mod tests {
                 .await
                 .is_err(),
             "a request of a gone toolsrv was shown"
+        );
+        // eventwait: each request once, and one ending each, without the argv or reason.
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        while let Ok(Some((seq, line))) =
+            tokio::time::timeout(Duration::from_millis(100), events.next_after(cursor)).await
+        {
+            cursor = seq;
+            let v: Value = serde_json::from_str(&line).unwrap();
+            assert!(
+                v.get("argv").is_none() && v.get("reason").is_none(),
+                "{line}"
+            );
+            assert!(!line.contains("\"no\""), "{line}");
+            seen.push((
+                v["event"].as_str().unwrap().to_owned(),
+                v["id"].as_str().unwrap().to_owned(),
+            ));
+        }
+        let f = "f".repeat(32);
+        let e = "e".repeat(32);
+        assert_eq!(
+            seen,
+            vec![
+                ("bypass-requested".to_owned(), id.to_owned()),
+                ("bypass-requested".to_owned(), f.clone()),
+                ("bypass-expired".to_owned(), f),
+                ("bypass-resolved".to_owned(), id.to_owned()),
+                ("bypass-requested".to_owned(), e.clone()),
+                ("bypass-gone".to_owned(), e),
+            ]
         );
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join(AUDIT_FILE))

@@ -53,6 +53,7 @@ pub enum RootFile {
     BypassPending,
     BypassResolve,
     BypassAudit,
+    BypassFull,
     SkillsDir,
     SkillsIdx,
 }
@@ -211,6 +212,12 @@ pub const BYPASS_FILES: &[FileDef<RootFile>] = &[
         RootFile::BypassAudit,
         0o400,
         "the audit log: every request and verdict, one JSON object per line (its last MiB)",
+    ),
+    f(
+        "full",
+        RootFile::BypassFull,
+        0o600,
+        "write a pending request's id, read the whole request on the same fid (display-escaped; pending shows long ones cut)",
     ),
 ];
 
@@ -1808,6 +1815,7 @@ impl OllieFs {
             match (p.agent.is_some(), p.path.as_slice()) {
                 (false, [b, f]) if b == "bypass" && f == "resolve" => 0o200,
                 (false, [b, f]) if b == "bypass" && f == "pending" => 0o400,
+                (false, [b, f]) if b == "bypass" && f == "full" => 0o600,
                 (false, _) => 0o400,
                 (true, [_, _, f]) if f == "ctl" => 0o222,
                 (true, _) => 0o444,
@@ -1818,7 +1826,7 @@ impl OllieFs {
 
     fn may_write_proxy(p: &Proxy) -> bool {
         match (p.agent.is_some(), p.path.as_slice()) {
-            (false, [b, f]) => b == "bypass" && f == "resolve",
+            (false, [b, f]) => b == "bypass" && (f == "resolve" || f == "full"),
             (true, [_, _, f]) => f == "ctl",
             _ => false,
         }
@@ -2312,7 +2320,9 @@ impl Filesystem for OllieFs {
                     .as_ref()
                     .map_or(Ok(Bytes::new()), |d| d.read(offset, count))
             }
-            Node::R(RootFile::Ctl | RootFile::Generate | RootFile::SessionNew)
+            Node::R(
+                RootFile::Ctl | RootFile::Generate | RootFile::SessionNew | RootFile::BypassFull,
+            )
             | Node::S(_, SFile::Ctl | SFile::NsCtl)
             | Node::A(_, AFile::Ctl | AFile::NsCtl) => Ok(fid
                 .reply
@@ -2474,11 +2484,22 @@ impl Filesystem for OllieFs {
                 fid.reply = Some(Bytes::from(reply));
                 Ok(n)
             }
+            Node::R(RootFile::BypassFull) => {
+                fid.reply = None;
+                let full = self
+                    .reg()
+                    .bypass
+                    .full(self.reg(), &data)
+                    .await
+                    .map_err(err)?;
+                fid.reply = Some(full);
+                Ok(n)
+            }
             Node::R(RootFile::BypassResolve) => {
                 let by = self.shared.owner.clone();
                 self.reg()
                     .bypass
-                    .resolve(self.reg(), &data, &by)
+                    .resolve(self.reg(), offset, &data, &by)
                     .await
                     .map_err(err)?;
                 Ok(n)

@@ -1287,7 +1287,7 @@ impl Registry {
         toolsrv: PathBuf,
     ) -> Registry {
         Registry {
-            bypass: Arc::new(crate::bypass::Bypass::new(store.dir())),
+            bypass: Arc::new(crate::bypass::Bypass::new(store.dir(), Arc::clone(&events))),
             events,
             store,
             config,

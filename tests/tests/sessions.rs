@@ -1590,6 +1590,7 @@ async fn session_toolsrv_view_is_read_only_and_owner_only() {
     assert_eq!(
         bypass,
         BTreeSet::from([
+            ("full".to_owned(), 0o600),
             ("log".to_owned(), 0o400),
             ("pending".to_owned(), 0o400),
             ("resolve".to_owned(), 0o200)

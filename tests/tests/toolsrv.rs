@@ -380,7 +380,12 @@ async fn bypass_is_for_the_operator_only() {
 
     assert_eq!(
         ls(&op, "bypass").await,
-        BTreeSet::from(["log".to_owned(), "pending".to_owned(), "resolve".to_owned()])
+        BTreeSet::from([
+            "full".to_owned(),
+            "log".to_owned(),
+            "pending".to_owned(),
+            "resolve".to_owned()
+        ])
     );
     let pending = open(&op, "bypass/pending", om::OREAD)
         .await

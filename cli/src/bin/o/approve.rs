@@ -6,6 +6,11 @@
 //! It prints the request in full, asks on standard input, and writes the verdict (built with
 //! serde_json) to the matching `bypass/resolve` on a fresh fid.
 //!
+//! The server shows long requests cut (a string over 1024 characters as its head and tail
+//! around `\[… N characters hidden …]`, more than 64 elements likewise); the display then says
+//! so, and always shows the exact request's size and SHA-256 (`request_bytes`,
+//! `request_sha256`), whose whole text is in `bypass/full` (write the id, read it back).
+//!
 //! Guarantees: nothing is approved without an explicit `y`/`yes`/`s`/`session` line; every
 //! string from the request is escaped again here (C0, DEL, C1, bidi and invisible format
 //! characters as `\u{XX}`) even though the server already escapes them, so a request cannot
@@ -68,6 +73,24 @@ pub struct Request {
     pub reason: String,
     pub created: String,
     pub expires: String,
+    /// Size in bytes and hex SHA-256 of the exact request (what `bypass/full` shows,
+    /// display-escaped); 0 and empty from a server that does not send them.
+    pub request_bytes: u64,
+    pub request_sha256: String,
+}
+
+/// Whether the server cut some part of `r` (its bounded display left a
+/// `\[… N … hidden …]` marker, which escaped agent text cannot forge).
+pub fn is_cut(r: &Request) -> bool {
+    let marked = ollie_link::bypass::has_hidden_marker;
+    let bin = |b: &Binary| marked(&b.path);
+    [&r.tool, &r.cwd, &r.reason].iter().any(|s| marked(s))
+        || r.argv.iter().chain(&r.grants).any(|s| marked(s))
+        || r.env
+            .iter()
+            .any(|(k, v)| marked(k) || v.as_str().is_some_and(marked))
+        || r.executable.as_ref().is_some_and(bin)
+        || r.scripts.iter().any(bin)
 }
 
 /// Whether `c` must never reach the terminal as it is: the server's display-escape set
@@ -203,6 +226,22 @@ pub fn render(r: &Request, names: &Names) -> String {
     line("reason", &escape(&r.reason));
     line("created", &escape(&r.created));
     line("expires", &escape(&r.expires));
+    if !r.request_sha256.is_empty() {
+        line(
+            "request",
+            &format!(
+                "{} bytes, sha256 {}",
+                r.request_bytes,
+                escape(&r.request_sha256)
+            ),
+        );
+    }
+    if is_cut(r) {
+        line(
+            "CUT",
+            "parts of this request are hidden (\\[… N … hidden …]); to read it whole, write its id to bypass/full and read that fid",
+        );
+    }
     out
 }
 
@@ -451,6 +490,45 @@ mod tests {
         assert!(is_request_id(id));
         assert!(!is_request_id("0123"));
         assert!(!is_request_id(&"g".repeat(32)));
+    }
+
+    #[test]
+    fn rendering_shows_the_size_hash_and_cut() {
+        let long = format!(
+            "curl x|sh;{}\\[… 3876 characters hidden …]{}cargo test",
+            "\\u{2800}".repeat(60),
+            "\\u{2800}".repeat(62)
+        );
+        let r: Request = serde_json::from_value(serde_json::json!({
+            "id": "0123456789abcdef0123456789abcdef",
+            "argv": ["bash", "-c", long],
+            "request_bytes": 12838, "request_sha256": "ab".repeat(32),
+        }))
+        .unwrap();
+        assert!(is_cut(&r));
+        let shown = render(&r, &Names::default());
+        assert!(
+            shown.contains(&format!(
+                "request    12838 bytes, sha256 {}",
+                "ab".repeat(32)
+            )),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("CUT        parts of this request are hidden"),
+            "{shown}"
+        );
+        assert!(shown.contains("3876 characters hidden"), "{shown}");
+        assert!(shown.contains("cargo test'"), "{shown}");
+        assert!(!shown.contains('\u{2800}'));
+        // Agent text that looks like a marker arrives with its backslash doubled: not a cut.
+        let r: Request = serde_json::from_value(serde_json::json!({
+            "id": "0123456789abcdef0123456789abcdef",
+            "argv": ["echo", "\\\\[… 5 characters hidden …]"],
+        }))
+        .unwrap();
+        assert!(!is_cut(&r));
+        assert!(!render(&r, &Names::default()).contains("CUT"));
     }
 
     #[test]
