@@ -1,6 +1,6 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape, toolsrv, broker, authority, openai, hooks and remote suites,
-# and the README's `o mount` walk-through, as the unprivileged user `ollietest`.
+# Runs the policy, sandbox, escape, toolsrv, broker, authority, openai, limits, hooks and remote
+# suites, and the README's `o mount` walk-through, as the unprivileged user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
 # the cross-process suites start (toolsrv, olliesrv, o, ollie-9p), copies them to a
@@ -30,8 +30,9 @@ build() {
 }
 build -p ollie-policy -p ollie-sandbox
 build -p ollie-tests --test escapes --test toolsrv --test broker
-# What a client attached as agent may do; redaction of a tool call that really runs.
-build -p ollie-tests --test authority --test llm_openai
+# What a client attached as agent may do; redaction of a tool call that really runs; the
+# bounds on 9P clients.
+build -p ollie-tests --test authority --test llm_openai --test limits
 # Lifecycle hooks run sandboxed in toolsrv under their own policy.
 build -p ollie-tests --test hooks
 # Remote sessions: the suite's own sshd runs as this user too (no privilege separation).

@@ -424,7 +424,10 @@ fn a_profile_name_resolves_as_olliesrv_resolves_it() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(!marker.exists(), "the command ran under the refused override");
+    assert!(
+        !marker.exists(),
+        "the command ran under the refused override"
+    );
     if features_ok("a_profile_name_resolves_as_olliesrv_resolves_it") {
         // "mine" is the user's read-only copy: the command runs (touch's own failure, not
         // the sandbox's 125), and cannot write.

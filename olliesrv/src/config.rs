@@ -374,8 +374,16 @@ impl RawLimits {
                 format!("{n} is out of range (1..={MAX_LIMIT})"),
             )),
         };
-        count("fids_per_connection", self.fids_per_connection, &mut l.max_fids)?;
-        count("afids_per_connection", self.afids_per_connection, &mut l.max_afids)?;
+        count(
+            "fids_per_connection",
+            self.fids_per_connection,
+            &mut l.max_fids,
+        )?;
+        count(
+            "afids_per_connection",
+            self.afids_per_connection,
+            &mut l.max_afids,
+        )?;
         count(
             "requests_per_connection",
             self.requests_per_connection,
@@ -1877,22 +1885,39 @@ context_limit = 128000
         .unwrap();
         let l = c.limits;
         assert_eq!(
-            (l.max_fids, l.max_afids, l.max_inflight, l.max_conns, l.max_conns_per_peer),
+            (
+                l.max_fids,
+                l.max_afids,
+                l.max_inflight,
+                l.max_conns,
+                l.max_conns_per_peer
+            ),
             (100, 2, 50, 9, 3)
         );
         assert_eq!(l.attach_timeout, None);
-        assert_eq!(parse("").unwrap().limits, ollie_p9::server::Limits::default());
+        assert_eq!(
+            parse("").unwrap().limits,
+            ollie_p9::server::Limits::default()
+        );
         for (text, want) in [
-            ("fids_per_connection = 0", "limits.fids_per_connection: 0 is out of range"),
+            (
+                "fids_per_connection = 0",
+                "limits.fids_per_connection: 0 is out of range",
+            ),
             ("connections = -1", "limits.connections: -1 is out of range"),
-            ("attach_timeout_s = 4000", "limits.attach_timeout_s: 4000 is out of range"),
+            (
+                "attach_timeout_s = 4000",
+                "limits.attach_timeout_s: 4000 is out of range",
+            ),
             (
                 "fids_per_connection = 4\nafids_per_connection = 8",
                 "limits.afids_per_connection: 8 is more than fids_per_connection (4)",
             ),
             ("fids = 1", "unknown field `fids`"),
         ] {
-            let e = parse(&format!("[limits]\n{text}\n")).unwrap_err().to_string();
+            let e = parse(&format!("[limits]\n{text}\n"))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
     }
@@ -1903,7 +1928,10 @@ context_limit = 128000
             .unwrap_err()
             .to_string();
         assert!(!e.contains('\u{1b}') && !e.contains('\u{7}'), "{e:?}");
-        assert!(e.contains("backends.x\\u{1B}]0;title\\u{7}: backend names use"), "{e}");
+        assert!(
+            e.contains("backends.x\\u{1B}]0;title\\u{7}: backend names use"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -72,6 +72,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    raise_open_files();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -128,6 +129,21 @@ fn main() -> ExitCode {
                 RunError::Listen(_) | RunError::StateInUse { .. } => 3,
                 RunError::Serve { .. } => 1,
             })
+        }
+    }
+}
+
+/// Raises the soft limit on open descriptors to the hard one (at most 65 536): the connection
+/// caps of `[limits]` (512 by default, each a descriptor, besides each session's toolsrv link)
+/// assume more than the usual default of 1024. Tools get their own limit from their policy.
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let want = hard.min(1 << 16);
+        if soft < want
+            && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, want, hard)
+        {
+            eprintln!("olliesrv: cannot raise the open-file limit from {soft} to {want}: {e}");
         }
     }
 }

@@ -158,17 +158,29 @@ mod tests {
     fn short_keys_are_not_remembered() {
         remember("bk");
         remember("fifteen-chars-x");
-        assert_eq!(redact("/home/bk/work fifteen-chars-x"), "/home/bk/work fifteen-chars-x");
+        assert_eq!(
+            redact("/home/bk/work fifteen-chars-x"),
+            "/home/bk/work fifteen-chars-x"
+        );
     }
 
     #[test]
     fn every_occurrence_and_a_cut_end_are_redacted() {
         remember(K1);
-        assert_eq!(redact(&format!("a {K1} b {K1}")), "a <redacted> b <redacted>");
+        assert_eq!(
+            redact(&format!("a {K1} b {K1}")),
+            "a <redacted> b <redacted>"
+        );
         // An error message cut inside the key.
-        assert_eq!(redact(&format!("bad key {}…", &K1[..12])), "bad key <redacted>…");
+        assert_eq!(
+            redact(&format!("bad key {}…", &K1[..12])),
+            "bad key <redacted>…"
+        );
         // Only a cut text loses a key's start; too short a piece stays.
-        assert_eq!(redact(&format!("ends {}", &K1[..9])), format!("ends {}", &K1[..9]));
+        assert_eq!(
+            redact(&format!("ends {}", &K1[..9])),
+            format!("ends {}", &K1[..9])
+        );
         assert_eq!(redact("sk-test…"), "sk-test…");
         assert_eq!(redact("nothing here"), "nothing here");
     }

@@ -103,8 +103,16 @@ async fn agent_manages_nothing(owner: &Fid, agent: &Fid, work: &std::path::Path)
         ),
         ("session/s/agent/a/ctl", "kill".into(), "an agent's ctl"),
         ("session/s/agent/a/ctl", "stop".into(), "an agent's ctl"),
-        ("session/s/agent/a/name", "renamed".into(), "an agent's name"),
-        ("session/s/agent/a/cfg", "model=other".into(), "an agent's cfg"),
+        (
+            "session/s/agent/a/name",
+            "renamed".into(),
+            "an agent's name",
+        ),
+        (
+            "session/s/agent/a/cfg",
+            "model=other".into(),
+            "an agent's cfg",
+        ),
         (
             "session/s/agent/a/ns/ctl",
             format!("bind {} /ctx", bead.display()),
@@ -144,7 +152,11 @@ async fn agent_manages_nothing(owner: &Fid, agent: &Fid, work: &std::path::Path)
     for p in ["ctl", "bypass/resolve", "bypass/pending", "bypass/audit"] {
         assert!(open(agent, p, om::ORDWR).await.is_err(), "{p}");
     }
-    assert_eq!(world(owner).await, before, "a refused write changed something");
+    assert_eq!(
+        world(owner).await,
+        before,
+        "a refused write changed something"
+    );
     assert!(!read(owner, "session/idx").await.contains("evil"));
 }
 
@@ -202,9 +214,13 @@ const GUARD: std::time::Duration = std::time::Duration::from_secs(60);
 const TURNS: &str = "{\"text\": \"replayed\"}\n";
 
 async fn setup(root: &Fid, work: &std::path::Path) {
-    rdwr(root, "session/new", &format!("name=s cwd={}", work.display()))
-        .await
-        .unwrap();
+    rdwr(
+        root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
     rdwr(root, "session/s/agent/new", "name=a").await.unwrap();
     // The snapshots compare a settled session: its toolsrv up.
     wait_for_text(root, "session/s/cfg", "toolsrv=up", GUARD).await;
@@ -246,7 +262,11 @@ async fn an_agent_cannot_signal_a_tool_process() {
             .expect_err("agent opened a process ctl for writing");
         assert!(e.contains("permission denied"), "{e}");
     }
-    assert!(read(&owner, "session/s/agent/a/proc/top").await.contains("running"));
+    assert!(
+        read(&owner, "session/s/agent/a/proc/top")
+            .await
+            .contains("running")
+    );
     rdwr(&owner, "session/s/agent/a/ctl", "stop").await.unwrap();
     wait_for_text(&owner, "session/s/agent/a/proc/top", "killed", GUARD).await;
 }

@@ -7,6 +7,12 @@
 //!
 //! Without Landlock ABI 7 or user namespaces a case prints `SKIP <case>: <reason>`; with
 //! `OLLIE_TEST_REQUIRE=all` it fails instead.
+//!
+//! The server-side cases of the same attack live beside the servers they start: the authority
+//! of an `agent` attach (`authority.rs`), bounds on 9P clients and pre-auth floods
+//! (`limits.rs`), what the approver sees, split verdicts, escaped denials and broker events
+//! (`broker.rs`), redaction that never changes a tool call (`llm_openai.rs`), and terminal
+//! injection into `o` (`cli/tests/o_terminal.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ollie_policy::Policy;

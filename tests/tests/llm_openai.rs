@@ -1198,7 +1198,11 @@ async fn a_tool_call_runs_as_written_and_only_its_copies_are_redacted() {
     let h = start_agent(vec![exec("c1", &code), answer(&format!("done {KEY}"))], "").await;
     assert_eq!(turn(&h.root, "write it").await.last().unwrap(), "idle");
     let got = std::fs::read_to_string(h.work.join("got.txt")).unwrap();
-    assert_eq!(got, format!("{KEY}/bk/work"), "the command did not run as written");
+    assert_eq!(
+        got,
+        format!("{KEY}/bk/work"),
+        "the command did not run as written"
+    );
 
     let log = read(&h.root, &format!("{A}/log")).await;
     assert!(!log.contains(KEY), "the key shows in the chat:\n{log}");
@@ -1238,8 +1242,11 @@ async fn a_short_api_key_is_refused_with_a_clear_error() {
     let keydir = tempfile::tempdir().unwrap();
     let keyfile = keydir.path().join("key");
     std::fs::write(&keyfile, "bk\n").unwrap();
-    std::fs::set_permissions(&keyfile, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(
+        &keyfile,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let fake = FakeLlm::start(vec![answer("never")]).await;
     let extra = format!(
         "[backends.short]\nkind = \"openai\"\nbase_url = \"{}/v1\"\nmodel = \"m\"\napi_key_file = \"{}\"\n",
@@ -1248,9 +1255,13 @@ async fn a_short_api_key_is_refused_with_a_clear_error() {
     );
     let (srv, work) = olliesrv("openai", &format!("{}/v1", fake.url()), &extra);
     let (_c, root) = attach(&srv, &me()).await;
-    rdwr(&root, "session/new", &format!("name=s cwd={}", work.display()))
-        .await
-        .unwrap();
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await
+    .unwrap();
     rdwr(&root, "session/s/agent/new", "name=a backend=short")
         .await
         .unwrap();
@@ -1259,7 +1270,10 @@ async fn a_short_api_key_is_refused_with_a_clear_error() {
         "error"
     );
     let bs = chat_blocks(&root).await;
-    let err = bs.iter().find(|b| b.kind == "error").expect("an error block");
+    let err = bs
+        .iter()
+        .find(|b| b.kind == "error")
+        .expect("an error block");
     assert_eq!(
         err.body.trim_end(),
         format!(
@@ -1270,7 +1284,10 @@ async fn a_short_api_key_is_refused_with_a_clear_error() {
     );
     let user = bs.iter().find(|b| b.kind == "user").expect("the prompt");
     assert_eq!(user.body, "look in /home/bk/work\n");
-    assert!(fake.got().is_empty(), "a request was sent with the short key");
+    assert!(
+        fake.got().is_empty(),
+        "a request was sent with the short key"
+    );
 }
 
 /// The plan is shown to the model again (as the last message) on the 9th request of a turn,

@@ -604,7 +604,10 @@ mod tests {
         let f = dir.path().join("k");
         std::fs::write(&f, "  sk-secret-1-0123456789\n").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert_eq!(keys(&f).key("b").unwrap().unwrap().0, "sk-secret-1-0123456789");
+        assert_eq!(
+            keys(&f).key("b").unwrap().unwrap().0,
+            "sk-secret-1-0123456789"
+        );
 
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
         let e = keys(&f).key("b").unwrap_err().to_string();
@@ -679,10 +682,7 @@ mod tests {
     fn keys_never_show_in_debug_or_scrubbed_text() {
         let k = ApiKey("sk-abc-0123456789".into());
         assert_eq!(format!("{k:?}"), "ApiKey(<redacted>)");
-        assert_eq!(
-            k.scrub("bad key sk-abc-0123456789!"),
-            "bad key <redacted>!"
-        );
+        assert_eq!(k.scrub("bad key sk-abc-0123456789!"), "bad key <redacted>!");
         // A message cut inside the key loses the key's start too.
         assert_eq!(k.scrub("bad key sk-abc-0123…"), "bad key <redacted>…");
         assert!(k.header("b", "Bearer ").unwrap().is_sensitive());
