@@ -25,7 +25,7 @@ const NASTY: &str = "\x1b]52;c;SGVsbG8=\x07|\x1b[2J|\x1b]0;title\x07|\u{9b}31m|\
 const SHOWN: &str =
     "\\u{1B}]52;c;SGVsbG8=\\u{7}|\\u{1B}[2J|\\u{1B}]0;title\\u{7}|\\u{9B}31m|\\u{202E}|";
 
-/// The bytes `o` wrote, with what it was run as.
+/// The bytes `o` wrote, with how it ended.
 #[derive(Debug)]
 struct Bytes {
     code: Option<i32>,
@@ -35,36 +35,11 @@ struct Bytes {
 
 /// Runs `cmd` with `stdin`, bounded, keeping the exact bytes of its output.
 fn run_bytes(cmd: &mut Command, stdin: &[u8]) -> Bytes {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = wait_child(&mut child, &what);
-    let _ = writer.join();
+    let o = common::run_bytes(cmd, stdin);
     Bytes {
-        code: status.code(),
-        stdout: out_t.join().unwrap(),
-        stderr: err_t.join().unwrap(),
+        code: o.status.code(),
+        stdout: o.stdout,
+        stderr: o.stderr,
     }
 }
 

@@ -159,6 +159,16 @@ pub struct Out {
 }
 
 pub fn run(cmd: &mut Command, stdin: &[u8]) -> Out {
+    let o = run_bytes(cmd, stdin);
+    Out {
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// [`run`], keeping the exact bytes of the output.
+pub fn run_bytes(cmd: &mut Command, stdin: &[u8]) -> Output {
     let what = format!("{cmd:?}");
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -186,15 +196,10 @@ pub fn run(cmd: &mut Command, stdin: &[u8]) -> Out {
     });
     let status = wait_child(&mut child, &what);
     let _ = writer.join();
-    let o = Output {
+    Output {
         status,
         stdout: out_t.join().unwrap(),
         stderr: err_t.join().unwrap(),
-    };
-    Out {
-        code: o.status.code(),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     }
 }
 
