@@ -139,7 +139,7 @@ async fn agent_manages_nothing(owner: &Fid, agent: &Fid, work: &std::path::Path)
             }
         }
         // Truncation through Twstat (9pfuse's `echo x > file`) is refused too.
-        let mut f = within("walk", agent.walk_path(path)).await.unwrap();
+        let f = within("walk", agent.walk_path(path)).await.unwrap();
         let mut st = ollie_p9::wire::Stat::dont_touch();
         st.length = 0;
         assert!(
