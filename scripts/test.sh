@@ -12,26 +12,34 @@ scripts/deps.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-echo "== fmt"
+# Each stage's wall time, printed at the end (where CI's time goes).
+times="" stage_name="" stage_start=$SECONDS
+stage() {
+  [ -z "$stage_name" ] || times="$times $stage_name $((SECONDS - stage_start))s"
+  stage_name=$1 stage_start=$SECONDS
+  [ -z "$1" ] || echo "== $1"
+}
+
+stage fmt
 cargo fmt --all -- --check
-echo "== clippy"
+stage clippy
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== build"
+stage build
 cargo build --workspace --bins
-echo "== test (as $(id -un))"
+stage "test (as $(id -un))"
 cargo test --workspace 2>&1 | tee -a "$log"
 if [ "$(id -u)" = 0 ]; then
-  echo "== sandbox suites as an unprivileged user"
+  stage "sandbox suites as an unprivileged user"
   scripts/test-unprivileged.sh 2>&1 | tee -a "$log"
 elif [ "${OLLIE_TEST_REQUIRE:-}" = all ]; then
   echo "test.sh: not root, so the root run of the sandbox suites is missing" >&2
   exit 1
 fi
-echo "== fuzz (${FUZZ_SECONDS:-60}s per target)"
+stage "fuzz (${FUZZ_SECONDS:-60}s per target)"
 scripts/fuzz.sh
-echo "== systemd units (verify, exposure)"
+stage "systemd units (verify, exposure)"
 scripts/check-units.sh
-echo "== boot test (the Debian package under systemd in a booted container)"
+stage "boot test (the Debian package under systemd in a booted container)"
 if [ "$(id -u)" = 0 ]; then
   scripts/boot-test.sh
 elif [ "${OLLIE_TEST_REQUIRE:-}" = all ]; then
@@ -40,6 +48,8 @@ elif [ "${OLLIE_TEST_REQUIRE:-}" = all ]; then
 else
   echo "SKIP boot-test: needs root (systemd-nspawn, debootstrap)"
 fi
+stage ""
+echo "times:$times"
 # One closing line for the whole run (both users), summed from every "test result" line.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
