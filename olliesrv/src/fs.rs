@@ -804,6 +804,8 @@ pub struct OllieFid {
     node: Node,
     proxy: Option<Proxy>,
     class: Class,
+    /// The uname of the attach this fid descends from (who wrote a verdict, in the audit).
+    user: Arc<str>,
     /// Reply of the last write (ctl, new, generate).
     reply: Option<Bytes>,
     /// Contents frozen at open (help, backends, …).
@@ -844,6 +846,7 @@ impl OllieFid {
             node,
             proxy: None,
             class,
+            user: Arc::from(""),
             reply: None,
             content: None,
             dir: None,
@@ -2012,6 +2015,32 @@ impl OllieFs {
     }
 }
 
+impl OllieFs {
+    /// A walk from `fid` (the new fid's user is set by the caller).
+    async fn walk_from(&self, fid: &OllieFid, names: &[String]) -> Result<Walked<OllieFid>> {
+        let class = fid.class;
+        if let Some(p) = &fid.proxy {
+            // `..` at the top of a view leaves it.
+            if names.first().is_some_and(|n| n == "..") && p.path.is_empty() {
+                let up = match &p.agent {
+                    Some(a) => Node::A(Arc::clone(a), AFile::ProcDir),
+                    None => Node::S(Arc::clone(&p.session), SFile::Dir),
+                };
+                let q = self.qid(&up);
+                let mut w = self.walk_plain(up, class, &names[1..]).await?;
+                w.qids.insert(0, q);
+                return Ok(w);
+            }
+            let mut w = self.proxy_walk(p, names).await?;
+            if let Some(f) = &mut w.fid {
+                f.class = class;
+            }
+            return Ok(w);
+        }
+        self.walk_plain(fid.node.clone(), class, names).await
+    }
+}
+
 impl Filesystem for OllieFs {
     type Fid = OllieFid;
 
@@ -2067,30 +2096,17 @@ impl Filesystem for OllieFs {
             self.class_for(conn, uname)?
         };
         tracing::debug!(conn = conn.id, uname, ?class, "attach");
-        Ok((OllieFid::new(Node::Root, class), self.qid(&Node::Root)))
+        let mut f = OllieFid::new(Node::Root, class);
+        f.user = Arc::from(uname);
+        Ok((f, self.qid(&Node::Root)))
     }
 
     async fn walk(&self, fid: &OllieFid, names: &[String]) -> Result<Walked<OllieFid>> {
-        let class = fid.class;
-        if let Some(p) = &fid.proxy {
-            // `..` at the top of a view leaves it.
-            if names.first().is_some_and(|n| n == "..") && p.path.is_empty() {
-                let up = match &p.agent {
-                    Some(a) => Node::A(Arc::clone(a), AFile::ProcDir),
-                    None => Node::S(Arc::clone(&p.session), SFile::Dir),
-                };
-                let q = self.qid(&up);
-                let mut w = self.walk_plain(up, class, &names[1..]).await?;
-                w.qids.insert(0, q);
-                return Ok(w);
-            }
-            let mut w = self.proxy_walk(p, names).await?;
-            if let Some(f) = &mut w.fid {
-                f.class = class;
-            }
-            return Ok(w);
+        let mut w = self.walk_from(fid, names).await?;
+        if let Some(f) = &mut w.fid {
+            f.user = Arc::clone(&fid.user);
         }
-        self.walk_plain(fid.node.clone(), class, names).await
+        Ok(w)
     }
     async fn open(&self, fid: &mut OllieFid, mode: u8) -> Result<(Qid, u32)> {
         if let Some(p) = &mut fid.proxy {
@@ -2470,7 +2486,7 @@ impl Filesystem for OllieFs {
                 let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 self.reg()
                     .bypass
-                    .decided(&p.session.id, &data, &self.shared.owner, &outcome);
+                    .decided(&p.session.id, &data, &fid.user, &outcome);
             }
             return result;
         }
@@ -2496,7 +2512,7 @@ impl Filesystem for OllieFs {
                 Ok(n)
             }
             Node::R(RootFile::BypassResolve) => {
-                let by = self.shared.owner.clone();
+                let by = Arc::clone(&fid.user);
                 self.reg()
                     .bypass
                     .resolve(self.reg(), offset, &data, &by)

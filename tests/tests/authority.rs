@@ -302,19 +302,47 @@ async fn wait_tcp(port: u16) {
 }
 
 async fn tcp_agent(port: u16, key: &str) -> Fid {
+    tcp_attach(port, key, "agent").await
+}
+
+/// Attaches over TCP as `uname` with the key.
+async fn tcp_attach(port: u16, key: &str, uname: &str) -> Fid {
     let addr = ollie_p9::dial::Addr::Tcp {
         host: "127.0.0.1".into(),
         port,
     };
     let c = within("dial", Client::dial(&addr)).await.unwrap();
-    let afid = within("auth", c.auth("agent", "")).await.unwrap();
+    let afid = within("auth", c.auth(uname, "")).await.unwrap();
     within("key", afid.write(0, Bytes::from(key.to_owned())))
         .await
         .unwrap();
-    let root = within("attach", c.attach(Some(&afid), "agent", ""))
+    let root = within("attach", c.attach(Some(&afid), uname, ""))
         .await
         .unwrap();
     // The client lives as long as the test's root fid needs it.
     std::mem::forget(c);
     root
+}
+
+/// The audit names who wrote a verdict: the uname of the attach (here a TCP key holder calling
+/// itself "alice"), not the server's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_names_who_wrote_a_verdict() {
+    let port = free_port();
+    let (srv, _work) = server_with(TURNS, |c| {
+        c.arg("-a").arg(format!("tcp!127.0.0.1!{port}"));
+    });
+    wait_tcp(port).await;
+    let key = std::fs::read_to_string(srv.state_dir().join("tcp.key")).unwrap();
+    let alice = tcp_attach(port, key.trim(), "alice").await;
+    let f = open(&alice, "bypass/resolve", om::OWRITE).await.unwrap();
+    let verdict = format!("{{\"id\":\"{}\",\"approved\":true}}", "a".repeat(32));
+    let e = within("write", f.write(0, Bytes::from(verdict)))
+        .await
+        .expect_err("a verdict for no request");
+    assert!(e.to_string().contains("no request"), "{e}");
+    let audit = read(&alice, "bypass/audit").await;
+    let last: serde_json::Value = serde_json::from_str(audit.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "decision-refused", "{audit}");
+    assert_eq!(last["by"], "alice", "{audit}");
 }
