@@ -280,10 +280,14 @@ async fn an_agent_attached_over_tcp_with_the_key_manages_no_session_or_agent() {
     wait_tcp(port).await;
     let (_c, owner) = attach(&srv, &me()).await;
     setup(&owner, &work).await;
-    let key = std::fs::read_to_string(srv.state_dir().join("tcp.key")).unwrap();
+    let key = std::fs::read_to_string(srv.state_dir().join("tcp.key"))
+        .unwrap_or_else(|e| panic!("tcp.key: {e}; olliesrv said: {}", srv.stderr()));
     let agent = tcp_agent(port, key.trim()).await;
     agent_manages_nothing(&owner, &agent, &work).await;
     agent_keeps_its_rights(&owner, &agent).await;
+    // On the same server: only one test of this file listens on TCP, so that no two pick the
+    // same free port.
+    the_audit_names_who_wrote_a_verdict(port, key.trim()).await;
 }
 
 fn free_port() -> u16 {
@@ -324,17 +328,10 @@ async fn tcp_attach(port: u16, key: &str, uname: &str) -> Fid {
     root
 }
 
-/// The audit names who wrote a verdict: the uname of the attach (here a TCP key holder calling
+/// The audit names who wrote a verdict: the uname of the attach (a TCP key holder calling
 /// itself "alice"), not the server's user.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_audit_names_who_wrote_a_verdict() {
-    let port = free_port();
-    let (srv, _work) = server_with(TURNS, |c| {
-        c.arg("-a").arg(format!("tcp!127.0.0.1!{port}"));
-    });
-    wait_tcp(port).await;
-    let key = std::fs::read_to_string(srv.state_dir().join("tcp.key")).unwrap();
-    let alice = tcp_attach(port, key.trim(), "alice").await;
+async fn the_audit_names_who_wrote_a_verdict(port: u16, key: &str) {
+    let alice = tcp_attach(port, key, "alice").await;
     let f = open(&alice, "bypass/resolve", om::OWRITE).await.unwrap();
     let verdict = format!("{{\"id\":\"{}\",\"approved\":true}}", "a".repeat(32));
     let e = within("write", f.write(0, Bytes::from(verdict)))
