@@ -476,11 +476,6 @@ pub fn default_dir() -> Option<PathBuf> {
     Some(base.join("ollie"))
 }
 
-/// The default config file: `$XDG_CONFIG_HOME/ollie/config.toml` (or `~/.config/...`).
-pub fn default_path() -> Option<PathBuf> {
-    Some(default_dir()?.join("config.toml"))
-}
-
 /// Where skills are by default: `$XDG_DATA_HOME/ollie/skills`, else
 /// `~/.local/share/ollie/skills` (beside the bead registry). Not beside config.toml: that
 /// directory holds API keys, so no policy may grant an agent reads there.

@@ -82,11 +82,6 @@ impl Events {
         self.bell.send_modify(|v| *v = v.wrapping_add(0));
     }
 
-    /// Whether [`Events::close`] was called.
-    pub fn is_closed(&self) -> bool {
-        self.lock().closed
-    }
-
     /// The first event after `cursor`, waiting for one if needed. `None` once the log is closed
     /// and nothing newer is left. A reader that fell more than [`RING`] events behind gets an
     /// `overflow` event saying how many it missed, then continues with the oldest kept.

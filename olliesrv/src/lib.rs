@@ -18,29 +18,30 @@
 //! on `ctl` stop it cleanly, after a `server-stopping` event. It never runs a tool or a
 //! command itself.
 //!
-//! Not yet: remote sessions (toolsrv on another host).
+//! A session may run its toolsrv on another host (`remote=`, [`config`]'s `[remotes.NAME]`):
+//! olliesrv starts it over ssh (`toolsrv --stdio`) and speaks the same 9P to it.
 //!
 //! Tested by unit tests here, and by cross-process tests in `tests/` that start the real
 //! binary and drive it with our client, the `ninep` crate's client and py9p.
 #![forbid(unsafe_code)]
 
-pub mod backend;
-pub mod bypass;
-pub mod compact;
-pub mod config;
-pub mod events;
-pub mod fs;
-pub mod hooks;
-pub mod link;
-pub mod listen;
-pub mod model;
-pub mod ns;
-pub mod nstools;
-pub mod redact;
-pub mod skills;
-pub mod store;
+mod backend;
+mod bypass;
+mod compact;
+mod config;
+mod events;
+mod fs;
+mod hooks;
+mod link;
+mod listen;
+mod model;
+mod ns;
+mod nstools;
+mod redact;
+mod skills;
+mod store;
 pub mod systemd;
-pub mod turn;
+mod turn;
 
 use std::path::PathBuf;
 use std::sync::Arc;

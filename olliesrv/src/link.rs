@@ -1,5 +1,6 @@
-//! Each session's toolsrv: started over a socketpair with the spawn API of `ollie-toolsrv`,
-//! authenticated as the operator and as each agent, watched, and restarted when it dies.
+//! Each session's toolsrv: started over a socketpair with the spawn API of `ollie-link`
+//! ([`ollie_link::spawn`]), authenticated as the operator and as each agent, watched, and
+//! restarted when it dies.
 //!
 //! The supervisor (one task per session) loops: spawn toolsrv, connect, attach as the
 //! operator, configure every agent (policy, tool set), publish the connection, wait for the
@@ -42,7 +43,6 @@ use crate::model::{Agent, Registry, Session, lock};
 pub struct Conn {
     pub client: Client,
     pub key: MasterKey,
-    pub pid: u32,
     /// The operator's root fid.
     pub operator: Fid,
     /// Agents' root fids, attached on first use.
@@ -682,7 +682,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
         } else {
             LOCAL_CONNECT
         };
-        let conn = match connect(&mut t, key, pid, wait).await {
+        let conn = match connect(&mut t, key, wait).await {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 kill_child(pid, remote.is_some());
@@ -818,12 +818,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
     link.state.send_replace(LinkState::Stopped);
 }
 
-async fn connect(
-    t: &mut Toolsrv,
-    key: MasterKey,
-    pid: u32,
-    wait: Duration,
-) -> Result<Conn, String> {
+async fn connect(t: &mut Toolsrv, key: MasterKey, wait: Duration) -> Result<Conn, String> {
     let secs = wait.as_secs();
     // The largest msize toolsrv accepts: a tool call's payload (a file_write's content, a
     // hook's event) is one Twrite.
@@ -838,7 +833,6 @@ async fn connect(
     Ok(Conn {
         client,
         key,
-        pid,
         operator,
         agents: tokio::sync::Mutex::new(HashMap::new()),
         hook_policies: tokio::sync::Mutex::new(HashMap::new()),

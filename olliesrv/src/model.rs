@@ -106,17 +106,6 @@ pub fn clip(s: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Chat
 
-/// The kinds of chat block (`[[[kind` … `]]]` in `chat.raw`).
-pub const BLOCK_KINDS: &[&str] = &[
-    "user",
-    "assistant",
-    "reasoning",
-    "tool_call",
-    "tool_result",
-    "error",
-    "info",
-];
-
 #[derive(Debug, Default)]
 struct ChatInner {
     raw: Vec<u8>,
@@ -205,11 +194,6 @@ impl Chat {
             ChatKind::Raw => c.raw.len() as u64,
             ChatKind::Text => c.text.len() as u64,
         }
-    }
-
-    /// Whether nothing was ever said.
-    pub fn is_empty(&self) -> bool {
-        self.len(ChatKind::Raw) == 0
     }
 
     /// Up to `count` bytes at `offset`; at the end, waits for more (empty = EOF, closed).
@@ -687,11 +671,6 @@ impl Agent {
             return Err(e);
         }
         Ok(p)
-    }
-
-    /// Queued prompts.
-    pub fn queued(&self) -> usize {
-        lock(&self.queue).len()
     }
 
     /// `feed` write: replaces the value; readers wake only if it differs.

@@ -51,9 +51,6 @@ use crate::config::{Config, Profile};
 use crate::model::{Agent, AgentState, Registry, lock};
 use crate::store::Sync;
 
-/// The error every turn and `generate` give when no backend is configured or found.
-pub const NO_BACKEND: &str = select::NO_BACKEND;
-
 /// Retries of a rate-limited or transiently failed model call.
 pub const RETRIES: u32 = 3;
 /// The longest wait a `Retry-After` may impose.
