@@ -73,7 +73,15 @@ struct Req {
 struct Mirror {
     seq: u64,
     reqs: Vec<Req>,
+    /// Verdicts toolsrv took for requests the mirror had not read yet (written through the
+    /// session's own `bypass/resolve` while the reader was on its way): (session, id, the
+    /// `bypass-resolved` fields), so that when the request arrives it is not shown as pending
+    /// and its events come in order.
+    answered: std::collections::VecDeque<(String, String, Vec<(&'static str, Value)>)>,
 }
+
+/// Early verdicts remembered at most.
+const MAX_ANSWERED: usize = 256;
 
 /// The mirror and the audit log.
 pub struct Bypass {
@@ -332,6 +340,14 @@ impl Bypass {
     }
 
     /// Marks request `id` of `session` answered; whether it was not already.
+    /// Whether the mirror has read request `id` of `session`.
+    fn knows(&self, session: &str, id: &str) -> bool {
+        lock(&self.mirror)
+            .reqs
+            .iter()
+            .any(|r| r.id == id && r.session == session)
+    }
+
     fn mark_done(&self, session: &str, id: &str) -> bool {
         let mut m = lock(&self.mirror);
         let changed = match m
@@ -412,8 +428,14 @@ impl Bypass {
         }
         self.audit("request", fields);
         let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-        {
+        let early = {
             let mut m = lock(&self.mirror);
+            let early = m
+                .answered
+                .iter()
+                .position(|(s, i, _)| s == session && *i == id)
+                .and_then(|at| m.answered.remove(at))
+                .map(|(_, _, extra)| extra);
             m.seq += 1;
             let seq = m.seq;
             m.reqs.push(Req {
@@ -424,13 +446,17 @@ impl Bypass {
                 tool: text("tool"),
                 shown: Arc::new(shown),
                 expires,
-                done: false,
+                done: early.is_some(),
             });
             if m.reqs.len() > MAX_KEPT {
                 m.reqs.remove(0);
             }
-        }
+            early
+        };
         self.emit("bypass-requested", session, &id, &[]);
+        if let Some(extra) = early {
+            self.emit("bypass-resolved", session, &id, &extra);
+        }
         self.tick.send_modify(|s| *s += 1);
     }
 
@@ -499,20 +525,28 @@ impl Bypass {
         }
         match result {
             Ok(()) => {
-                if self.mark_done(session, &r.id) {
-                    let mut extra = vec![("by", Value::from(by))];
-                    match &r.verdict {
-                        ollie_link::bypass::Verdict::Approve { session_scope } => {
-                            extra.push(("verdict", json!("approved")));
-                            if *session_scope {
-                                extra.push(("scope", json!("session")));
-                            }
-                        }
-                        ollie_link::bypass::Verdict::Deny { .. } => {
-                            extra.push(("verdict", json!("denied")));
+                let mut extra = vec![("by", Value::from(by))];
+                match &r.verdict {
+                    ollie_link::bypass::Verdict::Approve { session_scope } => {
+                        extra.push(("verdict", json!("approved")));
+                        if *session_scope {
+                            extra.push(("scope", json!("session")));
                         }
                     }
+                    ollie_link::bypass::Verdict::Deny { .. } => {
+                        extra.push(("verdict", json!("denied")));
+                    }
+                }
+                if self.mark_done(session, &r.id) {
                     self.emit("bypass-resolved", session, &r.id, &extra);
+                } else if !self.knows(session, &r.id) {
+                    // Answered before the mirror read it: its events wait for it.
+                    let mut m = lock(&self.mirror);
+                    if m.answered.len() >= MAX_ANSWERED {
+                        m.answered.pop_front();
+                    }
+                    m.answered
+                        .push_back((session.to_owned(), r.id.clone(), extra));
                 }
                 self.audit("decision", fields);
             }
@@ -825,5 +859,56 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// A verdict toolsrv took before the mirror read the request (written through the
+    /// session's own resolve while the reader was on its way): when the request arrives it is
+    /// not shown as pending, and eventwait gets requested, then resolved.
+    #[tokio::test]
+    async fn a_verdict_that_overtakes_its_request_keeps_the_events_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = Arc::new(crate::events::Events::new());
+        let b = Bypass::new(dir.path(), Arc::clone(&events));
+        let id = "0123456789abcdef0123456789abcdef";
+        let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);
+        b.decided("s1", verdict.as_bytes(), "op", &Ok(()));
+        let v = json!({"id": id, "agent": "a", "tool": "execute_code",
+            "expires": "2999-01-01T00:00:00Z"});
+        b.add("s1", v.clone(), format!("{v}\n"));
+        let mut seen = HashSet::new();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), b.next(&mut seen))
+                .await
+                .is_err(),
+            "an answered request was shown as pending"
+        );
+        let mut cursor = 0;
+        let mut got = Vec::new();
+        while let Ok(Some((seq, line))) =
+            tokio::time::timeout(Duration::from_millis(100), events.next_after(cursor)).await
+        {
+            cursor = seq;
+            let v: Value = serde_json::from_str(&line).unwrap();
+            got.push((
+                v["event"].as_str().unwrap().to_owned(),
+                v["verdict"].as_str().unwrap_or("").to_owned(),
+                v["tool"].as_str().unwrap_or("").to_owned(),
+            ));
+        }
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "bypass-requested".into(),
+                    String::new(),
+                    "execute_code".into()
+                ),
+                (
+                    "bypass-resolved".into(),
+                    "approved".into(),
+                    "execute_code".into()
+                ),
+            ]
+        );
     }
 }
