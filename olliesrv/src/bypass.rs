@@ -77,8 +77,12 @@ struct Mirror {
     /// session's own `bypass/resolve` while the reader was on its way): (session, id, the
     /// `bypass-resolved` fields), so that when the request arrives it is not shown as pending
     /// and its events come in order.
-    answered: std::collections::VecDeque<(String, String, Vec<(&'static str, Value)>)>,
+    answered: std::collections::VecDeque<Early>,
 }
+
+/// A verdict that reached toolsrv before its request reached the mirror: session, request
+/// id, and the `bypass-resolved` event's fields.
+type Early = (String, String, Vec<(&'static str, Value)>);
 
 /// Early verdicts remembered at most.
 const MAX_ANSWERED: usize = 256;
