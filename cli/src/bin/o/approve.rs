@@ -99,17 +99,10 @@ fn is_unsafe(c: char) -> bool {
     ollie_link::bypass::needs_display_escape(c)
 }
 
-/// `s` with every unsafe character written as `\u{XX}` (upper-case hex, as the server does).
+/// `s` with every unsafe character written as `\u{XX}` (upper-case hex, as the server does):
+/// the client's one-line rule, [`crate::render::line_safe`].
 pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if is_unsafe(c) {
-            out.push_str(&format!("\\u{{{:X}}}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::render::line_safe(s).into_owned()
 }
 
 /// One argv element, escaped and shown so that element boundaries are unambiguous: as it is
