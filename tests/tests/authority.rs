@@ -290,21 +290,6 @@ async fn an_agent_attached_over_tcp_with_the_key_manages_no_session_or_agent() {
     the_audit_names_who_wrote_a_verdict(port, key.trim()).await;
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-async fn wait_tcp(port: u16) {
-    for _ in 0..600 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("tcp port {port} never listened");
-}
-
 async fn tcp_agent(port: u16, key: &str) -> Fid {
     tcp_attach(port, key, "agent").await
 }

@@ -28,14 +28,6 @@ fn start(limits: &str, tcp: Option<u16>) -> Srv {
     })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn wait_tcp(port: u16) {
     let deadline = Instant::now() + UP_TIMEOUT;
     while TcpStream::connect(("127.0.0.1", port)).is_err() {

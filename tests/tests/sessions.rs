@@ -1943,18 +1943,6 @@ async fn a_corrupt_session_is_skipped_and_reported() {
 // ---------------------------------------------------------------------------------------------
 // TCP
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-async fn wait_tcp(port: u16) {
-    poll_until(&format!("tcp port {port} listening"), || async move {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    })
-    .await;
-}
-
 async fn dial_tcp(port: u16) -> Client {
     let addr = Addr::Tcp {
         host: "127.0.0.1".into(),

@@ -546,3 +546,22 @@ pub fn help_files(help: &str) -> Vec<(String, u32)> {
     }
     out
 }
+
+/// A loopback TCP port that was free a moment ago (another process may still take it; a suite
+/// should start only one TCP listener at a time).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (bounded by [`IO_TIMEOUT`]) until something listens on loopback `port`.
+pub async fn wait_tcp(port: u16) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "tcp port {port} never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
