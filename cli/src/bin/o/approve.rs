@@ -93,12 +93,6 @@ pub fn is_cut(r: &Request) -> bool {
         || r.scripts.iter().any(bin)
 }
 
-/// Whether `c` must never reach the terminal as it is: the server's display-escape set
-/// (controls, bidi, invisible and format characters), checked again on this side.
-fn is_unsafe(c: char) -> bool {
-    ollie_link::bypass::needs_display_escape(c)
-}
-
 /// `s` with every unsafe character written as `\u{XX}` (upper-case hex, as the server does):
 /// the client's one-line rule, [`crate::render::line_safe`].
 pub fn escape(s: &str) -> String {
@@ -569,7 +563,8 @@ mod tests {
         assert!(
             !shown
                 .chars()
-                .any(|c| c != '\n' && (c.is_control() || is_unsafe(c))),
+                .any(|c| c != '\n'
+                    && (c.is_control() || ollie_link::bypass::needs_display_escape(c))),
             "{shown:?}"
         );
     }
