@@ -631,14 +631,7 @@ fn describe(v: &Value) -> String {
 
 /// Input text for a message: escaped for display, at most 40 characters.
 fn clip(s: &str) -> String {
-    const MAX: usize = 40;
-    let e = display_escape(s);
-    if e.chars().count() <= MAX {
-        return e;
-    }
-    let mut out: String = e.chars().take(MAX).collect();
-    out.push('…');
-    out
+    crate::text::clip(&display_escape(s), 40)
 }
 
 fn check_id(s: &str) -> Result<(), ResolveError> {

@@ -12,6 +12,7 @@ pub mod boot;
 pub mod bypass;
 pub mod logging;
 pub mod spawn;
+pub mod text;
 pub mod tools;
 
 /// Escapes a value of a `proc/new` payload line: a backslash becomes `\\`, a newline `\n`

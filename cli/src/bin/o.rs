@@ -184,7 +184,7 @@ fn load_policy(args: &SandboxArgs) -> anyhow::Result<ollie_policy::Policy> {
 
 /// An error as one line, escaped: it may quote paths and names the run chose.
 fn one_line(e: &anyhow::Error) -> String {
-    render::terminal_safe(&format!("{e:#}").replace('\n', " ")).into_owned()
+    render::terminal_safe(&ollie_link::text::one_line(&format!("{e:#}"))).into_owned()
 }
 
 fn sandbox(args: SandboxArgs) -> ExitCode {
