@@ -151,6 +151,9 @@ install -m 0644 "$packaging"/policy/*.toml "$doc/examples/policy/"
 for f in README.md SECURITY.md ARCHITECTURE.md; do
 	install -m 0644 "$root/$f" "$doc/$f"
 done
+# The topic files the three above link to, at the same relative place.
+install -d "$doc/docs"
+install -m 0644 "$root"/docs/*.md "$doc/docs/"
 
 # changelog.Debian: packaging/deb/changelog, with an entry for this version on top when the
 # file does not have one (a bumped workspace version or OLLIE_DEB_VERSION).
