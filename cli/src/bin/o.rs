@@ -5,7 +5,7 @@
 //! streams its stdout/stderr, forwards its stdin when that is a pipe or a file (a terminal is
 //! never forwarded: the tool reads `/dev/null`), and exits with its status (128 + signal when
 //! it was killed). After the run it prints one `o sandbox: warning: …` line per post-run flag
-//! (new git hooks, risky git config, `.envrc`, editor settings; see SECURITY.md).
+//! (new git hooks, risky git config, `.envrc`, editor settings; see docs/sandbox.md, "The post-run diff").
 //! When the run itself is refused, it prints one line to stderr and exits 125 (126: the
 //! program cannot be executed, 127: not found).
 //!
