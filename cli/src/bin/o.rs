@@ -30,6 +30,8 @@
 mod approve;
 #[path = "o/bead.rs"]
 mod bead;
+#[path = "o/conn.rs"]
+mod conn;
 #[path = "o/doctor.rs"]
 mod doctor;
 #[path = "o/mount.rs"]

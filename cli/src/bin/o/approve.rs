@@ -28,8 +28,8 @@ use ollie_p9::wire::om;
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines, Stdin};
 
+use crate::conn::{Conn, Fail, open, read_all, remote, stdout_write, walk, write_one};
 use crate::render;
-use crate::sessions::{Conn, Fail, open, read_all, remote, stdout_write, walk, write_one};
 
 /// The reason sent with a denial when the operator gives none.
 const DEFAULT_REASON: &str = "denied by the operator";

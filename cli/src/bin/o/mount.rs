@@ -53,7 +53,7 @@ use ollie_p9::client::{ClientError, Fid};
 use ollie_p9::wire::{Stat, dm, om};
 use tokio::sync::oneshot;
 
-use crate::sessions::Conn;
+use crate::conn::Conn;
 
 pub const AFTER_HELP: &str = "\
 DIR must be an empty directory. o mount returns once the mount serves and leaves the bridge \

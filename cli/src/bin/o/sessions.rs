@@ -9,27 +9,25 @@
 //! names, states, error messages, `--json` output) goes through the escaping of the `render`
 //! module first (its "Untrusted text on the terminal" section has the rule).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use clap::Subcommand;
-use ollie_p9::client::{Client, ClientError, Fid};
-use ollie_p9::dial::{self, Addr};
+use ollie_p9::client::Fid;
 use ollie_p9::wire::om;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
+use crate::conn::{
+    Conn, EXIT_SERVER, Fail, is_gone, open, read_all, remote, stdout_write, walk, write_one,
+};
 use crate::progress::{self, Status};
 use crate::render::{self, Renderer, Stats, Target};
 
-pub(crate) const EXIT_SERVER: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-const EXIT_CONNECT: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 /// A second Ctrl-C within this long after the first ends `o attach`.
 const DOUBLE_INTERRUPT: Duration = Duration::from_secs(1);
@@ -215,63 +213,6 @@ pub struct SpecArgs {
     remote: Option<String>,
 }
 
-/// Why a command failed; each has its exit status.
-#[derive(Debug)]
-pub(crate) enum Fail {
-    Usage(String),
-    Connect(String),
-    Server(String),
-    /// Standard output went away (`| head`).
-    BrokenPipe,
-}
-
-impl Fail {
-    pub(crate) fn exit(self) -> ExitCode {
-        let (code, msg) = match self {
-            Fail::Usage(m) => (EXIT_USAGE, m),
-            Fail::Connect(m) => (EXIT_CONNECT, m),
-            Fail::Server(m) => (EXIT_SERVER, m),
-            Fail::BrokenPipe => return ExitCode::from(141),
-        };
-        eprintln!("o: {}", render::terminal_safe(&msg.replace('\n', " ")));
-        ExitCode::from(code)
-    }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-/// A 9P failure: the server's own message, or what went wrong with the connection.
-pub(crate) fn remote(e: ClientError) -> Fail {
-    match e {
-        ClientError::Server(m) => Fail::Server(m),
-        other => Fail::Server(format!("olliesrv connection: {}", chain(&other))),
-    }
-}
-
-fn is_gone(e: &ClientError) -> bool {
-    e.server_message()
-        .is_some_and(|m| m.starts_with("file does not exist"))
-}
-
-pub(crate) fn stdout_write(data: &[u8]) -> Result<(), Fail> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(data)
-        .and_then(|()| out.flush())
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::BrokenPipe => Fail::BrokenPipe,
-            _ => Fail::Server(format!("writing standard output: {e}")),
-        })
-}
-
 /// Runs one session command against the server at `addr` (default `unix!$NAMESPACE/ollie`).
 pub fn main(addr: Option<String>, key: Option<std::path::PathBuf>, cmd: Command) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -368,41 +309,6 @@ async fn run(
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// 9P glue
-
-pub(crate) async fn walk(dir: &Fid, path: &[&str]) -> Result<Fid, Fail> {
-    dir.walk(path).await.map_err(remote)
-}
-
-pub(crate) async fn open(dir: &Fid, path: &[&str], mode: u8) -> Result<Fid, Fail> {
-    let mut f = walk(dir, path).await?;
-    f.open(mode).await.map_err(remote)?;
-    Ok(f)
-}
-
-/// A snapshot file, whole.
-pub(crate) async fn read_all(dir: &Fid, path: &[&str]) -> Result<String, Fail> {
-    let f = open(dir, path, om::OREAD).await?;
-    let b = f.read_to_end().await.map_err(remote)?;
-    Ok(String::from_utf8_lossy(&b).into_owned())
-}
-
-/// One Twrite of `data` (one request, one prompt); refused when it does not fit one message.
-pub(crate) async fn write_one(f: &Fid, data: &str) -> Result<(), Fail> {
-    if data.len() > f.iounit() as usize {
-        return Err(Fail::Usage(format!(
-            "{} bytes do not fit in one 9P message (at most {})",
-            data.len(),
-            f.iounit()
-        )));
-    }
-    f.write(0, Bytes::copy_from_slice(data.as_bytes()))
-        .await
-        .map_err(remote)?;
-    Ok(())
-}
-
 /// A request/response file: write `req`, read the reply on the same fid.
 /// The name of the only session (for commands whose session may be left out).
 async fn only_session(conn: &Conn) -> Result<String, Fail> {
@@ -447,11 +353,6 @@ async fn read_range(dir: &Fid, name: &str, from: u64) -> Result<Vec<u8>, Fail> {
     f.read_bulk(from, len - from, 4).await.map_err(remote)
 }
 
-/// A connection, attached as the current user.
-pub(crate) struct Conn {
-    pub(crate) root: Fid,
-}
-
 /// An agent's directory, held by fid (so a rename does not lose it).
 #[derive(Debug)]
 struct AgentRef {
@@ -464,52 +365,6 @@ struct AgentRef {
 }
 
 impl Conn {
-    pub(crate) async fn connect(
-        addr: Option<&str>,
-        key: Option<&std::path::Path>,
-    ) -> Result<Conn, Fail> {
-        let addr = match addr {
-            Some(a) => Addr::parse(a).map_err(|e| Fail::Usage(e.to_string()))?,
-            None => dial::default_server(),
-        };
-        let client = Client::dial(&addr)
-            .await
-            .map_err(|e| Fail::Connect(format!("{} (is olliesrv running?)", chain(&e))))?;
-        let user = dial::current_user();
-        let afid = match key {
-            None => None,
-            Some(path) => {
-                let k = std::fs::read(path).map_err(|e| {
-                    Fail::Usage(format!("cannot read key file {}: {e}", path.display()))
-                })?;
-                let k = k.strip_suffix(b"\n").unwrap_or(&k).to_vec();
-                let afid = client
-                    .auth(&user, "")
-                    .await
-                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", chain(&e))))?;
-                afid.write(0, bytes::Bytes::from(k))
-                    .await
-                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", chain(&e))))?;
-                Some(afid)
-            }
-        };
-        let root = client
-            .attach(afid.as_ref(), &user, "")
-            .await
-            .map_err(|e| Fail::Connect(format!("attach to {addr}: {}", chain(&e))))?;
-        Ok(Conn { root })
-    }
-
-    pub(crate) async fn session(&self, name: &str) -> Result<Fid, Fail> {
-        let missing = || Fail::Server(format!("no session named {name:?} (o ls lists them)"));
-        match self.root.walk(&["session", name]).await {
-            Ok(f) if f.qid().is_dir() => Ok(f),
-            Ok(_) => Err(missing()),
-            Err(e) if is_gone(&e) => Err(missing()),
-            Err(e) => Err(remote(e)),
-        }
-    }
-
     /// The session's or the agent's directory, for `ctl` and `kill`.
     async fn target_dir(&self, t: &Target) -> Result<Fid, Fail> {
         match &t.agent {
