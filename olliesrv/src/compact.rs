@@ -57,14 +57,11 @@ fn tail_start(msgs: &[Message], keep: usize) -> usize {
 
 /// At most `max` bytes of `s` (on a character boundary), with a note of what was cut.
 pub(crate) fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
+    let kept = ollie_link::text::prefix_bytes(s, max);
+    if kept.len() == s.len() {
         return s.to_owned();
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… [{} more bytes]", &s[..end], s.len() - end)
+    format!("{kept}… [{} more bytes]", s.len() - kept.len())
 }
 
 /// The messages as a plain-text transcript (no tool-call structure, so any backend can

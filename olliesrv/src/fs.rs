@@ -908,7 +908,7 @@ fn text(data: &[u8]) -> Result<&str> {
 }
 
 /// One command per write (blank lines ignored).
-fn one_line(t: &str) -> Result<&str> {
+fn single_command(t: &str) -> Result<&str> {
     let l: Vec<&str> = t.lines().filter(|l| !l.trim().is_empty()).collect();
     match l.as_slice() {
         [one] => Ok(one.trim()),
@@ -1351,7 +1351,7 @@ impl OllieFs {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let line = one_line(cmd)?;
+        let line = single_command(cmd)?;
         let mut words = line.split_whitespace();
         let verb = words.next().unwrap_or("");
         let extra: Vec<&str> = words.collect();
@@ -1401,7 +1401,7 @@ impl OllieFs {
     // --- sessions ---
 
     async fn session_ctl(&self, s: &Arc<Session>, cmd: &str) -> Result<String> {
-        let line = one_line(cmd)?;
+        let line = single_command(cmd)?;
         let words: Vec<&str> = line.split_whitespace().collect();
         if words.first() == Some(&"cost_cap") {
             return Self::cost_cap(s, &words[1..]);
@@ -1570,7 +1570,7 @@ impl OllieFs {
     }
 
     async fn agent_ctl(&self, a: &Arc<Agent>, cmd: &str) -> Result<String> {
-        let line = one_line(cmd)?;
+        let line = single_command(cmd)?;
         let (verb, rest) = match line.split_once(char::is_whitespace) {
             Some((v, r)) => (v, r.trim()),
             None => (line, ""),

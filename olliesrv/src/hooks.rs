@@ -335,8 +335,8 @@ fn note(a: &Agent, event: &str, outcome: &str, text: &str) {
 /// A command as the chat names it: its first line, cut short.
 fn shown(command: &str) -> String {
     let first = command.trim().lines().next().unwrap_or("");
-    let mut s: String = first.chars().take(60).collect();
-    if s.len() < command.trim().len() {
+    let mut s = ollie_link::text::clip(first, 60);
+    if s == first && first.len() < command.trim().len() {
         s.push('…');
     }
     format!("`{s}`")

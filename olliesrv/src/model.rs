@@ -96,11 +96,7 @@ pub fn validate_name(n: &str) -> Result<(), String> {
 
 /// At most 60 characters of `s`, escaped, for error messages.
 pub fn clip(s: &str) -> String {
-    let mut out: String = s.chars().take(60).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out.escape_debug().to_string()
+    ollie_link::text::clip(s, 60).escape_debug().to_string()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -149,11 +149,7 @@ pub fn parse(text: &str) -> Result<Payload, String> {
 
 /// At most 60 characters of `s`, for error messages.
 pub fn clip(s: &str) -> String {
-    let mut out: String = s.chars().take(60).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    out
+    ollie_link::text::clip(s, 60)
 }
 
 #[cfg(test)]
