@@ -187,6 +187,7 @@ mod authority;
 mod clock;
 mod command;
 mod error;
+mod exec;
 mod ids;
 mod layout;
 mod names;
@@ -202,13 +203,14 @@ pub use authority::{
 pub use clock::utc_today;
 pub use command::{Command, MountFlags, Order};
 pub use error::Error;
+pub use exec::{MountReport, Outcome};
 pub use ids::{is_uuid, new_uuid_v4};
 pub use layout::Kind;
 pub use names::{
     RESERVED_POINT_NAMES, file_uri, parse_file_uri, parse_point, point_dir_name, validate_name,
     validate_slug,
 };
-pub use namespace::{Env, Member, MountReport, Namespace, Outcome, PROFILE, Point};
+pub use namespace::{Env, Member, Namespace, PROFILE, Point};
 pub use registry::{AgentInfo, Bead, MAX_META_BYTES, Named, Registry};
 pub use store::{DIR_MODE, FILE_MODE, write_atomic};
 pub use union::{Entry, Kept, Layer, Moved, NodeKind, OverlayLayers, Resolved, SettleReport};
