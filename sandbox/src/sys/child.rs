@@ -1130,6 +1130,18 @@ pub(super) struct ToolExec<'a> {
 /// signals (dispositions, then an empty mask), seccomp last, execve. Reports the failed stage
 /// on the error pipe instead. Never returns.
 pub(super) fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
+    // The irreversible steps, in the order below:
+    //  1. close the status fd, setsid;
+    //  2. rlimits;
+    //  3. chdir;
+    //  4. capabilities: bounding set (in-tool sessions), ambient set cleared, securebits
+    //     locked, then capset of the three sets to empty;
+    //  5. no_new_privs;
+    //  6. Landlock restrict_self (unless unsandboxed), then close the ruleset fd, then the
+    //     working-directory listing check;
+    //  7. signals: default dispositions, then an empty mask;
+    //  8. seccomp filters;
+    //  9. execve (or execveat on the exec fd).
     // SAFETY: (whole function) only raw, async-signal-safe syscalls on prepared data.
     unsafe {
         libc::close(FD_STATUS);
