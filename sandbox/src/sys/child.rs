@@ -1,0 +1,1393 @@
+//! The one-shot child runtime: the plan prepared by the parent, and the init and tool stages
+//! that run between `clone` and `execve`. Uses `raw` and `probe`.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use super::probe::*;
+use super::raw::*;
+
+/// One step of the mount-namespace set-up, executed by the init stage.
+#[derive(Debug)]
+pub(crate) enum MountStep {
+    /// `mount --make-rprivate /`.
+    MakePrivate,
+    /// Clone the tree at `path` (recursively) into detached slot `slot`, before `/` goes
+    /// read-only, so it stays writable.
+    CloneTree { path: CString, slot: usize },
+    /// Make every mount read-only and nosuid (recursively, from `/`).
+    ReadOnlyAll,
+    /// Attach detached slot `slot` at `path`.
+    Attach { slot: usize, path: CString },
+    /// Bind `path` onto itself read-only (a protected island inside a writable tree).
+    ProtectReadOnly { path: CString },
+    /// Mount a fresh tmpfs (`options`: size, inodes, mode) at `path`, nosuid/nodev/noexec, and
+    /// grant `rule_access` beneath it in the run's Landlock ruleset (the rule must name the
+    /// new tmpfs root: Landlock does not look at hidden mount points).
+    PrivateTmpfs {
+        path: CString,
+        options: CString,
+        rule_access: u64,
+    },
+    /// Hide `path` from the tool: an empty tmpfs of mode 0 (nothing to list, stat or watch)
+    /// over a directory, `/dev/null` bound over a file; read-only, nosuid, nodev, noexec. A
+    /// path gone by then is skipped (there is nothing left to hide).
+    Hide { path: CString, dir: bool },
+    /// Replace the root by a fresh tmpfs (`options`) that holds one entry per entry of the
+    /// host's `/` (`entries`: directories and files bound recursively from the host, symlinks
+    /// recreated) plus empty directories for union points; the tmpfs is mounted on `stage`
+    /// (an existing host directory) after every bind source has been cloned, made read-only,
+    /// and `pivot_root`ed into; the old root is detached. `root_rule_access` (the Landlock
+    /// rights the policy grants on the host's `/` itself, usually none) is granted on the new
+    /// root, which is another inode.
+    NewRoot {
+        stage: CString,
+        options: CString,
+        entries: Vec<RootEntry>,
+        root_rule_access: u64,
+    },
+    /// Create an overlay (`lowerdir+` per entry of `lowers`, in search order; `upperdir`,
+    /// `workdir`; `userxattr`) as a detached nosuid, nodev mount in slot `slot`. Every layer
+    /// is opened without following symlinks (the paths are resolved by the parent) and passed
+    /// by fd. Runs before
+    /// [`MountStep::ReadOnlyAll`]: the overlay takes its own private clone of the upper
+    /// directory's mount, which must be writable then.
+    UnionCreate {
+        lowers: Vec<CString>,
+        upper: CString,
+        work: CString,
+        slot: usize,
+    },
+    /// Create a read-only overlay of `lowers` only (a merge of nested lower layers) and
+    /// attach it at `at`, an empty directory of the new root, where a union's
+    /// [`MountStep::UnionCreate`] then takes it as one lower layer.
+    MergeCreate { lowers: Vec<CString>, at: CString },
+    /// Attach the overlay in slot `slot` at `point` (after [`MountStep::ReadOnlyAll`], so it
+    /// stays writable), and grant `rule_access` beneath it in the run's Landlock ruleset (the
+    /// rule must name the overlay's root; 0: no rule).
+    UnionAttach {
+        slot: usize,
+        point: CString,
+        rule_access: u64,
+    },
+}
+
+/// One entry of the new root ([`MountStep::NewRoot`]).
+#[derive(Debug)]
+pub(crate) struct RootEntry {
+    /// The entry's name in the new root (one component).
+    pub name: CString,
+    /// The host path it comes from (`/name`).
+    pub source: CString,
+    pub kind: RootKind,
+}
+
+/// What a [`RootEntry`] becomes.
+#[derive(Debug)]
+pub(crate) enum RootKind {
+    /// An empty directory with the host's tree bound onto it recursively.
+    Dir,
+    /// An empty file with the host's file bound onto it.
+    File,
+    /// A symlink with this target.
+    Symlink(CString),
+    /// An empty directory (a union point).
+    Point,
+}
+
+/// At most this many entries in a new root (the child keeps their clones on its stack).
+pub(crate) const MAX_ROOT_ENTRIES: usize = 256;
+
+/// A failure inside the child: the stage and errno, sent over the error pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Stage {
+    Sync = 1,
+    UserNamespaceMap,
+    Mount,
+    FdLayout,
+    Fork,
+    Setsid,
+    Rlimit,
+    Capabilities,
+    NoNewPrivs,
+    Landlock,
+    Seccomp,
+    Chdir,
+    Exec,
+    OomScore,
+    Signals,
+    Dumpable,
+    UnionRoot,
+}
+
+impl Stage {
+    pub(crate) fn from_u32(v: u32) -> Option<Stage> {
+        use Stage::*;
+        [
+            Sync,
+            UserNamespaceMap,
+            Mount,
+            FdLayout,
+            Fork,
+            Setsid,
+            Rlimit,
+            Capabilities,
+            NoNewPrivs,
+            Landlock,
+            Seccomp,
+            Chdir,
+            Exec,
+            OomScore,
+            Signals,
+            Dumpable,
+            UnionRoot,
+        ]
+        .into_iter()
+        .find(|s| *s as u32 == v)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Stage::Sync => "start-up handshake",
+            Stage::UserNamespaceMap => "user namespace id maps",
+            Stage::Mount => "mount namespace set-up",
+            Stage::FdLayout => "file descriptor layout",
+            Stage::Fork => "fork of the tool under the init stage",
+            Stage::Setsid => "setsid",
+            Stage::Rlimit => "resource limits",
+            Stage::Capabilities => "capability drop",
+            Stage::NoNewPrivs => "no_new_privs",
+            Stage::Landlock => "landlock restrict_self",
+            Stage::Seccomp => "seccomp filter installation",
+            Stage::Chdir => "chdir to the working directory",
+            Stage::Exec => "execve",
+            Stage::OomScore => "oom_score_adj",
+            Stage::Signals => "signal set-up",
+            Stage::Dumpable => "PR_SET_DUMPABLE",
+            Stage::UnionRoot => {
+                "pivot_root into the union root (under the shipped systemd unit, bead unions \
+                 need the drop-in /usr/share/ollie/systemd/unions.conf)"
+            }
+        }
+    }
+}
+
+/// Forced failures for tests of the fail-closed paths (the numbers travel in
+/// [`CallHeader::fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum ChildFault {
+    None = 0,
+    SeccompInstall = 1,
+    CapDrop = 2,
+    LandlockRestrict = 3,
+}
+
+impl ChildFault {
+    /// The fault a call header names (unknown numbers: none). Allocation-free.
+    pub(super) fn from_u32(v: u32) -> ChildFault {
+        match v {
+            1 => ChildFault::SeccompInstall,
+            2 => ChildFault::CapDrop,
+            3 => ChildFault::LandlockRestrict,
+            _ => ChildFault::None,
+        }
+    }
+}
+
+/// Everything the child needs, prepared by the parent before `clone`.
+#[derive(Debug)]
+pub(crate) struct ChildPlan {
+    pub stdin: RawFd,
+    pub stdout: RawFd,
+    pub stderr: RawFd,
+    /// Close-on-exec pipe: the child writes `(stage, errno)` here when a step fails.
+    pub err_w: RawFd,
+    /// The init stage writes the tool's raw wait status here.
+    pub status_w: RawFd,
+    /// The parent writes one byte here once it has placed the child in its cgroup.
+    pub sync_r: RawFd,
+    /// The Landlock ruleset (-1 when `landlock` is false).
+    pub ruleset: RawFd,
+    /// Whether the tool restricts itself with `ruleset`; false only for a run approved
+    /// unsandboxed, which has no ruleset.
+    pub landlock: bool,
+    pub setgroups_path: CString,
+    pub uid_map_path: CString,
+    pub gid_map_path: CString,
+    pub oom_path: CString,
+    pub uid_map: CString,
+    pub gid_map: CString,
+    pub mounts: Vec<MountStep>,
+    pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    pub cap_last: u32,
+    /// BPF programs in installation order.
+    pub filters: Vec<Vec<libc::sock_filter>>,
+    pub exe: CString,
+    pub argv: Vec<*const libc::c_char>,
+    pub envp: Vec<*const libc::c_char>,
+    pub cwd: CString,
+    /// `cwd` is not the workspace (see `restrict_and_exec`).
+    pub check_cwd: bool,
+    pub fault: ChildFault,
+    /// Descriptors the tool inherits as [`FD_PASS_BASE`], [`FD_PASS_BASE`] + 1, … (at most
+    /// [`MAX_PASS_FDS`]; one-shot runs only).
+    pub pass: Vec<RawFd>,
+    /// The descriptor the tool executes (`execveat(fd, "", …, AT_EMPTY_PATH)`) instead of
+    /// `exe`; -1: `execve(exe)`. The tool holds it as the number after the passed ones.
+    pub exec_fd: RawFd,
+    /// `exec_fd` stays open across the exec (a `#!` script: the kernel hands its interpreter
+    /// `/dev/fd/N`); otherwise it is close-on-exec.
+    pub exec_fd_inherit: bool,
+}
+
+/// Namespaces the init stage is always created in.
+const BASE_NAMESPACE_FLAGS: libc::c_ulong =
+    (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) as libc::c_ulong;
+
+/// Namespaces the init stage is created in: user, pid and mount, plus IPC where this process
+/// may create IPC namespaces ([`ipc_namespaces`]).
+pub(crate) fn namespace_flags() -> libc::c_ulong {
+    if ipc_namespaces() {
+        BASE_NAMESPACE_FLAGS | libc::CLONE_NEWIPC as libc::c_ulong
+    } else {
+        BASE_NAMESPACE_FLAGS
+    }
+}
+
+/// The namespaces a run's init stage gets, as recorded.
+pub(crate) fn namespace_names() -> Vec<&'static str> {
+    if ipc_namespaces() {
+        vec!["user", "pid", "mount", "ipc"]
+    } else {
+        vec!["user", "pid", "mount"]
+    }
+}
+
+/// Target fd numbers in the child.
+pub(super) const FD_ERR: RawFd = 3;
+const FD_STATUS: RawFd = 4;
+const FD_SYNC: RawFd = 5;
+pub(super) const FD_RULESET: RawFd = 6;
+/// The first of the descriptors a one-shot tool inherits ([`ChildPlan::pass`]): 7, 8, ….
+pub(crate) const FD_PASS_BASE: RawFd = 7;
+/// At most this many passed descriptors.
+pub(crate) const MAX_PASS_FDS: usize = 16;
+/// The longest fd list the child arranges: its own 0–6, the passed ones and the exec fd.
+const FD_LIST_MAX: usize = FD_PASS_BASE as usize + MAX_PASS_FDS + 1;
+/// Slots of an fd list that stay open across `execve`: stdin, stdout and stderr.
+const KEEP_STDIO: u32 = 0b111;
+
+const MAX_SLOTS: usize = 64;
+
+/// Starts the init stage (pid 1 of new user, pid, mount and IPC namespaces), which sets up the
+/// mounts and forks the tool. Returns `(pid, pidfd)` in the parent.
+pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)> {
+    if plan.pass.len() > MAX_PASS_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors to pass",
+        ));
+    }
+    clone_namespaced(&plan.mounts, init_main, plan)
+}
+
+/// Clones `child_main(arg)` as pid 1 of new user, pid, mount and IPC namespaces (the one-shot
+/// init stage, or a prepared sandbox's zygote), with every signal blocked across the clone (as
+/// posix_spawn does): no handler of the runner can run in the child. Returns `(pid, pidfd)`.
+pub(super) fn clone_namespaced<T>(
+    mounts: &[MountStep],
+    child_main: fn(&T) -> !,
+    arg: &T,
+) -> io::Result<(libc::pid_t, OwnedFd)> {
+    if mounts.iter().any(|m| match m {
+        MountStep::CloneTree { slot, .. }
+        | MountStep::Attach { slot, .. }
+        | MountStep::UnionCreate { slot, .. }
+        | MountStep::UnionAttach { slot, .. } => *slot >= MAX_SLOTS,
+        MountStep::NewRoot { entries, .. } => entries.len() > MAX_ROOT_ENTRIES,
+        _ => false,
+    }) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many writable paths",
+        ));
+    }
+    // (Probed before the signal mask changes: the first call forks a probe child.)
+    let flags = namespace_flags() | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong;
+    let mut pidfd: RawFd = -1;
+    // SAFETY: plain sigset manipulation on stack values; pthread_sigmask only affects this
+    // thread and is restored right after the clone.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut saved: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to stack sigsets.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
+    }
+    // SAFETY: a fork-style clone (no new stack, no CLONE_VM): the child gets a copy of the
+    // address space and only runs `child_main`, which uses async-signal-safe syscalls on data
+    // prepared before this call and never returns.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            &mut pidfd as *mut RawFd,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        child_main(arg);
+    }
+    let err = io::Error::last_os_error();
+    // SAFETY: restores this thread's mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());
+    }
+    if pid < 0 {
+        return Err(err);
+    }
+    // SAFETY: the kernel stored a new pidfd for the child (CLONE_PIDFD).
+    Ok((pid as libc::pid_t, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+/// Reports a failed stage on the error pipe and exits. Child only.
+pub(super) fn fail(stage: Stage, err: i32) -> ! {
+    let mut msg = [0u8; 8];
+    msg[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+    msg[4..].copy_from_slice(&err.to_ne_bytes());
+    // SAFETY: raw write of a stack buffer, then _exit; both async-signal-safe.
+    unsafe {
+        libc::write(FD_ERR, msg.as_ptr().cast(), msg.len());
+        libc::_exit(126)
+    }
+}
+
+pub(super) fn check(stage: Stage, r: libc::c_long) {
+    if r < 0 {
+        fail(stage, errno());
+    }
+}
+
+fn write_file(stage: Stage, path: &CStr, data: &CStr) {
+    // SAFETY: C strings are valid; raw open/write/close.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            fail(stage, errno());
+        }
+        let bytes = data.to_bytes();
+        let n = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        if n < 0 || n as usize != bytes.len() {
+            fail(stage, errno());
+        }
+        libc::close(fd);
+    }
+}
+
+/// The namespaces' one-time set-up, in pid 1 (the init stage or the zygote): id maps
+/// (setgroups denied), `oom_score_adj`, then the mount plan. Child only.
+///
+/// pid 1 holds a copy of the runner's memory, so it is not dumpable except while it writes
+/// its own `/proc/self` files: a runner hardened with `PR_SET_DUMPABLE 0`
+/// ([`crate::harden::harden_server`]) passes that on to the clone, and the `/proc/self` files
+/// of a non-dumpable process belong to the host's root, which an unprivileged pid 1 cannot
+/// open for writing. Dumpable again only for those writes (as every pid 1 was before), and
+/// never again afterwards.
+pub(super) fn map_ids_and_mount(plan: &ChildPlan) {
+    // SAFETY: raw prctl on integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+    write_file(Stage::UserNamespaceMap, &plan.setgroups_path, c"deny");
+    write_file(Stage::UserNamespaceMap, &plan.uid_map_path, &plan.uid_map);
+    write_file(Stage::UserNamespaceMap, &plan.gid_map_path, &plan.gid_map);
+    write_file(Stage::OomScore, &plan.oom_path, c"1000");
+    // SAFETY: as above.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } < 0 {
+        fail(Stage::Dumpable, errno());
+    }
+    run_mounts(plan);
+}
+
+fn run_mounts(plan: &ChildPlan) {
+    let mut slots = [-1 as RawFd; MAX_SLOTS];
+    let root = c"/";
+    let empty = c"";
+    for step in &plan.mounts {
+        // SAFETY: every pointer below is a valid C string or a live struct; these are raw
+        // mount-API syscalls in the child's own (new) mount namespace.
+        unsafe {
+            match step {
+                MountStep::MakePrivate => check(
+                    Stage::Mount,
+                    libc::mount(
+                        std::ptr::null(),
+                        root.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) as libc::c_long,
+                ),
+                MountStep::CloneTree { path, slot } => {
+                    let fd = libc::syscall(
+                        SYS_OPEN_TREE,
+                        libc::AT_FDCWD,
+                        path.as_ptr(),
+                        OPEN_TREE_CLONE
+                            | libc::O_CLOEXEC as libc::c_ulong
+                            | AT_RECURSIVE as libc::c_ulong
+                            | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
+                    );
+                    check(Stage::Mount, fd);
+                    slots[*slot] = fd as RawFd;
+                }
+                MountStep::ReadOnlyAll => {
+                    mount_setattr(
+                        libc::AT_FDCWD,
+                        root.as_ptr(),
+                        AT_RECURSIVE as libc::c_uint,
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+                    );
+                }
+                MountStep::Attach { slot, path } => {
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            slots[*slot],
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            path.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(slots[*slot]);
+                }
+                MountStep::ProtectReadOnly { path } => {
+                    let fd = libc::syscall(
+                        SYS_OPEN_TREE,
+                        libc::AT_FDCWD,
+                        path.as_ptr(),
+                        OPEN_TREE_CLONE
+                            | libc::O_CLOEXEC as libc::c_ulong
+                            | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
+                    );
+                    check(Stage::Mount, fd);
+                    mount_setattr(
+                        fd as libc::c_int,
+                        empty.as_ptr(),
+                        libc::AT_EMPTY_PATH as libc::c_uint,
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+                    );
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            fd,
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            path.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(fd as RawFd);
+                }
+                MountStep::PrivateTmpfs {
+                    path,
+                    options,
+                    rule_access,
+                } => mount_private_tmpfs(path, options, *rule_access),
+                MountStep::Hide { path, dir } => hide(path, *dir),
+                MountStep::NewRoot {
+                    stage,
+                    options,
+                    entries,
+                    root_rule_access,
+                } => {
+                    pivot_to_new_root(stage, options, entries);
+                    if *root_rule_access != 0 {
+                        add_rule_beneath(root, *root_rule_access);
+                    }
+                }
+                MountStep::UnionCreate {
+                    lowers,
+                    upper,
+                    work,
+                    slot,
+                } => slots[*slot] = create_overlay(lowers, Some((upper, work))),
+                MountStep::MergeCreate { lowers, at } => {
+                    let fd = create_overlay(lowers, None);
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            fd,
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            at.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(fd);
+                }
+                MountStep::UnionAttach {
+                    slot,
+                    point,
+                    rule_access,
+                } => {
+                    check(
+                        Stage::Mount,
+                        libc::syscall(
+                            SYS_MOVE_MOUNT,
+                            slots[*slot],
+                            empty.as_ptr(),
+                            libc::AT_FDCWD,
+                            point.as_ptr(),
+                            MOVE_MOUNT_F_EMPTY_PATH,
+                        ),
+                    );
+                    libc::close(slots[*slot]);
+                    if *rule_access != 0 {
+                        add_rule_beneath(point, *rule_access);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The init stage's [`MountStep::NewRoot`]. Child only (raw syscalls on prepared data; the
+/// clones live in a fixed array on the stack).
+///
+/// Every bind source is cloned first (detached copies of the host's trees, submounts
+/// included, taken before the tmpfs hides `stage`); then the tmpfs is mounted on `stage`,
+/// populated, made read-only, and becomes the root: `pivot_root(".", ".")` stacks the old
+/// root on the new one, and `umount2(".", MNT_DETACH)` takes it out of the namespace. The
+/// clones keep the host's mount locks (an unprivileged namespace cannot unmount what the
+/// host stacked inside a tree), and `pivot_root` moves the root's lock to the new root.
+fn pivot_to_new_root(stage: &CStr, options: &CStr, entries: &[RootEntry]) {
+    let mut fds = [-1 as RawFd; MAX_ROOT_ENTRIES];
+    let empty = c"";
+    // SAFETY: (whole function) valid C strings, stack arrays and structs; raw syscalls in the
+    // child's own mount namespace; every fd opened here is closed before returning.
+    unsafe {
+        for (i, e) in entries.iter().enumerate().take(MAX_ROOT_ENTRIES) {
+            let recursive = match e.kind {
+                RootKind::Dir => AT_RECURSIVE as libc::c_ulong,
+                RootKind::File => 0,
+                RootKind::Symlink(_) | RootKind::Point => continue,
+            };
+            let fd = libc::syscall(
+                SYS_OPEN_TREE,
+                libc::AT_FDCWD,
+                e.source.as_ptr(),
+                OPEN_TREE_CLONE
+                    | libc::O_CLOEXEC as libc::c_ulong
+                    | recursive
+                    | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
+            );
+            if fd < 0 {
+                // Gone since the parent listed `/`: the new root simply lacks it.
+                if errno() == libc::ENOENT {
+                    continue;
+                }
+                fail(Stage::Mount, errno());
+            }
+            fds[i] = fd as RawFd;
+        }
+        check(
+            Stage::Mount,
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                stage.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                options.as_ptr().cast(),
+            ) as libc::c_long,
+        );
+        let dir = libc::open(
+            stage.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+        );
+        if dir < 0 {
+            fail(Stage::Mount, errno());
+        }
+        for (i, e) in entries.iter().enumerate().take(MAX_ROOT_ENTRIES) {
+            let name = e.name.as_ptr();
+            let r = match &e.kind {
+                RootKind::Dir | RootKind::File if fds[i] < 0 => continue,
+                RootKind::Dir | RootKind::Point => libc::mkdirat(dir, name, 0o755),
+                RootKind::File => {
+                    let f = libc::openat(
+                        dir,
+                        name,
+                        libc::O_WRONLY
+                            | libc::O_CREAT
+                            | libc::O_EXCL
+                            | libc::O_NOFOLLOW
+                            | libc::O_CLOEXEC,
+                        0o644 as libc::c_uint,
+                    );
+                    if f >= 0 {
+                        libc::close(f);
+                    }
+                    f
+                }
+                RootKind::Symlink(target) => libc::symlinkat(target.as_ptr(), dir, name),
+            };
+            check(Stage::Mount, r as libc::c_long);
+            if fds[i] >= 0 {
+                check(
+                    Stage::Mount,
+                    libc::syscall(
+                        SYS_MOVE_MOUNT,
+                        fds[i],
+                        empty.as_ptr(),
+                        dir,
+                        name,
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ),
+                );
+                libc::close(fds[i]);
+            }
+        }
+        // The new root's own entries never change (whatever ReadOnlyAll does later).
+        mount_setattr(
+            dir,
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        );
+        check(Stage::Mount, libc::fchdir(dir) as libc::c_long);
+        libc::close(dir);
+        let dot = c".";
+        check(
+            Stage::UnionRoot,
+            libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()),
+        );
+        check(
+            Stage::Mount,
+            libc::umount2(dot.as_ptr(), libc::MNT_DETACH) as libc::c_long,
+        );
+        check(Stage::Mount, libc::chdir(c"/".as_ptr()) as libc::c_long);
+    }
+}
+
+/// `mount_setattr(dirfd, path, flags)` setting `attr_set` (nothing cleared, propagation
+/// unchanged); a failure fails the mount stage. Child only.
+fn mount_setattr(
+    dirfd: libc::c_int,
+    path: *const libc::c_char,
+    flags: libc::c_uint,
+    attr_set: u64,
+) {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: raw syscall on a live struct of the size passed; `path` is a C string.
+    check(Stage::Mount, unsafe {
+        libc::syscall(
+            SYS_MOUNT_SETATTR,
+            dirfd,
+            path,
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    });
+}
+
+/// The init stage's [`MountStep::UnionCreate`]: a detached overlay mount, nosuid and nodev.
+/// Returns its fd. Child only (raw syscalls on prepared data).
+fn create_overlay(lowers: &[CString], upper_work: Option<(&CString, &CString)>) -> RawFd {
+    let null = std::ptr::null::<libc::c_char>();
+    // SAFETY: valid C strings; raw new-mount-API syscalls; the fs context fd is closed before
+    // returning, the mount fd is the caller's.
+    unsafe {
+        let fs = libc::syscall(SYS_FSOPEN, c"overlay".as_ptr(), FSOPEN_CLOEXEC);
+        check(Stage::Mount, fs);
+        // Each layer is opened here without following any symlink (the parent resolved the
+        // paths; a component swapped for a symlink since then fails the run instead of
+        // pointing the overlay elsewhere) and handed to overlayfs by fd (Linux 6.13+).
+        let layer = |key: &CStr, path: &CStr| {
+            let how = OpenHow {
+                flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+                mode: 0,
+                resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+            };
+            let fd = libc::syscall(
+                SYS_OPENAT2,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            );
+            check(Stage::Mount, fd);
+            check(
+                Stage::Mount,
+                libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_FD, key.as_ptr(), null, fd),
+            );
+            libc::close(fd as RawFd);
+        };
+        for l in lowers {
+            layer(c"lowerdir+", l);
+        }
+        if let Some((upper, work)) = upper_work {
+            layer(c"upperdir", upper);
+            layer(c"workdir", work);
+        }
+        // Overlay metadata in `user.overlay.*` xattrs: `trusted.*` needs privileges over the
+        // whole host, which a user namespace never has.
+        check(
+            Stage::Mount,
+            libc::syscall(
+                SYS_FSCONFIG,
+                fs,
+                FSCONFIG_SET_FLAG,
+                c"userxattr".as_ptr(),
+                null,
+                0,
+            ),
+        );
+        check(
+            Stage::Mount,
+            libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, null, null, 0),
+        );
+        let mnt = libc::syscall(
+            SYS_FSMOUNT,
+            fs,
+            FSMOUNT_CLOEXEC,
+            if upper_work.is_some() {
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+            } else {
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+            },
+        );
+        check(Stage::Mount, mnt);
+        libc::close(fs as RawFd);
+        mnt as RawFd
+    }
+}
+
+/// Grants `access` beneath the object at `path` (as the child's mounts have it now) in the
+/// run's Landlock ruleset (`FD_RULESET`). Child only.
+fn add_rule_beneath(path: &CStr, access: u64) {
+    // SAFETY: a valid C string and a live, packed rule struct; the O_PATH fd is closed before
+    // returning.
+    unsafe {
+        let fd = libc::open(
+            path.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        );
+        if fd < 0 {
+            fail(Stage::Mount, errno());
+        }
+        let attr = LandlockPathBeneathAttr {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        check(
+            Stage::Landlock,
+            libc::syscall(
+                SYS_LANDLOCK_ADD_RULE,
+                FD_RULESET,
+                LANDLOCK_RULE_PATH_BENEATH,
+                &attr as *const LandlockPathBeneathAttr,
+                0u32,
+            ),
+        );
+        libc::close(fd);
+    }
+}
+
+/// Signals pid 1 of a run (the one-shot init stage or a prepared call's init) forwards to every
+/// process of its pid namespace. They stay blocked in pid 1 from the clone on (every signal
+/// is blocked across `clone_namespaced`, and the zygote never unblocks any), so they are
+/// queued for its `sigwaitinfo` instead of acting on it. `Cancel::signal` accepts exactly
+/// these, plus SIGKILL (which kills pid 1 and with it the namespace).
+pub(crate) const FORWARDED: [libc::c_int; 9] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGTERM,
+    libc::SIGCONT,
+    libc::SIGWINCH,
+];
+
+/// pid 1 of the sandbox. Never returns.
+fn init_main(plan: &ChildPlan) -> ! {
+    // SAFETY: (whole function) only raw, async-signal-safe syscalls on prepared data.
+    unsafe {
+        // Die with the runner; the kernel then kills the whole pid namespace.
+        libc::prctl(PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        // 0–6, then the passed descriptors and the exec fd (spawn_init bounded their count).
+        let mut fds = [-1 as RawFd; FD_LIST_MAX];
+        fds[..FD_PASS_BASE as usize].copy_from_slice(&[
+            plan.stdin,
+            plan.stdout,
+            plan.stderr,
+            plan.err_w,
+            plan.status_w,
+            plan.sync_r,
+            plan.ruleset,
+        ]);
+        let mut n = FD_PASS_BASE as usize;
+        let mut keep = KEEP_STDIO;
+        for fd in plan.pass.iter().take(MAX_PASS_FDS) {
+            fds[n] = *fd;
+            keep |= 1 << n;
+            n += 1;
+        }
+        if plan.exec_fd >= 0 {
+            fds[n] = plan.exec_fd;
+            if plan.exec_fd_inherit {
+                keep |= 1 << n;
+            }
+            n += 1;
+        }
+        arrange_fd_list_keeping(&fds[..n], keep, plan.err_w);
+        let mut b = [0u8; 1];
+        // Wait until the parent has placed us in a cgroup (EOF = parent gone).
+        if libc::read(FD_SYNC, b.as_mut_ptr().cast(), 1) != 1 {
+            fail(Stage::Sync, libc::ECANCELED);
+        }
+        libc::close(FD_SYNC);
+        map_ids_and_mount(plan);
+
+        // The tool shares init's memory until it execs (CLONE_VM | CLONE_VFORK, like
+        // posix_spawn), on its own freshly mapped stack: no second copy of the runner's
+        // address space.
+        let stack = libc::mmap(
+            std::ptr::null_mut(),
+            TOOL_STACK_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stack == libc::MAP_FAILED {
+            fail(Stage::Fork, errno());
+        }
+        let top = (stack as usize + TOOL_STACK_BYTES) & !0xf;
+        let child = libc::clone(
+            tool_entry,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            plan as *const ChildPlan as *mut libc::c_void,
+        );
+        if child < 0 {
+            fail(Stage::Fork, errno());
+        }
+        let child = child as libc::pid_t;
+        // The tool holds the error pipe until execve; drop ours so the parent sees EOF then.
+        libc::close(FD_ERR);
+        libc::close(FD_RULESET);
+        libc::close(0);
+        libc::close(1);
+        libc::close(2);
+        // The tool's copies of the passed descriptors and the exec fd are its own.
+        if n > FD_PASS_BASE as usize {
+            libc::syscall(
+                SYS_CLOSE_RANGE,
+                FD_PASS_BASE as libc::c_uint,
+                libc::c_uint::MAX,
+                0u32,
+            );
+        }
+        wait_for_tool(child, StatusReport::Status)
+    }
+}
+
+/// What pid 1 reports on `FD_STATUS` when the tool exits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum StatusReport {
+    /// The tool's raw wait status (4 bytes; the runner reaps pid 1 for the rusage).
+    Status,
+    /// The wait status, then user and system CPU time (µs) and peak RSS (KiB) of everything
+    /// reaped (28 bytes; the runner cannot reap a prepared call's pid 1).
+    StatusAndRusage,
+}
+
+/// pid 1's loop once the tool is forked (the one-shot init stage or a per-call init): every
+/// signal is blocked since the clone; forwards [`FORWARDED`] ones to every process of the pid
+/// namespace (pid 1 itself is exempt), reaps children, and when `tool` exits reports as
+/// `report` says and exits, which kills every remaining process of the namespace. Child only.
+pub(super) fn wait_for_tool(tool: libc::pid_t, report: StatusReport) -> ! {
+    // SAFETY: (whole function) only raw, async-signal-safe syscalls on stack values.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut set, s);
+        }
+        loop {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let sig = libc::sigwaitinfo(&set, &mut info);
+            if sig < 0 {
+                continue;
+            }
+            if sig != libc::SIGCHLD {
+                libc::kill(-1, sig);
+                continue;
+            }
+            loop {
+                let mut status = 0;
+                let r = libc::wait4(
+                    -1,
+                    &mut status,
+                    libc::WNOHANG | libc::__WALL,
+                    std::ptr::null_mut(),
+                );
+                if r <= 0 {
+                    break;
+                }
+                if r != tool {
+                    continue;
+                }
+                let mut out = [0u8; 28];
+                out[..4].copy_from_slice(&status.to_ne_bytes());
+                let len = match report {
+                    StatusReport::Status => 4,
+                    StatusReport::StatusAndRusage => {
+                        let mut ru: libc::rusage = std::mem::zeroed();
+                        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+                        let us =
+                            |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
+                        out[4..12].copy_from_slice(&us(ru.ru_utime).to_ne_bytes());
+                        out[12..20].copy_from_slice(&us(ru.ru_stime).to_ne_bytes());
+                        out[20..].copy_from_slice(&(ru.ru_maxrss as u64).to_ne_bytes());
+                        28
+                    }
+                };
+                libc::write(FD_STATUS, out.as_ptr().cast(), len);
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+/// Stack size of the tool between clone and execve (raw syscalls only, small frames).
+pub(super) const TOOL_STACK_BYTES: usize = 256 * 1024;
+
+/// Entry point of the tool on its own stack.
+extern "C" fn tool_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `&ChildPlan` init passed to clone; init is suspended (CLONE_VFORK)
+    // and the plan stays alive and unmodified until the tool execs or exits.
+    let plan = unsafe { &*(arg as *const ChildPlan) };
+    tool_main(plan)
+}
+
+/// Empties the capability bounding set (`0..=cap_last`; it can only shrink). Child only.
+pub(super) fn drop_bounding_set(cap_last: u32) {
+    for cap in 0..=cap_last {
+        // SAFETY: raw prctl on integer arguments.
+        if unsafe { libc::prctl(PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+    }
+}
+
+/// Whether `execve` will leave this process no capability although it still holds some: by
+/// capabilities(7) the new permitted set is (inheritable & file inheritable) | (file permitted
+/// & bounding) | ambient, and root's implicit full file sets do not apply under SECBIT_NOROOT.
+/// So it suffices that the bounding set (`0..=cap_last`), the ambient set and the inheritable
+/// set are empty and SECBIT_NOROOT is set and locked. Each is read back from the kernel.
+/// Child only.
+fn execve_drops_every_capability(cap_last: u32) -> bool {
+    const SECBIT_NOROOT: libc::c_int = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_int = 1 << 1;
+    const PR_CAPBSET_READ: libc::c_int = 23;
+    const PR_GET_SECUREBITS: libc::c_int = 27;
+    const PR_CAP_AMBIENT_IS_SET: libc::c_ulong = 1;
+    // SAFETY: (whole function) raw prctl/capget on integer arguments and a stack buffer.
+    unsafe {
+        for cap in 0..=cap_last {
+            if libc::prctl(PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) != 0 {
+                return false;
+            }
+            if libc::prctl(
+                PR_CAP_AMBIENT,
+                PR_CAP_AMBIENT_IS_SET,
+                cap as libc::c_ulong,
+                0,
+                0,
+            ) != 0
+            {
+                return false;
+            }
+        }
+        let bits = libc::prctl(PR_GET_SECUREBITS, 0, 0, 0, 0);
+        if bits < 0
+            || bits & (SECBIT_NOROOT | SECBIT_NOROOT_LOCKED) != SECBIT_NOROOT | SECBIT_NOROOT_LOCKED
+        {
+            return false;
+        }
+        let mut hdr = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let mut data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(
+            libc::SYS_capget,
+            &mut hdr as *mut CapHeader,
+            data.as_mut_ptr(),
+        ) < 0
+        {
+            return false;
+        }
+        data.iter().all(|d| d.inheritable == 0)
+    }
+}
+
+/// Resets every signal disposition to the default (signals stay blocked). Child only.
+pub(super) fn reset_signal_dispositions() {
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: raw signal(2) with SIG_DFL; no handler is installed.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// The one-shot tool: the per-call sequence, including the once-per-session steps.
+fn tool_main(plan: &ChildPlan) -> ! {
+    restrict_and_exec(&ToolExec {
+        rlimits: &plan.rlimits,
+        cap_last: plan.cap_last,
+        cwd: plan.cwd.as_ptr(),
+        check_cwd: plan.check_cwd,
+        landlock: plan.landlock,
+        session: SessionSteps::InTool {
+            cap_last: plan.cap_last,
+        },
+        filters: &plan.filters,
+        fault: plan.fault,
+        exe: plan.exe.as_ptr(),
+        exec_fd: if plan.exec_fd >= 0 {
+            FD_PASS_BASE + plan.pass.len() as RawFd
+        } else {
+            -1
+        },
+        argv: plan.argv.as_ptr(),
+        envp: plan.envp.as_ptr(),
+    })
+}
+
+/// Where the steps a prepared sandbox takes once per session happen.
+#[derive(Clone, Copy)]
+pub(super) enum SessionSteps {
+    /// In the tool (one-shot runs): empty the capability bounding set (`0..=cap_last`) and
+    /// reset every signal disposition to the default.
+    InTool { cap_last: u32 },
+    /// Once in the zygote, inherited by every call.
+    InZygote,
+}
+
+/// What the tool applies between its fork and `execve`: pointers into data prepared before the
+/// clone (the one-shot plan, or a call's region in the zygote).
+pub(super) struct ToolExec<'a> {
+    pub(super) rlimits: &'a [(libc::__rlimit_resource_t, u64)],
+    /// The highest capability number (`/proc/sys/kernel/cap_last_cap`).
+    pub(super) cap_last: u32,
+    pub(super) cwd: *const libc::c_char,
+    /// `cwd` is not the workspace: check under Landlock that the tool may list it.
+    pub(super) check_cwd: bool,
+    /// Restrict the tool with the ruleset at `FD_RULESET` (false: an unsandboxed run, no
+    /// ruleset).
+    pub(super) landlock: bool,
+    pub(super) session: SessionSteps,
+    /// BPF programs in installation order.
+    pub(super) filters: &'a [Vec<libc::sock_filter>],
+    pub(super) fault: ChildFault,
+    pub(super) exe: *const libc::c_char,
+    /// Execute this fd (`execveat` with `AT_EMPTY_PATH`) instead of `exe`; -1: none.
+    pub(super) exec_fd: RawFd,
+    pub(super) argv: *const *const libc::c_char,
+    pub(super) envp: *const *const libc::c_char,
+}
+
+/// The tool's fixed sequence, shared by both spawn paths (STYLE.md): fds ≥ 3 are already
+/// closed except the close-on-exec error pipe and ruleset; then setsid, rlimits, chdir,
+/// capabilities (bounding set, ambient set, locked securebits, then the three sets),
+/// no_new_privs, Landlock `restrict_self` (skipped only for a run approved unsandboxed; then,
+/// for a working directory other than the workspace, a check that the tool may list it),
+/// signals (dispositions, then an empty mask), seccomp last, execve. Reports the failed stage
+/// on the error pipe instead. Never returns.
+pub(super) fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
+    // The irreversible steps, in the order below:
+    //  1. close the status fd, setsid;
+    //  2. rlimits;
+    //  3. chdir;
+    //  4. capabilities: bounding set (in-tool sessions), ambient set cleared, securebits
+    //     locked, then capset of the three sets to empty;
+    //  5. no_new_privs;
+    //  6. Landlock restrict_self (unless unsandboxed), then close the ruleset fd, then the
+    //     working-directory listing check;
+    //  7. signals: default dispositions, then an empty mask;
+    //  8. seccomp filters;
+    //  9. execve (or execveat on the exec fd).
+    // SAFETY: (whole function) only raw, async-signal-safe syscalls on prepared data.
+    unsafe {
+        libc::close(FD_STATUS);
+        if libc::setsid() < 0 {
+            fail(Stage::Setsid, errno());
+        }
+        for (res, v) in t.rlimits {
+            let rl = libc::rlimit64 {
+                rlim_cur: *v,
+                rlim_max: *v,
+            };
+            if libc::setrlimit64(*res, &rl) < 0 {
+                fail(Stage::Rlimit, errno());
+            }
+        }
+        if libc::chdir(t.cwd) < 0 {
+            fail(Stage::Chdir, errno());
+        }
+        if t.fault == ChildFault::CapDrop {
+            fail(Stage::Capabilities, libc::EPERM);
+        }
+        if let SessionSteps::InTool { cap_last } = t.session {
+            drop_bounding_set(cap_last);
+        }
+        if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+        if libc::prctl(PR_SET_SECUREBITS, SECURE_BITS_LOCKED, 0, 0, 0) < 0 {
+            fail(Stage::Capabilities, errno());
+        }
+        let hdr = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) < 0 {
+            // A service manager's filter may refuse capset (systemd counts it as
+            // @privileged). execve then leaves the tool no capability, provided what makes
+            // that so is verified here; otherwise the run fails as before.
+            let e = errno();
+            if e != libc::EPERM || !execve_drops_every_capability(t.cap_last) {
+                fail(Stage::Capabilities, e);
+            }
+        }
+        if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+            fail(Stage::NoNewPrivs, errno());
+        }
+        if t.landlock {
+            if t.fault == ChildFault::LandlockRestrict {
+                fail(Stage::Landlock, libc::EINVAL);
+            }
+            check(
+                Stage::Landlock,
+                libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, FD_RULESET, 0u32),
+            );
+        }
+        // Closed either way: without a ruleset the number may hold anything inherited.
+        libc::close(FD_RULESET);
+        // A working directory other than the workspace must be listable under Landlock
+        // (which has no chdir hook, but decides this open): the tool starts only where the
+        // policy lets it look. The workspace itself is exempt: it may be a carved-out
+        // directory without a rule of its own (a home holding secrets).
+        if t.check_cwd {
+            let dir = libc::open(
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            );
+            if dir < 0 {
+                fail(Stage::Chdir, errno());
+            }
+            libc::close(dir);
+        }
+        // Default dispositions first (signals are still blocked), then an empty mask.
+        if let SessionSteps::InTool { .. } = t.session {
+            reset_signal_dispositions();
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) < 0 {
+            fail(Stage::Signals, errno());
+        }
+        // seccomp last.
+        for f in t.filters {
+            let (ptr, len) = if t.fault == ChildFault::SeccompInstall {
+                (std::ptr::null_mut(), 0u16)
+            } else {
+                (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
+            };
+            let prog = libc::sock_fprog { len, filter: ptr };
+            check(
+                Stage::Seccomp,
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    &prog as *const libc::sock_fprog,
+                ),
+            );
+        }
+        if t.exec_fd >= 0 {
+            libc::syscall(
+                libc::SYS_execveat,
+                t.exec_fd,
+                c"".as_ptr(),
+                t.argv,
+                t.envp,
+                libc::AT_EMPTY_PATH,
+            );
+        } else {
+            libc::execve(t.exe, t.argv, t.envp);
+        }
+        fail(Stage::Exec, errno());
+    }
+}
+
+/// The init stage's [`MountStep::Hide`]. Child only (raw syscalls on prepared data).
+pub(super) fn hide(path: &CStr, dir: bool) {
+    const LOCKED: libc::c_ulong =
+        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    // SAFETY: valid C strings; raw mount(2) calls in the child's own mount namespace.
+    let r = unsafe {
+        if dir {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                LOCKED,
+                c"size=4096,nr_inodes=2,mode=0".as_ptr().cast(),
+            )
+        } else {
+            libc::mount(
+                c"/dev/null".as_ptr(),
+                path.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        }
+    };
+    if r < 0 {
+        let e = errno();
+        if e == libc::ENOENT {
+            return;
+        }
+        fail(Stage::Mount, e);
+    }
+    if !dir {
+        mount_setattr(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            0,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        );
+    }
+}
+
+/// The init stage's [`MountStep::PrivateTmpfs`]: mount, then add the Landlock rule for the new
+/// root through the inherited ruleset fd. Child only (raw syscalls, no allocation).
+fn mount_private_tmpfs(path: &CStr, options: &CStr, rule_access: u64) {
+    // SAFETY: valid C strings; a raw mount(2) in the child's own mount namespace.
+    unsafe {
+        check(
+            Stage::Mount,
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                options.as_ptr().cast(),
+            ) as libc::c_long,
+        );
+    }
+    if rule_access != 0 {
+        add_rule_beneath(path, rule_access);
+    }
+}
+
+/// Moves `src[i]` to fd `i` (skipping negative entries; stdio without close-on-exec, the rest
+/// with it) and closes every fd from `src.len()` up. An fd already in place only gets its
+/// close-on-exec flag set (one syscall instead of two: call fds often arrive in place).
+/// Child only.
+pub(super) fn arrange_fd_list(src: &[RawFd], report: RawFd) {
+    arrange_fd_list_keeping(src, KEEP_STDIO, report);
+}
+
+/// [`arrange_fd_list`], with the slots whose bit is set in `keep` (at most [`FD_LIST_MAX`]
+/// slots) left open across `execve` instead of stdio. Child only.
+fn arrange_fd_list_keeping(src: &[RawFd], keep: u32, report: RawFd) {
+    // Before the layout is in place, failures go to `report` (FD_ERR may be anything yet).
+    let bail = |err: i32| -> ! {
+        let mut msg = [0u8; 8];
+        msg[..4].copy_from_slice(&(Stage::FdLayout as u32).to_ne_bytes());
+        msg[4..].copy_from_slice(&err.to_ne_bytes());
+        // SAFETY: raw write/_exit.
+        unsafe {
+            libc::write(report, msg.as_ptr().cast(), msg.len());
+            libc::_exit(126)
+        }
+    };
+    let kept = |i: usize| keep & (1 << i) != 0;
+    let mut tmp = [-1 as RawFd; FD_LIST_MAX];
+    if src.len() > tmp.len() {
+        bail(libc::EINVAL);
+    }
+    for (i, fd) in src.iter().enumerate().take(tmp.len()) {
+        if *fd < 0 {
+            continue;
+        }
+        if *fd == i as RawFd {
+            // In place: the second loop only writes to indices of sources that are not in
+            // place, so this fd is never clobbered.
+            let flags = if kept(i) { 0 } else { libc::FD_CLOEXEC };
+            // SAFETY: F_SETFD on an fd this process holds.
+            if unsafe { libc::fcntl(*fd, libc::F_SETFD, flags) } < 0 {
+                bail(errno());
+            }
+            continue;
+        }
+        // SAFETY: F_DUPFD_CLOEXEC picks the lowest free fd >= 100, never clobbering one.
+        let n = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100) };
+        if n < 0 {
+            bail(errno());
+        }
+        tmp[i] = n;
+    }
+    for (i, fd) in tmp.iter().enumerate().take(src.len()) {
+        if *fd < 0 {
+            continue;
+        }
+        let flags = if kept(i) { 0 } else { libc::O_CLOEXEC };
+        // SAFETY: dup3 onto a fixed number; the old target (if any) is closed atomically.
+        if unsafe { libc::dup3(*fd, i as RawFd, flags) } < 0 {
+            fail(Stage::FdLayout, errno());
+        }
+    }
+    // SAFETY: closes every fd from src.len() upwards, including the temporaries.
+    check(Stage::FdLayout, unsafe {
+        libc::syscall(
+            SYS_CLOSE_RANGE,
+            src.len() as libc::c_uint,
+            libc::c_uint::MAX,
+            0u32,
+        )
+    });
+}
