@@ -678,7 +678,7 @@ mod tests {
 
     #[test]
     fn filter_leaves_what_sandboxes_need() {
-        // What run/Prepared::new/Prepared::run (sys.rs) and a zygote use.
+        // What run/Prepared::new/Prepared::run (sys/) and a zygote use.
         let needed = [
             SYS_clone,
             SYS_clone3,

@@ -35,7 +35,7 @@
 //! and with it every process of every call.
 //!
 //! The zygote runs in a copy of a possibly multithreaded process: everything between the
-//! clone and the tool's execve is raw syscalls on prepared data (see `sys.rs`).
+//! clone and the tool's execve is raw syscalls on prepared data (see `sys/zygote.rs`).
 //!
 //! seccomp: the same profile as [`crate::seccomp`], compiled as a binary search over
 //! syscall-number ranges (`prepared/bpf.rs`), checked equivalent to the reference programs
