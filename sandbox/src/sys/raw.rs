@@ -121,11 +121,7 @@ pub(crate) fn landlock_abi() -> u32 {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     };
-    if r < 0 {
-        0
-    } else {
-        r as u32
-    }
+    if r < 0 { 0 } else { r as u32 }
 }
 
 /// Creates a Landlock ruleset; the caller adds rules and hands the fd to the child.
