@@ -601,7 +601,7 @@ fn bin_dir() -> PathBuf {
 
 /// Prints `SKIP mount-bench: <reason>` and exits 0, or fails under `OLLIE_TEST_REQUIRE=all`.
 fn skip(reason: &str) -> ! {
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         eprintln!("mount-bench: required feature missing: {reason}");
         std::process::exit(1);
     }

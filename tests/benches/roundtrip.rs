@@ -114,7 +114,7 @@ fn env_usize(key: &str, default: usize) -> usize {
 
 /// Prints `SKIP roundtrip: <reason>` and exits 0, or fails under `OLLIE_TEST_REQUIRE=all`.
 fn skip(reason: &str) -> ! {
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         eprintln!("roundtrip: required feature missing: {reason}");
         std::process::exit(1);
     }

@@ -173,7 +173,7 @@ fn find_program(name: &str) -> Option<PathBuf> {
 
 /// SKIP (or a failure under `OLLIE_TEST_REQUIRE=all`).
 fn missing(case: &str, why: &str) {
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         panic!("{case}: {why} (OLLIE_TEST_REQUIRE=all; scripts/deps.sh installs it)");
     }
     skip(&format!("SKIP {case}: {why}"));
