@@ -61,3 +61,17 @@ pub fn features_ok(name: &str) -> bool {
         ),
     }
 }
+
+/// For a bench (its own `main`): prints `SKIP <bench>: <reason>` to stdout and exits 0, or under
+/// the rule prints `<bench>: required feature missing: <reason>` to stderr and exits 1.
+pub fn skip_bench(bench: &str, reason: &str) -> ! {
+    if require_all() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{bench}: required feature missing: {reason}"
+        );
+        std::process::exit(1);
+    }
+    let _ = writeln!(std::io::stdout(), "SKIP {bench}: {reason}");
+    std::process::exit(0);
+}
