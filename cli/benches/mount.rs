@@ -601,12 +601,7 @@ fn bin_dir() -> PathBuf {
 
 /// Prints `SKIP mount-bench: <reason>` and exits 0, or fails under `OLLIE_TEST_REQUIRE=all`.
 fn skip(reason: &str) -> ! {
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
-        eprintln!("mount-bench: required feature missing: {reason}");
-        std::process::exit(1);
-    }
-    println!("SKIP mount-bench: {reason}");
-    std::process::exit(0);
+    ollie_testkit::skip_bench("mount-bench", reason)
 }
 
 /// Why FUSE cannot be mounted here, if it cannot.

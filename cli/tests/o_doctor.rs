@@ -13,28 +13,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const NOBODY: u32 = 65534;
+use ollie_testkit::features_ok;
 
-fn features_ok(test: &str) -> bool {
-    let p = ollie_sandbox::probe();
-    let missing = if p.landlock_abi < 7 {
-        Some(format!("landlock ABI {} < 7", p.landlock_abi))
-    } else if !p.user_namespaces {
-        Some("user namespaces are disabled".to_string())
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(r) if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") => {
-            panic!("{test}: required kernel feature missing: {r}")
-        }
-        Some(r) => {
-            let _ = writeln!(std::io::stderr(), "SKIP {test}: {r}");
-            false
-        }
-    }
-}
+const NOBODY: u32 = 65534;
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -191,7 +172,7 @@ fn without_a_memory_cgroup_the_run_runs_and_says_so() {
         // This user's situation is checked by the test above (the record and o doctor agree);
         // scripts/test-unprivileged.sh leaves this one to the root run.
         let line = format!("SKIP {case}: switching to an undelegated uid needs root");
-        if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        if ollie_testkit::require_all() {
             panic!("{line} (OLLIE_TEST_REQUIRE=all)");
         }
         let _ = writeln!(std::io::stderr(), "{line}");

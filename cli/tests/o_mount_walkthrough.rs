@@ -16,6 +16,8 @@
 //! `fusermount3` when not root): without FUSE it prints `SKIP` (a failure under
 //! `OLLIE_TEST_REQUIRE=all`). Every wait is an event (a line of the script's output, a process
 //! exit) bounded by a failure guard; nothing here measures time.
+// Scenario tests read top to bottom; splitting them would hide the story.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

@@ -9,26 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn features_ok(test: &str) -> bool {
-    let p = ollie_sandbox::probe();
-    let missing = if p.landlock_abi < 7 {
-        Some(format!("landlock ABI {} < 7", p.landlock_abi))
-    } else if !p.user_namespaces {
-        Some("user namespaces are disabled".to_string())
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(r) if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") => {
-            panic!("{test}: required kernel feature missing: {r}")
-        }
-        Some(r) => {
-            let _ = writeln!(std::io::stderr(), "SKIP {test}: {r}");
-            false
-        }
-    }
-}
+use ollie_testkit::features_ok;
 
 fn workspace(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("ollie-o-{}-{name}", std::process::id()));
@@ -217,7 +198,7 @@ fn terminal_injection_from_a_real_tty_fails() {
         return;
     }
     if Command::new("setsid").arg("--help").output().is_err() {
-        if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        if ollie_testkit::require_all() {
             panic!("{name}: setsid (util-linux) is missing");
         }
         let _ = writeln!(

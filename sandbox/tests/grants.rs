@@ -10,6 +10,8 @@
 //! Skips (printing `SKIP <test>: <reason>`) without Landlock ABI 7 or user namespaces; with
 //! `OLLIE_TEST_REQUIRE=all` a missing kernel feature fails instead. Run as root and as an
 //! unprivileged user (`scripts/test-unprivileged.sh`).
+// Scenario tests read top to bottom; splitting them would hide the story.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ollie_policy::{Grant, Network, Policy, ResolveContext};

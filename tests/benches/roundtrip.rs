@@ -114,12 +114,7 @@ fn env_usize(key: &str, default: usize) -> usize {
 
 /// Prints `SKIP roundtrip: <reason>` and exits 0, or fails under `OLLIE_TEST_REQUIRE=all`.
 fn skip(reason: &str) -> ! {
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
-        eprintln!("roundtrip: required feature missing: {reason}");
-        std::process::exit(1);
-    }
-    println!("SKIP roundtrip: {reason}");
-    std::process::exit(0);
+    ollie_testkit::skip_bench("roundtrip", reason)
 }
 
 fn us(d: Duration) -> f64 {

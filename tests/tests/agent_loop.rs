@@ -2,6 +2,8 @@
 //! session's real toolsrv: prompt → model turn asking for a tool → the tool runs sandboxed in
 //! toolsrv → its result goes back → the final answer; sub-agents (`agent/new … prompt=`);
 //! `generate` on two fids at once; a script that runs out; `stop` during a long tool.
+// Scenario tests read top to bottom; splitting them would hide the story.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

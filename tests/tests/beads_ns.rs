@@ -1145,7 +1145,7 @@ fn py9p_lists_and_reads_a_union_view() {
         Ok(_) => Some("py9p not importable (pip install p9fs==0.0.4)".to_owned()),
     };
     if let Some(why) = why {
-        if std::env::var("OLLIE_TEST_REQUIRE").is_ok_and(|v| v == "all") {
+        if ollie_testkit::require_all() {
             panic!("{test}: {why} (OLLIE_TEST_REQUIRE=all)");
         }
         println!("SKIP {test}: {why}");

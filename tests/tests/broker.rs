@@ -852,7 +852,7 @@ fn python3_ok(case: &str) -> bool {
     {
         return true;
     }
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         panic!("{case}: python3 is not installed in the system directories");
     }
     skip(&format!(

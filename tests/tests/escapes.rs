@@ -34,32 +34,8 @@ mod memory;
 // ---------------------------------------------------------------------------------------------
 // Harness
 
-/// Prints a SKIP line past libtest's output capture, so skips are always visible.
-fn skip(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-fn features_ok(case: &str) -> bool {
-    let p = ollie_sandbox::probe();
-    let missing = if p.landlock_abi < 7 {
-        Some(format!("landlock ABI {} < 7", p.landlock_abi))
-    } else if !p.user_namespaces {
-        Some("user namespaces are disabled".to_string())
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(reason) => {
-            if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
-                panic!("{case}: required kernel feature missing: {reason}");
-            }
-            skip(&format!("SKIP {case}: {reason}"));
-            false
-        }
-    }
-}
+// Visible SKIP lines and the kernel feature gate: the shared test kit.
+use ollie_testkit::{features_ok, print_skip as skip};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -1905,7 +1881,7 @@ fn memory_cgroup_ok(case: &str) -> bool {
         "SKIP {case}: no memory cgroup: {}",
         m.reason.unwrap_or_default()
     );
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         panic!("{line} (OLLIE_TEST_REQUIRE=all)");
     }
     skip(&line);
@@ -2730,7 +2706,7 @@ fn probe_tools_are_installed() {
         "SKIP probe_tools_are_installed: missing {}",
         missing.join(" ")
     );
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         panic!("{line} (OLLIE_TEST_REQUIRE=all; run scripts/deps.sh)");
     }
     skip(&line);

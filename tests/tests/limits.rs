@@ -312,7 +312,7 @@ fn out_of_file_descriptors_neither_spins_nor_floods_the_log() {
         .into_iter()
         .find(|p| Path::new(p).exists());
     let Some(prlimit) = prlimit else {
-        if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        if ollie_testkit::require_all() {
             panic!("{case}: prlimit (util-linux) is missing");
         }
         skip(&format!("SKIP {case}: prlimit (util-linux) is missing"));

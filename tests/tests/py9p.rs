@@ -29,7 +29,7 @@ fn have_py9p(test: &str) -> bool {
             text(&o.stderr).trim().lines().last().unwrap_or("")
         ),
     };
-    if std::env::var("OLLIE_TEST_REQUIRE").is_ok_and(|v| v == "all") {
+    if ollie_testkit::require_all() {
         panic!("{test}: {why} (OLLIE_TEST_REQUIRE=all)");
     }
     println!("SKIP {test}: {why}");

@@ -7,6 +7,8 @@
 //! and killing the ssh client fails the call in flight with a clear error, announces the loss
 //! and reconnects. Without sshd, ssh or ssh-keygen the ssh test prints `SKIP <test>: <reason>`
 //! (and fails under `OLLIE_TEST_REQUIRE=all`).
+// Scenario tests read top to bottom; splitting them would hide the story.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -173,7 +175,7 @@ fn find_program(name: &str) -> Option<PathBuf> {
 
 /// SKIP (or a failure under `OLLIE_TEST_REQUIRE=all`).
 fn missing(case: &str, why: &str) {
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         panic!("{case}: {why} (OLLIE_TEST_REQUIRE=all; scripts/deps.sh installs it)");
     }
     skip(&format!("SKIP {case}: {why}"));

@@ -3,6 +3,8 @@
 //! and agent files, blocking reads and their flushes, `eventwait`, `generate`, the session's
 //! toolsrv view, toolsrv and olliesrv crashes, persistence across restarts, corrupt state and
 //! the authenticated TCP listener.
+// Scenario tests read top to bottom; splitting them would hide the story.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

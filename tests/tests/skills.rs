@@ -4,6 +4,8 @@
 //! views, the skills section of the system prompt the model is sent, a replayed model reading
 //! a skill with `file_read` through its policy's read grant, and `file_write` into the skill
 //! denied by the sandbox.
+// Scenario tests read top to bottom; splitting them would hide the story.
+#![allow(clippy::too_many_lines)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;

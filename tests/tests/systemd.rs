@@ -26,7 +26,7 @@ fn activate_available(case: &str) -> bool {
     if found {
         return true;
     }
-    if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+    if ollie_testkit::require_all() {
         panic!("{case}: {ACTIVATE} is missing (Debian package systemd)");
     }
     skip(&format!("SKIP {case}: {ACTIVATE} is missing"));

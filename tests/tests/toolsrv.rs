@@ -1029,7 +1029,7 @@ async fn memory_held_by_fds_stops_at_the_sessions_memory_cgroup() {
             "SKIP {case}: no memory cgroup: {}",
             m.reason.unwrap_or_default()
         );
-        if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+        if ollie_testkit::require_all() {
             panic!("{line} (OLLIE_TEST_REQUIRE=all)");
         }
         skip(&line);

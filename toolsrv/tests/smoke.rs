@@ -38,7 +38,7 @@ fn require(name: &str) -> bool {
     if !ok {
         println!("SKIP {name}: needs Landlock ABI 7 and user namespaces");
         assert!(
-            std::env::var("OLLIE_TEST_REQUIRE").as_deref() != Ok("all"),
+            !ollie_testkit::require_all(),
             "OLLIE_TEST_REQUIRE=all: {name} may not be skipped"
         );
     }

@@ -40,7 +40,7 @@ pub fn fuse_usable(test: &str) -> bool {
         None => true,
         Some(r) => {
             let line = format!("SKIP {test}: {r}");
-            if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
+            if ollie_testkit::require_all() {
                 panic!("{line} (OLLIE_TEST_REQUIRE=all)");
             }
             eprintln!("{line}");

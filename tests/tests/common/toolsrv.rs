@@ -29,34 +29,9 @@ pub const UNAME: &str = "ollie";
 // ---------------------------------------------------------------------------------------------
 // Harness
 
-/// Prints a SKIP line past libtest's output capture, so skips are always visible.
-pub fn skip(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// Whether the kernel has what toolsrv and its sandbox need; prints SKIP (or fails under
-/// `OLLIE_TEST_REQUIRE=all`) when it does not.
-pub fn features_ok(case: &str) -> bool {
-    let p = ollie_sandbox::probe();
-    let missing = if p.landlock_abi < 7 {
-        Some(format!("landlock ABI {} < 7", p.landlock_abi))
-    } else if !p.user_namespaces {
-        Some("user namespaces are disabled".to_string())
-    } else {
-        None
-    };
-    match missing {
-        None => true,
-        Some(reason) => {
-            if std::env::var("OLLIE_TEST_REQUIRE").as_deref() == Ok("all") {
-                panic!("{case}: required kernel feature missing: {reason}");
-            }
-            skip(&format!("SKIP {case}: {reason}"));
-            false
-        }
-    }
-}
+// Visible SKIP lines and the kernel feature gate: the shared test kit.
+#[allow(unused_imports)] // each suite uses some of these
+pub use ollie_testkit::{features_ok, print_skip as skip};
 
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
