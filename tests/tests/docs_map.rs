@@ -8,8 +8,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 const MAP_HEADING: &str = "## File map";
-/// Top-level directories whose `src/` is not the workspace's source.
-const SKIP_DIRS: &[&str] = &["target", "fuzz"];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -31,7 +29,7 @@ fn map_paths(architecture: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every `*.rs` under `DIR/src/` for each top-level DIR, relative to `root`, with `/`.
+/// Every `*.rs` under `MEMBER/src/` for each workspace member, relative to `root`, with `/`.
 fn source_files(root: &Path) -> Vec<String> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
         let mut entries: Vec<_> = fs::read_dir(dir)
@@ -49,23 +47,28 @@ fn source_files(root: &Path) -> Vec<String> {
         }
     }
     let mut out = Vec::new();
-    let mut tops: Vec<_> = fs::read_dir(root)
-        .expect("read the workspace root")
-        .map(|e| e.expect("dir entry").path())
-        .collect();
-    tops.sort();
-    for top in tops {
-        let name = top.file_name().map(|n| n.to_string_lossy().into_owned());
-        let name = name.unwrap_or_default();
-        if name.starts_with('.') || SKIP_DIRS.contains(&name.as_str()) {
-            continue;
-        }
-        let src = top.join("src");
+    for member in members(root) {
+        let src = root.join(&member).join("src");
         if src.is_dir() {
             walk(&src, root, &mut out);
         }
     }
+    out.sort();
     out
+}
+
+/// The workspace members, from the root Cargo.toml's `members = [...]`.
+fn members(root: &Path) -> Vec<String> {
+    let toml = fs::read_to_string(root.join("Cargo.toml")).expect("read Cargo.toml");
+    let list = toml
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .expect("Cargo.toml has a members list");
+    list.split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .filter(|m| !m.is_empty())
+        .collect()
 }
 
 /// What is wrong with `map` against the tree: paths that do not exist, source files it
