@@ -62,18 +62,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 
 use reqwest::{RequestBuilder, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Conn, Endpoint, Frame, MAX_MESSAGE_CHARS, generated_id, mentions_context,
-    one_line, parse_arguments, scrubbed,
+    self, ApiKey, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, generated_id,
+    mentions_context, one_line, parse_arguments,
 };
-use super::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
-};
+use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
@@ -183,12 +180,9 @@ impl Anthropic {
         let body = request_body(model, req).to_string();
         let rb = c.post("/messages", "text/event-stream", body);
         let rb = self.authorized(rb, key.as_ref())?;
-        let mut resp = http::send_stream(&c.name, rb, key.as_ref()).await?;
         let mut state = StreamState::default();
-        http::read_sse(&c.name, &mut resp, |frame| {
-            state
-                .frame(&c.name, frame, sink)
-                .map_err(|e| scrubbed(e, key.as_ref()))?;
+        c.stream_sse(rb, key.as_ref(), |frame| {
+            state.frame(&c.name, frame, sink)?;
             Ok(state.done)
         })
         .await?;
@@ -196,19 +190,17 @@ impl Anthropic {
     }
 }
 
-impl Backend for Anthropic {
-    fn call<'a>(
+impl HttpApi for Anthropic {
+    fn chat<'a>(
         &'a self,
         req: &'a ModelRequest,
         sink: Sink<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
-        Box::pin(self.messages(req, sink))
+    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a {
+        self.messages(req, sink)
     }
 
-    fn list_models<'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
-        Box::pin(Anthropic::list_models(self))
+    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_ {
+        self.list_models()
     }
 }
 
@@ -590,6 +582,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::ToolSpec;
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::sync::mpsc;

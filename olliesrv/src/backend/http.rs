@@ -13,7 +13,10 @@ use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
-use super::{BackendError, ModelRequest};
+use std::future::Future;
+use std::pin::Pin;
+
+use super::{Backend, BackendError, ModelReply, ModelRequest, Sink};
 
 /// How long connecting may take.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -331,6 +334,21 @@ impl Conn {
             .body(body)
     }
 
+    /// Sends the streamed request `rb` and reads its server-sent events (see [`read_sse`]);
+    /// `on_frame`'s errors are scrubbed of `key`.
+    pub async fn stream_sse(
+        &self,
+        rb: reqwest::RequestBuilder,
+        key: Option<&ApiKey>,
+        mut on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
+    ) -> Result<(), BackendError> {
+        let mut resp = send_stream(&self.name, rb, key).await?;
+        read_sse(&self.name, &mut resp, |f| {
+            on_frame(f).map_err(|e| scrubbed(e, key))
+        })
+        .await
+    }
+
     /// The array `field` of a model-list reply to `what` (e.g. `/models`), else a fatal error.
     pub fn listed<'v>(
         &self,
@@ -341,6 +359,35 @@ impl Conn {
         v.get(field).and_then(Value::as_array).ok_or_else(|| {
             BackendError::Fatal(format!("{}: {what} reply has no {field} array", self.name))
         })
+    }
+}
+
+/// What differs between the HTTP backends' [`Backend`] impls (which follow from this).
+pub(super) trait HttpApi: Send + Sync + fmt::Debug {
+    /// Streams one reply.
+    fn chat<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: Sink<'a>,
+    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a;
+
+    /// The models the server lists.
+    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_;
+}
+
+impl<T: HttpApi> Backend for T {
+    fn call<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: Sink<'a>,
+    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
+        Box::pin(self.chat(req, sink))
+    }
+
+    fn list_models<'a>(
+        &'a self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
+        Box::pin(self.models())
     }
 }
 

@@ -47,20 +47,17 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Conn, Endpoint, Framer, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS,
+    self, ApiKey, Conn, Endpoint, Framer, HttpApi, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS,
     classify_http, error_fields, generated_id, mentions_context, one_line, parse_arguments,
     read_capped, retry_after,
 };
-use super::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
-};
+use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none: a local Ollama's root.
 pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:11434";
@@ -181,7 +178,7 @@ impl Ollama {
         }
     }
 
-    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+    async fn stream(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
         let model = c.start(req, "chat request")?;
         let key = c.api_key()?;
@@ -203,19 +200,17 @@ impl Ollama {
     }
 }
 
-impl Backend for Ollama {
-    fn call<'a>(
+impl HttpApi for Ollama {
+    fn chat<'a>(
         &'a self,
         req: &'a ModelRequest,
         sink: Sink<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
-        Box::pin(self.chat(req, sink))
+    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a {
+        self.stream(req, sink)
     }
 
-    fn list_models<'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
-        Box::pin(Ollama::list_models(self))
+    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_ {
+        self.list_models()
     }
 }
 
@@ -498,6 +493,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::ToolSpec;
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::net::TcpListener;

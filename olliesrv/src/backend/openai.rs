@@ -44,17 +44,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, Conn, Endpoint, Frame, MAX_MESSAGE_CHARS, classify_stream_error, generated_id, one_line,
-    parse_arguments, scrubbed,
+    self, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, classify_stream_error, generated_id,
+    one_line, parse_arguments,
 };
-use super::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
-};
+use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -93,19 +90,16 @@ impl OpenAi {
             .collect())
     }
 
-    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+    async fn stream(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
         let model = c.start(req, "chat request")?;
         let key = c.api_key()?;
         let body = request_body(model, req).to_string();
         let rb = c.post("/chat/completions", "text/event-stream", body);
         let rb = c.bearer(rb, key.as_ref())?;
-        let mut resp = http::send_stream(&c.name, rb, key.as_ref()).await?;
         let mut state = StreamState::default();
-        http::read_sse(&c.name, &mut resp, |frame| {
-            state
-                .frame(&c.name, frame, sink)
-                .map_err(|e| scrubbed(e, key.as_ref()))?;
+        c.stream_sse(rb, key.as_ref(), |frame| {
+            state.frame(&c.name, frame, sink)?;
             Ok(state.done)
         })
         .await?;
@@ -113,19 +107,17 @@ impl OpenAi {
     }
 }
 
-impl Backend for OpenAi {
-    fn call<'a>(
+impl HttpApi for OpenAi {
+    fn chat<'a>(
         &'a self,
         req: &'a ModelRequest,
         sink: Sink<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
-        Box::pin(self.chat(req, sink))
+    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a {
+        self.stream(req, sink)
     }
 
-    fn list_models<'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
-        Box::pin(OpenAi::list_models(self))
+    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_ {
+        self.list_models()
     }
 }
 
@@ -374,6 +366,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::ToolSpec;
     use crate::backend::http::{ApiKey, retry_after};
     use crate::config::{Backend as BackendCfg, BackendKind};
