@@ -61,7 +61,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
 
 use reqwest::{RequestBuilder, Url};
 use serde_json::{Map, Value, json};
@@ -168,12 +167,10 @@ impl Anthropic {
             None => rb,
         })
     }
+}
 
-    async fn messages(
-        &self,
-        req: &ModelRequest,
-        sink: Sink<'_>,
-    ) -> Result<ModelReply, BackendError> {
+impl HttpApi for Anthropic {
+    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
         let model = c.start(req, "messages request")?;
         let key = c.api_key()?;
@@ -188,19 +185,9 @@ impl Anthropic {
         .await?;
         state.finish(&c.name, sink)
     }
-}
 
-impl HttpApi for Anthropic {
-    fn chat<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a {
-        self.messages(req, sink)
-    }
-
-    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_ {
-        self.list_models()
+    async fn models(&self) -> Result<Vec<String>, BackendError> {
+        self.list_models().await
     }
 }
 

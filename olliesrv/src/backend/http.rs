@@ -365,14 +365,14 @@ impl Conn {
 /// What differs between the HTTP backends' [`Backend`] impls (which follow from this).
 pub(super) trait HttpApi: Send + Sync + fmt::Debug {
     /// Streams one reply.
-    fn chat<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a;
+    fn chat(
+        &self,
+        req: &ModelRequest,
+        sink: Sink<'_>,
+    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send;
 
     /// The models the server lists.
-    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_;
+    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
 }
 
 impl<T: HttpApi> Backend for T {

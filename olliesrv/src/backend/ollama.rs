@@ -46,7 +46,6 @@
 //! in the documented format.
 
 use std::fmt;
-use std::future::Future;
 use std::time::Duration;
 
 use reqwest::{Response, Url};
@@ -177,8 +176,10 @@ impl Ollama {
             e => e,
         }
     }
+}
 
-    async fn stream(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+impl HttpApi for Ollama {
+    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
         let model = c.start(req, "chat request")?;
         let key = c.api_key()?;
@@ -198,19 +199,9 @@ impl Ollama {
         .await?;
         state.finish(&c.name, sink)
     }
-}
 
-impl HttpApi for Ollama {
-    fn chat<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a {
-        self.stream(req, sink)
-    }
-
-    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_ {
-        self.list_models()
+    async fn models(&self) -> Result<Vec<String>, BackendError> {
+        self.list_models().await
     }
 }
 

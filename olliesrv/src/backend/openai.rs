@@ -43,7 +43,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
 
 use serde_json::{Map, Value, json};
 
@@ -89,8 +88,10 @@ impl OpenAi {
             .map(str::to_owned)
             .collect())
     }
+}
 
-    async fn stream(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+impl HttpApi for OpenAi {
+    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
         let model = c.start(req, "chat request")?;
         let key = c.api_key()?;
@@ -105,19 +106,9 @@ impl OpenAi {
         .await?;
         state.finish(&c.name, sink)
     }
-}
 
-impl HttpApi for OpenAi {
-    fn chat<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send + 'a {
-        self.stream(req, sink)
-    }
-
-    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send + '_ {
-        self.list_models()
+    async fn models(&self) -> Result<Vec<String>, BackendError> {
+        self.list_models().await
     }
 }
 
