@@ -369,77 +369,12 @@ async fn exec<F: Filesystem>(
             Ok(Outcome::ok(Rmsg::Auth { aqid }))
         }
         Op::Attach {
-            mut guard,
+            guard,
             afid,
             uname,
             aname,
-        } => {
-            let (st, qid) = match afid {
-                None => fs.attach(conn, None, &uname, &aname).await?,
-                Some(slot) => {
-                    let mut a = slot.lock().await;
-                    let a = a.as_mut().ok_or_else(|| Error::new("unknown afid"))?;
-                    if a.qid.ty & qt::AUTH == 0 {
-                        return Err(Error::new("afid is not an authentication fid"));
-                    }
-                    fs.attach(conn, Some(&mut a.fs), &uname, &aname).await?
-                }
-            };
-            *guard = Some(Entry {
-                fs: st,
-                qid,
-                open: None,
-            });
-            Ok(Outcome::ok(Rmsg::Attach { qid }))
-        }
-        Op::Walk { src, new, wnames } => {
-            let mut g = src.lock().await;
-            let e = g.as_mut().ok_or_else(unknown_fid)?;
-            if e.open.is_some() {
-                return Err(Error::new("cannot walk an open fid (in use)"));
-            }
-            if e.qid.ty & qt::AUTH != 0 {
-                return Err(Error::new("cannot walk an authentication fid"));
-            }
-            if !wnames.is_empty() && !e.qid.is_dir() {
-                return Err(Error::not_dir());
-            }
-            let walked = fs.walk(&e.fs, &wnames).await?;
-            let mut qids = walked.qids;
-            qids.truncate(wnames.len());
-            if qids.is_empty() && !wnames.is_empty() {
-                return Err(Error::not_found());
-            }
-            match walked.fid {
-                Some(st) if qids.len() == wnames.len() => {
-                    let qid = qids.last().copied().unwrap_or(e.qid);
-                    let entry = Entry {
-                        fs: st,
-                        qid,
-                        open: None,
-                    };
-                    match new {
-                        Some(mut ng) => *ng = Some(entry),
-                        None => {
-                            let old = std::mem::replace(e, entry);
-                            fs.clunk(old.fs).await;
-                        }
-                    }
-                    Ok(Outcome::ok(Rmsg::Walk { wqids: qids }))
-                }
-                _ => {
-                    if qids.len() == wnames.len() {
-                        // A full walk must yield a fid; a filesystem that forgot one failed.
-                        return Err(Error::not_found());
-                    }
-                    // Partial walk: a successful Rwalk, but newfid is not created.
-                    Ok(Outcome {
-                        reply: Rmsg::Walk { wqids: qids },
-                        created: false,
-                    })
-                }
-            }
-        }
+        } => attach(fs, conn, guard, afid, &uname, &aname).await,
+        Op::Walk { src, new, wnames } => walk(fs, src, new, wnames).await,
         Op::Open { slot, mode } => {
             let mut g = slot.lock().await;
             let e = g.as_mut().ok_or_else(unknown_fid)?;
@@ -462,26 +397,7 @@ async fn exec<F: Filesystem>(
             name,
             perm,
             mode,
-        } => {
-            let mut g = slot.lock().await;
-            let e = g.as_mut().ok_or_else(unknown_fid)?;
-            if e.open.is_some() {
-                return Err(Error::new("fid is already open (in use)"));
-            }
-            if !e.qid.is_dir() {
-                return Err(Error::not_dir());
-            }
-            if name.is_empty() || name == "." || name == ".." || name.contains('/') {
-                return Err(Error::invalid(format!("bad file name {name:?}")));
-            }
-            let (qid, unit) = fs.create(&mut e.fs, &name, perm, mode).await?;
-            e.qid = qid;
-            e.open = Some(mode);
-            Ok(Outcome::ok(Rmsg::Create {
-                qid,
-                iounit: if unit == 0 { iounit } else { unit.min(iounit) },
-            }))
-        }
+        } => create(fs, iounit, slot, &name, perm, mode).await,
         Op::Read {
             slot,
             offset,
@@ -542,6 +458,118 @@ async fn exec<F: Filesystem>(
             Ok(Outcome::ok(Rmsg::Wstat))
         }
     }
+}
+
+/// Tattach: a new fid for the filesystem's root, authenticated by `afid` if given.
+async fn attach<F: Filesystem>(
+    fs: &F,
+    conn: &ConnInfo,
+    mut guard: SlotGuard<F::Fid>,
+    afid: Option<Slot<F::Fid>>,
+    uname: &str,
+    aname: &str,
+) -> Result<Outcome> {
+    let (st, qid) = match afid {
+        None => fs.attach(conn, None, uname, aname).await?,
+        Some(slot) => {
+            let mut a = slot.lock().await;
+            let a = a.as_mut().ok_or_else(|| Error::new("unknown afid"))?;
+            if a.qid.ty & qt::AUTH == 0 {
+                return Err(Error::new("afid is not an authentication fid"));
+            }
+            fs.attach(conn, Some(&mut a.fs), uname, aname).await?
+        }
+    };
+    *guard = Some(Entry {
+        fs: st,
+        qid,
+        open: None,
+    });
+    Ok(Outcome::ok(Rmsg::Attach { qid }))
+}
+
+/// Twalk: from an unopened directory fid to `new` (or in place when `new` is `None`).
+async fn walk<F: Filesystem>(
+    fs: &F,
+    src: Slot<F::Fid>,
+    new: Option<SlotGuard<F::Fid>>,
+    wnames: Vec<String>,
+) -> Result<Outcome> {
+    let mut g = src.lock().await;
+    let e = g.as_mut().ok_or_else(unknown_fid)?;
+    if e.open.is_some() {
+        return Err(Error::new("cannot walk an open fid (in use)"));
+    }
+    if e.qid.ty & qt::AUTH != 0 {
+        return Err(Error::new("cannot walk an authentication fid"));
+    }
+    if !wnames.is_empty() && !e.qid.is_dir() {
+        return Err(Error::not_dir());
+    }
+    let walked = fs.walk(&e.fs, &wnames).await?;
+    let mut qids = walked.qids;
+    qids.truncate(wnames.len());
+    if qids.is_empty() && !wnames.is_empty() {
+        return Err(Error::not_found());
+    }
+    match walked.fid {
+        Some(st) if qids.len() == wnames.len() => {
+            let qid = qids.last().copied().unwrap_or(e.qid);
+            let entry = Entry {
+                fs: st,
+                qid,
+                open: None,
+            };
+            match new {
+                Some(mut ng) => *ng = Some(entry),
+                None => {
+                    let old = std::mem::replace(e, entry);
+                    fs.clunk(old.fs).await;
+                }
+            }
+            Ok(Outcome::ok(Rmsg::Walk { wqids: qids }))
+        }
+        _ => {
+            if qids.len() == wnames.len() {
+                // A full walk must yield a fid; a filesystem that forgot one failed.
+                return Err(Error::not_found());
+            }
+            // Partial walk: a successful Rwalk, but newfid is not created.
+            Ok(Outcome {
+                reply: Rmsg::Walk { wqids: qids },
+                created: false,
+            })
+        }
+    }
+}
+
+/// Tcreate: `name` in the directory fid `slot`, which then stands for the opened file.
+async fn create<F: Filesystem>(
+    fs: &F,
+    iounit: u32,
+    slot: Slot<F::Fid>,
+    name: &str,
+    perm: u32,
+    mode: u8,
+) -> Result<Outcome> {
+    let mut g = slot.lock().await;
+    let e = g.as_mut().ok_or_else(unknown_fid)?;
+    if e.open.is_some() {
+        return Err(Error::new("fid is already open (in use)"));
+    }
+    if !e.qid.is_dir() {
+        return Err(Error::not_dir());
+    }
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(Error::invalid(format!("bad file name {name:?}")));
+    }
+    let (qid, unit) = fs.create(&mut e.fs, name, perm, mode).await?;
+    e.qid = qid;
+    e.open = Some(mode);
+    Ok(Outcome::ok(Rmsg::Create {
+        qid,
+        iounit: if unit == 0 { iounit } else { unit.min(iounit) },
+    }))
 }
 
 /// Hashes the small integer keys of the fid and tag tables (chosen by the peer, who can only
@@ -1553,78 +1581,18 @@ impl<F: Filesystem> Conn<F> {
             Tmsg::Version { .. } | Tmsg::Flush { .. } => {
                 return Err(Error::new("internal: unexpected message"));
             }
-            Tmsg::Auth { afid, uname, aname } => {
-                let max = self.srv.limits.max_afids;
-                if self.afids.len() >= max {
-                    return Err(Error::new(format!(
-                        "too many authentication fids on this connection (limit {max}); clunk some"
-                    )));
-                }
-                let (guard, slot) = self.new_slot(afid)?;
-                self.afids.insert(afid);
-                (
-                    Op::Auth {
-                        guard,
-                        uname,
-                        aname,
-                    },
-                    Some((afid, slot)),
-                )
-            }
+            Tmsg::Auth { afid, uname, aname } => return self.resolve_auth(afid, uname, aname),
             Tmsg::Attach {
                 fid,
                 afid,
                 uname,
                 aname,
-            } => {
-                let afid = if afid == NOFID {
-                    None
-                } else {
-                    Some(
-                        self.fids
-                            .get(&afid)
-                            .cloned()
-                            .ok_or_else(|| Error::new("unknown afid"))?,
-                    )
-                };
-                let (guard, slot) = self.new_slot(fid)?;
-                (
-                    Op::Attach {
-                        guard,
-                        afid,
-                        uname,
-                        aname,
-                    },
-                    Some((fid, slot)),
-                )
-            }
+            } => return self.resolve_attach(fid, afid, uname, aname),
             Tmsg::Walk {
                 fid,
                 newfid,
                 wnames,
-            } => {
-                let src = self.slot(fid)?;
-                if newfid == fid {
-                    (
-                        Op::Walk {
-                            src,
-                            new: None,
-                            wnames,
-                        },
-                        None,
-                    )
-                } else {
-                    let (guard, slot) = self.new_slot(newfid)?;
-                    (
-                        Op::Walk {
-                            src,
-                            new: Some(guard),
-                            wnames,
-                        },
-                        Some((newfid, slot)),
-                    )
-                }
-            }
+            } => return self.resolve_walk(fid, newfid, wnames),
             Tmsg::Open { fid, mode } => (
                 Op::Open {
                     slot: self.slot(fid)?,
@@ -1682,6 +1650,91 @@ impl<F: Filesystem> Conn<F> {
                 },
                 None,
             ),
+        })
+    }
+
+    /// Tauth: a new authentication fid, within the connection's limit.
+    fn resolve_auth(
+        &mut self,
+        afid: u32,
+        uname: String,
+        aname: String,
+    ) -> Result<Resolved<F::Fid>> {
+        let max = self.srv.limits.max_afids;
+        if self.afids.len() >= max {
+            return Err(Error::new(format!(
+                "too many authentication fids on this connection (limit {max}); clunk some"
+            )));
+        }
+        let (guard, slot) = self.new_slot(afid)?;
+        self.afids.insert(afid);
+        Ok((
+            Op::Auth {
+                guard,
+                uname,
+                aname,
+            },
+            Some((afid, slot)),
+        ))
+    }
+
+    /// Tattach: the new fid, and the authentication fid's slot if one is named.
+    fn resolve_attach(
+        &mut self,
+        fid: u32,
+        afid: u32,
+        uname: String,
+        aname: String,
+    ) -> Result<Resolved<F::Fid>> {
+        let afid = if afid == NOFID {
+            None
+        } else {
+            Some(
+                self.fids
+                    .get(&afid)
+                    .cloned()
+                    .ok_or_else(|| Error::new("unknown afid"))?,
+            )
+        };
+        let (guard, slot) = self.new_slot(fid)?;
+        Ok((
+            Op::Attach {
+                guard,
+                afid,
+                uname,
+                aname,
+            },
+            Some((fid, slot)),
+        ))
+    }
+
+    /// Twalk: the source fid, and the new fid unless it is the same.
+    fn resolve_walk(
+        &mut self,
+        fid: u32,
+        newfid: u32,
+        wnames: Vec<String>,
+    ) -> Result<Resolved<F::Fid>> {
+        let src = self.slot(fid)?;
+        Ok(if newfid == fid {
+            (
+                Op::Walk {
+                    src,
+                    new: None,
+                    wnames,
+                },
+                None,
+            )
+        } else {
+            let (guard, slot) = self.new_slot(newfid)?;
+            (
+                Op::Walk {
+                    src,
+                    new: Some(guard),
+                    wnames,
+                },
+                Some((newfid, slot)),
+            )
         })
     }
 }

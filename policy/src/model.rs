@@ -1,6 +1,6 @@
 //! Validated policy types and the conversion from the raw TOML shape.
 
-use crate::raw::RawPolicy;
+use crate::raw::{RawEnv, RawEscalations, RawFs, RawLimits, RawNetwork, RawPolicy, RawSyscalls};
 use crate::secrets;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -426,180 +426,12 @@ impl TryFrom<RawPolicy> for Policy {
                 ));
             }
         };
-        let fs = FsRules {
-            read: paths("fs.read", &raw.fs.read)?,
-            exec: paths("fs.exec", &raw.fs.exec)?,
-            write: paths("fs.write", &raw.fs.write)?,
-            protected: paths("fs.protected", &raw.fs.protected)?,
-            read_all: raw.fs.read_all,
-        };
-        for (i, p) in fs.protected.iter().enumerate() {
-            let inside = fs
-                .write
-                .iter()
-                .any(|w| w.anchor == p.anchor && p.rest.starts_with(&w.rest) && p.rest != w.rest);
-            if !inside {
-                return Err(invalid(
-                    format!("fs.protected[{i}]"),
-                    format!("{p} must lie strictly inside one of fs.write (same anchor)"),
-                ));
-            }
-        }
-        let network = match raw.network.mode.as_deref() {
-            None | Some("off") => {
-                if !raw.network.connect.is_empty() || !raw.network.bind.is_empty() {
-                    return Err(invalid(
-                        "network.connect",
-                        "ports need network.mode = \"tcp\"",
-                    ));
-                }
-                Network::Off
-            }
-            Some("all") => {
-                for (key, ports) in [
-                    ("network.connect", &raw.network.connect),
-                    ("network.bind", &raw.network.bind),
-                ] {
-                    if !ports.is_empty() {
-                        return Err(invalid(
-                            key,
-                            "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
-                        ));
-                    }
-                }
-                Network::All
-            }
-            Some("tcp") => {
-                let mut connect = BTreeSet::new();
-                for (i, p) in raw.network.connect.iter().enumerate() {
-                    connect.insert(port(&format!("network.connect[{i}]"), *p)?);
-                }
-                let mut bind = BTreeSet::new();
-                for (i, p) in raw.network.bind.iter().enumerate() {
-                    bind.insert(port(&format!("network.bind[{i}]"), *p)?);
-                }
-                Network::Tcp { connect, bind }
-            }
-            Some(m) => {
-                return Err(invalid(
-                    "network.mode",
-                    format!("unknown mode {m:?} (valid: off, tcp, all)"),
-                ));
-            }
-        };
-        let profile = match raw.syscalls.profile.as_deref() {
-            None | Some("default") => SyscallProfile::Default,
-            Some(p) => {
-                return Err(invalid(
-                    "syscalls.profile",
-                    format!("unknown profile {p:?} (valid: default)"),
-                ));
-            }
-        };
-        if raw.syscalls.deny.len() > MAX_DENIED_SYSCALLS {
-            return Err(invalid(
-                "syscalls.deny",
-                format!(
-                    "{} names; at most {MAX_DENIED_SYSCALLS}",
-                    raw.syscalls.deny.len()
-                ),
-            ));
-        }
-        let mut deny = BTreeSet::new();
-        for (i, name) in raw.syscalls.deny.iter().enumerate() {
-            if let Some(why) = deny_name_error(name) {
-                return Err(invalid(format!("syscalls.deny[{i}]"), why));
-            }
-            deny.insert(name.clone());
-        }
-        let syscalls = Syscalls { profile, deny };
-        let d = Limits::default();
-        let l = &raw.limits;
-        let limits = Limits {
-            cpu_seconds: positive("limits.cpu_seconds", l.cpu_seconds, d.cpu_seconds, 86_400)?,
-            address_space_bytes: positive(
-                "limits.address_space_bytes",
-                l.address_space_bytes,
-                d.address_space_bytes,
-                1 << 46,
-            )?,
-            memory_bytes: positive(
-                "limits.memory_bytes",
-                l.memory_bytes,
-                d.memory_bytes,
-                1 << 46,
-            )?,
-            processes: positive("limits.processes", l.processes, d.processes, 65_536)?,
-            file_size_bytes: positive(
-                "limits.file_size_bytes",
-                l.file_size_bytes,
-                d.file_size_bytes,
-                1 << 46,
-            )?,
-            open_files: positive("limits.open_files", l.open_files, d.open_files, 65_536)?,
-            output_bytes: positive(
-                "limits.output_bytes",
-                l.output_bytes,
-                d.output_bytes,
-                1 << 32,
-            )?,
-            timeout_seconds: positive(
-                "limits.timeout_seconds",
-                l.timeout_seconds,
-                d.timeout_seconds,
-                86_400,
-            )?,
-            kill_grace_ms: positive(
-                "limits.kill_grace_ms",
-                l.kill_grace_ms,
-                d.kill_grace_ms,
-                60_000,
-            )?,
-            shm_bytes: match l.shm_bytes {
-                None => d.shm_bytes,
-                Some(0) => 0,
-                Some(_) => positive("limits.shm_bytes", l.shm_bytes, d.shm_bytes, 1 << 34)?,
-            },
-            disk_bytes: positive("limits.disk_bytes", l.disk_bytes, d.disk_bytes, 1 << 50)?,
-            disk_inodes: positive("limits.disk_inodes", l.disk_inodes, d.disk_inodes, 1 << 40)?,
-        };
-        let mut env = EnvPolicy::default();
-        for (i, name) in raw.env.allow.iter().enumerate() {
-            let key = format!("env.allow[{i}]");
-            if !env_name_ok(name) {
-                return Err(invalid(key, format!("{name:?} is not a variable name")));
-            }
-            if env_name_is_forbidden(name) {
-                return Err(invalid(
-                    key,
-                    format!("{name} may carry a secret or a daemon address and cannot be passed"),
-                ));
-            }
-            env.allow.insert(name.clone());
-        }
-        for (name, value) in &raw.env.set {
-            let key = format!("env.set.{name}");
-            if !env_name_ok(name) {
-                return Err(invalid(key, format!("{name:?} is not a variable name")));
-            }
-            if env_name_is_forbidden(name) {
-                return Err(invalid(
-                    key,
-                    format!("{name} may carry a secret or a daemon address and cannot be set"),
-                ));
-            }
-            if value.contains('\0') {
-                return Err(invalid(key, "value contains a NUL byte"));
-            }
-            env.set.insert(name.clone(), value.clone());
-        }
-        let mut escalations = BTreeSet::new();
-        for (i, e) in raw.escalations.allow.iter().enumerate() {
-            escalations.insert(EscalationKind::parse(
-                &format!("escalations.allow[{i}]"),
-                e,
-            )?);
-        }
+        let fs = fs_rules(&raw.fs)?;
+        let network = network(&raw.network)?;
+        let syscalls = syscalls(&raw.syscalls)?;
+        let limits = limits(&raw.limits)?;
+        let env = env_policy(&raw.env)?;
+        let escalations = escalations(&raw.escalations)?;
         Ok(Policy {
             landlock_min_abi,
             best_effort: raw.best_effort.unwrap_or(false),
@@ -612,6 +444,203 @@ impl TryFrom<RawPolicy> for Policy {
             unsandboxed: false,
         })
     }
+}
+
+/// `fs`: the path lists, each `protected` path strictly inside a `write` one.
+fn fs_rules(raw: &RawFs) -> Result<FsRules, PolicyError> {
+    let fs = FsRules {
+        read: paths("fs.read", &raw.read)?,
+        exec: paths("fs.exec", &raw.exec)?,
+        write: paths("fs.write", &raw.write)?,
+        protected: paths("fs.protected", &raw.protected)?,
+        read_all: raw.read_all,
+    };
+    for (i, p) in fs.protected.iter().enumerate() {
+        let inside = fs
+            .write
+            .iter()
+            .any(|w| w.anchor == p.anchor && p.rest.starts_with(&w.rest) && p.rest != w.rest);
+        if !inside {
+            return Err(invalid(
+                format!("fs.protected[{i}]"),
+                format!("{p} must lie strictly inside one of fs.write (same anchor)"),
+            ));
+        }
+    }
+    Ok(fs)
+}
+
+/// `network`: the mode and, for `tcp`, its port lists.
+fn network(raw: &RawNetwork) -> Result<Network, PolicyError> {
+    Ok(match raw.mode.as_deref() {
+        None | Some("off") => {
+            if !raw.connect.is_empty() || !raw.bind.is_empty() {
+                return Err(invalid(
+                    "network.connect",
+                    "ports need network.mode = \"tcp\"",
+                ));
+            }
+            Network::Off
+        }
+        Some("all") => {
+            for (key, ports) in [
+                ("network.connect", &raw.connect),
+                ("network.bind", &raw.bind),
+            ] {
+                if !ports.is_empty() {
+                    return Err(invalid(
+                        key,
+                        "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
+                    ));
+                }
+            }
+            Network::All
+        }
+        Some("tcp") => {
+            let mut connect = BTreeSet::new();
+            for (i, p) in raw.connect.iter().enumerate() {
+                connect.insert(port(&format!("network.connect[{i}]"), *p)?);
+            }
+            let mut bind = BTreeSet::new();
+            for (i, p) in raw.bind.iter().enumerate() {
+                bind.insert(port(&format!("network.bind[{i}]"), *p)?);
+            }
+            Network::Tcp { connect, bind }
+        }
+        Some(m) => {
+            return Err(invalid(
+                "network.mode",
+                format!("unknown mode {m:?} (valid: off, tcp, all)"),
+            ));
+        }
+    })
+}
+
+/// `syscalls`: the profile and the extra denied names.
+fn syscalls(raw: &RawSyscalls) -> Result<Syscalls, PolicyError> {
+    let profile = match raw.profile.as_deref() {
+        None | Some("default") => SyscallProfile::Default,
+        Some(p) => {
+            return Err(invalid(
+                "syscalls.profile",
+                format!("unknown profile {p:?} (valid: default)"),
+            ));
+        }
+    };
+    if raw.deny.len() > MAX_DENIED_SYSCALLS {
+        return Err(invalid(
+            "syscalls.deny",
+            format!("{} names; at most {MAX_DENIED_SYSCALLS}", raw.deny.len()),
+        ));
+    }
+    let mut deny = BTreeSet::new();
+    for (i, name) in raw.deny.iter().enumerate() {
+        if let Some(why) = deny_name_error(name) {
+            return Err(invalid(format!("syscalls.deny[{i}]"), why));
+        }
+        deny.insert(name.clone());
+    }
+    Ok(Syscalls { profile, deny })
+}
+
+/// `limits`: each given value in its range, the others the defaults.
+fn limits(l: &RawLimits) -> Result<Limits, PolicyError> {
+    let d = Limits::default();
+    Ok(Limits {
+        cpu_seconds: positive("limits.cpu_seconds", l.cpu_seconds, d.cpu_seconds, 86_400)?,
+        address_space_bytes: positive(
+            "limits.address_space_bytes",
+            l.address_space_bytes,
+            d.address_space_bytes,
+            1 << 46,
+        )?,
+        memory_bytes: positive(
+            "limits.memory_bytes",
+            l.memory_bytes,
+            d.memory_bytes,
+            1 << 46,
+        )?,
+        processes: positive("limits.processes", l.processes, d.processes, 65_536)?,
+        file_size_bytes: positive(
+            "limits.file_size_bytes",
+            l.file_size_bytes,
+            d.file_size_bytes,
+            1 << 46,
+        )?,
+        open_files: positive("limits.open_files", l.open_files, d.open_files, 65_536)?,
+        output_bytes: positive(
+            "limits.output_bytes",
+            l.output_bytes,
+            d.output_bytes,
+            1 << 32,
+        )?,
+        timeout_seconds: positive(
+            "limits.timeout_seconds",
+            l.timeout_seconds,
+            d.timeout_seconds,
+            86_400,
+        )?,
+        kill_grace_ms: positive(
+            "limits.kill_grace_ms",
+            l.kill_grace_ms,
+            d.kill_grace_ms,
+            60_000,
+        )?,
+        shm_bytes: match l.shm_bytes {
+            None => d.shm_bytes,
+            Some(0) => 0,
+            Some(_) => positive("limits.shm_bytes", l.shm_bytes, d.shm_bytes, 1 << 34)?,
+        },
+        disk_bytes: positive("limits.disk_bytes", l.disk_bytes, d.disk_bytes, 1 << 50)?,
+        disk_inodes: positive("limits.disk_inodes", l.disk_inodes, d.disk_inodes, 1 << 40)?,
+    })
+}
+
+/// `env`: the passed and the set variables, none that may carry a secret.
+fn env_policy(raw: &RawEnv) -> Result<EnvPolicy, PolicyError> {
+    let mut env = EnvPolicy::default();
+    for (i, name) in raw.allow.iter().enumerate() {
+        let key = format!("env.allow[{i}]");
+        if !env_name_ok(name) {
+            return Err(invalid(key, format!("{name:?} is not a variable name")));
+        }
+        if env_name_is_forbidden(name) {
+            return Err(invalid(
+                key,
+                format!("{name} may carry a secret or a daemon address and cannot be passed"),
+            ));
+        }
+        env.allow.insert(name.clone());
+    }
+    for (name, value) in &raw.set {
+        let key = format!("env.set.{name}");
+        if !env_name_ok(name) {
+            return Err(invalid(key, format!("{name:?} is not a variable name")));
+        }
+        if env_name_is_forbidden(name) {
+            return Err(invalid(
+                key,
+                format!("{name} may carry a secret or a daemon address and cannot be set"),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(invalid(key, "value contains a NUL byte"));
+        }
+        env.set.insert(name.clone(), value.clone());
+    }
+    Ok(env)
+}
+
+/// `escalations.allow`: the kinds that may be asked for.
+fn escalations(raw: &RawEscalations) -> Result<BTreeSet<EscalationKind>, PolicyError> {
+    let mut escalations = BTreeSet::new();
+    for (i, e) in raw.allow.iter().enumerate() {
+        escalations.insert(EscalationKind::parse(
+            &format!("escalations.allow[{i}]"),
+            e,
+        )?);
+    }
+    Ok(escalations)
 }
 
 /// What anchored paths resolve against.

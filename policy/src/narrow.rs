@@ -79,6 +79,59 @@ impl Policy {
             return Err(NarrowError::Unsandboxed);
         }
         let mut out = self.clone();
+        self.narrow_fs(layer, &mut out)?;
+        for (i, name) in layer.deny_syscalls.iter().enumerate() {
+            if let Some(why) = crate::model::deny_name_error(name) {
+                return Err(widens(format!("syscalls.deny[{i}]"), why));
+            }
+            out.syscalls.deny.insert(name.clone());
+        }
+        if let Some(net) = &layer.network {
+            let ok = network_within(&self.network, net);
+            if !ok {
+                return Err(widens("network", "ports or mode exceed the base"));
+            }
+            out.network = net.clone();
+        }
+        if let Some(l) = &layer.limits {
+            limits_within(l, &self.limits)?;
+            out.limits = *l;
+        }
+        if let Some(env) = &layer.env_allow {
+            if !env.is_subset(&self.env.allow) {
+                return Err(widens(
+                    "env.allow",
+                    "names a variable the base does not pass",
+                ));
+            }
+            out.env.allow = env.clone();
+        }
+        if let Some(abi) = layer.landlock_min_abi {
+            if abi < self.landlock_min_abi {
+                return Err(widens(
+                    "landlock_min_abi",
+                    format!("{abi} < base {}", self.landlock_min_abi),
+                ));
+            }
+            out.landlock_min_abi = abi;
+        }
+        if layer.forbid_best_effort {
+            out.best_effort = false;
+        }
+        if let Some(esc) = &layer.escalations {
+            if !esc.is_subset(&self.escalations) {
+                return Err(widens(
+                    "escalations.allow",
+                    "names a kind the base does not allow",
+                ));
+            }
+            out.escalations = esc.clone();
+        }
+        Ok(out)
+    }
+
+    /// The layer's `fs` lists, each inside the base's, into `out`; `protect` adds to it.
+    fn narrow_fs(&self, layer: &Layer, out: &mut Policy) -> Result<(), NarrowError> {
         let all: Vec<&PathTemplate> = self
             .fs
             .read
@@ -128,100 +181,63 @@ impl Policy {
                 out.fs.protected.push(p.clone());
             }
         }
-        for (i, name) in layer.deny_syscalls.iter().enumerate() {
-            if let Some(why) = crate::model::deny_name_error(name) {
-                return Err(widens(format!("syscalls.deny[{i}]"), why));
-            }
-            out.syscalls.deny.insert(name.clone());
-        }
-        if let Some(net) = &layer.network {
-            let ok = match (&self.network, net) {
-                (_, Network::Off) | (Network::All, _) => true,
-                (Network::Off, Network::Tcp { .. } | Network::All)
-                | (Network::Tcp { .. }, Network::All) => false,
-                (
-                    Network::Tcp {
-                        connect: bc,
-                        bind: bb,
-                    },
-                    Network::Tcp {
-                        connect: lc,
-                        bind: lb,
-                    },
-                ) => lc.is_subset(bc) && lb.is_subset(bb),
-            };
-            if !ok {
-                return Err(widens("network", "ports or mode exceed the base"));
-            }
-            out.network = net.clone();
-        }
-        if let Some(l) = &layer.limits {
-            let b = &self.limits;
-            let pairs = [
-                ("limits.cpu_seconds", l.cpu_seconds, b.cpu_seconds),
-                (
-                    "limits.address_space_bytes",
-                    l.address_space_bytes,
-                    b.address_space_bytes,
-                ),
-                ("limits.memory_bytes", l.memory_bytes, b.memory_bytes),
-                ("limits.processes", l.processes, b.processes),
-                (
-                    "limits.file_size_bytes",
-                    l.file_size_bytes,
-                    b.file_size_bytes,
-                ),
-                ("limits.open_files", l.open_files, b.open_files),
-                ("limits.output_bytes", l.output_bytes, b.output_bytes),
-                (
-                    "limits.timeout_seconds",
-                    l.timeout_seconds,
-                    b.timeout_seconds,
-                ),
-                ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
-                ("limits.shm_bytes", l.shm_bytes, b.shm_bytes),
-                ("limits.disk_bytes", l.disk_bytes, b.disk_bytes),
-                ("limits.disk_inodes", l.disk_inodes, b.disk_inodes),
-            ];
-            for (key, new, base) in pairs {
-                if new > base {
-                    return Err(widens(key, format!("{new} > base {base}")));
-                }
-            }
-            out.limits = *l;
-        }
-        if let Some(env) = &layer.env_allow {
-            if !env.is_subset(&self.env.allow) {
-                return Err(widens(
-                    "env.allow",
-                    "names a variable the base does not pass",
-                ));
-            }
-            out.env.allow = env.clone();
-        }
-        if let Some(abi) = layer.landlock_min_abi {
-            if abi < self.landlock_min_abi {
-                return Err(widens(
-                    "landlock_min_abi",
-                    format!("{abi} < base {}", self.landlock_min_abi),
-                ));
-            }
-            out.landlock_min_abi = abi;
-        }
-        if layer.forbid_best_effort {
-            out.best_effort = false;
-        }
-        if let Some(esc) = &layer.escalations {
-            if !esc.is_subset(&self.escalations) {
-                return Err(widens(
-                    "escalations.allow",
-                    "names a kind the base does not allow",
-                ));
-            }
-            out.escalations = esc.clone();
-        }
-        Ok(out)
+        Ok(())
     }
+}
+
+/// Whether a layer's `net` allows nothing `base` does not.
+fn network_within(base: &Network, net: &Network) -> bool {
+    match (base, net) {
+        (_, Network::Off) | (Network::All, _) => true,
+        (Network::Off, Network::Tcp { .. } | Network::All)
+        | (Network::Tcp { .. }, Network::All) => false,
+        (
+            Network::Tcp {
+                connect: bc,
+                bind: bb,
+            },
+            Network::Tcp {
+                connect: lc,
+                bind: lb,
+            },
+        ) => lc.is_subset(bc) && lb.is_subset(bb),
+    }
+}
+
+/// Each of the layer's limits `l` at most the base's `b`.
+fn limits_within(l: &Limits, b: &Limits) -> Result<(), NarrowError> {
+    let pairs = [
+        ("limits.cpu_seconds", l.cpu_seconds, b.cpu_seconds),
+        (
+            "limits.address_space_bytes",
+            l.address_space_bytes,
+            b.address_space_bytes,
+        ),
+        ("limits.memory_bytes", l.memory_bytes, b.memory_bytes),
+        ("limits.processes", l.processes, b.processes),
+        (
+            "limits.file_size_bytes",
+            l.file_size_bytes,
+            b.file_size_bytes,
+        ),
+        ("limits.open_files", l.open_files, b.open_files),
+        ("limits.output_bytes", l.output_bytes, b.output_bytes),
+        (
+            "limits.timeout_seconds",
+            l.timeout_seconds,
+            b.timeout_seconds,
+        ),
+        ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
+        ("limits.shm_bytes", l.shm_bytes, b.shm_bytes),
+        ("limits.disk_bytes", l.disk_bytes, b.disk_bytes),
+        ("limits.disk_inodes", l.disk_inodes, b.disk_inodes),
+    ];
+    for (key, new, base) in pairs {
+        if new > base {
+            return Err(widens(key, format!("{new} > base {base}")));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

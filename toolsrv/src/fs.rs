@@ -262,6 +262,34 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// The reply of a `new` fid once its tool has finished (the payload's header and result, or
+/// with `record=1` the record line); a flushed read stops the tool.
+async fn new_result(fid: &ToolFid) -> Result<String> {
+    let p = fid
+        .started
+        .clone()
+        .ok_or_else(|| Error::invalid("write a payload first"))?;
+    let mut guard = CancelOnDrop(Some(Arc::clone(&p)));
+    let f = p.finished().await;
+    guard.0 = None;
+    let mut r = if fid.with_record {
+        p.record_line(&f)
+    } else {
+        String::new()
+    };
+    match &f.error {
+        // With record=1 the record line (carrying the error) is the reply.
+        Some(_) if fid.with_record => {}
+        Some(e) => return Err(err(format!("tool did not run: {e}"))),
+        None => {
+            r.push_str(&p.header(&f));
+            r.push('\n');
+            r.push_str(&f.result);
+        }
+    }
+    Ok(r)
+}
+
 impl ToolFs {
     pub fn new(session: Arc<Session>, key: MasterKey) -> ToolFs {
         ToolFs {
@@ -625,29 +653,7 @@ impl Filesystem for ToolFs {
             }
             Node::New => {
                 if fid.result.is_none() {
-                    let p = fid
-                        .started
-                        .clone()
-                        .ok_or_else(|| Error::invalid("write a payload first"))?;
-                    let mut guard = CancelOnDrop(Some(Arc::clone(&p)));
-                    let f = p.finished().await;
-                    guard.0 = None;
-                    let mut r = if fid.with_record {
-                        p.record_line(&f)
-                    } else {
-                        String::new()
-                    };
-                    match &f.error {
-                        // With record=1 the record line (carrying the error) is the reply.
-                        Some(_) if fid.with_record => {}
-                        Some(e) => return Err(err(format!("tool did not run: {e}"))),
-                        None => {
-                            r.push_str(&p.header(&f));
-                            r.push('\n');
-                            r.push_str(&f.result);
-                        }
-                    }
-                    fid.result = Some(Bytes::from(r));
+                    fid.result = Some(Bytes::from(new_result(fid).await?));
                 }
                 Ok(fid
                     .result

@@ -733,7 +733,7 @@ impl Session {
         inv: Invocation,
         cwd: Option<PathBuf>,
     ) {
-        use crate::broker::{Asked, Outcome};
+        use crate::broker::Asked;
         let render = inv.render.clone();
         let (argv, cwd_b, env) = (e.argv.clone(), e.cwd.clone(), e.env.clone());
         let bound = match self.broker.full(&e.owner) {
@@ -752,15 +752,7 @@ impl Session {
         let binding = match bound {
             Ok(b) => b,
             Err(why) => {
-                let mut f = serde_json::Map::new();
-                f.insert("agent".into(), e.owner.clone().into());
-                f.insert("tool".into(), e.tool.clone().into());
-                f.insert("argv".into(), to_json(&lossy(&e.argv)));
-                f.insert("grants".into(), e.grants.clone().into());
-                f.insert("reason".into(), e.reason.clone().into());
-                f.insert("verdict".into(), "denied".into());
-                f.insert("why".into(), why.clone().into());
-                self.broker.log_noisy(&e.owner, "refused", f);
+                self.log_refused(&e, &why);
                 let f = not_run(&proc, why);
                 self.procs.finish(&proc, f);
                 return;
@@ -777,29 +769,10 @@ impl Session {
             Ok(Asked::PreApproved) => (Ok(()), Some("session-scope".to_owned())),
             Ok(Asked::Waiting(id, rx)) => {
                 about.insert("id".into(), id.clone().into());
-                let mut stop = proc.stop.subscribe();
-                let outcome = tokio::select! {
-                    o = self.broker.wait(&id, rx) => o,
-                    _ = stop.wait_for(|s| *s) => {
-                        self.broker.withdraw(&id, "the call was stopped");
-                        Outcome::Denied("the call was stopped before the operator answered".into())
-                    }
-                };
-                let v = match outcome {
-                    Outcome::Approved => Ok(()),
-                    // The operator's message goes to the agent (and the model, the chat)
-                    // display-escaped: bidi controls, blank-looking and invisible characters
-                    // show as \u{…} (parse_resolve already refused control characters).
-                    Outcome::Denied(m) => Err(format!(
-                        "escalation denied by the operator: {}; nothing was run",
-                        ollie_link::bypass::display_escape(&m)
-                    )),
-                    Outcome::Expired => Err(format!(
-                        "escalation denied: no answer from the operator within {} s; nothing was run",
-                        self.broker.deadline().as_secs()
-                    )),
-                };
-                (v, Some("approval".to_owned()))
+                (
+                    self.operator_verdict(&proc, &id, rx).await,
+                    Some("approval".to_owned()),
+                )
             }
         };
         let writable = self.writable_trees(&e.widened);
@@ -809,47 +782,16 @@ impl Session {
             // Open what will run once and check it against the binding (the check that
             // counts: the run executes these descriptors), then re-check the rest by path (a
             // file named since, data files); any difference voids the approval.
-            Ok(()) => match tokio::task::spawn_blocking(move || {
-                let writable: Vec<PathBuf> = writable
-                    .into_iter()
-                    .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
-                    .collect();
-                binding
-                    .pin(&writable)
-                    .and_then(|p| binding.recheck().map(|()| p))
-                    .map_err(|why| {
-                        let now = crate::binding::compute(
-                            &binding
-                                .argv_raw
-                                .iter()
-                                .map(|b| std::os::unix::ffi::OsStringExt::from_vec(b.clone()))
-                                .collect::<Vec<OsString>>(),
-                            &binding.cwd,
-                            &binding.env,
-                        )
-                        .map(|b| b.digest())
-                        .ok();
-                        (why, binding.digest(), now)
-                    })
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err((
-                    format!("the binding thread failed: {e}"),
-                    String::new(),
-                    None,
-                ))
-            }) {
-                Err((why, was, now)) => {
-                    let why = format!("approval voided: {why}; nothing was run");
-                    let mut f = about.clone();
-                    f.insert("verdict".into(), "denied".into());
-                    f.insert("why".into(), why.clone().into());
-                    f.insert("binding_approved".into(), was.into());
-                    f.insert("binding_now".into(), now.into());
-                    self.broker.log("voided", f);
-                    Err(why)
-                }
+            Ok(()) => match tokio::task::spawn_blocking(move || pin_checked(&binding, writable))
+                .await
+                .unwrap_or_else(|e| {
+                    Err((
+                        format!("the binding thread failed: {e}"),
+                        String::new(),
+                        None,
+                    ))
+                }) {
+                Err((why, was, now)) => Err(self.log_voided(&about, &why, was, now)),
                 Ok(_) if *proc.stop.borrow() => {
                     Err("the call was stopped; nothing was run".to_owned())
                 }
@@ -861,20 +803,9 @@ impl Session {
                     pinned_log = Some((pinned.exec_copied, pinned.scripts));
                     let pr = Arc::clone(&proc);
                     let policy = e.widened;
-                    tokio::task::spawn_blocking(move || {
-                        ollie_sandbox::run_streaming(
-                            &policy,
-                            &req,
-                            &mut |_s: Stream, chunk: &[u8]| {
-                                pr.out
-                                    .lock()
-                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                    .push(chunk);
-                            },
-                        )
-                    })
-                    .await
-                    .map_err(|e| format!("the runner thread failed: {e}"))
+                    tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
+                        .await
+                        .map_err(|e| format!("the runner thread failed: {e}"))
                 }
             },
         };
@@ -910,6 +841,69 @@ impl Session {
         }
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
         self.procs.finish(&proc, f);
+    }
+
+    /// Waits for the operator's answer to request `id` (the call's stop withdraws it).
+    async fn operator_verdict(
+        &self,
+        proc: &Proc,
+        id: &str,
+        rx: tokio::sync::oneshot::Receiver<crate::broker::Outcome>,
+    ) -> Result<(), String> {
+        use crate::broker::Outcome;
+        let mut stop = proc.stop.subscribe();
+        let outcome = tokio::select! {
+            o = self.broker.wait(id, rx) => o,
+            _ = stop.wait_for(|s| *s) => {
+                self.broker.withdraw(id, "the call was stopped");
+                Outcome::Denied("the call was stopped before the operator answered".into())
+            }
+        };
+        match outcome {
+            Outcome::Approved => Ok(()),
+            // The operator's message goes to the agent (and the model, the chat)
+            // display-escaped: bidi controls, blank-looking and invisible characters
+            // show as \u{…} (parse_resolve already refused control characters).
+            Outcome::Denied(m) => Err(format!(
+                "escalation denied by the operator: {}; nothing was run",
+                ollie_link::bypass::display_escape(&m)
+            )),
+            Outcome::Expired => Err(format!(
+                "escalation denied: no answer from the operator within {} s; nothing was run",
+                self.broker.deadline().as_secs()
+            )),
+        }
+    }
+
+    /// Logs an approval voided by a changed binding; returns the call's error.
+    fn log_voided(
+        &self,
+        about: &serde_json::Map<String, serde_json::Value>,
+        why: &str,
+        was: String,
+        now: Option<String>,
+    ) -> String {
+        let why = format!("approval voided: {why}; nothing was run");
+        let mut f = about.clone();
+        f.insert("verdict".into(), "denied".into());
+        f.insert("why".into(), why.clone().into());
+        f.insert("binding_approved".into(), was.into());
+        f.insert("binding_now".into(), now.into());
+        self.broker.log("voided", f);
+        why
+    }
+
+    /// Logs an escalation refused before the operator was asked.
+    fn log_refused(&self, e: &Escalation, why: &str) {
+        let mut f = serde_json::Map::new();
+        f.insert("agent".into(), e.owner.clone().into());
+        f.insert("tool".into(), e.tool.clone().into());
+        f.insert("argv".into(), to_json(&lossy(&e.argv)));
+        f.insert("grants".into(), e.grants.clone().into());
+        f.insert("reason".into(), e.reason.clone().into());
+        f.insert("verdict".into(), "denied".into());
+        f.insert("why".into(), why.into());
+        self.broker.log_noisy(&e.owner, "refused", f);
     }
 
     /// The trees sandboxed tools of this session can write while an escalated run starts:
@@ -1029,4 +1023,47 @@ impl Session {
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "process ended");
         self.procs.finish(&proc, f);
     }
+}
+
+/// Opens what an approved escalation will run and checks it against `binding`, then
+/// re-checks the rest by path; on a difference, why, the approved digest and the current one.
+fn pin_checked(
+    binding: &crate::binding::Binding,
+    writable: Vec<PathBuf>,
+) -> Result<crate::binding::Pinned, (String, String, Option<String>)> {
+    let writable: Vec<PathBuf> = writable
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .collect();
+    binding
+        .pin(&writable)
+        .and_then(|p| binding.recheck().map(|()| p))
+        .map_err(|why| {
+            let now = crate::binding::compute(
+                &binding
+                    .argv_raw
+                    .iter()
+                    .map(|b| std::os::unix::ffi::OsStringExt::from_vec(b.clone()))
+                    .collect::<Vec<OsString>>(),
+                &binding.cwd,
+                &binding.env,
+            )
+            .map(|b| b.digest())
+            .ok();
+            (why, binding.digest(), now)
+        })
+}
+
+/// Runs an approved escalation under `policy`, its output going to `pr`.
+fn run_pinned(
+    policy: &Policy,
+    req: &RunRequest,
+    pr: &Proc,
+) -> Result<ollie_sandbox::RunOutput, SandboxError> {
+    ollie_sandbox::run_streaming(policy, req, &mut |_s: Stream, chunk: &[u8]| {
+        pr.out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(chunk);
+    })
 }

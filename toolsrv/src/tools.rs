@@ -427,230 +427,250 @@ pub fn plan(
         ));
     }
     match tool {
-        "execute_code" => {
-            let (lang, code) = match cmd {
-                Some(c) => {
-                    if !args.is_empty() {
-                        return Err("give either cmd= or args=, not both".into());
-                    }
-                    (env.language("bash")?, c)
-                }
-                None => {
-                    a.check_keys(&["language", "code", "timeout_s", "background", "escalate"])?;
-                    a.opt_bool("background")?;
-                    (env.language(a.str("language")?)?, a.str("code")?)
-                }
-            };
-            Ok(Invocation {
-                argv: vec![lang.program.into(), lang.flag.into(), code_arg(tool, code)?],
-                stdin: None,
-                timeout_seconds: a.opt_u64("timeout_s", 1)?,
-                summary: summary_of(code),
-                render: Render::Output,
-            })
-        }
-        "execute_tool" => {
-            a.check_keys(&["name", "args", "background", "escalate"])?;
-            a.opt_bool("background")?;
-            let name = a.str("name")?;
-            valid_script_name(name)?;
-            let dir = env
-                .tools_dir
-                .as_ref()
-                .ok_or("execute_tool: this session has no tools directory")?;
-            let script = dir.join(name);
-            match std::fs::symlink_metadata(&script) {
-                Ok(m) if m.is_file() => {}
-                _ => {
-                    return Err(format!(
-                        "execute_tool: no tool named {:?} (available: {})",
-                        name,
-                        env.scripts().join(", ")
-                    ));
-                }
-            }
-            let mut argv: Vec<OsString> = vec![script.into()];
-            match args.get("args") {
-                None | Some(Value::Null) => {}
-                Some(Value::Array(v)) => {
-                    for x in v {
-                        match x {
-                            Value::String(s) if !s.contains('\0') => argv.push(s.into()),
-                            _ => {
-                                return Err("execute_tool: args must be an array of strings".into());
-                            }
-                        }
-                    }
-                }
-                Some(_) => return Err("execute_tool: args must be an array of strings".into()),
-            }
-            let summary = argv[1..].iter().fold(name.to_owned(), |s, x| {
-                format!("{s} {}", x.to_string_lossy())
-            });
-            Ok(Invocation {
-                argv,
-                stdin: None,
-                timeout_seconds: None,
-                summary: summary_of(&summary),
-                render: Render::Output,
-            })
-        }
-        "execute_pipe" => {
-            a.check_keys(&["steps", "background", "escalate"])?;
-            a.opt_bool("background")?;
-            let steps = match args.get("steps") {
-                Some(Value::Array(v)) if !v.is_empty() && v.len() <= MAX_STEPS => v,
-                _ => {
-                    return Err(format!(
-                        "execute_pipe: steps must be an array of 1 to {MAX_STEPS} {{language, code}} objects"
-                    ));
-                }
-            };
-            // One shell runs the pipeline; the programs and code travel as positional
-            // arguments, so no code is ever spliced into shell syntax.
-            let shell = env.language("bash").or_else(|_| env.language("sh"))?;
-            let mut script = String::new();
-            if shell.name == "bash" {
-                script.push_str("set -o pipefail; ");
-            }
-            let mut argv: Vec<OsString> = vec![shell.program.into(), "-c".into()];
-            let mut positional: Vec<OsString> = Vec::new();
-            let mut shown = Vec::new();
-            for (i, s) in steps.iter().enumerate() {
-                let Value::Object(m) = s else {
-                    return Err(format!("execute_pipe: steps[{i}] must be an object"));
-                };
-                let sa = Args {
-                    tool: "execute_pipe",
-                    m,
-                };
-                sa.check_keys(&["language", "code"])?;
-                let lang = env.language(sa.str("language")?)?;
-                let code = sa.str("code")?;
-                let base = positional.len() + 1;
-                if i > 0 {
-                    script.push_str(" | ");
-                }
-                script.push_str(&format!(
-                    "\"${{{}}}\" \"${{{}}}\" \"${{{}}}\"",
-                    base,
-                    base + 1,
-                    base + 2
-                ));
-                positional.push(lang.program.into());
-                positional.push(lang.flag.into());
-                positional.push(code_arg("execute_pipe", code)?);
-                shown.push(summary_of(code));
-            }
-            argv.push(script.into());
-            argv.push("execute_pipe".into());
-            argv.extend(positional);
-            Ok(Invocation {
-                argv,
-                stdin: None,
-                timeout_seconds: None,
-                summary: shown.join(" | "),
-                render: Render::Output,
-            })
-        }
-        "file_read" => {
-            a.check_keys(&["path", "offset", "limit"])?;
-            let path = a.str("path")?;
-            let first = a.opt_u64("offset", 1)?.unwrap_or(1);
-            let want = a
-                .opt_u64("limit", 1)?
-                .unwrap_or(DEFAULT_READ_LINES)
-                .min(MAX_READ_LINES);
-            // One line past the range tells whether more follow.
-            let last = first.saturating_add(want);
-            Ok(Invocation {
-                argv: vec![
-                    "sed".into(),
-                    "-n".into(),
-                    format!("{first},{last}p;{last}q").into(),
-                    "--".into(),
-                    path_arg(tool, path)?,
-                ],
-                stdin: None,
-                timeout_seconds: None,
-                summary: format!("read {}", crate::payload::clip(path)),
-                render: Render::Lines { first, want },
-            })
-        }
-        "file_write" => {
-            a.check_keys(&["path", "content", "start_line", "end_line"])?;
-            let path = a.str("path")?;
-            let content = a.str("content")?;
-            if content.len() > MAX_CONTENT {
-                return Err(format!(
-                    "file_write: content is {} bytes; at most {MAX_CONTENT}",
-                    content.len()
-                ));
-            }
-            let start = a.opt_u64("start_line", 1)?;
-            let end = a.opt_u64("end_line", 0)?;
-            let p = path_arg(tool, path)?;
-            let (argv, stdin, summary) = match (start, end) {
-                (None, None) => (
-                    vec![
-                        "sh".into(),
-                        "-c".into(),
-                        // Create missing parent directories; write through the sandbox.
-                        "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && cat > \"$1\"".into(),
-                        "file_write".into(),
-                        p,
-                    ],
-                    content.as_bytes().to_vec(),
-                    format!("wrote {} bytes to {path}", content.len()),
-                ),
-                (Some(s), Some(e)) if e + 1 >= s => {
-                    let mut body = content.as_bytes().to_vec();
-                    if !body.is_empty() && !body.ends_with(b"\n") {
-                        body.push(b'\n');
-                    }
-                    let lines = body.iter().filter(|b| **b == b'\n').count();
-                    (
-                        vec![
-                            "sh".into(),
-                            "-c".into(),
-                            REPLACE_LINES.into(),
-                            "file_write".into(),
-                            p,
-                            s.to_string().into(),
-                            e.to_string().into(),
-                        ],
-                        body,
-                        if e < s {
-                            format!("inserted {lines} lines before line {s} of {path}")
-                        } else {
-                            format!("replaced lines {s}-{e} of {path} with {lines} lines")
-                        },
-                    )
-                }
-                (Some(_), Some(_)) => {
-                    return Err("file_write: end_line must be at least start_line - 1".into());
-                }
-                _ => {
-                    return Err("file_write: give both start_line and end_line, or neither".into());
-                }
-            };
-            Ok(Invocation {
-                argv,
-                stdin: Some(stdin),
-                timeout_seconds: None,
-                summary: format!("write {}", crate::payload::clip(path)),
-                render: Render::Wrote {
-                    path: path.to_owned(),
-                    summary,
-                },
-            })
-        }
+        "execute_code" => plan_execute_code(env, &a, cmd),
+        "execute_tool" => plan_execute_tool(env, &a),
+        "execute_pipe" => plan_execute_pipe(env, &a),
+        "file_read" => plan_file_read(&a),
+        "file_write" => plan_file_write(&a),
         other => Err(format!(
             "unknown tool {:?} (tools: {})",
             crate::payload::clip(other),
             names().join(", ")
         )),
     }
+}
+
+/// `execute_code`: the language's interpreter running the code (or `cmd=` as bash).
+fn plan_execute_code(env: &ToolEnv, a: &Args<'_>, cmd: Option<&str>) -> Result<Invocation, String> {
+    let (tool, args) = (a.tool, a.m);
+    let (lang, code) = match cmd {
+        Some(c) => {
+            if !args.is_empty() {
+                return Err("give either cmd= or args=, not both".into());
+            }
+            (env.language("bash")?, c)
+        }
+        None => {
+            a.check_keys(&["language", "code", "timeout_s", "background", "escalate"])?;
+            a.opt_bool("background")?;
+            (env.language(a.str("language")?)?, a.str("code")?)
+        }
+    };
+    Ok(Invocation {
+        argv: vec![lang.program.into(), lang.flag.into(), code_arg(tool, code)?],
+        stdin: None,
+        timeout_seconds: a.opt_u64("timeout_s", 1)?,
+        summary: summary_of(code),
+        render: Render::Output,
+    })
+}
+
+/// `execute_tool`: a script of the tools directory with string arguments.
+fn plan_execute_tool(env: &ToolEnv, a: &Args<'_>) -> Result<Invocation, String> {
+    let args = a.m;
+    a.check_keys(&["name", "args", "background", "escalate"])?;
+    a.opt_bool("background")?;
+    let name = a.str("name")?;
+    valid_script_name(name)?;
+    let dir = env
+        .tools_dir
+        .as_ref()
+        .ok_or("execute_tool: this session has no tools directory")?;
+    let script = dir.join(name);
+    match std::fs::symlink_metadata(&script) {
+        Ok(m) if m.is_file() => {}
+        _ => {
+            return Err(format!(
+                "execute_tool: no tool named {:?} (available: {})",
+                name,
+                env.scripts().join(", ")
+            ));
+        }
+    }
+    let mut argv: Vec<OsString> = vec![script.into()];
+    match args.get("args") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(v)) => {
+            for x in v {
+                match x {
+                    Value::String(s) if !s.contains('\0') => argv.push(s.into()),
+                    _ => {
+                        return Err("execute_tool: args must be an array of strings".into());
+                    }
+                }
+            }
+        }
+        Some(_) => return Err("execute_tool: args must be an array of strings".into()),
+    }
+    let summary = argv[1..].iter().fold(name.to_owned(), |s, x| {
+        format!("{s} {}", x.to_string_lossy())
+    });
+    Ok(Invocation {
+        argv,
+        stdin: None,
+        timeout_seconds: None,
+        summary: summary_of(&summary),
+        render: Render::Output,
+    })
+}
+
+/// `execute_pipe`: one shell running the steps as a pipeline, the code as positional arguments.
+fn plan_execute_pipe(env: &ToolEnv, a: &Args<'_>) -> Result<Invocation, String> {
+    let args = a.m;
+    a.check_keys(&["steps", "background", "escalate"])?;
+    a.opt_bool("background")?;
+    let steps = match args.get("steps") {
+        Some(Value::Array(v)) if !v.is_empty() && v.len() <= MAX_STEPS => v,
+        _ => {
+            return Err(format!(
+                "execute_pipe: steps must be an array of 1 to {MAX_STEPS} {{language, code}} objects"
+            ));
+        }
+    };
+    // One shell runs the pipeline; the programs and code travel as positional
+    // arguments, so no code is ever spliced into shell syntax.
+    let shell = env.language("bash").or_else(|_| env.language("sh"))?;
+    let mut script = String::new();
+    if shell.name == "bash" {
+        script.push_str("set -o pipefail; ");
+    }
+    let mut argv: Vec<OsString> = vec![shell.program.into(), "-c".into()];
+    let mut positional: Vec<OsString> = Vec::new();
+    let mut shown = Vec::new();
+    for (i, s) in steps.iter().enumerate() {
+        let Value::Object(m) = s else {
+            return Err(format!("execute_pipe: steps[{i}] must be an object"));
+        };
+        let sa = Args {
+            tool: "execute_pipe",
+            m,
+        };
+        sa.check_keys(&["language", "code"])?;
+        let lang = env.language(sa.str("language")?)?;
+        let code = sa.str("code")?;
+        let base = positional.len() + 1;
+        if i > 0 {
+            script.push_str(" | ");
+        }
+        script.push_str(&format!(
+            "\"${{{}}}\" \"${{{}}}\" \"${{{}}}\"",
+            base,
+            base + 1,
+            base + 2
+        ));
+        positional.push(lang.program.into());
+        positional.push(lang.flag.into());
+        positional.push(code_arg("execute_pipe", code)?);
+        shown.push(summary_of(code));
+    }
+    argv.push(script.into());
+    argv.push("execute_pipe".into());
+    argv.extend(positional);
+    Ok(Invocation {
+        argv,
+        stdin: None,
+        timeout_seconds: None,
+        summary: shown.join(" | "),
+        render: Render::Output,
+    })
+}
+
+/// `file_read`: `sed` printing the asked lines and one more.
+fn plan_file_read(a: &Args<'_>) -> Result<Invocation, String> {
+    let tool = a.tool;
+    a.check_keys(&["path", "offset", "limit"])?;
+    let path = a.str("path")?;
+    let first = a.opt_u64("offset", 1)?.unwrap_or(1);
+    let want = a
+        .opt_u64("limit", 1)?
+        .unwrap_or(DEFAULT_READ_LINES)
+        .min(MAX_READ_LINES);
+    // One line past the range tells whether more follow.
+    let last = first.saturating_add(want);
+    Ok(Invocation {
+        argv: vec![
+            "sed".into(),
+            "-n".into(),
+            format!("{first},{last}p;{last}q").into(),
+            "--".into(),
+            path_arg(tool, path)?,
+        ],
+        stdin: None,
+        timeout_seconds: None,
+        summary: format!("read {}", crate::payload::clip(path)),
+        render: Render::Lines { first, want },
+    })
+}
+
+/// `file_write`: the whole file, or a range of its lines, written from stdin.
+fn plan_file_write(a: &Args<'_>) -> Result<Invocation, String> {
+    let tool = a.tool;
+    a.check_keys(&["path", "content", "start_line", "end_line"])?;
+    let path = a.str("path")?;
+    let content = a.str("content")?;
+    if content.len() > MAX_CONTENT {
+        return Err(format!(
+            "file_write: content is {} bytes; at most {MAX_CONTENT}",
+            content.len()
+        ));
+    }
+    let start = a.opt_u64("start_line", 1)?;
+    let end = a.opt_u64("end_line", 0)?;
+    let p = path_arg(tool, path)?;
+    let (argv, stdin, summary) = match (start, end) {
+        (None, None) => (
+            vec![
+                "sh".into(),
+                "-c".into(),
+                // Create missing parent directories; write through the sandbox.
+                "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && cat > \"$1\"".into(),
+                "file_write".into(),
+                p,
+            ],
+            content.as_bytes().to_vec(),
+            format!("wrote {} bytes to {path}", content.len()),
+        ),
+        (Some(s), Some(e)) if e + 1 >= s => {
+            let mut body = content.as_bytes().to_vec();
+            if !body.is_empty() && !body.ends_with(b"\n") {
+                body.push(b'\n');
+            }
+            let lines = body.iter().filter(|b| **b == b'\n').count();
+            (
+                vec![
+                    "sh".into(),
+                    "-c".into(),
+                    REPLACE_LINES.into(),
+                    "file_write".into(),
+                    p,
+                    s.to_string().into(),
+                    e.to_string().into(),
+                ],
+                body,
+                if e < s {
+                    format!("inserted {lines} lines before line {s} of {path}")
+                } else {
+                    format!("replaced lines {s}-{e} of {path} with {lines} lines")
+                },
+            )
+        }
+        (Some(_), Some(_)) => {
+            return Err("file_write: end_line must be at least start_line - 1".into());
+        }
+        _ => {
+            return Err("file_write: give both start_line and end_line, or neither".into());
+        }
+    };
+    Ok(Invocation {
+        argv,
+        stdin: Some(stdin),
+        timeout_seconds: None,
+        summary: format!("write {}", crate::payload::clip(path)),
+        render: Render::Wrote {
+            path: path.to_owned(),
+            summary,
+        },
+    })
 }
 
 /// Replaces lines `$2..=$3` of the file `$1` with stdin, keeping the file's inode and

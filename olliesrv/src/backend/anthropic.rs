@@ -61,20 +61,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::{RequestBuilder, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Endpoint, Frame, KeySource, MAX_MESSAGE_CHARS, SseParser, generated_id,
-    mentions_context, one_line, parse_arguments, scrubbed,
+    self, ApiKey, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, generated_id,
+    mentions_context, one_line, parse_arguments,
 };
-use super::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
-};
+use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
@@ -89,25 +84,12 @@ const MODELS_PER_PAGE: &str = "1000";
 
 /// An Anthropic Messages API backend.
 pub struct Anthropic {
-    /// The backend's name in the configuration (prefixes every error).
-    name: String,
-    /// Without a trailing `/`.
-    base_url: String,
-    /// Where the API key comes from (none configured: send no key).
-    keys: KeySource,
-    /// The model when the request names none.
-    model: Option<String>,
-    client: reqwest::Client,
+    http: Conn,
 }
 
 impl fmt::Debug for Anthropic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Anthropic")
-            .field("name", &self.name)
-            .field("base_url", &self.base_url)
-            .field("keys", &self.keys)
-            .field("model", &self.model)
-            .finish_non_exhaustive()
+        self.http.debug(f, "Anthropic")
     }
 }
 
@@ -117,28 +99,19 @@ impl Anthropic {
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<Anthropic, String> {
         let ep = Endpoint::new(name, cfg.base_url.as_deref(), DEFAULT_BASE_URL)?;
         Ok(Anthropic {
-            name: name.to_owned(),
-            base_url: ep.base_url,
-            keys: KeySource::new(cfg),
-            model: cfg.model.clone(),
-            client: ep.client,
+            http: Conn::new(name, cfg, ep),
         })
     }
 
     /// The models the server offers (`GET {base_url}/models`, each `data[].id`), in its order,
     /// following up to [`MAX_MODEL_PAGES`] pages.
     pub async fn list_models(&self) -> Result<Vec<String>, BackendError> {
-        let key = self.keys.key(&self.name)?;
+        let key = self.http.api_key()?;
         let mut ids = Vec::new();
         let mut after: Option<String> = None;
         for _ in 0..MAX_MODEL_PAGES {
             let page = self.models_page(key.as_ref(), after.as_deref()).await?;
-            let Some(data) = page.get("data").and_then(Value::as_array) else {
-                return Err(BackendError::Fatal(format!(
-                    "{}: /models reply has no data array",
-                    self.name
-                )));
-            };
+            let data = self.http.listed(&page, "/models", "data")?;
             ids.extend(
                 data.iter()
                     .filter_map(|m| m.get("id").and_then(Value::as_str))
@@ -154,7 +127,7 @@ impl Anthropic {
             }
         }
         tracing::warn!(
-            backend = %self.name,
+            backend = %self.http.name,
             pages = MAX_MODEL_PAGES,
             models = ids.len(),
             "model list cut after the page limit"
@@ -168,15 +141,18 @@ impl Anthropic {
         key: Option<&ApiKey>,
         after: Option<&str>,
     ) -> Result<Value, BackendError> {
-        let mut url = Url::parse(&format!("{}/models", self.base_url)).map_err(|e| {
-            BackendError::Fatal(format!("{}: cannot make the /models url: {e}", self.name))
+        let mut url = Url::parse(&format!("{}/models", self.http.base_url)).map_err(|e| {
+            BackendError::Fatal(format!(
+                "{}: cannot make the /models url: {e}",
+                self.http.name
+            ))
         })?;
         url.query_pairs_mut().append_pair("limit", MODELS_PER_PAGE);
         if let Some(a) = after {
             url.query_pairs_mut().append_pair("after_id", a);
         }
-        let rb = self.authorized(self.client.get(url), key)?;
-        http::get_json(&self.name, rb, key, "/models").await
+        let rb = self.authorized(self.http.client.get(url), key)?;
+        http::get_json(&self.http.name, rb, key, "/models").await
     }
 
     /// `rb` with the version header and, when there is a key, `x-api-key` (marked sensitive).
@@ -187,73 +163,31 @@ impl Anthropic {
     ) -> Result<RequestBuilder, BackendError> {
         let rb = rb.header("anthropic-version", API_VERSION);
         Ok(match key {
-            Some(k) => rb.header("x-api-key", k.header(&self.name, "")?),
+            Some(k) => rb.header("x-api-key", k.header(&self.http.name, "")?),
             None => rb,
         })
     }
-
-    async fn messages(
-        &self,
-        req: &ModelRequest,
-        sink: Sink<'_>,
-    ) -> Result<ModelReply, BackendError> {
-        let model = http::model_of(&self.name, req, self.model.as_deref())?;
-        let key = self.keys.key(&self.name)?;
-        let body = request_body(model, req).to_string();
-        tracing::debug!(
-            backend = %self.name,
-            model,
-            messages = req.messages.len(),
-            tools = req.tools.len(),
-            "messages request"
-        );
-        let rb = self
-            .client
-            .post(format!("{}/messages", self.base_url))
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            .body(body);
-        let rb = self.authorized(rb, key.as_ref())?;
-        let mut resp = http::send_stream(&self.name, rb, key.as_ref()).await?;
-        let mut parser = SseParser::default();
-        let mut state = StreamState::default();
-        let mut frames = Vec::new();
-        loop {
-            let chunk = http::next_chunk(&self.name, &mut resp).await?;
-            let end = chunk.is_none();
-            match chunk {
-                Some(bytes) => parser.feed(&bytes, &mut frames),
-                None => parser.finish(&mut frames),
-            }
-            .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
-            for frame in frames.drain(..) {
-                state
-                    .frame(&self.name, frame, sink)
-                    .map_err(|e| scrubbed(e, key.as_ref()))?;
-                if state.done {
-                    return state.finish(&self.name, sink);
-                }
-            }
-            if end {
-                return state.finish(&self.name, sink);
-            }
-        }
-    }
 }
 
-impl Backend for Anthropic {
-    fn call<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
-        Box::pin(self.messages(req, sink))
+impl HttpApi for Anthropic {
+    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+        let c = &self.http;
+        let model = c.start(req, "messages request")?;
+        let key = c.api_key()?;
+        let body = request_body(model, req).to_string();
+        let rb = c.post("/messages", "text/event-stream", body);
+        let rb = self.authorized(rb, key.as_ref())?;
+        let mut state = StreamState::default();
+        c.stream_sse(rb, key.as_ref(), |frame| {
+            state.frame(&c.name, frame, sink)?;
+            Ok(state.done)
+        })
+        .await?;
+        state.finish(&c.name, sink)
     }
 
-    fn list_models<'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
-        Box::pin(Anthropic::list_models(self))
+    async fn models(&self) -> Result<Vec<String>, BackendError> {
+        self.list_models().await
     }
 }
 
@@ -635,6 +569,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::ToolSpec;
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::sync::mpsc;
@@ -661,7 +596,7 @@ mod tests {
 
     fn backend(base_url: &str, key_var: Option<&str>) -> Anthropic {
         let mut b = Anthropic::new("claude", &cfg(Some(base_url), key_var)).unwrap();
-        b.keys.lookup = fake_env;
+        b.http.keys.lookup = fake_env;
         b
     }
 
@@ -1400,7 +1335,7 @@ mod tests {
     #[test]
     fn base_url_default_and_checks() {
         assert_eq!(
-            Anthropic::new("x", &cfg(None, None)).unwrap().base_url,
+            Anthropic::new("x", &cfg(None, None)).unwrap().http.base_url,
             DEFAULT_BASE_URL
         );
         let e = Anthropic::new("x", &cfg(Some("https://u:pw@host/v1"), None)).unwrap_err();

@@ -13,7 +13,10 @@ use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
-use super::BackendError;
+use std::future::Future;
+use std::pin::Pin;
+
+use super::{Backend, BackendError, ModelReply, ModelRequest, Sink};
 
 /// How long connecting may take.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -251,6 +254,198 @@ pub(super) fn model_of<'a>(
             "{name}: no model (set model in the backend or the agent profile)"
         ))
     })
+}
+
+/// What every HTTP backend holds: its configured name, endpoint, key source and default
+/// model. The backends keep only their paths, headers and JSON shapes.
+pub(super) struct Conn {
+    /// The backend's name in the configuration (prefixes every error).
+    pub name: String,
+    /// Without a trailing `/`.
+    pub base_url: String,
+    /// Where the API key comes from (none configured: send no key).
+    pub keys: KeySource,
+    /// The model when the request names none.
+    pub model: Option<String>,
+    pub client: reqwest::Client,
+}
+
+impl Conn {
+    /// The connection of config entry `name` to the checked endpoint `ep`.
+    pub fn new(name: &str, cfg: &crate::config::Backend, ep: Endpoint) -> Conn {
+        Conn {
+            name: name.to_owned(),
+            base_url: ep.base_url,
+            keys: KeySource::new(cfg),
+            model: cfg.model.clone(),
+            client: ep.client,
+        }
+    }
+
+    /// `Debug` for the backend type `ty` holding this connection (never the key).
+    pub fn debug(&self, f: &mut fmt::Formatter<'_>, ty: &str) -> fmt::Result {
+        f.debug_struct(ty)
+            .field("name", &self.name)
+            .field("base_url", &self.base_url)
+            .field("keys", &self.keys)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+
+    /// The key for this call (none configured: `None`).
+    pub fn api_key(&self) -> Result<Option<ApiKey>, BackendError> {
+        self.keys.key(&self.name)
+    }
+
+    /// `rb` with `Authorization: Bearer <key>` when there is a key.
+    pub fn bearer(
+        &self,
+        rb: reqwest::RequestBuilder,
+        key: Option<&ApiKey>,
+    ) -> Result<reqwest::RequestBuilder, BackendError> {
+        Ok(match key {
+            Some(k) => rb.header(
+                reqwest::header::AUTHORIZATION,
+                k.header(&self.name, "Bearer ")?,
+            ),
+            None => rb,
+        })
+    }
+
+    /// The model of `req` (see [`model_of`]), logging the request as `what`.
+    pub fn start<'a>(&'a self, req: &'a ModelRequest, what: &str) -> Result<&'a str, BackendError> {
+        let model = model_of(&self.name, req, self.model.as_deref())?;
+        tracing::debug!(
+            backend = %self.name,
+            model,
+            messages = req.messages.len(),
+            tools = req.tools.len(),
+            "{what}"
+        );
+        Ok(model)
+    }
+
+    /// A streamed JSON `POST {base_url}{path}` of `body`, accepting `accept`.
+    pub fn post(&self, path: &str, accept: &str, body: String) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base_url))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::ACCEPT, accept)
+            .body(body)
+    }
+
+    /// Sends the streamed request `rb` and reads its server-sent events (see [`read_sse`]);
+    /// `on_frame`'s errors are scrubbed of `key`.
+    pub async fn stream_sse(
+        &self,
+        rb: reqwest::RequestBuilder,
+        key: Option<&ApiKey>,
+        mut on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
+    ) -> Result<(), BackendError> {
+        let mut resp = send_stream(&self.name, rb, key).await?;
+        read_sse(&self.name, &mut resp, |f| {
+            on_frame(f).map_err(|e| scrubbed(e, key))
+        })
+        .await
+    }
+
+    /// The array `field` of a model-list reply to `what` (e.g. `/models`), else a fatal error.
+    pub fn listed<'v>(
+        &self,
+        v: &'v Value,
+        what: &str,
+        field: &str,
+    ) -> Result<&'v Vec<Value>, BackendError> {
+        v.get(field).and_then(Value::as_array).ok_or_else(|| {
+            BackendError::Fatal(format!("{}: {what} reply has no {field} array", self.name))
+        })
+    }
+}
+
+/// What differs between the HTTP backends' [`Backend`] impls (which follow from this).
+pub(super) trait HttpApi: Send + Sync + fmt::Debug {
+    /// Streams one reply.
+    fn chat(
+        &self,
+        req: &ModelRequest,
+        sink: Sink<'_>,
+    ) -> impl Future<Output = Result<ModelReply, BackendError>> + Send;
+
+    /// The models the server lists.
+    fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
+}
+
+impl<T: HttpApi> Backend for T {
+    fn call<'a>(
+        &'a self,
+        req: &'a ModelRequest,
+        sink: Sink<'a>,
+    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
+        Box::pin(self.chat(req, sink))
+    }
+
+    fn list_models<'a>(
+        &'a self,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
+        Box::pin(self.models())
+    }
+}
+
+/// A splitter of a streamed reply into items (server-sent events, NDJSON lines).
+pub(super) trait Framer {
+    type Item;
+    /// Splits `bytes` off, pushing what is complete to `out`.
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Self::Item>) -> Result<(), String>;
+    /// The end of the stream: pushes what is left and still counts.
+    fn finish(&mut self, out: &mut Vec<Self::Item>) -> Result<(), String>;
+}
+
+impl Framer for SseParser {
+    type Item = Frame;
+    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
+        SseParser::feed(self, bytes, out)
+    }
+    fn finish(&mut self, out: &mut Vec<Frame>) -> Result<(), String> {
+        SseParser::finish(self, out)
+    }
+}
+
+/// Reads `resp` to its end through `framer`, handing each item to `on_item` until it says
+/// the reply is done (`Ok(true)`). Read errors are classified as by [`transport`], framing
+/// errors (over-long lines or events) are transient; `on_item`'s errors are returned as is.
+pub(super) async fn read_stream<F: Framer>(
+    name: &str,
+    resp: &mut Response,
+    mut framer: F,
+    mut on_item: impl FnMut(F::Item) -> Result<bool, BackendError>,
+) -> Result<(), BackendError> {
+    let mut items = Vec::new();
+    loop {
+        let chunk = next_chunk(name, resp).await?;
+        let end = chunk.is_none();
+        match chunk {
+            Some(bytes) => framer.feed(&bytes, &mut items),
+            None => framer.finish(&mut items),
+        }
+        .map_err(|e| BackendError::Transient(format!("{name}: {e}")))?;
+        for item in items.drain(..) {
+            if on_item(item)? {
+                return Ok(());
+            }
+        }
+        if end {
+            return Ok(());
+        }
+    }
+}
+
+/// Reads a server-sent event reply (see [`read_stream`]).
+pub(super) async fn read_sse(
+    name: &str,
+    resp: &mut Response,
+    on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
+) -> Result<(), BackendError> {
+    read_stream(name, resp, SseParser::default(), on_frame).await
 }
 
 /// Sends a streamed chat request; an unsuccessful status is classified.
@@ -588,6 +783,7 @@ impl SseParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::testserver::{self, Reply};
     use std::os::unix::fs::PermissionsExt;
 
     fn keys(file: &std::path::Path) -> KeySource {
@@ -596,6 +792,103 @@ mod tests {
             file: Some(file.to_owned()),
             lookup: |_| None,
         }
+    }
+
+    #[test]
+    fn sse_parser_is_indifferent_to_chunking() {
+        let text = b": comment\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata: line1\ndata: line2\n\nid: 3\ndata:[DONE]\n\nerror: {\"code\":1}\ndata: {\"t\":1}";
+        let mut whole = Vec::new();
+        let mut p = SseParser::default();
+        p.feed(text, &mut whole).unwrap();
+        p.finish(&mut whole).unwrap();
+        assert_eq!(
+            whole,
+            vec![
+                Frame::Data("{\"a\":1}".into()),
+                Frame::Data("line1\nline2".into()),
+                Frame::Data("[DONE]".into()),
+                Frame::Error("{\"code\":1}".into()),
+                Frame::Data("{\"t\":1}".into()),
+            ]
+        );
+        let mut bytewise = Vec::new();
+        let mut p = SseParser::default();
+        for b in text {
+            p.feed(std::slice::from_ref(b), &mut bytewise).unwrap();
+        }
+        p.finish(&mut bytewise).unwrap();
+        assert_eq!(bytewise, whole);
+        // Garbage never panics.
+        let mut out = Vec::new();
+        let mut p = SseParser::default();
+        p.feed(&[0xff, 0xfe, b'\n', b':', 0xc3, b'\n', b'\n'], &mut out)
+            .unwrap();
+        p.finish(&mut out).unwrap();
+        assert!(out.is_empty());
+        // An event cut off by the end of the stream is dropped.
+        let mut p = SseParser::default();
+        p.feed(b"data: {\"choices\":[{", &mut out).unwrap();
+        p.finish(&mut out).unwrap();
+        assert!(out.is_empty());
+    }
+
+    /// The frames `read_sse` hands on for a reply written in `chunks`, until `[DONE]`.
+    async fn read_frames(chunks: Vec<Vec<u8>>) -> (Result<(), BackendError>, Vec<Frame>) {
+        let reply = Reply {
+            status: 200,
+            headers: vec![("Content-Type", "text/event-stream".into())],
+            chunks,
+        };
+        let (url, _rx) = testserver::serve(vec![reply]).await;
+        let ep = Endpoint::new("t", Some(&url), &url).unwrap();
+        let mut resp = ep.client.get(&url).send().await.unwrap();
+        let mut got = Vec::new();
+        let r = read_sse("t", &mut resp, |f| {
+            let done = f == Frame::Data("[DONE]".into());
+            got.push(f);
+            Ok(done)
+        })
+        .await;
+        (r, got)
+    }
+
+    #[tokio::test]
+    async fn read_sse_joins_chunks_and_stops_at_done() {
+        // "ö" split across two chunks, a line split mid-field, a comment, then [DONE] and
+        // an event after it that is never handed on.
+        let chunks = vec![
+            b": hi\ndata: {\"t\":\"\xc3".to_vec(),
+            b"\xb6\"}\n\nda".to_vec(),
+            b"ta: [DONE]\n\ndata: {\"late\":1}\n\n".to_vec(),
+        ];
+        let (r, got) = read_frames(chunks).await;
+        r.unwrap();
+        assert_eq!(
+            got,
+            [
+                Frame::Data("{\"t\":\"\u{f6}\"}".into()),
+                Frame::Data("[DONE]".into())
+            ]
+        );
+        // Without [DONE] the stream's end ends the reading, keeping a whole last event.
+        let (r, got) = read_frames(vec![b"data: {\"a\":1}".to_vec()]).await;
+        r.unwrap();
+        assert_eq!(got, [Frame::Data("{\"a\":1}".into())]);
+    }
+
+    #[tokio::test]
+    async fn read_sse_refuses_an_overlong_line_and_passes_errors_on() {
+        let (r, _) = read_frames(vec![vec![b'x'; MAX_EVENT + 1]]).await;
+        let Err(BackendError::Transient(m)) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(m, "t: a stream line is longer than 8 MiB");
+        let reply = Reply::sse(&["data: 1\n\n"]);
+        let (url, _rx) = testserver::serve(vec![reply]).await;
+        let ep = Endpoint::new("t", Some(&url), &url).unwrap();
+        let mut resp = ep.client.get(&url).send().await.unwrap();
+        let r = read_sse("t", &mut resp, |_| Err(BackendError::Fatal("no".into()))).await;
+        assert!(matches!(r, Err(BackendError::Fatal(m)) if m == "no"));
     }
 
     #[test]

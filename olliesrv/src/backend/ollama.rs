@@ -46,22 +46,17 @@
 //! in the documented format.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Endpoint, KeySource, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS, classify_http,
-    error_fields, generated_id, mentions_context, one_line, parse_arguments, read_capped,
-    retry_after,
+    self, ApiKey, Conn, Endpoint, Framer, HttpApi, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS,
+    classify_http, error_fields, generated_id, mentions_context, one_line, parse_arguments,
+    read_capped, retry_after,
 };
-use super::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
-};
+use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none: a local Ollama's root.
 pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:11434";
@@ -71,25 +66,13 @@ const MAX_PROBE_BODY: usize = 4096;
 
 /// A backend speaking Ollama's native API.
 pub struct Ollama {
-    /// The backend's name in the configuration (prefixes every error).
-    name: String,
-    /// The server root, without a trailing `/` (requests go to `{base_url}/api/…`).
-    base_url: String,
-    /// Where the API key comes from (none configured: send no key).
-    keys: KeySource,
-    /// The model when the request names none.
-    model: Option<String>,
-    client: reqwest::Client,
+    /// `base_url` is the server root (requests go to `{base_url}/api/…`).
+    http: Conn,
 }
 
 impl fmt::Debug for Ollama {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ollama")
-            .field("name", &self.name)
-            .field("base_url", &self.base_url)
-            .field("keys", &self.keys)
-            .field("model", &self.model)
-            .finish_non_exhaustive()
+        self.http.debug(f, "Ollama")
     }
 }
 
@@ -144,30 +127,21 @@ impl Ollama {
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<Ollama, String> {
         let ep = endpoint(name, cfg.base_url.as_deref())?;
         Ok(Ollama {
-            name: name.to_owned(),
-            base_url: ep.base_url,
-            keys: KeySource::new(cfg),
-            model: cfg.model.clone(),
-            client: ep.client,
+            http: Conn::new(name, cfg, ep),
         })
     }
 
     /// The models the server has (`GET {base_url}/api/tags`, each `models[].name`, else
     /// `model`), in its order.
     pub async fn list_models(&self) -> Result<Vec<String>, BackendError> {
-        let key = self.api_key()?;
-        let mut rb = self.client.get(format!("{}/api/tags", self.base_url));
-        if let Some(k) = &key {
-            rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
-        }
-        let v = http::get_json(&self.name, rb, key.as_ref(), "/api/tags").await?;
-        let Some(models) = v.get("models").and_then(Value::as_array) else {
-            return Err(BackendError::Fatal(format!(
-                "{}: /api/tags reply has no models array",
-                self.name
-            )));
-        };
-        Ok(models
+        let c = &self.http;
+        let key = c.api_key()?;
+        let rb = c.bearer(
+            c.client.get(format!("{}/api/tags", c.base_url)),
+            key.as_ref(),
+        )?;
+        let v = http::get_json(&c.name, rb, key.as_ref(), "/api/tags").await?;
+        Ok(c.listed(&v, "/api/tags", "models")?
             .iter()
             .filter_map(|m| {
                 ["name", "model"]
@@ -178,16 +152,8 @@ impl Ollama {
             .collect())
     }
 
-    fn api_key(&self) -> Result<Option<ApiKey>, BackendError> {
-        self.keys.key(&self.name)
-    }
-
-    fn auth_header(&self, key: &ApiKey) -> Result<HeaderValue, BackendError> {
-        key.header(&self.name, "Bearer ")
-    }
-
     fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
-        http::transport(&self.name, what, e)
+        http::transport(&self.http.name, what, e)
     }
 
     /// An unsuccessful HTTP reply, classified as by [`http::status_error`], and a context
@@ -201,7 +167,7 @@ impl Ollama {
         if let Some(k) = key {
             body = k.scrub(&body);
         }
-        match classify_http(&self.name, status, retry, &body) {
+        match classify_http(&self.http.name, status, retry, &body) {
             BackendError::Fatal(m) | BackendError::Transient(m)
                 if exceeds_context(&error_fields(&body).0) =>
             {
@@ -210,72 +176,32 @@ impl Ollama {
             e => e,
         }
     }
+}
 
+impl HttpApi for Ollama {
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
-        let model = http::model_of(&self.name, req, self.model.as_deref())?;
-        let key = self.api_key()?;
+        let c = &self.http;
+        let model = c.start(req, "chat request")?;
+        let key = c.api_key()?;
         let body = request_body(model, req).to_string();
-        tracing::debug!(
-            backend = %self.name,
-            model,
-            messages = req.messages.len(),
-            tools = req.tools.len(),
-            "chat request"
-        );
-        let mut rb = self
-            .client
-            .post(format!("{}/api/chat", self.base_url))
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "application/x-ndjson")
-            .body(body);
-        if let Some(k) = &key {
-            rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
-        }
+        let rb = c.post("/api/chat", "application/x-ndjson", body);
+        let rb = c.bearer(rb, key.as_ref())?;
         let mut resp = rb.send().await.map_err(|e| self.transport("request", e))?;
         if !resp.status().is_success() {
             // Ollama's own context wording, on top of the shared classification.
             return Err(self.status_error(resp, key.as_ref()).await);
         }
-        let mut splitter = LineSplitter::default();
         let mut state = StreamState::default();
-        let mut lines = Vec::new();
-        loop {
-            let chunk = http::next_chunk(&self.name, &mut resp).await?;
-            let end = chunk.is_none();
-            match chunk {
-                Some(bytes) => splitter.feed(&bytes, &mut lines),
-                None => {
-                    splitter.finish(&mut lines);
-                    Ok(())
-                }
-            }
-            .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
-            for line in lines.drain(..) {
-                state.line(&self.name, &line, sink)?;
-                if state.done {
-                    return state.finish(&self.name, sink);
-                }
-            }
-            if end {
-                return state.finish(&self.name, sink);
-            }
-        }
-    }
-}
-
-impl Backend for Ollama {
-    fn call<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
-        Box::pin(self.chat(req, sink))
+        http::read_stream(&c.name, &mut resp, LineSplitter::default(), |line| {
+            state.line(&c.name, &line, sink)?;
+            Ok(state.done)
+        })
+        .await?;
+        state.finish(&c.name, sink)
     }
 
-    fn list_models<'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
-        Box::pin(Ollama::list_models(self))
+    async fn models(&self) -> Result<Vec<String>, BackendError> {
+        self.list_models().await
     }
 }
 
@@ -382,7 +308,9 @@ struct LineSplitter {
     line: Vec<u8>,
 }
 
-impl LineSplitter {
+impl Framer for LineSplitter {
+    type Item = Vec<u8>;
+
     fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), String> {
         while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
             self.line.extend_from_slice(&bytes[..pos]);
@@ -395,12 +323,15 @@ impl LineSplitter {
     }
 
     /// The end of the stream: a last line without its `\n` still counts.
-    fn finish(&mut self, out: &mut Vec<Vec<u8>>) {
+    fn finish(&mut self, out: &mut Vec<Vec<u8>>) -> Result<(), String> {
         if !self.line.is_empty() {
             out.push(std::mem::take(&mut self.line));
         }
+        Ok(())
     }
+}
 
+impl LineSplitter {
     fn check_len(&self) -> Result<(), String> {
         if self.line.len() > MAX_EVENT {
             return Err(format!(
@@ -553,6 +484,7 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::ToolSpec;
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::net::TcpListener;
@@ -577,7 +509,7 @@ mod tests {
             ..cfg(Some(base_url))
         };
         let mut b = Ollama::new("local", &cfg).unwrap();
-        b.keys.lookup = fake_env;
+        b.http.keys.lookup = fake_env;
         b
     }
 
@@ -1210,7 +1142,7 @@ mod tests {
 
     #[test]
     fn base_url_forms() {
-        let base = |u: Option<&str>| Ollama::new("x", &cfg(u)).map(|b| b.base_url);
+        let base = |u: Option<&str>| Ollama::new("x", &cfg(u)).map(|b| b.http.base_url);
         assert_eq!(base(None).unwrap(), DEFAULT_BASE_URL);
         assert_eq!(
             base(Some("http://127.0.0.1:11434/")).unwrap(),
@@ -1242,7 +1174,7 @@ mod tests {
         let mut whole = Vec::new();
         let mut s = LineSplitter::default();
         s.feed(text, &mut whole).unwrap();
-        s.finish(&mut whole);
+        s.finish(&mut whole).unwrap();
         assert_eq!(
             whole,
             [
@@ -1257,7 +1189,7 @@ mod tests {
         for b in text {
             s.feed(std::slice::from_ref(b), &mut bytewise).unwrap();
         }
-        s.finish(&mut bytewise);
+        s.finish(&mut bytewise).unwrap();
         assert_eq!(bytewise, whole);
         let mut s = LineSplitter::default();
         let mut out = Vec::new();

@@ -43,44 +43,26 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Endpoint, Frame, KeySource, MAX_MESSAGE_CHARS, SseParser, classify_stream_error,
-    generated_id, one_line, parse_arguments, scrubbed,
+    self, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, classify_stream_error, generated_id,
+    one_line, parse_arguments,
 };
-use super::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage,
-};
+use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// An OpenAI-compatible chat backend.
 pub struct OpenAi {
-    /// The backend's name in the configuration (prefixes every error).
-    name: String,
-    /// Without a trailing `/`.
-    base_url: String,
-    /// Where the API key comes from (none configured: send no key).
-    keys: KeySource,
-    /// The model when the request names none.
-    model: Option<String>,
-    client: reqwest::Client,
+    http: Conn,
 }
 
 impl fmt::Debug for OpenAi {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpenAi")
-            .field("name", &self.name)
-            .field("base_url", &self.base_url)
-            .field("keys", &self.keys)
-            .field("model", &self.model)
-            .finish_non_exhaustive()
+        self.http.debug(f, "OpenAi")
     }
 }
 
@@ -90,103 +72,43 @@ impl OpenAi {
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<OpenAi, String> {
         let ep = Endpoint::new(name, cfg.base_url.as_deref(), DEFAULT_BASE_URL)?;
         Ok(OpenAi {
-            name: name.to_owned(),
-            base_url: ep.base_url,
-            keys: KeySource::new(cfg),
-            model: cfg.model.clone(),
-            client: ep.client,
+            http: Conn::new(name, cfg, ep),
         })
     }
 
     /// The models the server offers (`GET {base_url}/models`, each `data[].id`), in its order.
     pub async fn list_models(&self) -> Result<Vec<String>, BackendError> {
-        let key = self.api_key()?;
-        let mut rb = self.client.get(format!("{}/models", self.base_url));
-        if let Some(k) = &key {
-            rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
-        }
-        let v = http::get_json(&self.name, rb, key.as_ref(), "/models").await?;
-        let Some(data) = v.get("data").and_then(Value::as_array) else {
-            return Err(BackendError::Fatal(format!(
-                "{}: /models reply has no data array",
-                self.name
-            )));
-        };
-        Ok(data
+        let c = &self.http;
+        let key = c.api_key()?;
+        let rb = c.bearer(c.client.get(format!("{}/models", c.base_url)), key.as_ref())?;
+        let v = http::get_json(&c.name, rb, key.as_ref(), "/models").await?;
+        Ok(c.listed(&v, "/models", "data")?
             .iter()
             .filter_map(|m| m.get("id").and_then(Value::as_str))
             .map(str::to_owned)
             .collect())
     }
-
-    fn api_key(&self) -> Result<Option<ApiKey>, BackendError> {
-        self.keys.key(&self.name)
-    }
-
-    fn auth_header(&self, key: &ApiKey) -> Result<HeaderValue, BackendError> {
-        key.header(&self.name, "Bearer ")
-    }
-
-    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
-        let model = http::model_of(&self.name, req, self.model.as_deref())?;
-        let key = self.api_key()?;
-        let body = request_body(model, req).to_string();
-        tracing::debug!(
-            backend = %self.name,
-            model,
-            messages = req.messages.len(),
-            tools = req.tools.len(),
-            "chat request"
-        );
-        let mut rb = self
-            .client
-            .post(format!("{}/chat/completions", self.base_url))
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
-            .body(body);
-        if let Some(k) = &key {
-            rb = rb.header(AUTHORIZATION, self.auth_header(k)?);
-        }
-        let mut resp = http::send_stream(&self.name, rb, key.as_ref()).await?;
-        let mut parser = SseParser::default();
-        let mut state = StreamState::default();
-        let mut frames = Vec::new();
-        loop {
-            let chunk = http::next_chunk(&self.name, &mut resp).await?;
-            let end = chunk.is_none();
-            match chunk {
-                Some(bytes) => parser.feed(&bytes, &mut frames),
-                None => parser.finish(&mut frames),
-            }
-            .map_err(|e| BackendError::Transient(format!("{}: {e}", self.name)))?;
-            for frame in frames.drain(..) {
-                state
-                    .frame(&self.name, frame, sink)
-                    .map_err(|e| scrubbed(e, key.as_ref()))?;
-                if state.done {
-                    return state.finish(&self.name, sink);
-                }
-            }
-            if end {
-                return state.finish(&self.name, sink);
-            }
-        }
-    }
 }
 
-impl Backend for OpenAi {
-    fn call<'a>(
-        &'a self,
-        req: &'a ModelRequest,
-        sink: Sink<'a>,
-    ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
-        Box::pin(self.chat(req, sink))
+impl HttpApi for OpenAi {
+    async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+        let c = &self.http;
+        let model = c.start(req, "chat request")?;
+        let key = c.api_key()?;
+        let body = request_body(model, req).to_string();
+        let rb = c.post("/chat/completions", "text/event-stream", body);
+        let rb = c.bearer(rb, key.as_ref())?;
+        let mut state = StreamState::default();
+        c.stream_sse(rb, key.as_ref(), |frame| {
+            state.frame(&c.name, frame, sink)?;
+            Ok(state.done)
+        })
+        .await?;
+        state.finish(&c.name, sink)
     }
 
-    fn list_models<'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
-        Box::pin(OpenAi::list_models(self))
+    async fn models(&self) -> Result<Vec<String>, BackendError> {
+        self.list_models().await
     }
 }
 
@@ -435,10 +357,11 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Backend;
     use crate::backend::ToolSpec;
-    use crate::backend::http::retry_after;
+    use crate::backend::http::{ApiKey, retry_after};
     use crate::config::{Backend as BackendCfg, BackendKind};
-    use reqwest::header::HeaderMap;
+    use reqwest::header::{HeaderMap, HeaderValue};
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 
@@ -461,7 +384,7 @@ mod tests {
             context_limit: None,
         };
         let mut b = OpenAi::new("local", &cfg).unwrap();
-        b.keys.lookup = fake_env;
+        b.http.keys.lookup = fake_env;
         b
     }
 
@@ -1082,12 +1005,13 @@ mod tests {
             context_limit: None,
         };
         assert_eq!(
-            OpenAi::new("x", &cfg(None)).unwrap().base_url,
+            OpenAi::new("x", &cfg(None)).unwrap().http.base_url,
             DEFAULT_BASE_URL
         );
         assert_eq!(
             OpenAi::new("x", &cfg(Some("http://[::1]:8080/v1/")))
                 .unwrap()
+                .http
                 .base_url,
             "http://[::1]:8080/v1"
         );
@@ -1109,44 +1033,6 @@ mod tests {
             assert!(e.contains(want), "{u}: {e}");
             assert!(!e.contains("pw"), "{e}");
         }
-    }
-
-    #[test]
-    fn sse_parser_is_indifferent_to_chunking() {
-        let text = b": comment\r\ndata: {\"a\":1}\r\n\r\nevent: x\ndata: line1\ndata: line2\n\nid: 3\ndata:[DONE]\n\nerror: {\"code\":1}\ndata: {\"t\":1}";
-        let mut whole = Vec::new();
-        let mut p = SseParser::default();
-        p.feed(text, &mut whole).unwrap();
-        p.finish(&mut whole).unwrap();
-        assert_eq!(
-            whole,
-            vec![
-                Frame::Data("{\"a\":1}".into()),
-                Frame::Data("line1\nline2".into()),
-                Frame::Data("[DONE]".into()),
-                Frame::Error("{\"code\":1}".into()),
-                Frame::Data("{\"t\":1}".into()),
-            ]
-        );
-        let mut bytewise = Vec::new();
-        let mut p = SseParser::default();
-        for b in text {
-            p.feed(std::slice::from_ref(b), &mut bytewise).unwrap();
-        }
-        p.finish(&mut bytewise).unwrap();
-        assert_eq!(bytewise, whole);
-        // Garbage never panics.
-        let mut out = Vec::new();
-        let mut p = SseParser::default();
-        p.feed(&[0xff, 0xfe, b'\n', b':', 0xc3, b'\n', b'\n'], &mut out)
-            .unwrap();
-        p.finish(&mut out).unwrap();
-        assert!(out.is_empty());
-        // An event cut off by the end of the stream is dropped.
-        let mut p = SseParser::default();
-        p.feed(b"data: {\"choices\":[{", &mut out).unwrap();
-        p.finish(&mut out).unwrap();
-        assert!(out.is_empty());
     }
 
     #[test]
