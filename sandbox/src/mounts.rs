@@ -99,33 +99,7 @@ impl MountPlan {
         // Protected islands: existing ones are bound read-only; for missing ones the first
         // missing component is created as an empty placeholder and bound read-only.
         let islands = Protected::prepare(&resolved.fs.protected, &writable)?;
-        let mut protected: Vec<PathBuf> = islands.paths.clone();
-        // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved
-        // out of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh)
-        // is safe.
-        for s in ollie_policy::secrets::secret_locations(&resolved.ctx.home) {
-            if let Ok(real) = std::fs::canonicalize(&s)
-                && writable.iter().any(|w| real.starts_with(w) && &real != w)
-                && !protected.contains(&real)
-            {
-                protected.push(real);
-            }
-        }
-        // A protected `.git` that is a gitdir pointer file (a linked worktree, a separate git
-        // dir) protects the directory it points at too, where that lies in a writable tree.
-        for target in protected
-            .iter()
-            .filter_map(|p| gitfile_target(p))
-            .collect::<Vec<_>>()
-        {
-            if writable
-                .iter()
-                .any(|w| target.starts_with(w) && &target != w)
-                && !protected.iter().any(|p| target.starts_with(p))
-            {
-                protected.push(target);
-            }
-        }
+        let protected = protected_paths(&islands, resolved, &writable);
         let c = |p: &Path| sys::cstring(p).map_err(io_err("prepare mounts"));
         let pinned = pinned_ancestors(&protected, &writable);
         let (create, attach) = unions::overlay_steps(
@@ -212,6 +186,43 @@ impl MountPlan {
             islands,
         })
     }
+}
+
+/// The paths bound read-only over the writable trees: the islands, the secret locations inside
+/// a writable tree, and the directories that protected `.git` pointer files point at.
+fn protected_paths(
+    islands: &Protected,
+    resolved: &ResolvedPolicy,
+    writable: &[PathBuf],
+) -> Vec<PathBuf> {
+    let mut protected: Vec<PathBuf> = islands.paths.clone();
+    // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved
+    // out of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh)
+    // is safe.
+    for s in ollie_policy::secrets::secret_locations(&resolved.ctx.home) {
+        if let Ok(real) = std::fs::canonicalize(&s)
+            && writable.iter().any(|w| real.starts_with(w) && &real != w)
+            && !protected.contains(&real)
+        {
+            protected.push(real);
+        }
+    }
+    // A protected `.git` that is a gitdir pointer file (a linked worktree, a separate git
+    // dir) protects the directory it points at too, where that lies in a writable tree.
+    for target in protected
+        .iter()
+        .filter_map(|p| gitfile_target(p))
+        .collect::<Vec<_>>()
+    {
+        if writable
+            .iter()
+            .any(|w| target.starts_with(w) && &target != w)
+            && !protected.iter().any(|p| target.starts_with(p))
+        {
+            protected.push(target);
+        }
+    }
+    protected
 }
 
 /// What a run hides, canonical, each once, with whether it is a directory: every existing
