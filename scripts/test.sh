@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, every unit, integration, interop and
 # escape test (sandbox suites also as an unprivileged user when run as root), a fuzz smoke
-# run, the systemd units' checks and, as root, the boot test of the Debian package. Set
+# run, the systemd units' checks, the README's quickstart on a fresh clone and, as root, the
+# boot test of the Debian package. Set
 # OLLIE_TEST_REQUIRE=all to turn every "SKIP <test>: <reason>" into a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,8 @@ stage "fuzz (${FUZZ_SECONDS:-60}s per target)"
 scripts/fuzz.sh
 stage "systemd units (verify, exposure)"
 scripts/check-units.sh
+stage "quickstart (README's commands on a fresh clone)"
+tests/quickstart.sh
 stage "boot test (the Debian package under systemd in a booted container)"
 if [ "$(id -u)" = 0 ]; then
   scripts/boot-test.sh

@@ -63,9 +63,11 @@ pub enum Command {
     Ns,
     /// `rfork`: make this namespace private.
     Rfork,
+    /// `list`: the registry's beads (slug, uuid, creation time, URI).
+    List,
 }
 
-const VERBS: &str = "start, mount, unmount, ns, rfork";
+const VERBS: &str = "start, mount, unmount, ns, rfork, list";
 const USAGE_START: &str = "usage: start [slug]";
 const USAGE_MOUNT: &str = "usage: mount [-b|-a] [-c] BEAD POINT";
 const USAGE_UNMOUNT: &str = "usage: unmount [BEAD] POINT";
@@ -102,9 +104,12 @@ impl Command {
                 }),
                 _ => Err(format!("unmount: bad arguments ({USAGE_UNMOUNT})")),
             },
-            "ns" | "rfork" if !args.is_empty() => Err(format!("{bare}: takes no arguments")),
+            "ns" | "rfork" | "list" if !args.is_empty() => {
+                Err(format!("{bare}: takes no arguments"))
+            }
             "ns" => Ok(Command::Ns),
             "rfork" => Ok(Command::Rfork),
+            "list" => Ok(Command::List),
             _ => Err(format!("unknown command {verb:?} (valid: {VERBS})")),
         }
     }
@@ -185,6 +190,7 @@ impl fmt::Display for Command {
             } => write!(f, "unmount {b} {point}"),
             Command::Ns => f.write_str("ns"),
             Command::Rfork => f.write_str("rfork"),
+            Command::List => f.write_str("list"),
         }
     }
 }
@@ -275,11 +281,11 @@ mod tests {
         let cases = [
             (
                 "",
-                "empty command (valid: start, mount, unmount, ns, rfork)",
+                "empty command (valid: start, mount, unmount, ns, rfork, list)",
             ),
             (
                 "frob",
-                "unknown command \"frob\" (valid: start, mount, unmount, ns, rfork)",
+                "unknown command \"frob\" (valid: start, mount, unmount, ns, rfork, list)",
             ),
             (
                 "mount",

@@ -97,6 +97,18 @@ pub enum Error {
         /// The bead that has it.
         uri: String,
     },
+    /// `start SLUG` where a bead with another slug is already open: it is not renamed.
+    #[error(
+        "a bead is already open here: {uri} (slug {current:?}); start {slug} would rename it, so nothing changed (start alone prints the open bead)"
+    )]
+    AlreadyStarted {
+        /// The slug asked for.
+        slug: String,
+        /// The open bead.
+        uri: String,
+        /// Its slug.
+        current: String,
+    },
     /// A command named a point that has no members.
     #[error("nothing is mounted at {point}: file does not exist")]
     UnknownPoint {
@@ -244,7 +256,9 @@ impl Error {
             | Error::NotMember { .. }
             | Error::NotFound { .. }
             | Error::NoDataDir => libc::ENOENT,
-            Error::SlugTaken { .. } | Error::Exists { .. } => libc::EEXIST,
+            Error::SlugTaken { .. } | Error::Exists { .. } | Error::AlreadyStarted { .. } => {
+                libc::EEXIST
+            }
             Error::SecondCreate { .. } => libc::EBUSY,
             Error::NoWriteAuthority { .. } | Error::ReadOnly { .. } | Error::Denied { .. } => {
                 libc::EACCES

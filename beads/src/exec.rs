@@ -75,6 +75,31 @@ impl Outcome {
     }
 }
 
+/// `list`: one line per registry bead, `SLUG<TAB>UUID<TAB>CREATED<TAB>URI` (`-` for what
+/// its `agent.json` lacks), oldest first.
+fn registry_list(env: &Env) -> Result<String, Error> {
+    let mut rows: Vec<(String, String, String, String)> = env
+        .registry
+        .beads()?
+        .into_iter()
+        .map(|b| {
+            let info = b.info().unwrap_or_default();
+            let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+            (
+                or_dash(info.created),
+                or_dash(info.slug),
+                or_dash(info.uuid),
+                b.uri(),
+            )
+        })
+        .collect();
+    rows.sort();
+    Ok(rows
+        .into_iter()
+        .map(|(created, slug, uuid, uri)| format!("{slug}\t{uuid}\t{created}\t{uri}\n"))
+        .collect())
+}
+
 impl Namespace {
     /// Runs one command. A command that fails changes nothing.
     pub fn execute(&mut self, env: &Env, cmd: &Command) -> Result<Outcome, Error> {
@@ -94,11 +119,14 @@ impl Namespace {
             }
             Command::Ns => Ok(Outcome::Table(self.table())),
             Command::Rfork => Ok(Outcome::Rfork),
+            Command::List => Ok(Outcome::Table(registry_list(env)?)),
         }
     }
 
     /// `start [slug]`: with no open bead, births one in the registry and opens it; with an
-    /// open bead, records `slug` (if given) as its human name. Returns the open bead's URI.
+    /// open bead, records `slug` as its human name if it has none yet, and refuses another
+    /// name than the one it has ([`Error::AlreadyStarted`]: a bead is not renamed by a
+    /// second `start`). Returns the open bead's URI.
     pub fn start(&mut self, env: &Env, slug: Option<&str>) -> Result<String, Error> {
         match &self.started {
             None => {
@@ -109,7 +137,17 @@ impl Namespace {
             }
             Some(bead) => {
                 if let Some(s) = slug {
-                    env.registry.set_slug(bead, s)?;
+                    match bead.info()?.slug {
+                        Some(current) if current == s => {}
+                        Some(current) => {
+                            return Err(Error::AlreadyStarted {
+                                slug: s.to_owned(),
+                                uri: bead.uri(),
+                                current,
+                            });
+                        }
+                        None => env.registry.set_slug(bead, s)?,
+                    }
                 }
                 Ok(bead.uri())
             }

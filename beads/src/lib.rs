@@ -88,8 +88,10 @@
 //! - `unmount BEAD POINT` removes the member whose name is BEAD, else the member BEAD resolves
 //!   to; `unmount POINT` removes the point. Unknown points and members are errors.
 //! - `start [slug]`: with no open bead ([`Namespace::started`]), births one and opens it; with
-//!   one open, records the slug in its `agent.json`, `names.json` and `about.md` title. It
-//!   returns the open bead's URI.
+//!   one open that has no slug yet, records the slug in its `agent.json`, `names.json` and
+//!   `about.md` title; a different slug than the one it has is refused (the bead is not
+//!   renamed). It returns the open bead's URI.
+//! - `list`: the registry's beads, one `SLUG<TAB>UUID<TAB>CREATED<TAB>URI` line each.
 //! - `rfork` returns [`Outcome::Rfork`]: the host replaces the shared namespace by
 //!   [`Namespace::rfork`] (a deep copy; give it its own shadow root).
 //!

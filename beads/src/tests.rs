@@ -185,6 +185,25 @@ fn start_opens_once_then_records_the_slug() {
     // The recorded slug is a short name now.
     fx.ok(&mut ns, "mount -ac sensor-fusion-notes /ctx");
     assert_eq!(names(&ns, "/ctx"), ["sensor-fusion-notes"]);
+    // The same name again is fine; another name does not rename the open bead: it says so,
+    // and nothing changes.
+    fx.ok(&mut ns, "start sensor-fusion-notes");
+    let table = ns.table();
+    let e = fx.run(&mut ns, "start other-name").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "a bead is already open here: {uri} (slug \"sensor-fusion-notes\"); start other-name would rename it, so nothing changed (start alone prints the open bead)"
+        )
+    );
+    assert_eq!(e.errno(), libc::EEXIST);
+    assert_eq!(
+        bead.info().unwrap().slug.as_deref(),
+        Some("sensor-fusion-notes")
+    );
+    assert!(!bead.names().unwrap().contains_key("other-name"));
+    assert_eq!(ns.table(), table);
+    assert_eq!(fx.env.registry.beads().unwrap().len(), 1);
 }
 
 // ---- mount order -----------------------------------------------------------------------------

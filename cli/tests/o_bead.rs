@@ -48,19 +48,38 @@ fn the_five_commands_and_their_errors() {
     // No session yet.
     fails(&srv.run(&["bead", "ns"], b""), 1, "no session");
     ok(&srv.run(&["new", "proj", "--cwd", work.to_str().unwrap()], b""));
-    // start: a new bead, by URI; start again records the slug on the same bead.
+    // start: a new bead, by URI; start again with another name says a bead is open and
+    // does not rename it.
     let uri = ok(&srv.run(&["bead", "start", "notes"], b""))
         .trim()
         .to_owned();
     let bead = dir_of(&uri);
     assert!(bead.join("agent.json").is_file(), "{uri}");
     assert!(bead.join(today()).join("notes").is_dir(), "{uri}");
-    let again = ok(&srv.run(&["bead", "start", "notes2"], b""))
+    let again = srv.run(&["bead", "start", "notes2"], b"");
+    fails(&again, 1, "a bead is already open here");
+    assert!(
+        again.stderr.contains(&format!("{uri} (slug \"notes\")")),
+        "{again:?}"
+    );
+    let again = ok(&srv.run(&["bead", "start", "notes"], b""))
         .trim()
         .to_owned();
     assert_eq!(dir_of(&again), bead, "a second start made another bead");
+    // ls: the registry's beads, with slug, uuid and date.
+    let listed = ok(&srv.run(&["bead", "ls"], b"")).to_owned();
+    let row: Vec<&str> = listed.trim_end().split('\t').collect();
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert_eq!(row[0], "notes", "{listed}");
+    assert_eq!(
+        row[1],
+        bead.file_name().unwrap().to_str().unwrap(),
+        "the uuid: {listed}"
+    );
+    assert!(row[2].starts_with(&today()), "the date: {listed}");
+    assert_eq!(row[3], uri, "{listed}");
     // mount -ac by short name, then the table.
-    ok(&srv.run(&["bead", "mount", "-ac", "notes2", "/ctx"], b""));
+    ok(&srv.run(&["bead", "mount", "-ac", "notes", "/ctx"], b""));
     let table = ok(&srv.run(&["bead", "ns"], b"")).to_owned();
     assert!(table.starts_with("/ctx (union)\n"), "{table}");
     assert!(

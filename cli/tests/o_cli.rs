@@ -53,7 +53,8 @@ fn bash_parses(script: &str, dir: &Path, name: &str) {
 /// Whether a bash completion script registers a function for the command `name`.
 fn registers(script: &str, name: &str) -> bool {
     script.lines().any(|l| {
-        l.trim_start().starts_with("complete -F ") && l.trim_end().ends_with(&format!(" {name}"))
+        let l = l.trim();
+        l.starts_with("complete ") && l.contains(" -F ") && l.ends_with(&format!(" {name}"))
     })
 }
 
@@ -72,30 +73,33 @@ fn completions_for_every_shell() {
         assert!(commands.iter().any(|c| c == want), "{want}: {commands:?}");
     }
 
+    // o's scripts call o back (COMPLETE=SHELL o -- WORDS…), so session and agent names are
+    // completed from the server (o_first_hour.rs); here: the scripts, and the answers for
+    // subcommands and options.
     let bash = o(&["completions", "bash"]);
     let script = ok(&bash);
-    assert!(!script.is_empty());
     assert_eq!(bash.stderr, "");
-    for c in &commands {
-        assert!(
-            script.contains(&format!("o__subcmd__{c}")),
-            "{c} is not completed"
-        );
-    }
-    // Options of a subcommand are completed too.
-    assert!(script.contains("--json"), "--json");
+    assert!(script.contains("COMPLETE=\"bash\""), "{script}");
     assert!(registers(script, "o"), "not registered for o");
     bash_parses(script, tmp.path(), "o.bash");
+    let offered = common::complete(&["o", ""], None);
+    for c in &commands {
+        assert!(offered.contains(c), "{c} is not completed: {offered:?}");
+    }
+    // Options of a subcommand are completed too.
+    assert!(common::complete(&["o", "prompt", "--j"], None).contains(&"--json".to_owned()));
 
     let zsh = o(&["completions", "zsh"]);
     assert!(ok(&zsh).starts_with("#compdef o\n"), "{zsh:?}");
-    assert!(zsh.stdout.contains("prompt"), "{zsh:?}");
+    assert!(zsh.stdout.contains("COMPLETE=\"zsh\""), "{zsh:?}");
     let fish = o(&["completions", "fish"]);
-    assert!(ok(&fish).contains("complete -c o "), "{fish:?}");
-    assert!(fish.stdout.contains("prompt"), "{fish:?}");
+    assert!(
+        ok(&fish).contains("complete --keep-order --exclusive --command o "),
+        "{fish:?}"
+    );
     for shell in ["elvish", "powershell"] {
         let out = o(&["completions", shell]);
-        assert!(ok(&out).contains("attach"), "{shell}: {out:?}");
+        assert!(ok(&out).contains("COMPLETE"), "{shell}: {out:?}");
     }
     // An unknown shell is a usage error naming the valid ones.
     let bad = o(&["completions", "tcsh"]);

@@ -55,8 +55,10 @@ fn doctor(uid: Option<u32>, dir: &Path) -> (serde_json::Value, i32) {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let items = v["items"].as_array().unwrap();
     let names: Vec<&str> = items.iter().map(|i| i["name"].as_str().unwrap()).collect();
+    // The kernel's, then the system's (backends only when one is configured or found).
+    let (first, rest) = names.split_at(7);
     assert_eq!(
-        names,
+        first,
         [
             "landlock",
             "seccomp",
@@ -67,12 +69,21 @@ fn doctor(uid: Option<u32>, dir: &Path) -> (serde_json::Value, i32) {
             "fuse"
         ]
     );
-    // One line per item: "STATUS NAME…: detail[; fix: …]", in the same order.
+    assert_eq!(rest[..2], ["toolsrv", "config"], "{names:?}");
+    assert_eq!(rest.last(), Some(&"server"), "{names:?}");
+    assert!(
+        rest[2..rest.len() - 1]
+            .iter()
+            .all(|n| n.starts_with("backend ")),
+        "{names:?}"
+    );
+    // One line per item: "✓|✗ NAME…: detail[; fix: …]", in the same order.
     let plain = String::from_utf8(lines.stdout).unwrap();
     assert_eq!(plain.lines().count(), items.len(), "{plain}");
     for (line, item) in plain.lines().zip(items) {
         let status = item["status"].as_str().unwrap();
-        assert!(line.starts_with(status), "{line} vs {item}");
+        let mark = if status == "ok" { "✓ " } else { "✗ " };
+        assert!(line.starts_with(mark), "{line} vs {item}");
         assert!(line.contains(item["name"].as_str().unwrap()), "{line}");
         assert!(line.contains(item["detail"].as_str().unwrap()), "{line}");
         assert_eq!(status == "missing", line.contains("; fix: "), "{line}");

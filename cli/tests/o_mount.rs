@@ -6,7 +6,8 @@
 //! request/response on one descriptor (`exec 3<>ctl`), separate descriptors' separate replies,
 //! blocking reads interrupted by SIGINT with the Tflush seen on the wire (a recording proxy sits
 //! between the bridge and the server), `tail -f chat`, errno for refused operations, create,
-//! mkdir, rm and mv in a bead union, `o mount -u`, and the mount ending with the server.
+//! mkdir, rm and mv in a bead union, `o mount -u`, the mount ending with the server, and `feed`
+//! values (writes separated by a pause are separate values, through a redirect or a pipe).
 //!
 //! Needs the workspace binaries (`cargo build --workspace --bins`). Every wait is an event or a
 //! failure guard; nothing here measures time.
@@ -200,6 +201,45 @@ fn files_read_write_and_reply_like_over_9p() {
 }
 
 #[test]
+fn feed_values_through_the_mount_are_the_pauses_between_writes() {
+    if !fuse_usable("feed_values_through_the_mount_are_the_pauses_between_writes") {
+        return;
+    }
+    let srv = replay_srv(&[]);
+    let m = Mounted::new(&srv);
+    session(&m, &srv);
+    let feed = "session/proj/agent/coder/feed";
+    // A reader holding one descriptor: one value per read at offset 0 (values here are small).
+    let reader = std::fs::File::open(m.join(feed)).unwrap();
+    let values = std::thread::spawn(move || {
+        use std::os::unix::fs::FileExt;
+        (0..3)
+            .map(|_| {
+                let mut buf = [0u8; 256];
+                let n = reader.read_at(&mut buf, 0).unwrap();
+                String::from_utf8_lossy(&buf[..n]).into_owned()
+            })
+            .collect::<Vec<_>>()
+    });
+    // One open, written in pieces with a pause between: a redirect and a pipe alike.
+    sh_ok(
+        m.path(),
+        &format!(
+            "{{ printf 'one '; printf 'value\\n'; sleep 2.5; printf 'two\\n'; }} > {feed}; \
+             {{ printf 'three '; sleep 2.5; printf 'three \\n'; }} | cat > {feed}"
+        ),
+    );
+    let values = values.join().unwrap();
+    assert_eq!(values, ["one value\n", "two\n", "three "], "{values:?}");
+    // The last value is published at the close (or a second after its last write).
+    let deadline = Instant::now() + GUARD;
+    while nine_read(&srv, feed) != "three \n" {
+        assert!(Instant::now() < deadline, "the last value never came");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn errors_are_the_right_errno_and_change_nothing() {
     if !fuse_usable("errors_are_the_right_errno_and_change_nothing") {
         return;
@@ -225,6 +265,12 @@ fn errors_are_the_right_errno_and_change_nothing() {
         libc::EINVAL
     );
     assert_eq!(nine_read(&srv, "session/proj/paused").trim(), "false");
+    // The server's words for it, which the errno lost, are one cat away.
+    let last = std::fs::read_to_string(m.join("lasterror")).unwrap();
+    assert!(
+        last.contains(" session/proj/ctl: unknown command \"frobnicate\""),
+        "{last}"
+    );
     // The session tree is the server's: no mkdir, rmdir or rename there.
     assert_eq!(
         errno(std::fs::create_dir(m.join("session/mine"))),

@@ -7,10 +7,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{Srv, fails, ok, run, wait_child};
+use common::{Srv, drain_pty, fails, ok, run, wait_child};
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Command, Stdio};
 
 fn ls_json(srv: &Srv) -> serde_json::Value {
@@ -140,20 +140,6 @@ fn attach_sends_input_lines_and_ends_at_end_of_input() {
     assert_eq!(ok(&raw).matches("[[[user\n").count(), 3, "{raw:?}");
 }
 
-/// Reads the pty master until the writer side is closed everywhere (EIO on Linux).
-fn drain(master: OwnedFd) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            match nix::unistd::read(master.as_raw_fd(), &mut chunk) {
-                Ok(0) | Err(_) => return out,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-}
-
 #[test]
 fn attach_on_a_terminal_renders_blocks() {
     let srv = Srv::start();
@@ -170,7 +156,7 @@ fn attach_on_a_terminal_renders_blocks() {
         .spawn()
         .unwrap();
     drop(slave);
-    let reader = drain(pty.master);
+    let reader = drain_pty(pty.master);
     {
         let mut input = child.stdin.take().unwrap();
         input.write_all(b"hello tty\n").unwrap();

@@ -12,10 +12,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-use common::{Srv, wait_child};
+use common::{Srv, drain_pty, wait_child};
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -289,17 +289,7 @@ fn attach_on_a_terminal(srv: &Srv, colour: bool, input: &str) -> Vec<u8> {
         .unwrap();
     drop(cmd);
     drop(slave);
-    let master = pty.master;
-    let reader = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            match nix::unistd::read(master.as_raw_fd(), &mut chunk) {
-                Ok(0) | Err(_) => return out,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    });
+    let reader = drain_pty(pty.master);
     {
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(input.as_bytes()).unwrap();

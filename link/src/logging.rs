@@ -241,8 +241,16 @@ pub fn init(filter: tracing_subscriber::EnvFilter, target: bool) {
             .event_format(RateLimited::new(JournalPrefix(format), true))
             .init();
     } else {
-        let format = tracing_subscriber::fmt::format().with_target(target);
-        builder.event_format(RateLimited::new(format, false)).init();
+        // Colour only for a person at a terminal: not in a file, a pipe or a test's capture.
+        use std::io::IsTerminal;
+        let ansi = std::io::stderr().is_terminal();
+        let format = tracing_subscriber::fmt::format()
+            .with_target(target)
+            .with_ansi(ansi);
+        builder
+            .with_ansi(ansi)
+            .event_format(RateLimited::new(format, false))
+            .init();
     }
 }
 

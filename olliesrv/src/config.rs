@@ -8,7 +8,7 @@
 //! Top-level keys of `config.toml`: `default_backend`, `[backends.NAME]`, `[remotes.NAME]`,
 //! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, `beads_dir` (the
 //! bead registry of the session and agent namespaces, an absolute path; default
-//! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::ns`]), and
+//! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::state::ns`]), and
 //! `operators` (who else attaches as the owner: user names, and `@group` for the members of a
 //! group; for a system service that people reach through a shared socket), and `skill_paths`
 //! (where skills are found, in order: absolute or `~/` paths; default:
@@ -205,11 +205,11 @@ pub struct Profile {
     pub hooks: HookSet,
 }
 
-/// A profile's lifecycle hooks ([`crate::hooks`]): commands by event, and the policy and time
+/// A profile's lifecycle hooks ([`crate::agent::hooks`]): commands by event, and the policy and time
 /// bound they run under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HookSet {
-    /// Event name (from [`crate::hooks::EVENTS`]) → bash commands, run in order.
+    /// Event name (from [`hook_limits::EVENTS`]) → bash commands, run in order.
     pub commands: BTreeMap<String, Vec<String>>,
     /// A key of [`Config::policies`] (default `readonly`).
     pub policy: String,
@@ -221,8 +221,8 @@ impl Default for HookSet {
     fn default() -> HookSet {
         HookSet {
             commands: BTreeMap::new(),
-            policy: crate::hooks::DEFAULT_POLICY.to_owned(),
-            timeout_s: crate::hooks::DEFAULT_TIMEOUT_S,
+            policy: hook_limits::DEFAULT_POLICY.to_owned(),
+            timeout_s: hook_limits::DEFAULT_TIMEOUT_S,
         }
     }
 }
@@ -902,7 +902,7 @@ impl Config {
         policy: Option<String>,
         timeout_s: Option<i64>,
     ) -> Result<HookSet, ConfigError> {
-        use crate::hooks::{EVENTS, MAX_COMMAND, MAX_PER_EVENT};
+        use hook_limits::{EVENTS, MAX_COMMAND, MAX_PER_EVENT};
         let commands = commands.unwrap_or_default();
         for (event, list) in &commands {
             if !EVENTS.contains(&event.as_str()) {
@@ -936,7 +936,7 @@ impl Config {
                 }
             }
         }
-        let policy = policy.unwrap_or_else(|| crate::hooks::DEFAULT_POLICY.to_owned());
+        let policy = policy.unwrap_or_else(|| hook_limits::DEFAULT_POLICY.to_owned());
         if !self.policies.contains_key(&policy) {
             return Err(invalid_at(
                 path,
@@ -952,9 +952,9 @@ impl Config {
             "hook_timeout_s",
             timeout_s,
             1,
-            crate::hooks::MAX_TIMEOUT_S as i64,
+            hook_limits::MAX_TIMEOUT_S as i64,
         )?
-        .map_or(crate::hooks::DEFAULT_TIMEOUT_S, |n| n as u64);
+        .map_or(hook_limits::DEFAULT_TIMEOUT_S, |n| n as u64);
         Ok(HookSet {
             commands,
             policy,
@@ -973,137 +973,13 @@ impl Config {
         };
         let mut backends = BTreeMap::new();
         for (name, b) in raw.backends {
-            let key = format!("backends.{name}");
-            if !valid_name(&name) {
-                return Err(invalid(
-                    key,
-                    "backend names use letters, digits, '-', '_' and '.'".into(),
-                ));
-            }
-            let kind = BackendKind::parse(&b.kind).ok_or_else(|| {
-                invalid(
-                    format!("{key}.kind"),
-                    format!("unknown kind {:?} (valid: {})", b.kind, BackendKind::NAMES),
-                )
-            })?;
-            if kind == BackendKind::Replay {
-                if b.file.is_none() {
-                    return Err(invalid(
-                        format!("{key}.file"),
-                        "a replay backend needs the file of turns it replays".into(),
-                    ));
-                }
-            } else if b.file.is_some() {
-                return Err(invalid(
-                    format!("{key}.file"),
-                    format!(
-                        "only replay backends take a file (this one is {})",
-                        kind.name()
-                    ),
-                ));
-            }
-            if let Some(u) = &b.base_url
-                && !(u.starts_with("http://") || u.starts_with("https://"))
-            {
-                return Err(invalid(
-                    format!("{key}.base_url"),
-                    format!("{u:?} is not an http:// or https:// url"),
-                ));
-            }
-            if let Some(v) = &b.api_key_env
-                && (v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-            {
-                return Err(invalid(
-                    format!("{key}.api_key_env"),
-                    format!("{v:?} is not an environment variable name"),
-                ));
-            }
-            if let Some(f) = &b.api_key_file
-                && !f.is_absolute()
-            {
-                return Err(invalid(
-                    format!("{key}.api_key_file"),
-                    "must be an absolute path".into(),
-                ));
-            }
-            let context_limit = match b.context_limit {
-                None => None,
-                Some(n @ 1..=10_000_000) => Some(n as u64),
-                Some(n) => {
-                    return Err(invalid(
-                        format!("{key}.context_limit"),
-                        format!("{n} is out of range (1..=10000000)"),
-                    ));
-                }
-            };
-            backends.insert(
-                name,
-                Backend {
-                    kind,
-                    base_url: b.base_url,
-                    api_key_env: b.api_key_env,
-                    api_key_file: b.api_key_file,
-                    model: b.model,
-                    file: b.file,
-                    context_limit,
-                },
-            );
+            let b = Backend::parse(&name, b).map_err(|(k, m)| invalid(k, m))?;
+            backends.insert(name, b);
         }
         let mut remotes = BTreeMap::new();
         for (name, r) in raw.remotes {
-            let key = format!("remotes.{name}");
-            if !valid_name(&name) {
-                return Err(invalid(
-                    key,
-                    "remote names use letters, digits, '-', '_' and '.'".into(),
-                ));
-            }
-            let command = match (r.command, r.host) {
-                (Some(_), Some(_)) => {
-                    return Err(invalid(key, "give either command or host, not both".into()));
-                }
-                (None, None) => {
-                    return Err(invalid(
-                        key,
-                        "needs command = [\"PROGRAM\", …] or host = \"HOST\"".into(),
-                    ));
-                }
-                (Some(c), None) => {
-                    if r.toolsrv.is_some() {
-                        return Err(invalid(
-                            format!("{key}.toolsrv"),
-                            "only with host (put the path in command instead)".into(),
-                        ));
-                    }
-                    if c.first().is_none_or(String::is_empty) {
-                        return Err(invalid(
-                            format!("{key}.command"),
-                            "must name a program to run".into(),
-                        ));
-                    }
-                    c
-                }
-                (None, Some(h)) => {
-                    if h.is_empty()
-                        || h.starts_with('-')
-                        || h.chars().any(|c| c.is_whitespace() || c.is_control())
-                    {
-                        return Err(invalid(
-                            format!("{key}.host"),
-                            "must be an ssh destination (HOST or USER@HOST, no spaces, not starting with '-')".into(),
-                        ));
-                    }
-                    let t = r.toolsrv.unwrap_or_else(|| "toolsrv".to_owned());
-                    if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                        return Err(invalid(
-                            format!("{key}.toolsrv"),
-                            "must be a program path without spaces".into(),
-                        ));
-                    }
-                    Remote::ssh_command(&h, &t)
-                }
-            };
-            remotes.insert(name, Remote { command });
+            let r = Remote::parse(&name, r).map_err(|(k, m)| invalid(k, m))?;
+            remotes.insert(name, r);
         }
         if let Some(d) = &raw.default_backend
             && !backends.contains_key(d)
@@ -1274,6 +1150,169 @@ fn parse_user_policy(name: &str, text: &str, path: &Path) -> Result<String, Conf
             Err(invalid_at(path, "policy", e.to_string()))
         }
     }
+}
+
+impl Backend {
+    /// Checks `[backends.NAME]`; an error names the key and what is wrong with it.
+    fn parse(name: &str, b: RawBackend) -> Result<Backend, (String, String)> {
+        let key = format!("backends.{name}");
+        if !valid_name(name) {
+            return Err((
+                key,
+                "backend names use letters, digits, '-', '_' and '.'".into(),
+            ));
+        }
+        let kind = BackendKind::parse(&b.kind).ok_or_else(|| {
+            (
+                format!("{key}.kind"),
+                format!("unknown kind {:?} (valid: {})", b.kind, BackendKind::NAMES),
+            )
+        })?;
+        if kind == BackendKind::Replay {
+            if b.file.is_none() {
+                return Err((
+                    format!("{key}.file"),
+                    "a replay backend needs the file of turns it replays".into(),
+                ));
+            }
+        } else if b.file.is_some() {
+            return Err((
+                format!("{key}.file"),
+                format!(
+                    "only replay backends take a file (this one is {})",
+                    kind.name()
+                ),
+            ));
+        }
+        if let Some(u) = &b.base_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return Err((
+                format!("{key}.base_url"),
+                format!("{u:?} is not an http:// or https:// url"),
+            ));
+        }
+        if let Some(v) = &b.api_key_env
+            && (v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            return Err((
+                format!("{key}.api_key_env"),
+                format!("{v:?} is not an environment variable name"),
+            ));
+        }
+        if let Some(f) = &b.api_key_file
+            && !f.is_absolute()
+        {
+            return Err((
+                format!("{key}.api_key_file"),
+                "must be an absolute path".into(),
+            ));
+        }
+        let context_limit = match b.context_limit {
+            None => None,
+            Some(n @ 1..=10_000_000) => Some(n as u64),
+            Some(n) => {
+                return Err((
+                    format!("{key}.context_limit"),
+                    format!("{n} is out of range (1..=10000000)"),
+                ));
+            }
+        };
+        Ok(Backend {
+            kind,
+            base_url: b.base_url,
+            api_key_env: b.api_key_env,
+            api_key_file: b.api_key_file,
+            model: b.model,
+            file: b.file,
+            context_limit,
+        })
+    }
+}
+
+impl Remote {
+    /// Checks `[remotes.NAME]`; an error names the key and what is wrong with it.
+    fn parse(name: &str, r: RawRemote) -> Result<Remote, (String, String)> {
+        let key = format!("remotes.{name}");
+        if !valid_name(name) {
+            return Err((
+                key,
+                "remote names use letters, digits, '-', '_' and '.'".into(),
+            ));
+        }
+        let command = match (r.command, r.host) {
+            (Some(_), Some(_)) => {
+                return Err((key, "give either command or host, not both".into()));
+            }
+            (None, None) => {
+                return Err((
+                    key,
+                    "needs command = [\"PROGRAM\", …] or host = \"HOST\"".into(),
+                ));
+            }
+            (Some(c), None) => {
+                if r.toolsrv.is_some() {
+                    return Err((
+                        format!("{key}.toolsrv"),
+                        "only with host (put the path in command instead)".into(),
+                    ));
+                }
+                if c.first().is_none_or(String::is_empty) {
+                    return Err((
+                        format!("{key}.command"),
+                        "must name a program to run".into(),
+                    ));
+                }
+                c
+            }
+            (None, Some(h)) => {
+                if h.is_empty()
+                    || h.starts_with('-')
+                    || h.chars().any(|c| c.is_whitespace() || c.is_control())
+                {
+                    return Err((
+                        format!("{key}.host"),
+                        "must be an ssh destination (HOST or USER@HOST, no spaces, not starting with '-')".into(),
+                    ));
+                }
+                let t = r.toolsrv.unwrap_or_else(|| "toolsrv".to_owned());
+                if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    return Err((
+                        format!("{key}.toolsrv"),
+                        "must be a program path without spaces".into(),
+                    ));
+                }
+                Remote::ssh_command(&h, &t)
+            }
+        };
+        Ok(Remote { command })
+    }
+}
+
+/// What a profile's `[profiles.NAME.hooks]` may say ([`crate::agent::hooks`] runs them).
+pub mod hook_limits {
+    /// Every event a profile may hook, in the order they happen in a turn.
+    pub const EVENTS: &[&str] = &[
+        "agent_spawn",
+        "pre_turn",
+        "post_turn",
+        "pre_tool",
+        "post_tool",
+        "pre_compact",
+        "post_compact",
+        "turn_error",
+    ];
+
+    /// The policy hooks run under unless the profile says otherwise.
+    pub const DEFAULT_POLICY: &str = "readonly";
+    /// A command's time bound unless the profile says otherwise, in seconds…
+    pub const DEFAULT_TIMEOUT_S: u64 = 10;
+    /// …and the most it may say.
+    pub const MAX_TIMEOUT_S: u64 = 300;
+    /// Commands per event.
+    pub const MAX_PER_EVENT: usize = 16;
+    /// Bytes per command.
+    pub const MAX_COMMAND: usize = 16 * 1024;
 }
 
 #[cfg(test)]
@@ -1708,11 +1747,11 @@ context_limit = 128000
         assert_eq!(HookSet::default().policy, "readonly");
         let many = format!(
             "[hooks]\npost_tool = [{}]",
-            vec!["\"x\""; crate::hooks::MAX_PER_EVENT + 1].join(", ")
+            vec!["\"x\""; hook_limits::MAX_PER_EVENT + 1].join(", ")
         );
         let long = format!(
             "[hooks]\npre_turn = [\"{}\"]",
-            "x".repeat(crate::hooks::MAX_COMMAND + 1)
+            "x".repeat(hook_limits::MAX_COMMAND + 1)
         );
         let cases: &[(&str, &str)] = &[
             (

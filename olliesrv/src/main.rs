@@ -24,7 +24,8 @@ struct Args {
     /// The main configuration file (default: $XDG_CONFIG_HOME/ollie/config.toml if it exists).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Listen address: unix!/path or tcp!host!port (repeatable). TCP clients must
+    /// Listen address: unix!/path or tcp!host!port (repeatable). TCP addresses are served
+    /// besides the default unix socket; a unix address replaces it. TCP clients must
     /// authenticate with Tauth and the key in STATE/tcp.key (created 0600 on first start).
     #[arg(short = 'a', long = "addr", value_name = "ADDR")]
     addr: Vec<String>,
@@ -35,6 +36,17 @@ struct Args {
     /// The toolsrv binary (default: $OLLIE_TOOLSRV, else next to olliesrv, else PATH).
     #[arg(long, value_name = "FILE")]
     toolsrv: Option<PathBuf>,
+    /// Check the configuration as the server would read it, print the result and exit
+    /// (0 valid, 2 refused; with --probe, 1 when a backend did not answer). Serves nothing.
+    #[arg(long)]
+    check_config: bool,
+    /// With --check-config: also ask each backend for its models (one request each, at the
+    /// configured URL, 3 s at most).
+    #[arg(long, requires = "check_config")]
+    probe: bool,
+    /// With --check-config: print one JSON object (path, error, backends) instead of lines.
+    #[arg(long, requires = "check_config")]
+    json: bool,
 }
 
 fn main() -> ExitCode {
@@ -71,6 +83,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if args.check_config {
+        return check_config(&args);
     }
     raise_open_files();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -124,13 +139,47 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("olliesrv: {}", error_chain(&e));
             ExitCode::from(match e {
-                RunError::Config(_) | RunError::NoStateDir | RunError::Key { .. } => 2,
+                RunError::Config(_)
+                | RunError::NoStateDir
+                | RunError::Key { .. }
+                | RunError::NoToolsrv { .. } => 2,
                 RunError::State { .. } => 1,
                 RunError::Listen(_) | RunError::StateInUse { .. } => 3,
                 RunError::Serve { .. } => 1,
             })
         }
     }
+}
+
+/// `--check-config [--probe] [--json]`.
+fn check_config(args: &Args) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("olliesrv: cannot start runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let report = rt.block_on(ollie_olliesrv::check_config(
+        args.config.as_deref(),
+        args.probe,
+    ));
+    let text = if args.json {
+        match serde_json::to_string(&report) {
+            Ok(j) => format!("{j}\n"),
+            Err(e) => {
+                eprintln!("olliesrv: cannot encode the report: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        report.text()
+    };
+    print!("{text}");
+    ExitCode::from(report.exit_code())
 }
 
 /// Raises the soft limit on open descriptors to the hard one (at most 65 536): the connection

@@ -1110,45 +1110,22 @@ fn profile_one(fs: &Arc<BenchFs>, spec: &str) {
     println!("{spec}: {r}");
 }
 
-fn main() {
-    // `cargo bench` passes `--bench`; any other argument is ignored too.
-    let t0 = Instant::now();
-    let big: Vec<u8> = (0..BIG_LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
-    let fs = Arc::new(BenchFs {
-        small: Bytes::from_static(SMALL),
-        big: Bytes::from(big),
-    });
-    if let Ok(case) = std::env::var("P9_BENCH_PROFILE") {
-        profile_one(&fs, &case);
-        return;
-    }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!(
-        "ollie-p9 bench: {cpus} CPUs, small file {} B (Rread {} B), big file {} MiB; \
-         {PASSES} alternating passes x {ROUNDS} rounds; best round, median pass; scale {}\n\
-         value = wall time per op (latency) or MB/s (bulk); cpu/op = CPU time of all threads \
-         (both ends) per op or per MiB; ratios are per pass, vs the raw row of the section",
-        SMALL.len(),
-        RREAD_HDR + SMALL.len(),
-        BIG_LEN >> 20,
-        scale()
-    );
-
-    // Latency: [pinned, unpinned] x passes.
+/// All passes of every case, alternating so that load on the machine hits them alike.
+/// Latency: `[pinned, unpinned]` x passes; bulk: `[64 KiB, 1 MiB]` x passes.
+fn measure(fs: &Arc<BenchFs>) -> ([Vec<LatPass>; 2], [Vec<BulkPass>; 2]) {
     let mut lat: [Vec<LatPass>; 2] = [Vec::new(), Vec::new()];
-    // Bulk: [64 KiB, 1 MiB] x passes.
     let mut bulk: [Vec<BulkPass>; 2] = [Vec::new(), Vec::new()];
     for _ in 0..PASSES {
         for (k, pinned) in [true, false].into_iter().enumerate() {
             let rt = if pinned { Rt::Pinned } else { Rt::Single };
             let raw = raw_pingpong(pinned);
-            let rawc = raw_client_tread(&fs, rt);
-            let a = async_client_lat(&fs, rt, rt);
-            let (rseq, rpipe) = raw_client_wocr(&fs, rt);
-            let m = (!pinned).then(|| async_client_lat(&fs, Rt::Multi, Rt::Multi));
+            let rawc = raw_client_tread(fs, rt);
+            let a = async_client_lat(fs, rt, rt);
+            let (rseq, rpipe) = raw_client_wocr(fs, rt);
+            let m = (!pinned).then(|| async_client_lat(fs, Rt::Multi, Rt::Multi));
             let ro = Transport::ReadableOnly;
-            let rawc_ro = raw_client_tread_t(&fs, rt, ro);
-            let a_ro = async_client_lat_opt(&fs, rt, rt, true, ro).tread;
+            let rawc_ro = raw_client_tread_t(fs, rt, ro);
+            let a_ro = async_client_lat_opt(fs, rt, rt, true, ro).tread;
             lat[k].push(LatPass {
                 raw,
                 rawc,
@@ -1164,186 +1141,164 @@ fn main() {
             let unit = (msize - wire::IOHDRSZ) as usize;
             bulk[k].push(BulkPass {
                 raw: raw_bulk(unit, BULK_PLACE, &fs.big),
-                rawc: [4, 16].map(|d| raw_client_bulk(&fs, msize, d, BULK_PLACE)),
-                a: [4, 16].map(|d| async_bulk(&fs, msize, d, Rt::Pinned, Rt::Pinned)),
-                single: async_bulk(&fs, msize, 16, Rt::Single, Rt::Single),
-                multi: async_bulk(&fs, msize, 16, Rt::Multi, Rt::Multi),
+                rawc: [4, 16].map(|d| raw_client_bulk(fs, msize, d, BULK_PLACE)),
+                a: [4, 16].map(|d| async_bulk(fs, msize, d, Rt::Pinned, Rt::Pinned)),
+                single: async_bulk(fs, msize, 16, Rt::Single, Rt::Single),
+                multi: async_bulk(fs, msize, 16, Rt::Multi, Rt::Multi),
             });
         }
     }
+    (lat, bulk)
+}
 
-    let mut t = Table { rows: Vec::new() };
-    for (k, pinned) in [true, false].into_iter().enumerate() {
-        let p = &lat[k];
-        let label = if pinned {
-            "pinned: both ends on CPU 0"
-        } else {
-            "unpinned"
-        };
-        t.section(&format!(
-            "latency, {label} (current_thread runtimes, one thread per side)"
-        ));
-        let target = if pinned { "<= 1.30x" } else { "(info)" };
-        let ok = |r: f64| pinned.then_some(r <= 1.3);
-        let row = |t: &mut Table, what: &str, f: &dyn Fn(&LatPass) -> Lat, target: &str, ok| {
-            let (v, r) = (med(p, |x| f(x).wall), med(p, |x| f(x).wall / x.raw.wall));
-            let (c, cr) = (med(p, |x| f(x).cpu), med(p, |x| f(x).cpu / x.raw.cpu));
-            t.row(what, us(v), Some(r), Some((us(c), cr)), target, ok);
-        };
-        row(
-            &mut t,
-            "1. raw socketpair ping-pong (23 B / 74 B)",
-            &|x| x.raw,
-            "",
-            None,
-        );
-        let r2a = med(p, |x| x.rawc.wall / x.raw.wall);
-        row(
-            &mut t,
-            "2a. Tread, blocking raw client -> Server",
-            &|x| x.rawc,
-            target,
-            ok(r2a),
-        );
-        let r2b = med(p, |x| x.a.tread.wall / x.raw.wall);
-        row(
-            &mut t,
-            "2b. Tread, async Client::read -> Server",
-            &|x| x.a.tread,
-            target,
-            ok(r2b),
-        );
-        let r2a_ro = med(p, |x| x.rawc_ro.wall / x.raw.wall);
-        row(
-            &mut t,
-            "2a'. as 2a, sockets READABLE-only (experiment)",
-            &|x| x.rawc_ro,
-            target,
-            ok(r2a_ro),
-        );
-        let r2b_ro = med(p, |x| x.a_ro.wall / x.raw.wall);
-        row(
-            &mut t,
-            "2b'. as 2b, sockets READABLE-only (experiment)",
-            &|x| x.a_ro,
-            target,
-            ok(r2b_ro),
-        );
-        row(
-            &mut t,
+/// Which figure of a pass a latency row shows.
+type LatOf = fn(&LatPass) -> Lat;
+
+/// One latency row: the medians over the passes of `f`'s wall and CPU time, and of their
+/// ratios to the same pass's raw ping-pong; `ok` judges the wall time ratio.
+fn lat_row(
+    t: &mut Table,
+    p: &[LatPass],
+    what: &str,
+    f: &dyn Fn(&LatPass) -> Lat,
+    target: &str,
+    ok: &dyn Fn(f64) -> Option<bool>,
+) {
+    let (v, r) = (med(p, |x| f(x).wall), med(p, |x| f(x).wall / x.raw.wall));
+    let (c, cr) = (med(p, |x| f(x).cpu), med(p, |x| f(x).cpu / x.raw.cpu));
+    t.row(what, us(v), Some(r), Some((us(c), cr)), target, ok(r));
+}
+
+/// Latency sections 1 and 2 (`pinned` or not): the raw ping-pong and Tread on an open fid.
+fn latency_section(t: &mut Table, pinned: bool, p: &[LatPass]) {
+    let label = if pinned {
+        "pinned: both ends on CPU 0"
+    } else {
+        "unpinned"
+    };
+    t.section(&format!(
+        "latency, {label} (current_thread runtimes, one thread per side)"
+    ));
+    let what = "1. raw socketpair ping-pong (23 B / 74 B)";
+    lat_row(t, p, what, &|x| x.raw, "", &|_| None);
+    let target = if pinned { "<= 1.30x" } else { "(info)" };
+    let ok = |r: f64| pinned.then_some(r <= 1.3);
+    let rows: [(&str, LatOf); 4] = [
+        ("2a. Tread, blocking raw client -> Server", |x| x.rawc),
+        ("2b. Tread, async Client::read -> Server", |x| x.a.tread),
+        ("2a'. as 2a, sockets READABLE-only (experiment)", |x| {
+            x.rawc_ro
+        }),
+        ("2b'. as 2b, sockets READABLE-only (experiment)", |x| x.a_ro),
+    ];
+    for (what, f) in rows {
+        lat_row(t, p, what, &f, target, &ok);
+    }
+}
+
+/// The rest of a latency section: walk+open+read+clunk (case 3), and unpinned the
+/// multi-threaded runtimes.
+fn wocr_rows(t: &mut Table, pinned: bool, p: &[LatPass]) {
+    let rows: [(&str, LatOf, &str); 3] = [
+        (
             "3. w+o+r+c sequential, raw client",
-            &|x| x.rseq,
+            |x| x.rseq,
             "(4 RTT = 4.00x)",
-            None,
-        );
-        row(
-            &mut t,
+        ),
+        (
             "3. w+o+r+c sequential, async Client",
-            &|x| x.a.seq,
+            |x| x.a.seq,
             "(4 RTT = 4.00x)",
-            None,
-        );
-        row(
-            &mut t,
+        ),
+        (
             "3. w+o+r+c pipelined, raw client",
-            &|x| x.rpipe,
+            |x| x.rpipe,
             "(< sequential)",
-            None,
-        );
-        let piped = med(p, |x| x.a.pipe.wall) < med(p, |x| x.a.seq.wall);
-        row(
-            &mut t,
-            "3. w+o+r+c pipelined, async Client::send",
-            &|x| x.a.pipe,
-            "(< sequential)",
-            Some(piped),
-        );
-        if !pinned {
-            row(
-                &mut t,
-                "2b. Tread, async Client, multi_thread(2) both",
-                &|x| x.m.tread,
-                "(info)",
-                None,
-            );
-            row(
-                &mut t,
-                "3. w+o+r+c sequential, multi_thread(2) both",
-                &|x| x.m.seq,
-                "(info)",
-                None,
-            );
-            row(
-                &mut t,
-                "3. w+o+r+c pipelined, multi_thread(2) both",
-                &|x| x.m.pipe,
-                "(info)",
-                None,
-            );
+        ),
+    ];
+    for (what, f, target) in rows {
+        lat_row(t, p, what, &f, target, &|_| None);
+    }
+    let piped = med(p, |x| x.a.pipe.wall) < med(p, |x| x.a.seq.wall);
+    let what = "3. w+o+r+c pipelined, async Client::send";
+    lat_row(t, p, what, &|x| x.a.pipe, "(< sequential)", &|_| {
+        Some(piped)
+    });
+    if !pinned {
+        let rows: [(&str, LatOf); 3] = [
+            ("2b. Tread, async Client, multi_thread(2) both", |x| {
+                x.m.tread
+            }),
+            ("3. w+o+r+c sequential, multi_thread(2) both", |x| x.m.seq),
+            ("3. w+o+r+c pipelined, multi_thread(2) both", |x| x.m.pipe),
+        ];
+        for (what, f) in rows {
+            lat_row(t, p, what, &f, "(info)", &|_| None);
         }
     }
-    for (k, msize) in [64u32 << 10, 1 << 20].into_iter().enumerate() {
-        let p = &bulk[k];
-        let unit = msize - wire::IOHDRSZ;
-        t.section(&format!(
-            "bulk read 64 MiB, msize {} KiB (iounit {unit}); both ends on CPU 0, current_thread \
-             per side; last two rows unpinned (vs the pinned raw)",
-            msize >> 10
-        ));
-        let mb = |v: f64| format!("{v:.0} MB/s");
-        let row = |t: &mut Table, what: &str, f: &dyn Fn(&BulkPass) -> Tput, pass: bool| {
-            let (v, r) = (med(p, |x| f(x).mbps), med(p, |x| f(x).mbps / x.raw.mbps));
-            let (c, cr) = (med(p, |x| f(x).cpu), med(p, |x| f(x).cpu / x.raw.cpu));
-            let (target, ok) = if pass {
-                (">= 0.60x", Some(r >= 0.6))
-            } else {
-                ("", None)
-            };
-            t.row(
-                what,
-                mb(v),
-                Some(r),
-                Some((format!("{c:.0} us/MiB"), cr)),
-                target,
-                ok,
-            );
-        };
-        row(
-            &mut t,
-            &format!("4. raw socket stream, {unit} B writes"),
-            &|x| x.raw,
-            false,
-        );
-        for (i, d) in [4, 16].into_iter().enumerate() {
-            row(
-                &mut t,
-                &format!("4. raw client -> Server, depth {d}"),
-                &|x| x.rawc[i],
-                true,
-            );
-        }
-        for (i, d) in [4, 16].into_iter().enumerate() {
-            row(
-                &mut t,
-                &format!("4. async read_bulk, depth {d}"),
-                &|x| x.a[i],
-                true,
-            );
-        }
-        row(
-            &mut t,
-            "4. async read_bulk, depth 16, unpinned",
-            &|x| x.single,
-            true,
-        );
-        row(
-            &mut t,
-            "4. async read_bulk, depth 16, unpinned multi_thread(2)",
-            &|x| x.multi,
-            true,
-        );
+}
+
+/// One bulk row: the medians over the passes of `f`'s MB/s and CPU time per MiB, and of
+/// their ratios to the same pass's raw stream; `pass` rows have the 0.60x target.
+fn bulk_row(t: &mut Table, p: &[BulkPass], what: &str, f: &dyn Fn(&BulkPass) -> Tput, pass: bool) {
+    let (v, r) = (med(p, |x| f(x).mbps), med(p, |x| f(x).mbps / x.raw.mbps));
+    let (c, cr) = (med(p, |x| f(x).cpu), med(p, |x| f(x).cpu / x.raw.cpu));
+    let (target, ok) = if pass {
+        (">= 0.60x", Some(r >= 0.6))
+    } else {
+        ("", None)
+    };
+    t.row(
+        what,
+        format!("{v:.0} MB/s"),
+        Some(r),
+        Some((format!("{c:.0} us/MiB"), cr)),
+        target,
+        ok,
+    );
+}
+
+/// Bulk section 4 at `msize`.
+fn bulk_section(t: &mut Table, msize: u32, p: &[BulkPass]) {
+    let unit = msize - wire::IOHDRSZ;
+    t.section(&format!(
+        "bulk read 64 MiB, msize {} KiB (iounit {unit}); both ends on CPU 0, current_thread \
+         per side; last two rows unpinned (vs the pinned raw)",
+        msize >> 10
+    ));
+    bulk_row(
+        t,
+        p,
+        &format!("4. raw socket stream, {unit} B writes"),
+        &|x| x.raw,
+        false,
+    );
+    for (i, d) in [4, 16].into_iter().enumerate() {
+        let what = format!("4. raw client -> Server, depth {d}");
+        bulk_row(t, p, &what, &|x| x.rawc[i], true);
     }
-    // No collapse at 1 MiB: each 1 MiB figure against the same pass's 64 KiB figure.
+    for (i, d) in [4, 16].into_iter().enumerate() {
+        let what = format!("4. async read_bulk, depth {d}");
+        bulk_row(t, p, &what, &|x| x.a[i], true);
+    }
+    bulk_row(
+        t,
+        p,
+        "4. async read_bulk, depth 16, unpinned",
+        &|x| x.single,
+        true,
+    );
+    bulk_row(
+        t,
+        p,
+        "4. async read_bulk, depth 16, unpinned multi_thread(2)",
+        &|x| x.multi,
+        true,
+    );
+}
+
+/// No collapse at 1 MiB: each 1 MiB figure against the same pass's 64 KiB figure.
+fn msize_section(t: &mut Table, bulk: &[Vec<BulkPass>; 2]) {
     t.section("1 MiB vs 64 KiB (same pass)");
     let cmp = |f: &dyn Fn(&BulkPass) -> f64| {
         // f64: MB/s
@@ -1374,6 +1329,42 @@ fn main() {
             Some(r >= 0.8),
         );
     }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument is ignored too.
+    let t0 = Instant::now();
+    let big: Vec<u8> = (0..BIG_LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let fs = Arc::new(BenchFs {
+        small: Bytes::from_static(SMALL),
+        big: Bytes::from(big),
+    });
+    if let Ok(case) = std::env::var("P9_BENCH_PROFILE") {
+        profile_one(&fs, &case);
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "ollie-p9 bench: {cpus} CPUs, small file {} B (Rread {} B), big file {} MiB; \
+         {PASSES} alternating passes x {ROUNDS} rounds; best round, median pass; scale {}\n\
+         value = wall time per op (latency) or MB/s (bulk); cpu/op = CPU time of all threads \
+         (both ends) per op or per MiB; ratios are per pass, vs the raw row of the section",
+        SMALL.len(),
+        RREAD_HDR + SMALL.len(),
+        BIG_LEN >> 20,
+        scale()
+    );
+
+    let (lat, bulk) = measure(&fs);
+    let mut t = Table { rows: Vec::new() };
+    for (k, pinned) in [true, false].into_iter().enumerate() {
+        latency_section(&mut t, pinned, &lat[k]);
+        wocr_rows(&mut t, pinned, &lat[k]);
+    }
+    for (k, msize) in [64u32 << 10, 1 << 20].into_iter().enumerate() {
+        bulk_section(&mut t, msize, &bulk[k]);
+    }
+    msize_section(&mut t, &bulk);
     t.print();
     println!("(total bench time {:.1} s)", t0.elapsed().as_secs_f64());
 }

@@ -72,6 +72,19 @@ impl DirSnapshot {
     }
 }
 
+/// The permission bits (4 read, 2 write, 1 execute) that an open with mode `omode` needs;
+/// `OTRUNC` needs write as well.
+pub fn open_needs(omode: u8) -> u32 {
+    use crate::wire::om;
+    let base = match omode & 3 {
+        om::OREAD => 4,
+        om::OWRITE => 2,
+        om::ORDWR => 6,
+        _ => 1,
+    };
+    base | if omode & om::OTRUNC != 0 { 2 } else { 0 }
+}
+
 /// `count` bytes of `data` from `offset` (empty at or past the end). Zero-copy.
 pub fn read_at(data: &Bytes, offset: u64, count: u32) -> Bytes {
     let Ok(off) = usize::try_from(offset) else {

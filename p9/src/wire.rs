@@ -159,6 +159,14 @@ impl Stat {
         *self == Stat::dont_touch()
     }
 
+    /// Whether this Twstat asks only to truncate to length 0 (what `open(…, O_TRUNC)` through
+    /// a FUSE bridge sends before writing, e.g. `echo cmd > ctl`).
+    pub fn is_truncation(&self) -> bool {
+        let mut trunc = Stat::dont_touch();
+        trunc.length = 0;
+        *self == trunc
+    }
+
     /// Encoded size of this entry, including its own size[2] field.
     pub fn encoded_len(&self) -> usize {
         STAT_FIXED_LEN + self.name.len() + self.uid.len() + self.gid.len() + self.muid.len()
@@ -1068,6 +1076,22 @@ mod tests {
             Tmsg::Wstat { stat, .. } => assert!(stat.is_dont_touch()),
             other => panic!("decoded {other:?}"),
         }
+    }
+
+    #[test]
+    fn only_a_bare_length_zero_is_a_truncation() {
+        let mut st = Stat::dont_touch();
+        assert!(!st.is_truncation());
+        st.length = 0;
+        assert!(st.is_truncation());
+        let mut renamed = st.clone();
+        renamed.name = "x".into();
+        assert!(!renamed.is_truncation());
+        let mut chmod = st.clone();
+        chmod.mode = 0o600;
+        assert!(!chmod.is_truncation());
+        st.length = 1;
+        assert!(!st.is_truncation());
     }
 
     #[test]

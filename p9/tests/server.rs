@@ -84,16 +84,7 @@ impl Raw {
     }
 
     async fn open(&mut self, root: u32, fid: u32, name: &str, mode: u8) {
-        let r = self
-            .rpc(
-                1,
-                &Tmsg::Walk {
-                    fid: root,
-                    newfid: fid,
-                    wnames: vec![name.into()],
-                },
-            )
-            .await;
+        let r = self.rpc(1, &twalk(root, fid, &[name])).await;
         assert!(matches!(r, Rmsg::Walk { .. }), "{r:?}");
         let r = self.rpc(1, &Tmsg::Open { fid, mode }).await;
         assert!(matches!(r, Rmsg::Open { .. }), "{r:?}");
@@ -374,14 +365,7 @@ async fn pipelined_walk_open_read_clunk_keep_order() {
     r.attach(0).await;
     let mut batch = BytesMut::new();
     for (tag, m) in [
-        (
-            1u16,
-            Tmsg::Walk {
-                fid: 0,
-                newfid: 5,
-                wnames: vec!["static".into()],
-            },
-        ),
+        (1u16, twalk(0, 5, &["static"])),
         (
             2,
             Tmsg::Open {
@@ -399,14 +383,7 @@ async fn pipelined_walk_open_read_clunk_keep_order() {
         ),
         (4, Tmsg::Clunk { fid: 5 }),
         // The fid number is reused at once, in the same batch.
-        (
-            5,
-            Tmsg::Walk {
-                fid: 0,
-                newfid: 5,
-                wnames: vec!["ctl".into()],
-            },
-        ),
+        (5, twalk(0, 5, &["ctl"])),
         (6, Tmsg::Clunk { fid: 5 }),
     ] {
         wire::encode_t(&mut batch, tag, &m).unwrap();
@@ -430,110 +407,137 @@ async fn pipelined_walk_open_read_clunk_keep_order() {
     assert_eq!(got[5].1, Rmsg::Clunk);
 }
 
+/// What the reply to one step of a [`run_steps`] table must be.
+enum Want {
+    /// Exactly this reply.
+    Is(Rmsg),
+    /// An Rerror whose text is exactly this.
+    ErrIs(&'static str),
+    /// An Rerror whose text contains this.
+    ErrHas(&'static str),
+    /// A reply this predicate (described by the text) accepts.
+    Like(&'static str, fn(&Rmsg) -> bool),
+}
+
+impl Want {
+    /// What is wrong with `m` by this, if anything.
+    fn problems(&self, m: &Rmsg) -> Vec<String> {
+        let ok = match (self, m) {
+            (Want::Is(want), got) => got == want,
+            (Want::ErrIs(want), Rmsg::Error { ename }) => ename == want,
+            (Want::ErrHas(want), Rmsg::Error { ename }) => ename.contains(want),
+            (Want::ErrIs(_) | Want::ErrHas(_), _) => false,
+            (Want::Like(_, f), got) => f(got),
+        };
+        if ok {
+            return Vec::new();
+        }
+        let want = match self {
+            Want::Is(w) => format!("{w:?}"),
+            Want::ErrIs(w) => format!("Rerror {w:?}"),
+            Want::ErrHas(w) => format!("Rerror containing {w:?}"),
+            Want::Like(what, _) => (*what).to_owned(),
+        };
+        vec![format!("expected {want}, got {m:?}")]
+    }
+}
+
+/// Sends each `(name, request, want)` of `table` in order on `r` (tag 1) and fails once at the
+/// end, naming every step whose reply was wrong; every step runs.
+async fn run_steps(r: &mut Raw, table: Vec<(&str, Tmsg, Want)>) {
+    let mut cases = ollie_testkit::cases::Cases::new();
+    for (name, t, want) in table {
+        let m = r.rpc(1, &t).await;
+        cases.check(name, &format!("{t:?}"), want.problems(&m));
+    }
+    cases.finish();
+}
+
+/// `Twalk fid → newfid` along `names`.
+fn twalk(fid: u32, newfid: u32, names: &[&str]) -> Tmsg {
+    Tmsg::Walk {
+        fid,
+        newfid,
+        wnames: names.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
 #[tokio::test]
 async fn walk_rules() {
     let fs = TestFs::new();
     let mut r = Raw::new(&fs).await;
     r.attach(0).await;
-    // Partial walk: the qids walked, and newfid does not exist afterwards.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 0,
-                newfid: 7,
-                wnames: vec!["sub".into(), "nothing".into()],
-            },
-        )
-        .await;
-    assert!(matches!(m, Rmsg::Walk { ref wqids } if wqids.len() == 1));
-    let m = r.rpc(1, &Tmsg::Stat { fid: 7 }).await;
-    assert!(err_of(&m).contains("unknown fid"));
-    // First element missing: Rerror with the ENOENT words.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 0,
-                newfid: 7,
-                wnames: vec!["nothing".into()],
-            },
-        )
-        .await;
-    assert_eq!(err_of(&m), "file does not exist");
-    // nwname = 0 clones; `..` at the root stays at the root.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 0,
-                newfid: 8,
-                wnames: vec![],
-            },
-        )
-        .await;
-    assert_eq!(m, Rmsg::Walk { wqids: vec![] });
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 8,
-                newfid: 9,
-                wnames: vec!["..".into(), "sub".into(), "..".into()],
-            },
-        )
-        .await;
-    assert!(matches!(m, Rmsg::Walk { ref wqids } if wqids.len() == 3 && wqids[2].path == 0));
-    // Walking to an existing fid number, or from a file, is refused.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 0,
-                newfid: 8,
-                wnames: vec![],
-            },
-        )
-        .await;
-    assert!(err_of(&m).contains("in use"));
+    run_steps(
+        &mut r,
+        vec![
+            // Partial walk: the qids walked, and newfid does not exist afterwards.
+            (
+                "partial walk",
+                twalk(0, 7, &["sub", "nothing"]),
+                Want::Like(
+                    "Rwalk with 1 qid",
+                    |m| matches!(m, Rmsg::Walk { wqids } if wqids.len() == 1),
+                ),
+            ),
+            (
+                "newfid of a partial walk",
+                Tmsg::Stat { fid: 7 },
+                Want::ErrHas("unknown fid"),
+            ),
+            // First element missing: Rerror with the ENOENT words.
+            (
+                "first element missing",
+                twalk(0, 7, &["nothing"]),
+                Want::ErrIs("file does not exist"),
+            ),
+            // nwname = 0 clones; `..` at the root stays at the root.
+            (
+                "clone",
+                twalk(0, 8, &[]),
+                Want::Is(Rmsg::Walk { wqids: vec![] }),
+            ),
+            (
+                ".. at the root",
+                twalk(8, 9, &["..", "sub", ".."]),
+                Want::Like(
+                    "Rwalk with 3 qids, the last the root",
+                    |m| matches!(m, Rmsg::Walk { wqids } if wqids.len() == 3 && wqids[2].path == 0),
+                ),
+            ),
+            // Walking to an existing fid number, or from a file, is refused.
+            ("to a fid in use", twalk(0, 8, &[]), Want::ErrHas("in use")),
+        ],
+    )
+    .await;
     r.open(0, 10, "static", om::OREAD).await;
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 10,
-                newfid: 11,
-                wnames: vec![],
-            },
-        )
-        .await;
-    assert!(err_of(&m).contains("open fid"));
-    // Walk fid to itself replaces it.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 8,
-                newfid: 8,
-                wnames: vec!["static".into()],
-            },
-        )
-        .await;
-    assert!(matches!(m, Rmsg::Walk { .. }));
-    let m = r.rpc(1, &Tmsg::Stat { fid: 8 }).await;
-    assert!(matches!(m, Rmsg::Stat { ref stat } if stat.name == "static"));
+    run_steps(
+        &mut r,
+        vec![
+            (
+                "from an open fid",
+                twalk(10, 11, &[]),
+                Want::ErrHas("open fid"),
+            ),
+            // Walk fid to itself replaces it.
+            (
+                "fid to itself",
+                twalk(8, 8, &["static"]),
+                Want::Like("Rwalk", |m| matches!(m, Rmsg::Walk { .. })),
+            ),
+            (
+                "the replaced fid",
+                Tmsg::Stat { fid: 8 },
+                Want::Like(
+                    "Rstat of static",
+                    |m| matches!(m, Rmsg::Stat { stat } if stat.name == "static"),
+                ),
+            ),
+        ],
+    )
+    .await;
     // Seventeen names are refused at decode time with the request's tag.
     let mut b = BytesMut::new();
-    wire::encode_t(
-        &mut b,
-        44,
-        &Tmsg::Walk {
-            fid: 0,
-            newfid: 12,
-            wnames: vec![],
-        },
-    )
-    .unwrap();
+    wire::encode_t(&mut b, 44, &twalk(0, 12, &[])).unwrap();
     b[15] = 17;
     r.s.write_all(&b).await.unwrap();
     let (tag, m) = r.recv().await;
@@ -561,16 +565,7 @@ async fn directory_reads_are_whole_entries_and_rereadable() {
     let fs = TestFs::new();
     let mut r = Raw::new(&fs).await;
     r.attach(0).await;
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 0,
-                newfid: 1,
-                wnames: vec![],
-            },
-        )
-        .await;
+    let m = r.rpc(1, &twalk(0, 1, &[])).await;
     assert!(matches!(m, Rmsg::Walk { .. }));
     let m = r
         .rpc(
@@ -626,78 +621,76 @@ async fn zero_count_write_is_an_error_and_wstat_rules() {
     let fs = TestFs::new();
     let mut r = Raw::new(&fs).await;
     r.attach(0).await;
-    // The "don't touch" wstat and the truncating one `echo x > f` sends on an unopened fid.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Walk {
-                fid: 0,
-                newfid: 1,
-                wnames: vec!["static".into()],
-            },
-        )
-        .await;
-    assert!(matches!(m, Rmsg::Walk { .. }));
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Wstat {
-                fid: 1,
-                stat: Stat::dont_touch(),
-            },
-        )
-        .await;
-    assert_eq!(m, Rmsg::Wstat);
     let mut trunc = Stat::dont_touch();
     trunc.length = 0;
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Wstat {
-                fid: 1,
-                stat: trunc,
-            },
-        )
-        .await;
-    assert_eq!(m, Rmsg::Wstat);
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Open {
-                fid: 1,
-                mode: om::ORDWR,
-            },
-        )
-        .await;
-    assert!(matches!(m, Rmsg::Open { .. }));
-    // The filesystem took 0 bytes of a non-empty write: Rerror, never Rwrite{0}.
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Write {
-                fid: 1,
-                offset: 0,
-                data: Bytes::from("x"),
-            },
-        )
-        .await;
-    assert!(err_of(&m).contains("no bytes"));
-    // Stat on the open fid works too.
-    let m = r.rpc(1, &Tmsg::Stat { fid: 1 }).await;
-    assert!(matches!(m, Rmsg::Stat { .. }));
+    run_steps(
+        &mut r,
+        vec![
+            // The "don't touch" wstat and the truncating one `echo x > f` sends on an unopened
+            // fid.
+            (
+                "walk to static",
+                twalk(0, 1, &["static"]),
+                Want::Like("Rwalk", |m| matches!(m, Rmsg::Walk { .. })),
+            ),
+            (
+                "don't-touch wstat",
+                Tmsg::Wstat {
+                    fid: 1,
+                    stat: Stat::dont_touch(),
+                },
+                Want::Is(Rmsg::Wstat),
+            ),
+            (
+                "truncating wstat",
+                Tmsg::Wstat {
+                    fid: 1,
+                    stat: trunc,
+                },
+                Want::Is(Rmsg::Wstat),
+            ),
+            (
+                "open ORDWR",
+                Tmsg::Open {
+                    fid: 1,
+                    mode: om::ORDWR,
+                },
+                Want::Like("Ropen", |m| matches!(m, Rmsg::Open { .. })),
+            ),
+            // The filesystem took 0 bytes of a non-empty write: Rerror, never Rwrite{0}.
+            (
+                "a write the filesystem takes none of",
+                Tmsg::Write {
+                    fid: 1,
+                    offset: 0,
+                    data: Bytes::from("x"),
+                },
+                Want::ErrHas("no bytes"),
+            ),
+            // Stat on the open fid works too.
+            (
+                "stat of the open fid",
+                Tmsg::Stat { fid: 1 },
+                Want::Like("Rstat", |m| matches!(m, Rmsg::Stat { .. })),
+            ),
+        ],
+    )
+    .await;
     // Reading a fid opened write-only is refused.
     r.open(0, 2, "sink", om::OWRITE).await;
-    let m = r
-        .rpc(
-            1,
-            &Tmsg::Read {
+    run_steps(
+        &mut r,
+        vec![(
+            "read of a write-only fid",
+            Tmsg::Read {
                 fid: 2,
                 offset: 0,
                 count: 10,
             },
-        )
-        .await;
-    assert!(err_of(&m).contains("permission denied"));
+            Want::ErrHas("permission denied"),
+        )],
+    )
+    .await;
 }
 
 #[tokio::test]

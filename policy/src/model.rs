@@ -296,6 +296,18 @@ pub enum EscalationKind {
     Unsandboxed,
 }
 
+impl std::fmt::Display for EscalationKind {
+    /// What the kind asks for, in the words a person reads in an error.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Net => "network access",
+            Self::Read => "extra read access",
+            Self::Write => "extra write access",
+            Self::Unsandboxed => "running without the sandbox",
+        })
+    }
+}
+
 impl EscalationKind {
     fn parse(key: &str, s: &str) -> Result<Self, PolicyError> {
         Ok(match s {

@@ -206,39 +206,34 @@ fn network_within(base: &Network, net: &Network) -> bool {
 
 /// Each of the layer's limits `l` at most the base's `b`.
 fn limits_within(l: &Limits, b: &Limits) -> Result<(), NarrowError> {
-    let pairs = [
-        ("limits.cpu_seconds", l.cpu_seconds, b.cpu_seconds),
-        (
-            "limits.address_space_bytes",
-            l.address_space_bytes,
-            b.address_space_bytes,
-        ),
-        ("limits.memory_bytes", l.memory_bytes, b.memory_bytes),
-        ("limits.processes", l.processes, b.processes),
-        (
-            "limits.file_size_bytes",
-            l.file_size_bytes,
-            b.file_size_bytes,
-        ),
-        ("limits.open_files", l.open_files, b.open_files),
-        ("limits.output_bytes", l.output_bytes, b.output_bytes),
-        (
-            "limits.timeout_seconds",
-            l.timeout_seconds,
-            b.timeout_seconds,
-        ),
-        ("limits.kill_grace_ms", l.kill_grace_ms, b.kill_grace_ms),
-        ("limits.shm_bytes", l.shm_bytes, b.shm_bytes),
-        ("limits.disk_bytes", l.disk_bytes, b.disk_bytes),
-        ("limits.disk_inodes", l.disk_inodes, b.disk_inodes),
-    ];
-    for (key, new, base) in pairs {
+    for (name, get) in LIMIT_FIELDS {
+        let (new, base) = (get(l), get(b));
         if new > base {
-            return Err(widens(key, format!("{new} > base {base}")));
+            return Err(widens(
+                format!("limits.{name}"),
+                format!("{new} > base {base}"),
+            ));
         }
     }
     Ok(())
 }
+
+/// Every limit a layer may only lower: its key under `limits.` and how to read it.
+type LimitField = (&'static str, fn(&Limits) -> u64);
+const LIMIT_FIELDS: [LimitField; 12] = [
+    ("cpu_seconds", |x| x.cpu_seconds),
+    ("address_space_bytes", |x| x.address_space_bytes),
+    ("memory_bytes", |x| x.memory_bytes),
+    ("processes", |x| x.processes),
+    ("file_size_bytes", |x| x.file_size_bytes),
+    ("open_files", |x| x.open_files),
+    ("output_bytes", |x| x.output_bytes),
+    ("timeout_seconds", |x| x.timeout_seconds),
+    ("kill_grace_ms", |x| x.kill_grace_ms),
+    ("shm_bytes", |x| x.shm_bytes),
+    ("disk_bytes", |x| x.disk_bytes),
+    ("disk_inodes", |x| x.disk_inodes),
+];
 
 #[cfg(test)]
 mod tests {
@@ -259,6 +254,29 @@ mod tests {
             home: "/home/u".into(),
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_raised_limit_is_refused_naming_its_key() {
+        let base = Policy::from_toml(BASE).unwrap();
+        let mut big = base.limits;
+        big.open_files += 1;
+        let e = base
+            .narrow(&Layer {
+                limits: Some(big),
+                ..Layer::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().starts_with("limits.open_files:"), "{e}");
+        let mut lower = base.limits;
+        lower.open_files -= 1;
+        let n = base
+            .narrow(&Layer {
+                limits: Some(lower),
+                ..Layer::default()
+            })
+            .unwrap();
+        assert_eq!(n.limits.open_files, base.limits.open_files - 1);
     }
 
     #[test]

@@ -5,8 +5,12 @@
 //! A benchmark, not a test: it prints figures and never asserts on time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use ollie_policy::Policy;
+use ollie_sandbox::{Prepared, RunRequest, SandboxError};
 
 fn measure(name: &str, runs: u32, mut f: impl FnMut() -> bool) -> Option<f64> {
     // Warm-up (page cache, lazy statics such as the compiled seccomp filters).
@@ -31,33 +35,46 @@ fn dur_us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn main() {
-    let runs: u32 = std::env::var("OLLIE_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    let ws = std::env::temp_dir().join(format!("ollie-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&ws).unwrap();
-    let policy = ollie_policy::shipped_profile("workspace").unwrap();
-    let req = ollie_sandbox::RunRequest::new(vec!["/bin/true".into()], ws.clone());
+/// `bwrap --unshare-all --ro-bind / / --dev /dev true`, quiet.
+fn bwrap_true() -> Command {
+    let mut c = Command::new("bwrap");
+    c.args([
+        "--unshare-all",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "true",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    c
+}
 
-    println!("spawn benchmark, {runs} runs each");
-    let plain = measure("plain posix_spawn /bin/true", runs, || {
-        Command::new("/bin/true")
-            .stdin(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    let ours = measure("ollie sandbox (workspace profile) /bin/true", runs, || {
-        ollie_sandbox::run(&policy, &req).is_ok_and(|o| o.record.exit.status == 0)
-    });
-    // The prepared path: namespaces, mounts, ruleset and filter set up once per session.
-    // The first one in a process also checks the compiled filter against the reference.
+/// A plain spawn of `/bin/true`; whether it exited 0.
+fn plain_true() -> bool {
+    Command::new("/bin/true")
+        .stdin(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The prepared path: namespaces, mounts, ruleset and filter set up once per session, then
+/// `runs` calls. The first `Prepared::new` in a process also checks the compiled filter
+/// against the reference, so it is timed apart from the second, which is kept.
+fn measure_prepared(
+    policy: &Policy,
+    ws: &Path,
+    req: &RunRequest,
+    runs: u32,
+) -> (Result<Prepared, SandboxError>, Option<f64>) {
     let first = Instant::now();
-    let first_ok = ollie_sandbox::Prepared::new(&policy, &ws, &req.home).is_ok();
+    let first_ok = Prepared::new(policy, ws, &req.home).is_ok();
     let first = first.elapsed();
     let setup = Instant::now();
-    let prepared = ollie_sandbox::Prepared::new(&policy, &ws, &req.home);
+    let prepared = Prepared::new(policy, ws, &req.home);
     let setup = setup.elapsed();
     let prep = match &prepared {
         Ok(sb) => {
@@ -75,7 +92,7 @@ fn main() {
                 sb.session().seccomp_layout
             );
             measure("ollie Prepared::run (workspace) /bin/true", runs, || {
-                sb.run(&req).is_ok_and(|o| o.record.exit.status == 0)
+                sb.run(req).is_ok_and(|o| o.record.exit.status == 0)
             })
         }
         Err(e) => {
@@ -83,24 +100,11 @@ fn main() {
             None
         }
     };
-    let bwrap = measure("bwrap --unshare-all --ro-bind / / --dev /dev", runs, || {
-        Command::new("bwrap")
-            .args([
-                "--unshare-all",
-                "--ro-bind",
-                "/",
-                "/",
-                "--dev",
-                "/dev",
-                "true",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    // Components of our spawn path, for orientation.
+    (prepared, prep)
+}
+
+/// The landlock ruleset build alone, one component of our spawn path, for orientation.
+fn measure_landlock(policy: &Policy, ws: &Path, runs: u32) {
     let resolved = policy
         .resolve(&ollie_policy::ResolveContext {
             workdir: ws.canonicalize().unwrap(),
@@ -110,6 +114,67 @@ fn main() {
     measure("  component: landlock ruleset build", runs, || {
         ollie_sandbox::landlock::build(&resolved, None).is_ok()
     });
+}
+
+/// Plain spawn against `Prepared::run` (and bwrap every fourth run, `with_bwrap`),
+/// interleaved run by run and summarised by medians, so that bursts of load on a shared
+/// machine hit both sides alike.
+fn interleaved(sb: &Prepared, req: &RunRequest, runs: u32, with_bwrap: bool) {
+    let mut plain_us = Vec::new();
+    let mut prep_us = Vec::new();
+    let mut bwrap_us = Vec::new();
+    for i in 0..runs {
+        let t = Instant::now();
+        let ok = plain_true();
+        plain_us.push(dur_us(t.elapsed()));
+        let t = Instant::now();
+        let ok = ok && sb.run(req).is_ok_and(|o| o.record.exit.status == 0);
+        prep_us.push(dur_us(t.elapsed()));
+        assert!(ok, "interleaved run failed");
+        if with_bwrap && i % 4 == 0 {
+            let t = Instant::now();
+            let _ = bwrap_true().status();
+            bwrap_us.push(dur_us(t.elapsed()));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (p, r) = (median(&mut plain_us), median(&mut prep_us));
+    println!(
+        "interleaved medians: plain {p:.1} µs, Prepared::run {r:.1} µs: {:.2}x (target <= 1.3x)",
+        r / p
+    );
+    if !bwrap_us.is_empty() {
+        let b = median(&mut bwrap_us);
+        println!(
+            "interleaved medians: bwrap {b:.1} µs: Prepared::run {:.2}x faster (target >= 5x)",
+            b / r
+        );
+    }
+}
+
+fn main() {
+    let runs: u32 = std::env::var("OLLIE_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let ws = std::env::temp_dir().join(format!("ollie-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&ws).unwrap();
+    let policy = ollie_policy::shipped_profile("workspace").unwrap();
+    let req = RunRequest::new(vec!["/bin/true".into()], ws.clone());
+
+    println!("spawn benchmark, {runs} runs each");
+    let plain = measure("plain posix_spawn /bin/true", runs, plain_true);
+    let ours = measure("ollie sandbox (workspace profile) /bin/true", runs, || {
+        ollie_sandbox::run(&policy, &req).is_ok_and(|o| o.record.exit.status == 0)
+    });
+    let (prepared, prep) = measure_prepared(&policy, &ws, &req, runs);
+    let bwrap = measure("bwrap --unshare-all --ro-bind / / --dev /dev", runs, || {
+        bwrap_true().status().is_ok_and(|s| s.success())
+    });
+    measure_landlock(&policy, &ws, runs);
     if let (Some(p), Some(o)) = (plain, ours) {
         println!("ours / plain time ratio: {:.2}x (target <= 1.3x)", p / o);
     }
@@ -122,58 +187,8 @@ fn main() {
             p / r
         );
     }
-    // The same comparison, interleaved run by run and summarised by medians, so that bursts
-    // of load on a shared machine hit both sides alike.
     if let Ok(sb) = &prepared {
-        let mut plain_us = Vec::new();
-        let mut prep_us = Vec::new();
-        let mut bwrap_us = Vec::new();
-        for i in 0..runs {
-            let t = Instant::now();
-            let ok = Command::new("/bin/true")
-                .stdin(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            plain_us.push(dur_us(t.elapsed()));
-            let t = Instant::now();
-            let ok = ok && sb.run(&req).is_ok_and(|o| o.record.exit.status == 0);
-            prep_us.push(dur_us(t.elapsed()));
-            assert!(ok, "interleaved run failed");
-            if bwrap.is_some() && i % 4 == 0 {
-                let t = Instant::now();
-                let _ = Command::new("bwrap")
-                    .args([
-                        "--unshare-all",
-                        "--ro-bind",
-                        "/",
-                        "/",
-                        "--dev",
-                        "/dev",
-                        "true",
-                    ])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-                bwrap_us.push(dur_us(t.elapsed()));
-            }
-        }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-        };
-        let (p, r) = (median(&mut plain_us), median(&mut prep_us));
-        println!(
-            "interleaved medians: plain {p:.1} µs, Prepared::run {r:.1} µs: {:.2}x (target <= 1.3x)",
-            r / p
-        );
-        if !bwrap_us.is_empty() {
-            let b = median(&mut bwrap_us);
-            println!(
-                "interleaved medians: bwrap {b:.1} µs: Prepared::run {:.2}x faster (target >= 5x)",
-                b / r
-            );
-        }
+        interleaved(sb, &req, runs, bwrap.is_some());
     }
     if let (Some(r), Some(b)) = (prep, bwrap) {
         println!("prepared vs bwrap speed-up: {:.2}x (target >= 5x)", r / b);

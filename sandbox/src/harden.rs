@@ -50,11 +50,14 @@
 //! is irreversible and refuses threads, so never in a test harness): denials before and after,
 //! fds, and `Prepared`/`run` sandboxes under a hardened server, as root and unprivileged.
 
+pub use crate::error::HardenError;
 use crate::landlock::{
     self, NET_BIND_TCP, NET_CONNECT_TCP, SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL,
 };
-use crate::seccomp::{SeccompError, cond, rule};
-use crate::{SandboxError, sys};
+
+use crate::error::SandboxError;
+use crate::seccomp::{SeccompError, cond, program_hash, rule, to_sock_filters};
+use crate::sys;
 use seccompiler::{SeccompAction, SeccompCmpOp as Op, SeccompFilter, SeccompRule, TargetArch};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -73,36 +76,6 @@ pub struct ServerHardening {
     /// `unsandboxed`): the tools inherit the server's filter and Landlock domain, which only
     /// narrow.
     pub allow_inet: bool,
-}
-
-/// Why [`harden_server`] failed. After an `Step` failure the process may be partly hardened;
-/// it should report the error and exit.
-#[derive(Debug, thiserror::Error)]
-pub enum HardenError {
-    /// The process has more than one thread.
-    #[error(
-        "server hardening refused: the process has {threads} threads (harden before creating any thread: the filter and Landlock must cover every thread)"
-    )]
-    Threads {
-        /// Threads found in `/proc/self/task`.
-        threads: usize,
-    },
-    /// A step failed.
-    #[error("server hardening failed at {step}")]
-    Step {
-        /// The step.
-        step: &'static str,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// The seccomp filter could not be compiled (nothing was changed yet).
-    #[error("server hardening failed to compile its seccomp filter")]
-    Filter {
-        /// The cause.
-        #[source]
-        source: SeccompError,
-    },
 }
 
 fn step(step: &'static str) -> impl FnOnce(io::Error) -> HardenError {
@@ -294,9 +267,9 @@ fn server_filter(allow_inet: bool) -> Result<ServerFilter, SeccompError> {
     )
     .and_then(TryInto::try_into)
     .map_err(|source| SeccompError::Compile { source })?;
-    let programs = vec![crate::spawn::to_sock_filters(&main), x32_guard()];
+    let programs = vec![to_sock_filters(&main), x32_guard()];
     let record = ServerSeccompRecord {
-        hash: crate::prepared::program_hash(&programs),
+        hash: program_hash(&programs),
         filters: programs.len(),
         instructions: programs.iter().map(Vec::len).sum(),
         denied_syscalls: DENIED.iter().map(|(n, _)| *n).collect(),
@@ -589,7 +562,7 @@ pub fn self_check() -> SelfCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prepared::bpf::interpret;
+    use crate::bpf::interpret;
 
     const RET_ALLOW: u32 = SECCOMP_RET_ALLOW;
     const RET_EPERM: u32 = SECCOMP_RET_ERRNO | EPERM as u32;

@@ -103,16 +103,21 @@
 //! All `unsafe` is in the private `sys` module.
 #![deny(unsafe_code)]
 
+mod bpf;
 mod cgroup;
+mod error;
 pub mod harden;
 pub mod landlock;
 mod mounts;
 mod placeholder;
 pub mod postrun;
 mod prepared;
+mod record;
+mod request;
 mod sealed;
 pub mod seccomp;
 mod spawn;
+mod supervise;
 mod sys;
 mod unions;
 pub mod workspace;
@@ -120,19 +125,21 @@ pub mod workspace;
 pub use cgroup::{
     CgroupProbe, CgroupVersion, ControllerProbe, MemoryBound, MemoryRecord, MemoryScope,
 };
+pub use error::SandboxError;
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::ProtectError;
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
-pub use sealed::{SealError, SealedCopy, sealed_copy};
-pub use spawn::{
-    Cancel, CapabilityRecord, ExitRecord, Fault, Layers, LimitsRecord, MountRecord, OutputRecord,
-    Probe, RunOutput, RunRecord, RunRequest, RusageRecord, SandboxError, Stream, probe, run,
-    run_streaming,
+pub use record::{
+    CapabilityRecord, DiskLimit, DiskLimitRecord, ExecFrom, ExitRecord, KilledBy, Layers,
+    LimitsRecord, MountRecord, OutputRecord, RunOutput, RunRecord, RusageRecord,
 };
-pub use spawn::{DiskLimit, DiskLimitRecord, KilledBy};
-pub use spawn::{ExecFd, ExecFrom, MAX_PASS_FDS, pass_fd_path};
-pub use spawn::{forwardable_stdin, tool_environment};
+pub use request::{
+    Cancel, ExecFd, Fault, MAX_PASS_FDS, RunRequest, Stream, forwardable_stdin, pass_fd_path,
+    tool_environment,
+};
+pub use sealed::{SealError, SealedCopy, sealed_copy};
+pub use spawn::{Probe, probe, run, run_streaming};
 pub use sys::{ipc_namespaces, seccomp_available, user_namespaces};
 pub use unions::{MAX_UNION_LOWERS, UnionMount};
 pub use workspace::{GitDecision, GitRefused};

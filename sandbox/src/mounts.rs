@@ -2,12 +2,12 @@
 //! sandboxes (one per session): what the init stage or the zygote mounts, and the record of
 //! it.
 
+use crate::error::{SandboxError, cstr, io_err};
 use crate::landlock;
 use crate::placeholder::Protected;
-use crate::spawn::{cstr, io_err};
+use crate::record::MountRecord;
 use crate::sys::{self, MountStep};
 use crate::unions::{self, UnionMount};
-use crate::{MountRecord, SandboxError};
 use ollie_policy::ResolvedPolicy;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +15,41 @@ use std::path::{Path, PathBuf};
 const SHM_DIR: &str = "/dev/shm";
 /// Upper bound on inodes of the private `/dev/shm`.
 const SHM_INODES: u64 = 16384;
+/// Where the private temporary directory goes: the first of these that holds none of the
+/// policy's paths (nor the workspace) and lies in no writable tree.
+const TMP_DIRS: &[&str] = &["/tmp", "/var/tmp"];
+/// Upper bound on inodes of the private temporary directory.
+const TMP_INODES: u64 = 65536;
+/// Its size when `limits.disk_bytes` does not bound the run's writes.
+const TMP_BYTES: u64 = 1 << 30;
+
+/// The run's private temporary directory (`TMPDIR` unless the policy sets one): a fresh
+/// tmpfs of the run or session over the first of [`TMP_DIRS`] that would hide none of the
+/// policy's paths (read, exec, write, the workspace) and is not inside a writable tree, so
+/// temporary files never land in the workspace or the host's `/tmp` and vanish with the
+/// namespace. None for an unsandboxed run, or when every candidate holds such a path.
+pub(crate) fn private_tmp(resolved: &ResolvedPolicy, writable: &[PathBuf]) -> Option<PathBuf> {
+    if resolved.unsandboxed() {
+        return None;
+    }
+    let fs = &resolved.fs;
+    let granted = || {
+        fs.read
+            .iter()
+            .chain(&fs.exec)
+            .chain(&fs.write)
+            .chain(writable)
+            .chain(std::iter::once(&resolved.ctx.workdir))
+    };
+    TMP_DIRS
+        .iter()
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .find(|t| {
+            t.is_dir()
+                && !granted().any(|p| p.starts_with(t))
+                && !writable.iter().any(|w| t.starts_with(w))
+        })
+}
 
 /// The policy's writable trees that exist (canonical, directories or files, each once),
 /// outermost first.
@@ -65,6 +100,10 @@ impl MountPlan {
     /// ([`hidden_paths`]): the secret locations, the runner's `hidden` paths (olliesrv's state
     /// and configuration directories) and every home directory (the user's, `/root`,
     /// `/home/*`) and `/run/user` that holds none of the policy's paths.
+    ///
+    /// With `per_call_islands` (a prepared session) the protected islands are left out: each
+    /// call binds them in a mount namespace of its own ([`Islands`]), so their placeholders
+    /// exist only while a call runs.
     pub(crate) fn new(
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
@@ -72,6 +111,7 @@ impl MountPlan {
         unions: &[UnionMount],
         root_access: u64,
         hidden: &[PathBuf],
+        per_call_islands: bool,
     ) -> Result<MountPlan, SandboxError> {
         let mut steps = vec![MountStep::MakePrivate];
         if !unions.is_empty() {
@@ -90,6 +130,7 @@ impl MountPlan {
                     protected: Vec::new(),
                     placeholders: Vec::new(),
                     private_shm: None,
+                    private_tmp: None,
                     unions: unions.to_vec(),
                     hidden: Vec::new(),
                 },
@@ -98,10 +139,16 @@ impl MountPlan {
         }
         // Protected islands: existing ones are bound read-only; for missing ones the first
         // missing component is created as an empty placeholder and bound read-only.
-        let islands = Protected::prepare(&resolved.fs.protected, &writable)?;
-        let protected = protected_paths(&islands, resolved, &writable);
+        let Islands {
+            protect: islands,
+            protected,
+            pinned,
+        } = if per_call_islands {
+            Islands::default()
+        } else {
+            Islands::plan(resolved, &writable)?
+        };
         let c = |p: &Path| sys::cstring(p).map_err(io_err("prepare mounts"));
-        let pinned = pinned_ancestors(&protected, &writable);
         let (create, attach) = unions::overlay_steps(
             unions,
             writable.len() + pinned.len(),
@@ -172,6 +219,22 @@ impl MountPlan {
             }
             _ => None,
         };
+        let private_tmp = private_tmp(resolved, &writable);
+        if let Some(t) = &private_tmp {
+            let bytes = if l.disk_bytes > 0 {
+                l.disk_bytes
+            } else {
+                TMP_BYTES
+            };
+            steps.push(MountStep::PrivateTmpfs {
+                path: c(t)?,
+                options: cstr(
+                    format!("size={bytes},nr_inodes={TMP_INODES},mode=1777").as_bytes(),
+                    "tmpfs options",
+                )?,
+                rule_access: landlock::writable_rights(abi),
+            });
+        }
         Ok(MountPlan {
             steps,
             record: MountRecord {
@@ -180,11 +243,77 @@ impl MountPlan {
                 protected,
                 placeholders: islands.placeholders.clone(),
                 private_shm,
+                private_tmp,
                 unions: unions.to_vec(),
                 hidden: hide.into_iter().map(|(p, _)| p).collect(),
             },
             islands,
         })
+    }
+}
+
+/// The protected islands of one run or prepared call: their placeholders and locks (held
+/// until dropped), the paths bound read-only, and the directories pinned above them.
+#[derive(Debug, Default)]
+pub(crate) struct Islands {
+    pub(crate) protect: Protected,
+    pub(crate) protected: Vec<PathBuf>,
+    pub(crate) pinned: Vec<PathBuf>,
+}
+
+impl Islands {
+    /// Prepares the policy's protected paths against `writable` (placeholders created for
+    /// missing ones, under the shared locks of `placeholder`).
+    pub(crate) fn plan(
+        resolved: &ResolvedPolicy,
+        writable: &[PathBuf],
+    ) -> Result<Islands, SandboxError> {
+        let protect = Protected::prepare(&resolved.fs.protected, writable)?;
+        let protected = protected_paths(&protect, resolved, writable);
+        let pinned = pinned_ancestors(&protected, writable);
+        Ok(Islands {
+            protect,
+            protected,
+            pinned,
+        })
+    }
+
+    /// The entries a prepared call binds (`sys::protect_call_islands`): `w` for each writable
+    /// tree inside an island, `p` for each pinned directory, `r` for each protected path; each
+    /// a kind byte and the path.
+    pub(crate) fn call_entries(&self, writable: &[PathBuf]) -> Result<Vec<Vec<u8>>, SandboxError> {
+        use std::os::unix::ffi::OsStrExt;
+        let in_island = |w: &PathBuf| self.protected.iter().any(|p| w.starts_with(p));
+        let reattach: Vec<&PathBuf> = writable.iter().filter(|w| in_island(w)).collect();
+        if reattach.len() > sys::MAX_CALL_REATTACH
+            || reattach.len() + self.pinned.len() + self.protected.len() > sys::MAX_ISLANDS
+        {
+            return Err(SandboxError::InvalidRequest {
+                reason: format!(
+                    "the policy protects too many paths for a prepared call (at most {} entries, {} writable trees inside them)",
+                    sys::MAX_ISLANDS,
+                    sys::MAX_CALL_REATTACH
+                ),
+            });
+        }
+        let entry = |kind: u8, p: &Path| -> Result<Vec<u8>, SandboxError> {
+            let b = p.as_os_str().as_bytes();
+            let mut v = Vec::with_capacity(b.len() + 1);
+            v.push(kind);
+            v.extend_from_slice(b);
+            Ok(v)
+        };
+        let mut out = Vec::new();
+        for w in reattach {
+            out.push(entry(b'w', w)?);
+        }
+        for p in &self.pinned {
+            out.push(entry(b'p', p)?);
+        }
+        for p in &self.protected {
+            out.push(entry(b'r', p)?);
+        }
+        Ok(out)
     }
 }
 

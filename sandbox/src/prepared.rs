@@ -4,8 +4,9 @@
 //! [`Prepared::new`] starts a *zygote*: a small single-purpose process cloned (like the
 //! one-shot init stage) into new user, pid, mount and IPC namespaces. It writes the id maps,
 //! sets up the session's mounts (the one-shot plan, `mounts.rs`: everything read-only and
-//! nosuid except the writable trees, protected islands read-only again with the directories
-//! above them pinned, a private `/dev/shm`), empties the capability bounding
+//! nosuid except the writable trees, a private `/dev/shm` and temporary directory; the
+//! protected islands are bound per call, in the per-call init's own copy of this mount
+//! namespace, so their placeholders exist only while a call runs), empties the capability bounding
 //! set, resets every signal disposition, keeps the Landlock ruleset (built once by the
 //! parent) and the compiled seccomp program, and then waits on a `SOCK_SEQPACKET` control
 //! link.
@@ -29,7 +30,7 @@
 //! and [`crate::Cancel::signal`] one forwarded signal.
 //!
 //! The tool's per-call sequence, the monitoring loop and the run record are the one-shot
-//! path's (`sys::restrict_and_exec`, `spawn::supervise`, `spawn::run_output`).
+//! path's (`sys::restrict_and_exec`, `supervise::supervise`, `supervise::run_output`).
 //!
 //! Dropping the [`Prepared`] (or the runner dying: the control link closes) ends the zygote,
 //! and with it every process of every call.
@@ -38,39 +39,47 @@
 //! clone and the tool's execve is raw syscalls on prepared data (see `sys/zygote.rs`).
 //!
 //! seccomp: the same profile as [`crate::seccomp`], compiled as a binary search over
-//! syscall-number ranges (`prepared/bpf.rs`), checked equivalent to the reference programs
+//! syscall-number ranges (`bpf.rs`), checked equivalent to the reference programs
 //! once per process; if the check ever fails, the reference programs are attached instead.
 
-pub(crate) mod bpf;
-
+use crate::bpf;
 use crate::cgroup::{MemoryRecord, MemoryScope, RunCgroups};
+use crate::error::{SandboxError, io_err};
 use crate::landlock::{self, LandlockRecord};
 use crate::mounts::{self, MountPlan};
-use crate::seccomp::{self, SeccompRecord};
-use crate::spawn::{self, Capture, Finished, Watch, io_err, read_report, stage_error};
+use crate::record::{Layers, LimitsRecord, MountRecord, RunOutput, RusageRecord};
+use crate::request::{self, RunRequest, Stream};
+use crate::seccomp::{self, SeccompRecord, program_hash, to_sock_filters};
+use crate::spawn;
+use crate::supervise::{self, Capture, DiskWatch, Finished, Watch, read_report, stage_error};
 use crate::sys::{self, ZygotePlan};
-use crate::{
-    Layers, LimitsRecord, MountRecord, RunOutput, RunRequest, RusageRecord, SandboxError, Stream,
-};
 use ollie_policy::{Network, Policy, ResolveContext, ResolvedPolicy};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
 /// Namespaces of a prepared call, as recorded: the session's (set up once, inherited; IPC only
-/// where IPC namespaces may be created, see [`crate::ipc_namespaces`]) and the call's own pid
-/// namespace.
+/// where IPC namespaces may be created, see [`crate::ipc_namespaces`]), the call's own pid
+/// namespace, and, for a call with protected islands, its own copy of the session's mount
+/// namespace that holds them.
 pub fn prepared_namespaces() -> Vec<&'static str> {
+    call_namespaces(false)
+}
+
+fn call_namespaces(islands: bool) -> Vec<&'static str> {
     let mut v = vec![
         "user (session, inherited)",
         "pid (session, inherited)",
-        "mount (session, inherited)",
+        if islands {
+            "mount (per call: the session's, with the call's protected paths)"
+        } else {
+            "mount (session, inherited)"
+        },
     ];
     if sys::ipc_namespaces() {
         v.push("ipc (session, inherited)");
@@ -148,19 +157,6 @@ fn fast_filter(
     fast
 }
 
-pub(crate) fn program_hash(programs: &[Vec<libc::sock_filter>]) -> String {
-    let mut h = Sha256::new();
-    for p in programs {
-        for ins in p {
-            h.update(ins.code.to_le_bytes());
-            h.update([ins.jt, ins.jf]);
-            h.update(ins.k.to_le_bytes());
-        }
-        h.update(b"\n");
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 impl Prepared {
     /// Sets up the session's sandbox for `policy` in the workspace `workdir` (absolute) with
     /// the user's `home`: resolves the policy, builds the Landlock ruleset and the seccomp
@@ -185,7 +181,7 @@ impl Prepared {
                 reason: "an unsandboxed policy is for the one approved run (ollie_sandbox::run), never a prepared session".into(),
             });
         }
-        let workdir = spawn::canonical_workdir(workdir)?;
+        let workdir = request::canonical_workdir(workdir)?;
         let resolved = policy
             .resolve(&ResolveContext {
                 workdir: workdir.clone(),
@@ -195,11 +191,8 @@ impl Prepared {
         let ruleset = landlock::build(&resolved, None)?;
         let deny = &resolved.policy.syscalls.deny;
         let reference = seccomp::filters(&resolved.network, deny)?;
-        let reference_programs: Vec<Vec<libc::sock_filter>> = reference
-            .programs
-            .iter()
-            .map(spawn::to_sock_filters)
-            .collect();
+        let reference_programs: Vec<Vec<libc::sock_filter>> =
+            reference.programs.iter().map(to_sock_filters).collect();
         let (programs, seccomp_layout) =
             match fast_filter(&resolved.network, deny, &reference_programs) {
                 Some(f) => (vec![f], "range-tree"),
@@ -225,9 +218,10 @@ impl Prepared {
             &[],
             0,
             hidden,
+            true,
         )?;
         let l = resolved.policy.limits;
-        let devnull = spawn::open_devnull()?;
+        let devnull = request::open_devnull()?;
         let (err_r, err_w) = sys::pipe().map_err(io_err("create pipes"))?;
         let (control, control_child) =
             sys::seqpacket_pair().map_err(io_err("create the control link"))?;
@@ -235,7 +229,7 @@ impl Prepared {
         let mut base = spawn::child_plan(
             ruleset.fd.as_ref().map(AsRawFd::as_raw_fd),
             steps,
-            spawn::rlimits(&l),
+            request::rlimits(&l),
             programs,
         )?;
         base.err_w = err_w.as_raw_fd();
@@ -382,36 +376,8 @@ impl Prepared {
         matches!(sys::poll(&mut fds, ms), Ok(n) if n > 0)
     }
 
-    /// Runs one command in the prepared sandbox, like [`crate::run`]. `req.workdir` must be
-    /// the prepared workspace and `req.home` the prepared home.
-    pub fn run(&self, req: &RunRequest) -> Result<RunOutput, SandboxError> {
-        self.run_streaming(req, &mut |_, _| {})
-    }
-
-    /// Like [`Prepared::run`], and also hands every chunk of output to `sink` as it arrives.
-    pub fn run_streaming(
-        &self,
-        req: &RunRequest,
-        sink: &mut dyn FnMut(Stream, &[u8]),
-    ) -> Result<RunOutput, SandboxError> {
-        let started = Instant::now();
-        if req.argv.is_empty() {
-            return Err(SandboxError::InvalidRequest {
-                reason: "no command given".into(),
-            });
-        }
-        if !req.unions.is_empty() {
-            return Err(SandboxError::InvalidRequest {
-                reason: "union mounts are supported by one-shot runs only".into(),
-            });
-        }
-        if req.exec_fd.is_some() || !req.pass_fds.is_empty() {
-            return Err(SandboxError::InvalidRequest {
-                reason: "exec_fd and pass_fds are supported by one-shot runs only".into(),
-            });
-        }
-        // From here on the call is started: signals sent to its handle are queued for it.
-        let cancel = spawn::watch_cancel(req)?;
+    /// The request's workdir, canonical; it and the request's home must be the prepared ones.
+    fn call_workdir(&self, req: &RunRequest) -> Result<PathBuf, SandboxError> {
         let workdir =
             std::fs::canonicalize(&req.workdir).map_err(|source| SandboxError::Workdir {
                 path: req.workdir.clone(),
@@ -426,12 +392,50 @@ impl Prepared {
                 ),
             });
         }
+        Ok(workdir)
+    }
+
+    /// Sends one call (its header, the inline payload, the descriptors) to the zygote and
+    /// takes its reply: the per-call init, or why it could not be made.
+    fn send_call(
+        &self,
+        hdr: &[u8],
+        inline: &[u8],
+        fds: &[RawFd],
+    ) -> Result<CallGuard, SandboxError> {
+        let (n, pidfd, reply) = {
+            let control = self.lock();
+            sys::send_with_fds(&control, &[hdr, inline], fds).map_err(gone)?;
+            let mut reply = [0u8; 4];
+            let (n, pidfd) = sys::recv_with_fd(&control, &mut reply).map_err(gone)?;
+            (n, pidfd, reply)
+        };
+        CallGuard::from_reply(n, pidfd, reply)
+    }
+
+    /// Runs one command in the prepared sandbox, like [`crate::run`]. `req.workdir` must be
+    /// the prepared workspace and `req.home` the prepared home.
+    pub fn run(&self, req: &RunRequest) -> Result<RunOutput, SandboxError> {
+        self.run_streaming(req, &mut |_, _| {})
+    }
+
+    /// Like [`Prepared::run`], and also hands every chunk of output to `sink` as it arrives.
+    pub fn run_streaming(
+        &self,
+        req: &RunRequest,
+        sink: &mut dyn FnMut(Stream, &[u8]),
+    ) -> Result<RunOutput, SandboxError> {
+        let started = Instant::now();
+        check_call(req)?;
+        // From here on the call is started: signals sent to its handle are queued for it.
+        let cancel = request::watch_cancel(req)?;
+        let workdir = self.call_workdir(req)?;
         // A simulated lower Landlock ABI (tests only): the call gets a ruleset of its own,
         // built by the one-shot path's code (fails closed below the policy's floor unless
         // `best_effort`, and then records the degradation). It lacks the session's
         // `/dev/shm` rule (added inside the session's mount namespace), so it is stricter
         // there than a one-shot run at that ABI.
-        let own_ruleset = match spawn::simulated_abi(req.fault) {
+        let own_ruleset = match request::simulated_abi(req.fault) {
             Some(abi) => Some(landlock::build(&self.resolved, Some(abi))?),
             None => None,
         };
@@ -440,49 +444,27 @@ impl Prepared {
             .as_ref()
             .and_then(|r| r.fd.as_ref())
             .map(AsRawFd::as_raw_fd);
-        let fault = spawn::child_fault(req.fault) as u32;
-        let cwd = spawn::tool_cwd(&workdir, req.cwd.as_deref())?;
-        let l = spawn::effective_limits(&self.resolved.policy.limits, req)?;
-        let (env, program) = spawn::tool_command(&self.resolved, req, &workdir, &cwd)?;
+        let fault = request::child_fault(req.fault) as u32;
+        let cwd = request::tool_cwd(&workdir, req.cwd.as_deref())?;
+        let l = request::effective_limits(&self.resolved.policy.limits, req)?;
+        let (env, program) = request::tool_command(
+            &self.resolved,
+            req,
+            &workdir,
+            &cwd,
+            self.mounts.private_tmp.as_deref(),
+        )?;
 
-        // The request payload: exe, cwd, argv…, env…, each NUL-terminated.
-        let mut payload: Vec<u8> = Vec::new();
-        let mut push = |b: &[u8], what: &str| -> Result<(), SandboxError> {
-            if b.contains(&0) {
-                return Err(SandboxError::InvalidRequest {
-                    reason: format!("{what} contains a NUL byte"),
-                });
-            }
-            payload.extend_from_slice(b);
-            payload.push(0);
-            Ok(())
-        };
-        push(program.as_os_str().as_bytes(), "program path")?;
-        push(cwd.as_os_str().as_bytes(), "cwd")?;
-        for a in &req.argv {
-            push(a.as_bytes(), "argument")?;
-        }
-        for (k, v) in &env {
-            let mut b = k.as_bytes().to_vec();
-            b.push(b'=');
-            b.extend_from_slice(v);
-            push(&b, "environment value")?;
-        }
-        let strings = 2 + req.argv.len() + env.len();
-        if payload.len() > sys::MAX_PAYLOAD || strings > sys::MAX_STRINGS {
-            return Err(SandboxError::InvalidRequest {
-                reason: format!(
-                    "arguments and environment too large ({} bytes, {strings} strings; at most {} and {})",
-                    payload.len(),
-                    sys::MAX_PAYLOAD,
-                    sys::MAX_STRINGS
-                ),
-            });
-        }
         // The post-run diff's baseline (before anything of this call exists).
         let snapshot_before = crate::postrun::Snapshot::take(&workdir);
+        // The call's protected islands, as the workspace is now: placeholders for missing
+        // ones exist from here until the call is over (bound read-only in the call's own
+        // mount namespace), and are gone before the post-run snapshot.
+        let islands = mounts::Islands::plan(&self.resolved, &self.mounts.writable)?;
+        let entries = islands.call_entries(&self.mounts.writable)?;
+        let payload = call_payload(&program, &cwd, &req.argv, &env, &entries)?;
         // The disk watchdog's baseline, taken before the call's tool can write anything.
-        let disk = spawn::DiskWatch::start(&self.mounts.writable, &l, Instant::now())?;
+        let disk = DiskWatch::start(&self.mounts.writable, &l, Instant::now())?;
         // OOM kills in the session's memory cgroup during this call are this call's (or a
         // concurrent call's: the cgroup is shared).
         let oom_before = self.oom_kills();
@@ -500,10 +482,11 @@ impl Prepared {
             in_memfd: u32::from(memfd.is_some()),
             own_ruleset: u32::from(own_fd.is_some()),
             check_cwd: u32::from(cwd != workdir),
+            islands: entries.len() as u32,
         };
         let hdr_bytes = hdr.to_bytes();
 
-        let (stdin_child, stdin_feed) = spawn::tool_stdin(req, || {
+        let (stdin_child, stdin_feed) = request::tool_stdin(req, || {
             self.devnull.try_clone().map_err(io_err("open /dev/null"))
         })?;
         let (out_r, out_w) = sys::pipe().map_err(io_err("create pipes"))?;
@@ -523,18 +506,8 @@ impl Prepared {
         if let Some(fd) = own_fd {
             fds.push(fd);
         }
-        let gone = |source| SandboxError::Io {
-            op: "reach the prepared sandbox",
-            source,
-        };
-        let (n, pidfd, reply) = {
-            let control = self.lock();
-            let inline: &[u8] = if memfd.is_some() { &[] } else { &payload };
-            sys::send_with_fds(&control, &[&hdr_bytes, inline], &fds).map_err(gone)?;
-            let mut reply = [0u8; 4];
-            let (n, pidfd) = sys::recv_with_fd(&control, &mut reply).map_err(gone)?;
-            (n, pidfd, reply)
-        };
+        let inline: &[u8] = if memfd.is_some() { &[] } else { &payload };
+        let mut call = self.send_call(&hdr_bytes, inline, &fds)?;
         // The call's own ruleset (if any) stays open until here: the per-call init holds
         // its copy now.
         let landlock_record = match own_ruleset {
@@ -542,23 +515,6 @@ impl Prepared {
             None => self.landlock.clone(),
         };
         drop((stdin_child, out_w, errout_w, err_w, status_w, memfd));
-        if n != 4 {
-            return Err(gone(io::Error::from_raw_os_error(libc::EPIPE)));
-        }
-        let errno = i32::from_ne_bytes(reply);
-        let mut call = match (errno, pidfd) {
-            (0, Some(fd)) => CallGuard {
-                pidfd: fd,
-                done: false,
-            },
-            (0, None) => return Err(gone(io::Error::from_raw_os_error(libc::EPROTO))),
-            (e, _) => {
-                return Err(SandboxError::ChildSetup {
-                    stage: "per-call pid namespace of the prepared sandbox",
-                    source: io::Error::from_raw_os_error(e),
-                });
-            }
-        };
         // The start-up report (EOF at execve, or the failed stage) is read once the call is
         // over: a failed step is reported before the tool exits, and not waiting for execve
         // here saves a wake-up per call.
@@ -566,7 +522,7 @@ impl Prepared {
 
         let mut out = Capture::new(Stream::Stdout, out_r, l.output_bytes)?;
         let mut errc = Capture::new(Stream::Stderr, errout_r, l.output_bytes)?;
-        let stopped = spawn::supervise(
+        let stopped = supervise::supervise(
             Watch {
                 pidfd: call.pidfd.as_raw_fd(),
                 signal: &|sig| call.signal(sig),
@@ -587,43 +543,17 @@ impl Prepared {
         if let Some(msg) = read_report(&report)? {
             return Err(stage_error(msg, &program, &cwd));
         }
-        // Status (4 bytes) and rusage (3 × u64) from the per-call init; nothing if it was
-        // killed.
-        let mut st = [0u8; 28];
-        let got = sys::read(status_r.as_raw_fd(), &mut st).unwrap_or(0);
-        let u64_at = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&st[i..i + 8]);
-            u64::from_ne_bytes(b)
-        };
-        let (tool_status, rusage) = if got == st.len() {
-            (
-                Some(i32::from_ne_bytes([st[0], st[1], st[2], st[3]])),
-                RusageRecord {
-                    user_ms: u64_at(4) / 1000,
-                    sys_ms: u64_at(12) / 1000,
-                    max_rss_kb: u64_at(20),
-                },
-            )
-        } else {
-            (
-                None,
-                RusageRecord {
-                    user_ms: 0,
-                    sys_ms: 0,
-                    max_rss_kb: 0,
-                },
-            )
-        };
-        // Every process of the call is gone (its pid namespace died with its init).
+        let (tool_status, rusage) = read_call_status(&status_r);
+        // Every process of the call is gone (its pid namespace died with its init), and its
+        // mount namespace with them: its placeholders can go (unless another call holds them).
+        let mut mount_record = self.mounts.clone();
+        mount_record.protected = islands.protected.clone();
+        mount_record.placeholders = islands.protect.placeholders.clone();
+        drop(islands);
         let mut post_run = snapshot_before.diff(&crate::postrun::Snapshot::take(&workdir));
         post_run.add(crate::postrun::setid_flags(&self.mounts.writable, &workdir));
-        let shm_bytes = if self.mounts.private_shm.is_some() {
-            l.shm_bytes
-        } else {
-            0
-        };
-        Ok(spawn::run_output(
+        let shm_bytes = self.mounts.private_shm.as_ref().map_or(0, |_| l.shm_bytes);
+        Ok(supervise::run_output(
             req,
             &env,
             started,
@@ -634,8 +564,8 @@ impl Prepared {
                 layers: Layers::enforced(
                     landlock_record,
                     self.seccomp.clone(),
-                    prepared_namespaces(),
-                    self.mounts.clone(),
+                    call_namespaces(!mount_record.protected.is_empty()),
+                    mount_record,
                     self.pids_cgroup(),
                     self.cgroup_degraded,
                     self.memory_record(oom_kills),
@@ -643,13 +573,121 @@ impl Prepared {
                 limits: LimitsRecord::new(&l, shm_bytes),
                 stopped,
                 // The per-call init was killed (timeout after the grace period, or cancel).
-                exit: spawn::exit_of(tool_status, None),
+                exit: supervise::exit_of(tool_status, None),
                 rusage,
                 post_run,
             },
             out,
             errc,
         ))
+    }
+}
+
+/// Refuses what only one-shot runs support (unions, `exec_fd`, `pass_fds`) and an empty
+/// command.
+fn check_call(req: &RunRequest) -> Result<(), SandboxError> {
+    if req.argv.is_empty() {
+        return Err(SandboxError::InvalidRequest {
+            reason: "no command given".into(),
+        });
+    }
+    if !req.unions.is_empty() {
+        return Err(SandboxError::InvalidRequest {
+            reason: "union mounts are supported by one-shot runs only".into(),
+        });
+    }
+    if req.exec_fd.is_some() || !req.pass_fds.is_empty() {
+        return Err(SandboxError::InvalidRequest {
+            reason: "exec_fd and pass_fds are supported by one-shot runs only".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The request payload of a call: exe, cwd, argv…, env…, each NUL-terminated; refused when
+/// a string holds a NUL byte or the whole exceeds what the zygote reads.
+fn call_payload(
+    program: &Path,
+    cwd: &Path,
+    argv: &[std::ffi::OsString],
+    env: &request::ToolEnv,
+    islands: &[Vec<u8>],
+) -> Result<Vec<u8>, SandboxError> {
+    let mut payload: Vec<u8> = Vec::new();
+    let mut push = |b: &[u8], what: &str| -> Result<(), SandboxError> {
+        if b.contains(&0) {
+            return Err(SandboxError::InvalidRequest {
+                reason: format!("{what} contains a NUL byte"),
+            });
+        }
+        payload.extend_from_slice(b);
+        payload.push(0);
+        Ok(())
+    };
+    push(program.as_os_str().as_bytes(), "program path")?;
+    push(cwd.as_os_str().as_bytes(), "cwd")?;
+    for a in argv {
+        push(a.as_bytes(), "argument")?;
+    }
+    for (k, v) in env {
+        let mut b = k.as_bytes().to_vec();
+        b.push(b'=');
+        b.extend_from_slice(v);
+        push(&b, "environment value")?;
+    }
+    for i in islands {
+        push(i, "protected path")?;
+    }
+    let strings = 2 + argv.len() + env.len() + islands.len();
+    if payload.len() > sys::MAX_PAYLOAD || strings > sys::MAX_STRINGS {
+        return Err(SandboxError::InvalidRequest {
+            reason: format!(
+                "arguments and environment too large ({} bytes, {strings} strings; at most {} and {})",
+                payload.len(),
+                sys::MAX_PAYLOAD,
+                sys::MAX_STRINGS
+            ),
+        });
+    }
+    Ok(payload)
+}
+
+/// The tool's wait status (4 bytes) and rusage (3 × u64) as the per-call init reported them
+/// on `status_r`; no status and zero usage if it was killed first.
+fn read_call_status(status_r: &OwnedFd) -> (Option<i32>, RusageRecord) {
+    let mut st = [0u8; 28];
+    let got = sys::read(status_r.as_raw_fd(), &mut st).unwrap_or(0);
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&st[i..i + 8]);
+        u64::from_ne_bytes(b)
+    };
+    if got == st.len() {
+        (
+            Some(i32::from_ne_bytes([st[0], st[1], st[2], st[3]])),
+            RusageRecord {
+                user_ms: u64_at(4) / 1000,
+                sys_ms: u64_at(12) / 1000,
+                max_rss_kb: u64_at(20),
+            },
+        )
+    } else {
+        (
+            None,
+            RusageRecord {
+                user_ms: 0,
+                sys_ms: 0,
+                max_rss_kb: 0,
+            },
+        )
+    }
+}
+
+/// The zygote could not be reached over the control link.
+fn gone(source: io::Error) -> SandboxError {
+    SandboxError::Io {
+        op: "reach the prepared sandbox",
+        source,
     }
 }
 
@@ -661,6 +699,29 @@ struct CallGuard {
 }
 
 impl CallGuard {
+    /// The zygote's reply to a call (`n` bytes of `reply`: 0, or the errno of the failed
+    /// clone) and the per-call init's pidfd.
+    fn from_reply(
+        n: usize,
+        pidfd: Option<OwnedFd>,
+        reply: [u8; 4],
+    ) -> Result<CallGuard, SandboxError> {
+        if n != 4 {
+            return Err(gone(io::Error::from_raw_os_error(libc::EPIPE)));
+        }
+        match (i32::from_ne_bytes(reply), pidfd) {
+            (0, Some(fd)) => Ok(CallGuard {
+                pidfd: fd,
+                done: false,
+            }),
+            (0, None) => Err(gone(io::Error::from_raw_os_error(libc::EPROTO))),
+            (e, _) => Err(SandboxError::ChildSetup {
+                stage: "per-call pid namespace of the prepared sandbox",
+                source: io::Error::from_raw_os_error(e),
+            }),
+        }
+    }
+
     fn signal(&self, sig: i32) {
         let _ = sys::pidfd_send_signal(&self.pidfd, sig);
     }

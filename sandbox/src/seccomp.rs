@@ -775,6 +775,33 @@ pub fn filters(network: &Network, deny: &BTreeSet<String>) -> Result<Filters, Se
     Ok(cell.get_or_init(|| f).clone())
 }
 
+/// A seccompiler program as the kernel takes it.
+pub(crate) fn to_sock_filters(p: &seccompiler::BpfProgram) -> Vec<libc::sock_filter> {
+    p.iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect()
+}
+
+/// SHA-256 over programs in the kernel's form (each instruction's code, jumps and operand,
+/// a newline after each program), for the records.
+pub(crate) fn program_hash(programs: &[Vec<libc::sock_filter>]) -> String {
+    let mut h = Sha256::new();
+    for p in programs {
+        for ins in p {
+            h.update(ins.code.to_le_bytes());
+            h.update([ins.jt, ins.jf]);
+            h.update(ins.k.to_le_bytes());
+        }
+        h.update(b"\n");
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

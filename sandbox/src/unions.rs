@@ -18,7 +18,7 @@
 //! layer is, lies inside or contains a secret location (the overlay's Landlock rule covers
 //! everything beneath the point, so carve-outs would not apply there).
 
-use crate::spawn::{SandboxError, cstr};
+use crate::error::{SandboxError, cstr};
 use crate::sys::{MAX_ROOT_ENTRIES, MountStep, RootEntry, RootKind};
 use serde::Serialize;
 use std::ffi::CString;

@@ -267,11 +267,16 @@ fn concurrent_calls_do_not_see_or_kill_each_other() {
     let sb_a = sb.clone();
     let req_a = ws.req(&["bash", "-c", &format!("exec -a {marker} sleep 3")]);
     let a = std::thread::spawn(move || sb_a.run(&req_a).unwrap());
+    // (One read: a process seen between its shell and the exec of `sleep` may be missed by a
+    // second read a moment later.)
     let until = Instant::now() + Duration::from_secs(5);
-    while procs_with(&marker).is_empty() && Instant::now() < until {
+    let victim = loop {
+        if let Some(p) = procs_with(&marker).first() {
+            break *p;
+        }
+        assert!(Instant::now() < until, "call A never ran");
         std::thread::sleep(Duration::from_millis(10));
-    }
-    let victim = *procs_with(&marker).first().expect("call A is running");
+    };
     // Call B runs in its own pid namespace (its shell is pid 2 there, like A's): A's
     // processes do not exist in it (kill: ESRCH), A's environment is unreadable (Landlock
     // scopes ptrace-mode access to its own domain), and kill -1 reaches B's processes only.
@@ -323,8 +328,10 @@ fn dropping_prepared_leaves_no_process() {
         &format!("setsid bash -c 'exec -a {marker} sleep 1000' & exec -a {marker} sleep 1000"),
     ]);
     let t = std::thread::spawn(move || sb2.run(&req));
+    // Both sleeps, once their shells have exec'd (a shell still holding the marker in its
+    // command line counts while it runs, so wait for exactly the two).
     let until = Instant::now() + Duration::from_secs(5);
-    while procs_with(&marker).len() < 2 && Instant::now() < until {
+    while procs_with(&marker).len() != 2 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(procs_with(&marker).len(), 2);
@@ -711,4 +718,77 @@ fn ollie_sandbox_profile(name: &str) -> &'static str {
         .find(|(n, _)| *n == name)
         .unwrap()
         .1
+}
+
+/// The protected paths of a prepared session are bound per call, in the call's own mount
+/// namespace: while a call runs it cannot create `.envrc`, `.git` or `.vscode` (the
+/// placeholders are read-only mount points there), and once it has returned the workspace has
+/// no placeholder left (`git init` and `ls -a` on the host see only what tools wrote). TMPDIR
+/// is the call's private tmpfs, not a directory in the workspace.
+#[test]
+fn placeholders_exist_only_while_a_prepared_call_runs() {
+    if !features_ok("placeholders_exist_only_while_a_prepared_call_runs") {
+        return;
+    }
+    let ws = Ws::new("islands");
+    let sb = ws.prepare(&policy("workspace", "timeout_seconds = 20"));
+    let w = ws.0.join("w");
+    let listing = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(listing(&w).is_empty(), "{:?}", listing(&w));
+    let o = sb
+        .run(&ws.req(&[
+            "bash",
+            "-c",
+            "echo made > made.txt; \
+             echo x > .envrc 2>/dev/null; echo envrc=$?; \
+             mkdir .git/hooks 2>/dev/null; echo git=$?; \
+             rmdir .vscode 2>/dev/null; echo vscode=$?; \
+             echo t > \"$TMPDIR/t\" && cat \"$TMPDIR/t\"; echo tmpdir=$TMPDIR",
+        ]))
+        .unwrap();
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    assert_eq!(o.record.exit.status, 0, "{out}");
+    // Denied inside the call.
+    for denied in ["envrc=", "git=", "vscode="] {
+        let line = out.lines().find(|l| l.starts_with(denied)).unwrap();
+        assert_ne!(line, format!("{denied}0"), "{out}");
+    }
+    assert!(out.contains("\nt\n"), "TMPDIR is writable: {out}");
+    let tmp = out.lines().find_map(|l| l.strip_prefix("tmpdir=")).unwrap();
+    assert!(
+        !Path::new(tmp).starts_with(&w),
+        "TMPDIR {tmp} is in the workspace"
+    );
+    // The record names the islands the call had.
+    assert!(
+        !o.record.layers.mounts.placeholders.is_empty(),
+        "{:?}",
+        o.record.layers.mounts
+    );
+    // After the call: exactly what the tool wrote.
+    assert_eq!(listing(&w), ["made.txt"]);
+    // The host can make what the placeholders stood for.
+    std::fs::create_dir(w.join(".git")).unwrap();
+    std::fs::write(w.join(".envrc"), "x").unwrap();
+    // The next call sees them, and they are protected in it (an existing `.git` is bound
+    // read-only as it is now, not as it was when the session started).
+    let o = sb
+        .run(&ws.req(&[
+            "bash",
+            "-c",
+            "echo y > .envrc 2>/dev/null; echo envrc=$?; touch .git/new 2>/dev/null; echo git=$?",
+        ]))
+        .unwrap();
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(out.contains("envrc=1") && out.contains("git=1"), "{out}");
+    assert_eq!(std::fs::read_to_string(w.join(".envrc")).unwrap(), "x");
+    assert!(!w.join(".git/new").exists());
+    assert_eq!(listing(&w), [".envrc", ".git", "made.txt"]);
 }

@@ -7,7 +7,7 @@
 
 use ollie_policy::Policy;
 use ollie_sandbox::{RunRequest, SandboxError};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 mod common;
 use common::features_ok;
@@ -147,14 +147,20 @@ fn environment_is_the_allowlist_only_and_record_is_json() {
     let env = String::from_utf8(o.stdout.clone()).unwrap();
     assert!(!env.contains("sk-canary"));
     assert!(env.contains("LANG=C.UTF-8"));
-    assert!(env.contains(&format!(
-        "TMPDIR={}/.tmp",
-        ws.0.canonicalize().unwrap().display()
-    )));
-    assert!(
-        ws.0.join(".tmp").is_dir(),
-        "TMPDIR is created inside the workspace"
+    // TMPDIR is the run's private tmpfs: over /tmp, or /var/tmp when the workspace is in
+    // /tmp; nothing of it is in the workspace.
+    let real = ws.0.canonicalize().unwrap();
+    let tmp = if real.starts_with("/tmp") {
+        "/var/tmp"
+    } else {
+        "/tmp"
+    };
+    assert!(env.contains(&format!("\nTMPDIR={tmp}\n")), "{env}");
+    assert_eq!(
+        o.record.layers.mounts.private_tmp.as_deref(),
+        Some(Path::new(tmp))
     );
+    assert!(!ws.0.join(".tmp").exists(), "TMPDIR left in the workspace");
     let v: serde_json::Value = serde_json::from_str(&o.record.to_json()).unwrap();
     for key in [
         "argv",

@@ -18,10 +18,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ollie_p9::client::Call;
 use ollie_p9::dial::Addr;
 use ollie_p9::wire::om;
 use ollie_p9::{Client, Fid};
@@ -100,15 +101,163 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The number in variable `name`, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Starts `olliesrv` from `dir` with its socket, state and configuration under `tmp`, and
+/// waits until it accepts connections on the socket (returned).
+fn start_olliesrv(dir: &Path, tmp: &Path) -> (Child, PathBuf) {
+    let sock = tmp.join("ns").join("ollie");
+    let srv = Command::new(dir.join("olliesrv"))
+        .arg("-a")
+        .arg(format!("unix!{}", sock.display()))
+        .arg("--state-dir")
+        .arg(tmp.join("state"))
+        .env("XDG_CONFIG_HOME", tmp.join("cfg"))
+        .env("OLLIE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "olliesrv did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (srv, sock)
+}
+
+/// Creates sessions `s0`… with one agent `a` each, in `work`; how long that took.
+async fn create_sessions(root: &Fid, sessions: usize, work: &Path) -> Duration {
+    let t = Instant::now();
+    for i in 0..sessions {
+        rdwr(
+            root,
+            "session/new",
+            &format!("name=s{i} cwd={}", work.display()),
+        )
+        .await;
+        rdwr(root, &format!("session/s{i}/agent/new"), "name=a").await;
+    }
+    t.elapsed()
+}
+
+/// Waits until every session's toolsrv is up.
+async fn wait_toolsrv_up(root: &Fid, sessions: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let idx = read_all(root, "session/idx").await;
+        let up = idx.lines().filter(|l| l.contains("\tup\t")).count();
+        if up >= sessions {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {up} of {sessions} toolsrv up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `n` timed reads of the agents' `stats`, going round the sessions.
+async fn stats_reads(root: &Fid, n: usize, sessions: usize) -> Vec<Duration> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        v.push(stats_read(root, &format!("session/s{}/agent/a/stats", i % sessions)).await);
+    }
+    v
+}
+
+/// The connections of the blocked readers, and the readers: their fids and pending reads.
+type Parked = (Vec<(Client, Fid)>, Vec<(Fid, Call)>);
+
+/// `readers` blocked reads (statewait, feed, chat at its end) spread over the sessions'
+/// agents, on 4 connections.
+async fn park_readers(addr: &Addr, user: &str, readers: usize, sessions: usize) -> Parked {
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let c = Client::dial(addr).await.unwrap();
+        let r = c.attach(None, user, "").await.unwrap();
+        conns.push((c, r));
+    }
+    let mut parked = Vec::new();
+    for i in 0..readers {
+        let (_, r) = &conns[i % conns.len()];
+        let s = i % sessions;
+        let (file, off) = match i % 3 {
+            0 => ("statewait", 0),
+            1 => ("feed", 0),
+            _ => ("chat", 1 << 40),
+        };
+        let mut f = r
+            .walk_path(&format!("session/s{s}/agent/a/{file}"))
+            .await
+            .unwrap();
+        f.open(om::OREAD).await.unwrap();
+        let call = f.read_call(off, 4096).unwrap();
+        parked.push((f, call));
+    }
+    (conns, parked)
+}
+
+/// What was measured, for the report.
+struct Figures {
+    sessions: usize,
+    readers: usize,
+    created: Duration,
+    rss_empty: u64,
+    rss_loaded: u64,
+    /// Each toolsrv's VmRSS, sorted.
+    tool_rss: Vec<u64>,
+    /// `stats` reads before the load and under it.
+    base: Vec<Duration>,
+    loaded: Vec<Duration>,
+}
+
+fn report(mut m: Figures) {
+    let (sessions, readers, rss_empty, rss_loaded) =
+        (m.sessions, m.readers, m.rss_empty, m.rss_loaded);
+    let (created, tool_rss) = (m.created, &m.tool_rss);
+    println!("olliesrv load test: {sessions} sessions (one agent each), {readers} blocked readers");
+    println!(
+        "created {sessions} sessions + agents in {:.2} s ({:.1} ms each)",
+        created.as_secs_f64(),
+        created.as_secs_f64() * 1000.0 / sessions as f64
+    );
+    println!(
+        "olliesrv RSS: {rss_empty} KiB empty, {rss_loaded} KiB with {sessions} sessions and {readers} blocked readers"
+    );
+    if tool_rss.is_empty() {
+        println!("toolsrv RSS: no toolsrv children found");
+    } else {
+        println!(
+            "toolsrv RSS ({} processes): min {} KiB, median {} KiB, max {} KiB",
+            tool_rss.len(),
+            tool_rss[0],
+            tool_rss[tool_rss.len() / 2],
+            tool_rss[tool_rss.len() - 1]
+        );
+    }
+    let (b50, b99) = (pct(&mut m.base, 0.5), pct(&mut m.base, 0.99));
+    let (l50, l99) = (pct(&mut m.loaded, 0.5), pct(&mut m.loaded, 0.99));
+    println!(
+        "stats read (walk+open+read+clunk): idle p50 {:.0} µs p99 {:.0} µs; under load p50 {:.0} µs p99 {:.0} µs ({:.2}x p50)",
+        b50.as_secs_f64() * 1e6,
+        b99.as_secs_f64() * 1e6,
+        l50.as_secs_f64() * 1e6,
+        l99.as_secs_f64() * 1e6,
+        l50.as_secs_f64() / b50.as_secs_f64().max(1e-9)
+    );
+}
+
 fn main() {
-    let sessions: usize = std::env::var("LOAD_SESSIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
-    let readers: usize = std::env::var("LOAD_READERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let sessions = env_count("LOAD_SESSIONS", 200);
+    let readers = env_count("LOAD_READERS", 1000);
     let dir = bin_dir();
     for b in ["olliesrv", "toolsrv"] {
         if !dir.join(b).is_file() {
@@ -122,24 +271,8 @@ fn main() {
     let tmp = tempfile::tempdir().unwrap();
     let work = tmp.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    let sock = tmp.path().join("ns").join("ollie");
-    let mut srv = Command::new(dir.join("olliesrv"))
-        .arg("-a")
-        .arg(format!("unix!{}", sock.display()))
-        .arg("--state-dir")
-        .arg(tmp.path().join("state"))
-        .env("XDG_CONFIG_HOME", tmp.path().join("cfg"))
-        .env("OLLIE_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut srv, sock) = start_olliesrv(&dir, tmp.path());
     let pid = srv.id();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(Instant::now() < deadline, "olliesrv did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -151,97 +284,28 @@ fn main() {
         let c = Client::dial(&addr).await.unwrap();
         let root = c.attach(None, &user, "").await.unwrap();
         let rss_empty = status_kib(pid, "VmRSS").unwrap_or(0);
-        let t = Instant::now();
-        for i in 0..sessions {
-            rdwr(
-                &root,
-                "session/new",
-                &format!("name=s{i} cwd={}", work.display()),
-            )
-            .await;
-            rdwr(&root, &format!("session/s{i}/agent/new"), "name=a").await;
-        }
-        let created = t.elapsed();
-        // Every toolsrv up.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let idx = read_all(&root, "session/idx").await;
-            let up = idx.lines().filter(|l| l.contains("\tup\t")).count();
-            if up >= sessions {
-                break;
-            }
-            assert!(Instant::now() < deadline, "only {up} of {sessions} toolsrv up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let mut base = Vec::new();
-        for i in 0..100 {
-            base.push(stats_read(&root, &format!("session/s{}/agent/a/stats", i % sessions)).await);
-        }
-        // The blocked readers, on 4 connections.
-        let mut conns = Vec::new();
-        for _ in 0..4 {
-            let c = Client::dial(&addr).await.unwrap();
-            let r = c.attach(None, &user, "").await.unwrap();
-            conns.push((c, r));
-        }
-        let mut parked = Vec::new();
-        for i in 0..readers {
-            let (_, r) = &conns[i % conns.len()];
-            let s = i % sessions;
-            let (file, off) = match i % 3 {
-                0 => ("statewait", 0),
-                1 => ("feed", 0),
-                _ => ("chat", 1 << 40),
-            };
-            let mut f = r
-                .walk_path(&format!("session/s{s}/agent/a/{file}"))
-                .await
-                .unwrap();
-            f.open(om::OREAD).await.unwrap();
-            let call = f.read_call(off, 4096).unwrap();
-            parked.push((f, call));
-        }
+        let created = create_sessions(&root, sessions, &work).await;
+        wait_toolsrv_up(&root, sessions).await;
+        let base = stats_reads(&root, 100, sessions).await;
+        let (conns, parked) = park_readers(&addr, &user, readers, sessions).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut loaded = Vec::new();
-        for i in 0..200 {
-            loaded.push(stats_read(&root, &format!("session/s{}/agent/a/stats", i % sessions)).await);
-        }
+        let loaded = stats_reads(&root, 200, sessions).await;
         let rss_loaded = status_kib(pid, "VmRSS").unwrap_or(0);
         let mut tool_rss: Vec<u64> = children_named(pid, "toolsrv")
             .into_iter()
             .filter_map(|p| status_kib(p, "VmRSS"))
             .collect();
         tool_rss.sort();
-        println!("olliesrv load test: {sessions} sessions (one agent each), {readers} blocked readers");
-        println!(
-            "created {sessions} sessions + agents in {:.2} s ({:.1} ms each)",
-            created.as_secs_f64(),
-            created.as_secs_f64() * 1000.0 / sessions as f64
-        );
-        println!(
-            "olliesrv RSS: {rss_empty} KiB empty, {rss_loaded} KiB with {sessions} sessions and {readers} blocked readers"
-        );
-        if tool_rss.is_empty() {
-            println!("toolsrv RSS: no toolsrv children found");
-        } else {
-            println!(
-                "toolsrv RSS ({} processes): min {} KiB, median {} KiB, max {} KiB",
-                tool_rss.len(),
-                tool_rss[0],
-                tool_rss[tool_rss.len() / 2],
-                tool_rss[tool_rss.len() - 1]
-            );
-        }
-        let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
-        let (l50, l99) = (pct(&mut loaded, 0.5), pct(&mut loaded, 0.99));
-        println!(
-            "stats read (walk+open+read+clunk): idle p50 {:.0} µs p99 {:.0} µs; under load p50 {:.0} µs p99 {:.0} µs ({:.2}x p50)",
-            b50.as_secs_f64() * 1e6,
-            b99.as_secs_f64() * 1e6,
-            l50.as_secs_f64() * 1e6,
-            l99.as_secs_f64() * 1e6,
-            l50.as_secs_f64() / b50.as_secs_f64().max(1e-9)
-        );
+        report(Figures {
+            sessions,
+            readers,
+            created,
+            rss_empty,
+            rss_loaded,
+            tool_rss,
+            base,
+            loaded,
+        });
         drop(parked);
         drop(conns);
     });

@@ -245,10 +245,8 @@ impl Drop for Server {
     }
 }
 
-fn main() {
-    let rounds = env_usize("OLLIE_BENCH_RUNS", 40).max(1);
-    let k = env_usize("OLLIE_BENCH_TOOL_CALLS", 10).clamp(1, 49);
-    let dir = bin_dir();
+/// Exits 2 without the binaries; skips without Landlock ABI 7, user namespaces or an `sh`.
+fn preflight(dir: &Path) {
     for b in ["olliesrv", "toolsrv"] {
         if !dir.join(b).is_file() {
             eprintln!(
@@ -271,24 +269,41 @@ fn main() {
     {
         skip("no sh for execute_code");
     }
+}
 
-    let tmp = tempfile::tempdir().unwrap();
-    let work = tmp.path().join("work");
-    let home = tmp.path().join("home");
-    let xdg = tmp.path().join("xdg-empty");
-    // olliesrv's state directory, and the fdatasync probe beside it (same filesystem).
-    let state_tmp = std::env::var_os("OLLIE_BENCH_STATE_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| tempfile::tempdir_in(d).expect("OLLIE_BENCH_STATE_DIR"));
-    let state_parent = state_tmp.as_ref().map_or(tmp.path(), |t| t.path());
-    for d in [&work, &home, &xdg] {
-        std::fs::create_dir_all(d).unwrap();
+/// The directories of a run, all made and the workspace and home canonical.
+struct Dirs {
+    /// The bench's temporary directory: scripts, configuration, socket, olliesrv's stderr.
+    tmp: PathBuf,
+    work: PathBuf,
+    home: PathBuf,
+    /// An empty `XDG_CONFIG_HOME` for olliesrv.
+    xdg: PathBuf,
+    /// Where olliesrv's state directory and the fdatasync probe go (same filesystem).
+    state_parent: PathBuf,
+}
+
+impl Dirs {
+    fn new(tmp: &Path, state_parent: &Path) -> Dirs {
+        let work = tmp.join("work");
+        let home = tmp.join("home");
+        let xdg = tmp.join("xdg-empty");
+        for d in [&work, &home, &xdg] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        Dirs {
+            tmp: tmp.to_path_buf(),
+            work: work.canonicalize().unwrap(),
+            home: home.canonicalize().unwrap(),
+            xdg,
+            state_parent: state_parent.to_path_buf(),
+        }
     }
-    let work = work.canonicalize().unwrap();
-    let home = home.canonicalize().unwrap();
+}
 
-    // The scripts: every prompt consumes one block, for the warm-up and the measured rounds.
-    let prompts = WARMUP_ROUNDS + rounds;
+/// Writes the replay scripts, `k` tool turns and an answer (or the answer alone) for each of
+/// `prompts` prompts, and the configuration naming them; its path.
+fn write_config(tmp: &Path, prompts: usize, k: usize) -> PathBuf {
     let mut tools_script = String::new();
     let mut answer_script = String::new();
     for _ in 0..prompts {
@@ -301,11 +316,11 @@ fn main() {
         answer_script.push_str(ANSWER_TURN);
         answer_script.push('\n');
     }
-    let tools_file = tmp.path().join("tools.jsonl");
-    let answer_file = tmp.path().join("answer.jsonl");
+    let tools_file = tmp.join("tools.jsonl");
+    let answer_file = tmp.join("answer.jsonl");
     std::fs::write(&tools_file, tools_script).unwrap();
     std::fs::write(&answer_file, answer_script).unwrap();
-    let config = tmp.path().join("config.toml");
+    let config = tmp.join("config.toml");
     std::fs::write(
         &config,
         format!(
@@ -315,84 +330,111 @@ fn main() {
         ),
     )
     .unwrap();
+    config
+}
 
-    let sock = tmp.path().join("ns").join("ollie");
-    let stderr_path = tmp.path().join("olliesrv.stderr");
+/// What olliesrv has written to its stderr file so far.
+fn olliesrv_stderr(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Starts olliesrv from `dir` with `config`, and waits until it accepts connections on
+/// `sock`; its stderr goes to `stderr_path`.
+fn start_olliesrv(dir: &Path, d: &Dirs, config: &Path, sock: &Path, stderr_path: &Path) -> Server {
     let srv = Server(
         Command::new(dir.join("olliesrv"))
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .arg("-a")
             .arg(format!("unix!{}", sock.display()))
             .arg("--state-dir")
-            .arg(state_parent.join("state"))
-            .env("XDG_CONFIG_HOME", &xdg)
-            .env("HOME", &home)
+            .arg(d.state_parent.join("state"))
+            .env("XDG_CONFIG_HOME", &d.xdg)
+            .env("HOME", &d.home)
             .env("OLLIE_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .stderr(std::fs::File::create(stderr_path).unwrap())
             .spawn()
             .unwrap(),
     );
-    let olliesrv_stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
         assert!(
             Instant::now() < deadline,
             "olliesrv did not come up; stderr:\n{}",
-            olliesrv_stderr()
+            olliesrv_stderr(stderr_path)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    srv
+}
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+/// The session `s` in `work` with its agents `tools` and `answer`, on a connection to `sock`.
+struct Session {
+    client: Client,
+    root: Fid,
+    tools: Agent,
+    answer: Agent,
+    id: String,
+}
+
+async fn open_session(sock: &Path, work: &Path) -> Session {
+    let c = Client::dial(&Addr::Unix(sock.to_path_buf())).await.unwrap();
+    let root = c
+        .attach(None, &ollie_p9::dial::current_user(), "")
+        .await
         .unwrap();
-    let (client, root, tools, answer, session_id) = rt.block_on(async {
-        let c = Client::dial(&Addr::Unix(sock.clone())).await.unwrap();
-        let root = c
-            .attach(None, &ollie_p9::dial::current_user(), "")
-            .await
-            .unwrap();
-        rdwr(
-            &root,
-            "session/new",
-            &format!("name=s cwd={}", work.display()),
-        )
-        .await;
-        rdwr(&root, "session/s/agent/new", "name=tools backend=tools").await;
-        rdwr(&root, "session/s/agent/new", "name=answer backend=answer").await;
-        let id = read_all(&root, "session/s/id").await.trim().to_owned();
-        let tools = Agent::open(&root, "tools").await;
-        let answer = Agent::open(&root, "answer").await;
-        (c, root, tools, answer, id)
-    });
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=s cwd={}", work.display()),
+    )
+    .await;
+    rdwr(&root, "session/s/agent/new", "name=tools backend=tools").await;
+    rdwr(&root, "session/s/agent/new", "name=answer backend=answer").await;
+    let id = read_all(&root, "session/s/id").await.trim().to_owned();
+    let tools = Agent::open(&root, "tools").await;
+    let answer = Agent::open(&root, "answer").await;
+    Session {
+        client: c,
+        root,
+        tools,
+        answer,
+        id,
+    }
+}
 
-    // The sandbox alone, as toolsrv sets it up for this session's agents.
-    let policy = ollie_policy::shipped_profile(ollie_policy::DEFAULT_PROFILE).unwrap();
-    let prepared = match ollie_sandbox::Prepared::new(&policy, &work, &home) {
-        Ok(p) => p,
-        Err(e) => {
-            drop(srv);
-            skip(&format!("the sandbox cannot be set up here: {e}"));
-        }
-    };
-    let mut req =
-        ollie_sandbox::RunRequest::new(vec!["sh".into(), "-c".into(), "true".into()], work.clone());
-    req.home = home.clone();
-    req.cwd = Some(work.clone());
+/// `sh -c true` as toolsrv runs it for this session's agents: same workspace, home, cwd and
+/// environment.
+fn sandbox_request(d: &Dirs, session_id: &str) -> ollie_sandbox::RunRequest {
+    let mut req = ollie_sandbox::RunRequest::new(
+        vec!["sh".into(), "-c".into(), "true".into()],
+        d.work.clone(),
+    );
+    req.home = d.home.clone();
+    req.cwd = Some(d.work.clone());
     req.base_env = PASSED_ENV
         .iter()
         .filter_map(|k| Some((OsString::from(k), std::env::var_os(k)?)))
-        .chain([("OLLIE_SESSION_ID".into(), session_id.clone().into())])
+        .chain([("OLLIE_SESSION_ID".into(), session_id.to_owned().into())])
         .collect();
-    // The toolsrv layer alone: a second toolsrv for the same session, as olliesrv starts it.
+    req
+}
+
+/// The toolsrv layer alone: a second toolsrv for the same session, started from `dir` as
+/// olliesrv starts it, with the environment of `req`, and its `proc/new` opened as an agent.
+fn second_toolsrv(
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    d: &Dirs,
+    session_id: &str,
+    req: &ollie_sandbox::RunRequest,
+) -> (Toolsrv, Client, Fid) {
     let mut boot = Bootstrap::new(
-        session_id.clone(),
-        work.clone(),
-        home.clone(),
+        session_id.to_owned(),
+        d.work.clone(),
+        d.home.clone(),
         ollie_policy::SHIPPED_PROFILES
             .iter()
             .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
@@ -419,19 +461,31 @@ fn main() {
         f.open(om::ORDWR).await.expect("open proc/new");
         (c, f)
     });
-    let payload = Bytes::from(format!(
-        "tool=execute_code\nargs={}\ncwd={}\n",
-        serde_json::json!({"language": "sh", "code": "true"}),
-        ollie_link::escape_value(&work.display().to_string())
-    ));
-    let proc_new = || {
-        rt.block_on(async {
+    (ts, ts_client, ts_new)
+}
+
+/// The layers below the agent loop, each call timed: the second toolsrv's `proc/new` and the
+/// sandbox alone.
+struct Layers<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    /// The second toolsrv's open `proc/new`.
+    ts_new: &'a Fid,
+    /// What the agent loop writes to `proc/new` for the call.
+    payload: Bytes,
+    prepared: &'a ollie_sandbox::Prepared,
+    req: &'a ollie_sandbox::RunRequest,
+}
+
+impl Layers<'_> {
+    /// One `proc/new` round trip: the write and the blocking read of the result.
+    fn proc_new(&self) -> Duration {
+        self.rt.block_on(async {
             let t = Instant::now();
-            ts_new
-                .write(0, payload.clone())
+            self.ts_new
+                .write(0, self.payload.clone())
                 .await
                 .expect("proc/new write");
-            let r = ts_new.read(0, 8192).await.expect("proc/new read");
+            let r = self.ts_new.read(0, 8192).await.expect("proc/new read");
             let d = t.elapsed();
             let head = String::from_utf8_lossy(&r);
             assert!(
@@ -440,14 +494,234 @@ fn main() {
             );
             d
         })
-    };
+    }
 
-    let spawn = || {
+    /// One `Prepared::run` of the request.
+    fn spawn(&self) -> Duration {
         let t = Instant::now();
-        let o = prepared.run(&req).expect("Prepared::run");
+        let o = self.prepared.run(self.req).expect("Prepared::run");
         let d = t.elapsed();
         assert_eq!(o.record.exit.status, 0, "Prepared::run: sh -c true failed");
         d
+    }
+}
+
+/// The warm-up rounds (the first tool call sets up toolsrv's prepared sandbox, and is
+/// printed), then a few calls of each layer.
+fn warm_up(s: &Session, layers: &Layers<'_>, k: usize) {
+    let rt = layers.rt;
+    let t = Instant::now();
+    rt.block_on(s.tools.prompt());
+    println!(
+        "{:<52} {:>9.1} µs (sets up toolsrv's prepared sandbox)",
+        format!("first prompt with {k} tool calls"),
+        us(t.elapsed())
+    );
+    rt.block_on(s.answer.prompt());
+    for _ in 0..WARMUP_ROUNDS - 1 {
+        rt.block_on(async {
+            s.tools.clear().await;
+            s.answer.clear().await;
+            s.tools.prompt().await;
+            s.answer.prompt().await;
+        });
+    }
+    for _ in 0..5 {
+        layers.spawn();
+        layers.proc_new();
+    }
+}
+
+/// A durable append like olliesrv's history and chat appends: 200 bytes and `fdatasync`.
+struct DurableAppend(std::fs::File);
+
+impl DurableAppend {
+    /// Appends to `path` (created if need be).
+    fn open(path: &Path) -> DurableAppend {
+        DurableAppend(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap(),
+        )
+    }
+
+    fn time(&mut self) -> Duration {
+        let line = [b'x'; 200];
+        let t = Instant::now();
+        self.0.write_all(&line).unwrap();
+        self.0.sync_data().unwrap();
+        t.elapsed()
+    }
+}
+
+/// The figures of the measured rounds, in µs.
+#[derive(Default)]
+struct Samples {
+    /// Each round's prompt to `tools` (K calls and the answer) and to `answer`.
+    t_tools: Vec<f64>,
+    t_answer: Vec<f64>,
+    /// Each round's `(T_tools − T_answer) / K`.
+    per_call: Vec<f64>,
+    /// Every call of each layer, and every durable append.
+    spawns: Vec<f64>,
+    tsrv: Vec<f64>,
+    syncs: Vec<f64>,
+    /// Each round's mean of its K calls of each layer.
+    spawn_means: Vec<f64>,
+    tsrv_means: Vec<f64>,
+}
+
+/// `rounds` rounds, each a prompt to both agents (from cleared histories, their order
+/// alternating) and K calls of each layer and durable appends, interleaved.
+fn measure(
+    rounds: usize,
+    k: usize,
+    s: &Session,
+    layers: &Layers<'_>,
+    append: &mut DurableAppend,
+) -> Samples {
+    let mut m = Samples::default();
+    for i in 0..rounds {
+        let (a, b) = layers.rt.block_on(async {
+            s.tools.clear().await;
+            s.answer.clear().await;
+            if i % 2 == 0 {
+                let a = s.tools.prompt().await;
+                (a, s.answer.prompt().await)
+            } else {
+                let b = s.answer.prompt().await;
+                (s.tools.prompt().await, b)
+            }
+        });
+        m.t_tools.push(us(a));
+        m.t_answer.push(us(b));
+        m.per_call.push((us(a) - us(b)) / k as f64);
+        let (mut sp, mut t) = (0.0, 0.0);
+        for _ in 0..k {
+            let d = us(layers.spawn());
+            m.spawns.push(d);
+            sp += d;
+            let d = us(layers.proc_new());
+            m.tsrv.push(d);
+            t += d;
+            m.syncs.push(us(append.time()));
+        }
+        m.spawn_means.push(sp / k as f64);
+        m.tsrv_means.push(t / k as f64);
+    }
+    m
+}
+
+/// The tool calls of the warm-up really ran, sandboxed, and succeeded.
+async fn check_tool_calls(root: &Fid, stderr_path: &Path) {
+    let log = read_all(root, "session/s/agent/tools/log").await;
+    assert!(
+        log.contains("[[[tool_result name=execute_code") && log.contains(" exit=0"),
+        "the tool calls did not succeed:\n{log}\nolliesrv stderr:\n{}",
+        olliesrv_stderr(stderr_path)
+    );
+    assert!(!log.contains("[[[error"), "the turn failed:\n{log}");
+}
+
+/// Every one of the `calls` tool calls was made, and no turn failed.
+async fn check_stats(root: &Fid, calls: usize) {
+    let stats = read_all(root, "session/s/agent/tools/stats").await;
+    let want = calls.to_string();
+    assert_eq!(kv(&stats, "tool_calls"), want, "{stats}");
+    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+    let stats = read_all(root, "session/s/agent/answer/stats").await;
+    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+}
+
+fn report(k: usize, s: &Samples) {
+    let m = |v: &[f64]| quantile(v, 0.5);
+    println!("per prompt:");
+    row(&format!("  {k} tool calls + answer"), &s.t_tools);
+    row("  answer only", &s.t_answer);
+    println!("per call, as the mean of the round's K calls (one value per round):");
+    row(
+        "  tool round trip through the stack ((a - b) / K)",
+        &s.per_call,
+    );
+    row("  toolsrv proc/new as an agent", &s.tsrv_means);
+    row("  Prepared::run in process", &s.spawn_means);
+    println!("per call (every call):");
+    row("  toolsrv proc/new as an agent", &s.tsrv);
+    row("  Prepared::run in process", &s.spawns);
+    println!(
+        "{:<52} median {:>9.1} µs   p90 {:>9.1} µs   mean {:.1} µs",
+        "  orientation: 200-byte append + fdatasync",
+        m(&s.syncs),
+        quantile(&s.syncs, 0.9),
+        s.syncs.iter().sum::<f64>() / s.syncs.len() as f64
+    );
+    println!(
+        "stack overhead per tool call: {:.1} µs over the spawn; layers: toolsrv/spawn {:.2}x, \
+         roundtrip/toolsrv {:.2}x (medians of the round means)",
+        m(&s.per_call) - m(&s.spawn_means),
+        m(&s.tsrv_means) / m(&s.spawn_means),
+        m(&s.per_call) / m(&s.tsrv_means)
+    );
+    println!(
+        "(against the per-call spawn median instead: {:.2}x)",
+        m(&s.per_call) / m(&s.spawns)
+    );
+    let ratio = m(&s.per_call) / m(&s.spawn_means);
+    println!("roundtrip/spawn ratio: {ratio:.2} (target <= {RATIO_TARGET:.1})");
+}
+
+fn main() {
+    let rounds = env_usize("OLLIE_BENCH_RUNS", 40).max(1);
+    let k = env_usize("OLLIE_BENCH_TOOL_CALLS", 10).clamp(1, 49);
+    let dir = bin_dir();
+    preflight(&dir);
+
+    let tmp = tempfile::tempdir().unwrap();
+    // olliesrv's state directory, and the fdatasync probe beside it (same filesystem).
+    let state_tmp = std::env::var_os("OLLIE_BENCH_STATE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| tempfile::tempdir_in(d).expect("OLLIE_BENCH_STATE_DIR"));
+    let d = Dirs::new(
+        tmp.path(),
+        state_tmp.as_ref().map_or(tmp.path(), |t| t.path()),
+    );
+
+    // The scripts: every prompt consumes one block, for the warm-up and the measured rounds.
+    let prompts = WARMUP_ROUNDS + rounds;
+    let config = write_config(&d.tmp, prompts, k);
+    let sock = d.tmp.join("ns").join("ollie");
+    let stderr_path = d.tmp.join("olliesrv.stderr");
+    let srv = start_olliesrv(&dir, &d, &config, &sock, &stderr_path);
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let session = rt.block_on(open_session(&sock, &d.work));
+
+    // The sandbox alone, as toolsrv sets it up for this session's agents.
+    let policy = ollie_policy::shipped_profile(ollie_policy::DEFAULT_PROFILE).unwrap();
+    let prepared = match ollie_sandbox::Prepared::new(&policy, &d.work, &d.home) {
+        Ok(p) => p,
+        Err(e) => {
+            drop(srv);
+            skip(&format!("the sandbox cannot be set up here: {e}"));
+        }
+    };
+    let req = sandbox_request(&d, &session.id);
+    let (mut ts, ts_client, ts_new) = second_toolsrv(&rt, &dir, &d, &session.id, &req);
+    let layers = Layers {
+        rt: &rt,
+        ts_new: &ts_new,
+        payload: Bytes::from(format!(
+            "tool=execute_code\nargs={}\ncwd={}\n",
+            serde_json::json!({"language": "sh", "code": "true"}),
+            ollie_link::escape_value(&d.work.display().to_string())
+        )),
+        prepared: &prepared,
+        req: &req,
     };
 
     println!(
@@ -455,132 +729,26 @@ fn main() {
          {} policy, replay backend",
         ollie_policy::DEFAULT_PROFILE
     );
-    // Warm-up: the first tool call sets up toolsrv's prepared sandbox.
-    let t = Instant::now();
-    rt.block_on(tools.prompt());
-    println!(
-        "{:<52} {:>9.1} µs (sets up toolsrv's prepared sandbox)",
-        format!("first prompt with {k} tool calls"),
-        us(t.elapsed())
-    );
-    rt.block_on(answer.prompt());
-    for _ in 0..WARMUP_ROUNDS - 1 {
-        rt.block_on(async {
-            tools.clear().await;
-            answer.clear().await;
-            tools.prompt().await;
-            answer.prompt().await;
-        });
-    }
-    for _ in 0..5 {
-        spawn();
-        proc_new();
-    }
-    // The tool calls really ran, sandboxed, and succeeded.
-    rt.block_on(async {
-        let log = read_all(&root, "session/s/agent/tools/log").await;
-        assert!(
-            log.contains("[[[tool_result name=execute_code") && log.contains(" exit=0"),
-            "the tool calls did not succeed:\n{log}\nolliesrv stderr:\n{}",
-            olliesrv_stderr()
-        );
-        assert!(!log.contains("[[[error"), "the turn failed:\n{log}");
-    });
+    warm_up(&session, &layers, k);
+    rt.block_on(check_tool_calls(&session.root, &stderr_path));
 
-    // A durable append like olliesrv's history and chat appends, on the same filesystem.
-    let mut synced = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(state_parent.join("fdatasync.probe"))
-        .unwrap();
-    let line = [b'x'; 200];
-    let mut durable_append = || {
-        let t = Instant::now();
-        synced.write_all(&line).unwrap();
-        synced.sync_data().unwrap();
-        t.elapsed()
-    };
+    let mut append = DurableAppend::open(&d.state_parent.join("fdatasync.probe"));
+    let samples = measure(rounds, k, &session, &layers, &mut append);
+    rt.block_on(check_stats(&session.root, k * prompts));
+    report(k, &samples);
 
-    let (mut t_tools, mut t_answer, mut per_call) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut spawns, mut tsrv, mut syncs) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut spawn_means, mut tsrv_means) = (Vec::new(), Vec::new());
-    for i in 0..rounds {
-        let (a, b) = rt.block_on(async {
-            tools.clear().await;
-            answer.clear().await;
-            if i % 2 == 0 {
-                let a = tools.prompt().await;
-                (a, answer.prompt().await)
-            } else {
-                let b = answer.prompt().await;
-                (tools.prompt().await, b)
-            }
-        });
-        t_tools.push(us(a));
-        t_answer.push(us(b));
-        per_call.push((us(a) - us(b)) / k as f64);
-        let (mut s, mut t) = (0.0, 0.0);
-        for _ in 0..k {
-            let d = us(spawn());
-            spawns.push(d);
-            s += d;
-            let d = us(proc_new());
-            tsrv.push(d);
-            t += d;
-            syncs.push(us(durable_append()));
-        }
-        spawn_means.push(s / k as f64);
-        tsrv_means.push(t / k as f64);
-    }
-
-    rt.block_on(async {
-        let stats = read_all(&root, "session/s/agent/tools/stats").await;
-        let want = (k * prompts).to_string();
-        assert_eq!(kv(&stats, "tool_calls"), want, "{stats}");
-        assert_eq!(kv(&stats, "errors"), "0", "{stats}");
-        let stats = read_all(&root, "session/s/agent/answer/stats").await;
-        assert_eq!(kv(&stats, "errors"), "0", "{stats}");
-    });
-
-    let m = |v: &[f64]| quantile(v, 0.5);
-    println!("per prompt:");
-    row(&format!("  {k} tool calls + answer"), &t_tools);
-    row("  answer only", &t_answer);
-    println!("per call, as the mean of the round's K calls (one value per round):");
-    row(
-        "  tool round trip through the stack ((a - b) / K)",
-        &per_call,
-    );
-    row("  toolsrv proc/new as an agent", &tsrv_means);
-    row("  Prepared::run in process", &spawn_means);
-    println!("per call (every call):");
-    row("  toolsrv proc/new as an agent", &tsrv);
-    row("  Prepared::run in process", &spawns);
-    println!(
-        "{:<52} median {:>9.1} µs   p90 {:>9.1} µs   mean {:.1} µs",
-        "  orientation: 200-byte append + fdatasync",
-        m(&syncs),
-        quantile(&syncs, 0.9),
-        syncs.iter().sum::<f64>() / syncs.len() as f64
-    );
-    println!(
-        "stack overhead per tool call: {:.1} µs over the spawn; layers: toolsrv/spawn {:.2}x, \
-         roundtrip/toolsrv {:.2}x (medians of the round means)",
-        m(&per_call) - m(&spawn_means),
-        m(&tsrv_means) / m(&spawn_means),
-        m(&per_call) / m(&tsrv_means)
-    );
-    println!(
-        "(against the per-call spawn median instead: {:.2}x)",
-        m(&per_call) / m(&spawns)
-    );
-    let ratio = m(&per_call) / m(&spawn_means);
-    println!("roundtrip/spawn ratio: {ratio:.2} (target <= {RATIO_TARGET:.1})");
-
+    let Session {
+        client,
+        root,
+        tools,
+        answer,
+        ..
+    } = session;
     drop(tools);
     drop(answer);
     drop(root);
     drop(client);
+    drop(layers);
     drop(prepared);
     drop(ts_new);
     drop(ts_client);

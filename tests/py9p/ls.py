@@ -8,8 +8,8 @@ def s(x):
 
 c = connect(socket_arg())
 short = sorted(s(n) for n in c.ls())
-ROOT = ["agents", "aliases", "backends", "bypass", "ctl", "eventwait", "generate", "help", "models",
-        "session", "skills", "tools"]
+ROOT = ["agents", "aliases", "backends", "bypass", "ctl", "eventwait", "generate", "help",
+        "lasterror", "models", "session", "skills", "tools"]
 check(short == ROOT, "short ls: %r" % short)
 for name in short:
     print("short " + name)

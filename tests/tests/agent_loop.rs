@@ -11,31 +11,11 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::kv_value as kv;
 use common::*;
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
-
-async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
-    let mut f = root.walk_path(path).await.map_err(|e| e.to_string())?;
-    f.open(om::ORDWR).await.map_err(|e| e.to_string())?;
-    f.write(0, Bytes::from(data.to_owned()))
-        .await
-        .map_err(|e| e.to_string())?;
-    let b = f.read_to_end().await.map_err(|e| e.to_string())?;
-    Ok(String::from_utf8(b).unwrap())
-}
-
-async fn read(root: &Fid, path: &str) -> String {
-    let mut f = root.walk_path(path).await.unwrap();
-    f.open(om::OREAD).await.unwrap();
-    String::from_utf8(f.read_to_end().await.unwrap()).unwrap()
-}
-
-async fn write(root: &Fid, path: &str, data: &str) {
-    let mut f = root.walk_path(path).await.unwrap();
-    f.open(om::OWRITE).await.unwrap();
-    f.write(0, Bytes::from(data.to_owned())).await.unwrap();
-}
+use ollie_testkit::client::{rdwr_text as rdwr, read_ok as read, write_ok as write};
 
 /// A server whose default backend `demo` replays `turns` (and `other` replays `other`).
 fn server(turns: &str, other: &str) -> (Srv, std::path::PathBuf) {
@@ -70,30 +50,16 @@ async fn session_with_agent(root: &Fid, work: &std::path::Path) {
 
 /// Session `s` in `work` with agent `a` under `profile` (the default one when `None`).
 async fn session_with_profiled_agent(root: &Fid, work: &std::path::Path, profile: Option<&str>) {
-    rdwr(
-        root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
     let spec = match profile {
         Some(p) => format!("name=a profile={p}"),
         None => "name=a".to_owned(),
     };
-    rdwr(root, "session/s/agent/new", &spec).await.unwrap();
+    new_session(root, work, &spec).await;
 }
 
 /// Waits (bounded) until `path` contains `needle`; returns the content.
 async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
     wait_for_text(root, path, needle, Duration::from_secs(30)).await
-}
-
-fn kv(text: &str, key: &str) -> String {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or("")
-        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,7 +316,15 @@ async fn a_background_process_reports_back_when_it_ends() {
         raw.find("<system-proc-complete id=").unwrap() > first_answer,
         "{raw}"
     );
-    let stats = read(&root, "session/s/agent/a/stats").await;
+    // The second turn's reply is in the log before the turn is counted as ended.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let stats = loop {
+        let stats = read(&root, "session/s/agent/a/stats").await;
+        if kv(&stats, "turns") == "2" || std::time::Instant::now() > deadline {
+            break stats;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
     assert_eq!(kv(&stats, "turns"), "2", "{stats}");
     assert_eq!(kv(&stats, "errors"), "0", "{stats}");
 }
@@ -516,6 +490,21 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
     // The id is single use.
     let e = r.write(0, Bytes::from(verdict)).await.unwrap_err();
     assert!(e.to_string().contains("already answered"), "{e}");
+    // The server's log has the request and the decision, at INFO, with who decided.
+    let log = srv.stderr();
+    let line = |kind: &str| {
+        log.lines()
+            .find(|l| l.contains(&format!("escalation: {kind}")) && l.contains(&id))
+            .unwrap_or_else(|| panic!("no {kind} line for {id}: {log}"))
+            .to_owned()
+    };
+    let asked = line("bypass-requested");
+    assert!(asked.contains("INFO"), "{asked}");
+    assert!(asked.contains("tool=execute_code"), "{asked}");
+    let decided = line("bypass-resolved");
+    assert!(decided.contains("INFO"), "{decided}");
+    assert!(decided.contains("verdict=\"approved\""), "{decided}");
+    assert!(decided.contains(&format!("by=\"{}\"", me())), "{decided}");
     // The audit log has the request, the verdicts (accepted and refused) and the run.
     let audit = wait_for(&root, "bypass/audit", "\"event\":\"ran\"").await;
     let events: Vec<serde_json::Value> = audit

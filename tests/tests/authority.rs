@@ -12,33 +12,7 @@ use bytes::Bytes;
 use common::*;
 use ollie_p9::wire::om;
 use ollie_p9::{Client, Fid};
-
-async fn open(root: &Fid, path: &str, mode: u8) -> Result<Fid, String> {
-    let mut f = within("walk", root.walk_path(path))
-        .await
-        .map_err(|e| e.to_string())?;
-    within("open", f.open(mode))
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(f)
-}
-
-/// Opens `path` ORDWR, writes `data`, reads the reply on the same fid.
-async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
-    let f = open(root, path, om::ORDWR).await?;
-    within("write", f.write(0, Bytes::from(data.to_owned())))
-        .await
-        .map_err(|e| e.to_string())?;
-    let b = within("read", f.read_to_end())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(String::from_utf8(b).unwrap())
-}
-
-async fn read(root: &Fid, path: &str) -> String {
-    let f = open(root, path, om::OREAD).await.unwrap();
-    String::from_utf8(within("read", f.read_to_end()).await.unwrap()).unwrap()
-}
+use ollie_testkit::client::{open_text as open, rdwr_text as rdwr, read_ok as read};
 
 /// A server whose default backend replays `turns`; a work directory for sessions.
 fn server(turns: &str) -> (Srv, std::path::PathBuf) {
@@ -214,14 +188,7 @@ const GUARD: std::time::Duration = std::time::Duration::from_secs(60);
 const TURNS: &str = "{\"text\": \"replayed\"}\n";
 
 async fn setup(root: &Fid, work: &std::path::Path) {
-    rdwr(
-        root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(root, "session/s/agent/new", "name=a").await.unwrap();
+    new_session(root, work, "name=a").await;
     // The snapshots compare a settled session: its toolsrv up.
     wait_for_text(root, "session/s/cfg", "toolsrv=up", GUARD).await;
 }

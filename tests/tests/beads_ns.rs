@@ -22,33 +22,16 @@ use bytes::Bytes;
 use common::*;
 use ollie_p9::Fid;
 use ollie_p9::wire::{Stat, dm, om};
+use ollie_testkit::client::{self, open_text as try_open, read_text as try_read};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-async fn try_open(root: &Fid, path: &str, mode: u8) -> Result<Fid, String> {
-    let mut f = within("walk", root.walk_path(path))
-        .await
-        .map_err(|e| e.to_string())?;
-    within("open", f.open(mode))
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(f)
-}
-
 async fn open(root: &Fid, path: &str, mode: u8) -> Fid {
     try_open(root, path, mode)
         .await
         .unwrap_or_else(|e| panic!("open {path}: {e}"))
-}
-
-async fn try_read(root: &Fid, path: &str) -> Result<String, String> {
-    let f = try_open(root, path, om::OREAD).await?;
-    let d = within("read", f.read_to_end())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(String::from_utf8(d).expect("utf-8"))
 }
 
 async fn read_all(root: &Fid, path: &str) -> String {
@@ -60,10 +43,7 @@ async fn read_all(root: &Fid, path: &str) -> String {
 /// Opens `path` ORDWR, writes `data` in one Twrite, reads the reply on the same fid.
 async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
     let f = open(root, path, om::ORDWR).await;
-    within("write", f.write(0, Bytes::from(data.to_owned())))
-        .await
-        .map_err(|e| e.to_string())?;
-    let d = within("read reply", f.read_to_end())
+    let d = client::exchange(&f, data)
         .await
         .map_err(|e| e.to_string())?;
     Ok(String::from_utf8(d).expect("utf-8"))
@@ -71,10 +51,8 @@ async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
 
 /// Opens `path` with `OWRITE|OTRUNC` (as `echo data > path`) and writes `data`.
 async fn write(root: &Fid, path: &str, data: &str) -> Result<(), String> {
-    let f = try_open(root, path, om::OWRITE | om::OTRUNC).await?;
-    within("write", f.write(0, Bytes::from(data.to_owned())))
+    client::write_mode(root, path, om::OWRITE | om::OTRUNC, data)
         .await
-        .map(|_| ())
         .map_err(|e| e.to_string())
 }
 
@@ -1081,7 +1059,7 @@ async fn malformed_ctl_lines_are_one_line_errors_and_change_nothing() {
         ("   \n\n", "empty command"),
         (
             "frob",
-            "unknown command \"frob\" (valid: start, mount, unmount, ns, rfork)",
+            "unknown command \"frob\" (valid: start, mount, unmount, ns, rfork, list)",
         ),
         ("mount", "usage: mount [-b|-a] [-c] BEAD POINT"),
         ("mount alpha", "usage: mount"),
@@ -1102,6 +1080,7 @@ async fn malformed_ctl_lines_are_one_line_errors_and_change_nothing() {
         ("unmount /nowhere", "nothing is mounted at /nowhere"),
         ("ns extra", "ns: takes no arguments"),
         ("rfork now", "rfork: takes no arguments"),
+        ("list all", "list: takes no arguments"),
         ("start Not_A_Slug!", "invalid slug"),
         ("ns\nns", "one command per write"),
     ] {

@@ -2,7 +2,10 @@
 //! submodules (the crate root included), its children must form a DAG, where a child uses
 //! another when any file under it names a path under the other (`use crate::…`,
 //! `crate::…::`, `super::…`). Uses of the parent itself (a `mod.rs` or the crate root) are
-//! glue and do not count. A failure prints the loop, e.g. `olliesrv: fs -> model -> fs`.
+//! glue and do not count; a name a module re-exports from a child (`pub use child::Name`)
+//! counts as a use of that child; test modules (`#[cfg(test)] mod …`) are left out. A failure
+//! prints the loop, e.g. `olliesrv: fs -> model -> fs`. olliesrv is also held to the order of
+//! its `lib.rs`: each module imports only the ones declared after it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,11 +24,6 @@ const CRATES: &[&str] = &[
     "tests",
     "tests/kit",
 ];
-
-/// Crates whose loops are still being cut (issue 22). They must still have one: when the
-/// last loop goes, this test fails until the crate is taken off the list, so that it is
-/// held to floors from then on.
-const STILL_LOOPED: &[&str] = &["olliesrv", "sandbox"];
 
 type ModPath = Vec<String>;
 
@@ -242,7 +240,12 @@ fn tree<'a>(mut s: &'a str, prefix: &mut ModPath, out: &mut Vec<ModPath>) -> &'a
 
 /// Every module path `code` (the file of module `here`) names through `crate::` or
 /// `super::`, resolved to the longest known module.
-fn uses(code: &str, here: &ModPath, known: &BTreeSet<ModPath>) -> BTreeSet<ModPath> {
+fn uses(
+    code: &str,
+    here: &ModPath,
+    known: &BTreeSet<ModPath>,
+    reexports: &BTreeMap<ModPath, ModPath>,
+) -> BTreeSet<ModPath> {
     let mut found = BTreeSet::new();
     let b = code.as_bytes();
     for (at, _) in code
@@ -268,11 +271,15 @@ fn uses(code: &str, here: &ModPath, known: &BTreeSet<ModPath>) -> BTreeSet<ModPa
         }
         for p in paths(rest) {
             let full: ModPath = base.iter().cloned().chain(p).collect();
-            if let Some(m) = (0..=full.len())
-                .rev()
-                .map(|k| full[..k].to_vec())
-                .find(|m| known.contains(m))
-            {
+            // A name a module re-exports from a child counts as a use of that child.
+            let m = (0..=full.len()).rev().find_map(|k| {
+                let m = full[..k].to_vec();
+                reexports
+                    .get(&m)
+                    .cloned()
+                    .or_else(|| known.contains(&m).then_some(m))
+            });
+            if let Some(m) = m {
                 found.insert(m);
             }
         }
@@ -328,35 +335,178 @@ fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 }
 
 /// Every loop in `root`, one line each (`NAME: a -> b -> a`, or `NAME, in x::y: …`).
-fn loops(root: &Root) -> Vec<String> {
+/// `code` (comments and strings already gone) without its `#[cfg(test)] mod NAME { … }`
+/// blocks: a test may build its inputs with any module of its crate, so test modules do not
+/// make floors.
+fn without_test_modules(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "#[cfg(test)]".len()..];
+        let t = after.trim_start();
+        let is_mod = t.starts_with("mod ") || t.starts_with("pub(crate) mod ");
+        let open = t.find('{');
+        let semi = t.find(';');
+        match (is_mod, open) {
+            (true, Some(o)) if semi.is_none_or(|s| s > o) => {
+                let body = &t[o..];
+                let mut depth = 0usize;
+                let mut end = body.len();
+                for (i, c) in body.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = i + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                rest = &body[end..];
+            }
+            _ => {
+                out.push_str("#[cfg(test)]");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[test]
+fn test_modules_make_no_floors() {
+    let r = root(&[
+        ("lib.rs", "mod a; mod b;"),
+        (
+            "a.rs",
+            "use crate::b::x;\n#[cfg(test)]\nmod tests { use crate::b::y; fn f() { {} } }",
+        ),
+        (
+            "b.rs",
+            "fn g() {}\n#[cfg(test)]\nmod tests {\n    use crate::a::z;\n}\n#[cfg(test)]\nfn h() { crate::a::w(); }",
+        ),
+    ]);
+    // b's test module is left out; a function under cfg(test) is not a module and counts.
+    let found = loops(&r);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let r = root(&[
+        ("lib.rs", "mod a; mod b;"),
+        ("a.rs", "use crate::b::x;"),
+        (
+            "b.rs",
+            "#[cfg(test)]\nmod tests {\n    use crate::a::z;\n}\n",
+        ),
+    ]);
+    assert!(loops(&r).is_empty());
+}
+
+/// The names module `here` re-exports from its children (`pub use child::Name;`,
+/// `pub(crate) use child::{A, B as C};`): `here::Name` → `here::child`.
+fn reexported(code: &str, here: &ModPath, known: &BTreeSet<ModPath>) -> BTreeMap<ModPath, ModPath> {
+    let mut out = BTreeMap::new();
+    for stmt in code.split(';') {
+        let t = stmt.trim();
+        let Some(rest) = t
+            .strip_prefix("pub use ")
+            .or_else(|| t.strip_prefix("pub(crate) use "))
+            .or_else(|| t.strip_prefix("pub(super) use "))
+        else {
+            continue;
+        };
+        let Some((child, items)) = rest.split_once("::") else {
+            continue;
+        };
+        let mut target = here.clone();
+        target.push(child.trim().to_owned());
+        if !known.contains(&target) {
+            continue;
+        }
+        let items = items.trim().trim_start_matches('{').trim_end_matches('}');
+        for item in items.split(',') {
+            let name = item.rsplit(" as ").next().unwrap_or("").trim();
+            let name = name.rsplit("::").next().unwrap_or("").trim();
+            if name.is_empty() || name == "self" || name == "*" {
+                continue;
+            }
+            let mut key = here.clone();
+            key.push(name.to_owned());
+            out.insert(key, target.clone());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_loop_through_a_reexport_is_found() {
+    let r = root(&[
+        ("lib.rs", "mod st;"),
+        (
+            "st/mod.rs",
+            "mod a; mod b; pub use a::A; pub(crate) use b::{B, C as D};",
+        ),
+        ("st/a.rs", "use crate::st::D;"),
+        ("st/b.rs", "use crate::st::A;"),
+    ]);
+    let found = loops(&r);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("a -> b -> a"), "{found:?}");
+}
+
+/// Which modules each module file of `root` names.
+fn named(root: &Root) -> (BTreeSet<ModPath>, Vec<(ModPath, BTreeSet<ModPath>)>) {
     let known: BTreeSet<ModPath> = root
         .files
         .iter()
         .flat_map(|(p, _)| (0..=p.len()).map(|k| p[..k].to_vec()))
         .collect();
-    // Which modules each module file names.
-    let mut named: Vec<(ModPath, BTreeSet<ModPath>)> = Vec::new();
+    let mut reexports = BTreeMap::new();
     for (path, text) in &root.files {
-        named.push((path.clone(), uses(&code_only(text), path, &known)));
+        reexports.extend(reexported(&code_only(text), path, &known));
     }
-    let mut out = Vec::new();
-    for parent in &known {
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (from, targets) in &named {
-            if from.len() <= parent.len() || !from.starts_with(parent) {
-                continue;
-            }
-            let a = &from[parent.len()];
-            for t in targets {
-                if t.len() > parent.len() && t.starts_with(parent) && &t[parent.len()] != a {
-                    edges
-                        .entry(a.clone())
-                        .or_default()
-                        .insert(t[parent.len()].clone());
-                }
+    let named = root
+        .files
+        .iter()
+        .map(|(path, text)| {
+            let code = without_test_modules(&code_only(text));
+            (path.clone(), uses(&code, path, &known, &reexports))
+        })
+        .collect();
+    (known, named)
+}
+
+/// The uses among the children of `parent`: child → the children it names.
+fn edges(
+    named: &[(ModPath, BTreeSet<ModPath>)],
+    parent: &ModPath,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, targets) in named {
+        if from.len() <= parent.len() || !from.starts_with(parent) {
+            continue;
+        }
+        let a = &from[parent.len()];
+        for t in targets {
+            if t.len() > parent.len() && t.starts_with(parent) && &t[parent.len()] != a {
+                edges
+                    .entry(a.clone())
+                    .or_default()
+                    .insert(t[parent.len()].clone());
             }
         }
-        if let Some(c) = find_cycle(&edges) {
+    }
+    edges
+}
+
+fn loops(root: &Root) -> Vec<String> {
+    let (known, named) = named(root);
+    let mut out = Vec::new();
+    for parent in &known {
+        if let Some(c) = find_cycle(&edges(&named, parent)) {
             let at = if parent.is_empty() {
                 String::new()
             } else {
@@ -368,22 +518,79 @@ fn loops(root: &Root) -> Vec<String> {
     out
 }
 
+/// The modules a crate root declares (`mod x;`, `pub mod x;`, `pub(crate) mod x;`), in order.
+fn declared(lib: &str) -> Vec<String> {
+    code_only(lib)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let rest = l
+                .strip_prefix("pub(crate) mod ")
+                .or_else(|| l.strip_prefix("pub mod "))
+                .or_else(|| l.strip_prefix("mod "))?;
+            rest.strip_suffix(';').map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Uses that go up: a module naming one declared before it. Empty when the declaration order
+/// is a floor order.
+fn upward(order: &[String], edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let rank = |m: &str| order.iter().position(|o| o == m);
+    let mut out = Vec::new();
+    for (from, tos) in edges {
+        for to in tos {
+            match (rank(from), rank(to)) {
+                (Some(f), Some(t)) if t < f => out.push(format!("{from} -> {to}")),
+                (Some(_), Some(_)) => {}
+                _ => out.push(format!("{from} -> {to}: not declared in lib.rs")),
+            }
+        }
+    }
+    out
+}
+
+/// olliesrv's `lib.rs` lists its modules top floor first: each may import only those
+/// declared after it.
+#[test]
+fn olliesrv_modules_import_only_lower_floors() {
+    let lib = std::fs::read_to_string(repo().join("olliesrv/src/lib.rs")).unwrap();
+    let order = declared(&lib);
+    assert!(order.len() > 5, "{order:?}");
+    let rs = roots("olliesrv");
+    let root = rs
+        .iter()
+        .find(|r| r.name == "olliesrv")
+        .expect("olliesrv's lib root");
+    let (_, named) = named(root);
+    let up = upward(&order, &edges(&named, &Vec::new()));
+    assert!(
+        up.is_empty(),
+        "olliesrv: imports from a lower floor back up (order of olliesrv/src/lib.rs: {}):\n{}",
+        order.join(" > "),
+        up.join("\n")
+    );
+}
+
+#[test]
+fn an_upward_use_is_found() {
+    let order = declared("mod top;\n// mod gone;\npub mod mid;\npub(crate) mod low;\n");
+    assert_eq!(order, ["top", "mid", "low"]);
+    let mut e: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    e.entry("top".into()).or_default().insert("low".into());
+    e.entry("mid".into()).or_default().insert("low".into());
+    assert!(upward(&order, &e).is_empty());
+    e.entry("low".into()).or_default().insert("top".into());
+    assert_eq!(upward(&order, &e), ["low -> top"]);
+}
+
 #[test]
 fn no_crate_has_an_import_loop() {
     let mut problems = Vec::new();
     for krate in CRATES {
         let rs = roots(krate);
         assert!(!rs.is_empty(), "{krate}: no sources found");
-        let found: Vec<String> = rs.iter().flat_map(loops).collect();
-        if !STILL_LOOPED.contains(krate) {
-            problems.extend(found);
-        } else if found.is_empty() {
-            problems.push(format!(
-                "{krate}: no loop left; take it off STILL_LOOPED in tests/tests/floors.rs"
-            ));
-        } else {
-            eprintln!("still looped (issue 22): {}", found.join("; "));
-        }
+        problems.extend(rs.iter().flat_map(loops));
     }
     assert!(
         problems.is_empty(),

@@ -29,11 +29,7 @@ fn start(limits: &str, tcp: Option<u16>) -> Srv {
 }
 
 fn wait_tcp(port: u16) {
-    let deadline = Instant::now() + UP_TIMEOUT;
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tcp port {port} never listened");
-        std::thread::sleep(STEP);
-    }
+    ollie_testkit::server::wait_tcp_blocking(port, UP_TIMEOUT);
 }
 
 fn rss_kib(pid: nix::unistd::Pid) -> u64 {

@@ -333,14 +333,19 @@ async fn text_and_thinking_stream_into_the_chat_and_usage_into_stats() {
     assert!(text.contains("Hello there.\n"), "{text}");
     // Usage: input with both cache counts, the final cumulative output count.
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "tokens_in"), "25", "{st}");
-    assert_eq!(kv(&st, "tokens_out"), "12", "{st}");
-    assert_eq!(kv(&st, "context_tokens"), "37", "{st}");
-    assert_eq!(kv(&st, "requests"), "1", "{st}");
-    assert_eq!(kv(&st, "cost_usd"), "49.000000", "{st}");
-    assert_eq!(kv(&st, "turns"), "1", "{st}");
-    assert_eq!(kv(&st, "errors"), "0", "{st}");
-    assert_eq!(kv(&st, "tool_calls"), "0", "{st}");
+    assert_kv(
+        &st,
+        &[
+            ("tokens_in", "25"),
+            ("tokens_out", "12"),
+            ("context_tokens", "37"),
+            ("requests", "1"),
+            ("cost_usd", "49.000000"),
+            ("turns", "1"),
+            ("errors", "0"),
+            ("tool_calls", "0"),
+        ],
+    );
     // The request.
     let posts = h.fake.posts();
     assert_eq!(posts.len(), 1);
@@ -366,11 +371,16 @@ async fn text_and_thinking_stream_into_the_chat_and_usage_into_stats() {
         "{b}"
     );
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "tokens_in"), "55", "{st}");
-    assert_eq!(kv(&st, "tokens_out"), "14", "{st}");
-    assert_eq!(kv(&st, "context_tokens"), "32", "{st}");
-    assert_eq!(kv(&st, "requests"), "2", "{st}");
-    assert_eq!(kv(&st, "turns"), "2", "{st}");
+    assert_kv(
+        &st,
+        &[
+            ("tokens_in", "55"),
+            ("tokens_out", "14"),
+            ("context_tokens", "32"),
+            ("requests", "2"),
+            ("turns", "2"),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,11 +468,16 @@ async fn a_tool_use_runs_sandboxed_and_its_result_goes_back_as_a_tool_result_blo
         "{b}"
     );
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "requests"), "2", "{st}");
-    assert_eq!(kv(&st, "tool_calls"), "1", "{st}");
-    assert_eq!(kv(&st, "tokens_in"), "140", "{st}");
-    assert_eq!(kv(&st, "tokens_out"), "49", "{st}");
-    assert_eq!(kv(&st, "errors"), "0", "{st}");
+    assert_kv(
+        &st,
+        &[
+            ("requests", "2"),
+            ("tool_calls", "1"),
+            ("tokens_in", "140"),
+            ("tokens_out", "49"),
+            ("errors", "0"),
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,8 +555,7 @@ async fn two_parallel_reads_answer_in_one_user_message() {
         "{b}"
     );
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "tool_calls"), "2", "{st}");
-    assert_eq!(kv(&st, "requests"), "2", "{st}");
+    assert_kv(&st, &[("tool_calls", "2"), ("requests", "2")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,9 +584,10 @@ async fn a_rate_limit_waits_for_retry_after_and_retries() {
     // The same request again.
     assert_eq!(check_request(&posts[0]), check_request(&posts[1]));
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "requests"), "2", "{st}");
-    assert_eq!(kv(&st, "errors"), "0", "{st}");
-    assert_eq!(kv(&st, "tokens_in"), "10", "{st}");
+    assert_kv(
+        &st,
+        &[("requests", "2"), ("errors", "0"), ("tokens_in", "10")],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,9 +650,7 @@ async fn an_overload_and_an_error_event_mid_stream_are_retried() {
         "{b}"
     );
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "requests"), "4", "{st}");
-    assert_eq!(kv(&st, "errors"), "0", "{st}");
-    assert_eq!(kv(&st, "turns"), "2", "{st}");
+    assert_kv(&st, &[("requests", "4"), ("errors", "0"), ("turns", "2")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -677,9 +690,7 @@ async fn a_server_error_that_persists_fails_the_turn_after_three_retries() {
     assert_eq!(h.fake.posts().len(), 4);
     assert_eq!(h.fake.left(), 0);
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "requests"), "4", "{st}");
-    assert_eq!(kv(&st, "errors"), "1", "{st}");
-    assert_eq!(kv(&st, "turns"), "1", "{st}");
+    assert_kv(&st, &[("requests", "4"), ("errors", "1"), ("turns", "1")]);
     wait_for(&h.root, "session/s/agent/idx", "\terror\n").await;
 }
 
@@ -711,11 +722,9 @@ async fn a_stream_cut_mid_message_is_retried() {
     assert_eq!(bs[3].body, "Hello world.\n");
     assert_eq!(h.fake.posts().len(), 2);
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "requests"), "2", "{st}");
-    assert_eq!(kv(&st, "errors"), "0", "{st}");
+    assert_kv(&st, &[("requests", "2"), ("errors", "0")]);
     // Only the complete answer counts.
-    assert_eq!(kv(&st, "tokens_in"), "12", "{st}");
-    assert_eq!(kv(&st, "tokens_out"), "5", "{st}");
+    assert_kv(&st, &[("tokens_in", "12"), ("tokens_out", "5")]);
     // The next turn's history has the complete answer only.
     h.fake.push(vec![answer("ok", 20, 1)]);
     turn(&h, &ev, "again").await;
@@ -835,9 +844,7 @@ async fn a_context_overflow_compacts_the_history_and_retries() {
         "{r}"
     );
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "requests"), "4", "{st}");
-    assert_eq!(kv(&st, "errors"), "0", "{st}");
-    assert_eq!(kv(&st, "turns"), "2", "{st}");
+    assert_kv(&st, &[("requests", "4"), ("errors", "0"), ("turns", "2")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -874,8 +881,7 @@ async fn a_tool_call_written_as_text_brings_a_note_and_another_call() {
     // Nothing ran.
     assert!(!h.work.join("ran.txt").exists());
     let st = stats(&h).await;
-    assert_eq!(kv(&st, "tool_calls"), "0", "{st}");
-    assert_eq!(kv(&st, "requests"), "2", "{st}");
+    assert_kv(&st, &[("tool_calls", "0"), ("requests", "2")]);
     // The model was asked again, with the note as a user message.
     let posts = h.fake.posts();
     assert_eq!(posts.len(), 2);

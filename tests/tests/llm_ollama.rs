@@ -14,8 +14,8 @@ mod fake_llm;
 use bytes::Bytes;
 use common::{Srv, attach, me};
 use fake_llm::{
-    Block, FakeLlm, Got, KEY, Reply, blocks, events, kv, olliesrv, rdwr, read, session_with_agent,
-    states_until, wait_for, write,
+    Block, FakeLlm, Got, KEY, Reply, assert_kv, blocks, events, kv, olliesrv, rdwr, read,
+    session_with_agent, states_until, wait_for, write,
 };
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
@@ -108,6 +108,21 @@ fn check_chat_request(g: &Got, model: &str) -> Value {
     b
 }
 
+/// Writes `prompt` to agent `a` and returns the states it went through until idle or error.
+async fn turn(root: &Fid, ev: &Fid, prompt: &str) -> Vec<String> {
+    write(root, "session/s/agent/a/prompt", prompt)
+        .await
+        .unwrap_or_else(|e| panic!("prompt {prompt:?}: {e}"));
+    states_until(ev, &["idle", "error"]).await
+}
+
+/// Agent `a`'s log (the snapshot of `chat.raw`) and its blocks.
+async fn log(root: &Fid) -> (String, Vec<Block>) {
+    let raw = read(root, "session/s/agent/a/log").await;
+    let bs = blocks(&raw);
+    (raw, bs)
+}
+
 /// The kinds of the blocks, in order.
 fn kinds(bs: &[Block]) -> Vec<&str> {
     bs.iter().map(|b| b.kind.as_str()).collect()
@@ -134,13 +149,9 @@ async fn text_and_thinking_stream_into_reasoning_then_assistant() {
         done(42, 7),
     ]);
     let (fake, srv, _work, _c, root, ev) = setup(vec![reply], PRICES).await;
-    write(&root, "session/s/agent/a/prompt", "say hello")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "say hello").await;
     assert_eq!(states, ["thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(kinds(&bs), ["user", "reasoning", "assistant"], "{raw}");
     assert_eq!(bs[0].body, "say hello\n");
     assert_eq!(bs[1].body.trim_end(), "The user wants a greeting.", "{raw}");
@@ -150,12 +161,17 @@ async fn text_and_thinking_stream_into_reasoning_then_assistant() {
         "{raw}"
     );
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "tokens_in"), "42", "{stats}");
-    assert_eq!(kv(&stats, "tokens_out"), "7", "{stats}");
-    assert_eq!(kv(&stats, "context_tokens"), "49", "{stats}");
-    assert_eq!(kv(&stats, "requests"), "1", "{stats}");
-    assert_eq!(kv(&stats, "turns"), "1", "{stats}");
-    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+    assert_kv(
+        &stats,
+        &[
+            ("tokens_in", "42"),
+            ("tokens_out", "7"),
+            ("context_tokens", "49"),
+            ("requests", "1"),
+            ("turns", "1"),
+            ("errors", "0"),
+        ],
+    );
     // No cost from Ollama: the price table's, 42 × $1 + 7 × $2.
     assert_eq!(kv(&stats, "cost_usd"), "56.000000", "{stats}");
     let posts = fake.posts();
@@ -189,10 +205,7 @@ async fn a_tool_round_trip_sends_the_result_back_as_a_tool_message() {
         Reply::ndjson(&[delta("Made made.txt.", ""), done(40, 4)]),
     ];
     let (fake, _srv, work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "make a file")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "make a file").await;
     assert_eq!(
         states,
         ["thinking", "calling: execute_code", "thinking", "idle"]
@@ -201,8 +214,7 @@ async fn a_tool_round_trip_sends_the_result_back_as_a_tool_message() {
         std::fs::read_to_string(work.join("made.txt")).unwrap(),
         "made\n"
     );
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(
         kinds(&bs),
         ["user", "reasoning", "tool_call", "tool_result", "assistant"],
@@ -235,11 +247,16 @@ async fn a_tool_round_trip_sends_the_result_back_as_a_tool_message() {
     assert_eq!(via_toolsrv, rec);
     assert_eq!(bs[4].body.trim_end(), "Made made.txt.");
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "requests"), "2", "{stats}");
-    assert_eq!(kv(&stats, "tool_calls"), "1", "{stats}");
-    assert_eq!(kv(&stats, "tokens_in"), "60", "{stats}");
-    assert_eq!(kv(&stats, "tokens_out"), "9", "{stats}");
-    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+    assert_kv(
+        &stats,
+        &[
+            ("requests", "2"),
+            ("tool_calls", "1"),
+            ("tokens_in", "60"),
+            ("tokens_out", "9"),
+            ("errors", "0"),
+        ],
+    );
     // The second request carries the call and its result.
     let posts = fake.posts();
     assert_eq!(posts.len(), 2);
@@ -278,10 +295,7 @@ async fn two_file_reads_in_one_line_run_together() {
     let (fake, _srv, work, _c, root, ev) = setup(script, "").await;
     std::fs::write(work.join("a.txt"), "alpha-content\n").unwrap();
     std::fs::write(work.join("b.txt"), "beta-content\n").unwrap();
-    write(&root, "session/s/agent/a/prompt", "read both")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "read both").await;
     assert_eq!(
         states,
         [
@@ -291,8 +305,7 @@ async fn two_file_reads_in_one_line_run_together() {
             "idle"
         ]
     );
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(
         kinds(&bs),
         [
@@ -325,8 +338,7 @@ async fn two_file_reads_in_one_line_run_together() {
     assert!(bs[3].body.contains("alpha-content"), "{raw}");
     assert!(bs[4].body.contains("beta-content"), "{raw}");
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "tool_calls"), "2", "{stats}");
-    assert_eq!(kv(&stats, "requests"), "2", "{stats}");
+    assert_kv(&stats, &[("tool_calls", "2"), ("requests", "2")]);
     let posts = fake.posts();
     assert_eq!(posts.len(), 2);
     let b = check_chat_request(&posts[1], "m");
@@ -354,20 +366,15 @@ async fn a_429_waits_its_retry_after_then_succeeds() {
         answer("after the wait"),
     ];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "hi")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "hi").await;
     assert_eq!(states, ["thinking", "limitretry", "thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(kinds(&bs), ["user", "info", "assistant"], "{raw}");
     assert_eq!(bs[1].attrs, "retry", "{raw}");
     assert!(bs[1].body.contains("retrying in 1.0 s (1 of 3)"), "{raw}");
     assert_eq!(bs[2].body.trim_end(), "after the wait");
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "requests"), "2", "{stats}");
-    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
+    assert_kv(&stats, &[("requests", "2"), ("errors", "0")]);
     assert_eq!(fake.posts().len(), 2);
     check_chat_request(&fake.posts()[1], "m");
 }
@@ -382,13 +389,9 @@ async fn a_500_is_retried_then_succeeds() {
         answer("second try"),
     ];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "hi")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "hi").await;
     assert_eq!(states, ["thinking", "limitretry", "thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(kinds(&bs), ["user", "info", "assistant"], "{raw}");
     assert_eq!(bs[1].attrs, "retry", "{raw}");
     assert!(
@@ -409,10 +412,7 @@ async fn four_500s_fail_the_turn() {
     let e500 = || Reply::json(500, &json!({"error": "server busy"}));
     let script = vec![e500(), e500(), e500(), e500(), answer("never used")];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "hi")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "hi").await;
     assert_eq!(
         states,
         [
@@ -426,8 +426,7 @@ async fn four_500s_fail_the_turn() {
             "error"
         ]
     );
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(
         kinds(&bs),
         ["user", "info", "info", "info", "error"],
@@ -447,9 +446,10 @@ async fn four_500s_fail_the_turn() {
     assert_eq!(fake.posts().len(), 4);
     assert_eq!(fake.left(), 1);
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "requests"), "4", "{stats}");
-    assert_eq!(kv(&stats, "errors"), "1", "{stats}");
-    assert_eq!(kv(&stats, "turns"), "1", "{stats}");
+    assert_kv(
+        &stats,
+        &[("requests", "4"), ("errors", "1"), ("turns", "1")],
+    );
     let idx = read(&root, "session/s/agent/idx").await;
     assert!(idx.contains("\terror"), "{idx}");
 }
@@ -467,13 +467,9 @@ async fn a_stream_cut_before_done_is_retried() {
         Reply::ndjson(&[delta("whole answer", ""), done(8, 2)]),
     ];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "hi")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "hi").await;
     assert_eq!(states, ["thinking", "limitretry", "thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     // What streamed before the cut stays in the chat; the retry notice; the whole answer.
     assert_eq!(
         kinds(&bs),
@@ -489,9 +485,10 @@ async fn a_stream_cut_before_done_is_retried() {
     assert!(!raw.contains("never sent"), "{raw}");
     assert_eq!(bs[3].body.trim_end(), "whole answer");
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "requests"), "2", "{stats}");
-    assert_eq!(kv(&stats, "tokens_in"), "8", "{stats}");
-    assert_eq!(kv(&stats, "tokens_out"), "2", "{stats}");
+    assert_kv(
+        &stats,
+        &[("requests", "2"), ("tokens_in", "8"), ("tokens_out", "2")],
+    );
     // The half answer is not in the history: the retry asks the same thing again.
     let posts = fake.posts();
     assert_eq!(posts.len(), 2);
@@ -521,13 +518,9 @@ async fn an_error_line_in_the_stream_is_retried() {
         answer("fine now"),
     ];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "hi")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "hi").await;
     assert_eq!(states, ["thinking", "limitretry", "thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(
         kinds(&bs),
         ["user", "assistant", "info", "assistant"],
@@ -566,13 +559,9 @@ async fn a_context_overflow_compacts_and_retries() {
             ["thinking", "idle"]
         );
     }
-    write(&root, "session/s/agent/a/prompt", "third prompt")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "third prompt").await;
     assert_eq!(states, ["thinking", "compacting", "thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(
         kinds(&bs),
         [
@@ -637,9 +626,10 @@ async fn a_context_overflow_compacts_and_retries() {
     );
     assert_eq!(msgs[2], json!({"role": "user", "content": "third prompt"}));
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "errors"), "0", "{stats}");
-    assert_eq!(kv(&stats, "requests"), "5", "{stats}");
-    assert_eq!(kv(&stats, "turns"), "3", "{stats}");
+    assert_kv(
+        &stats,
+        &[("errors", "0"), ("requests", "5"), ("turns", "3")],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -650,13 +640,9 @@ async fn a_tool_call_written_as_text_is_sent_back() {
         answer("sorry, the answer is 4"),
     ];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "what is 2+2")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "what is 2+2").await;
     assert_eq!(states, ["thinking", "idle"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(
         kinds(&bs),
         ["user", "assistant", "info", "assistant"],
@@ -666,8 +652,7 @@ async fn a_tool_call_written_as_text_is_sent_back() {
     assert!(bs[2].body.contains("call to file_read as text"), "{raw}");
     assert_eq!(bs[3].body.trim_end(), "sorry, the answer is 4");
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "tool_calls"), "0", "{stats}");
-    assert_eq!(kv(&stats, "requests"), "2", "{stats}");
+    assert_kv(&stats, &[("tool_calls", "0"), ("requests", "2")]);
     let posts = fake.posts();
     assert_eq!(posts.len(), 2);
     let b = check_chat_request(&posts[1], "m");
@@ -694,13 +679,9 @@ async fn a_missing_model_fails_the_turn_at_once() {
         answer("never used"),
     ];
     let (fake, _srv, _work, _c, root, ev) = setup(script, "").await;
-    write(&root, "session/s/agent/a/prompt", "hi")
-        .await
-        .unwrap();
-    let states = states_until(&ev, &["idle", "error"]).await;
+    let states = turn(&root, &ev, "hi").await;
     assert_eq!(states, ["thinking", "error"]);
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(kinds(&bs), ["user", "error"], "{raw}");
     assert_eq!(
         bs[1].body,
@@ -710,8 +691,7 @@ async fn a_missing_model_fails_the_turn_at_once() {
     assert_eq!(fake.posts().len(), 1);
     assert_eq!(fake.left(), 1);
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "errors"), "1", "{stats}");
-    assert_eq!(kv(&stats, "requests"), "1", "{stats}");
+    assert_kv(&stats, &[("errors", "1"), ("requests", "1")]);
 }
 
 fn tags() -> Reply {
@@ -791,8 +771,7 @@ async fn with_nothing_configured_an_ollama_at_ollama_host_is_used() {
         states_until(&ev, &["idle", "error"]).await,
         ["thinking", "idle"]
     );
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(kinds(&bs), ["user", "assistant"], "{raw}");
     assert_eq!(bs[1].body.trim_end(), "found you");
     let posts = fake.posts();
@@ -840,8 +819,7 @@ async fn with_nothing_configured_and_no_ollama_prompts_and_generate_fail() {
         states_until(&ev, &["idle", "error"]).await,
         ["thinking", "error"]
     );
-    let raw = read(&root, "session/s/agent/a/log").await;
-    let bs = blocks(&raw);
+    let (raw, bs) = log(&root).await;
     assert_eq!(kinds(&bs), ["user", "error"], "{raw}");
     assert!(
         bs[1].body.starts_with("no backend: start Ollama") && bs[1].body.lines().count() == 1,
@@ -851,8 +829,7 @@ async fn with_nothing_configured_and_no_ollama_prompts_and_generate_fail() {
     assert!(e.contains("no backend: start Ollama"), "{e}");
     assert!(!e.contains('\n'), "{e:?}");
     let stats = read(&root, "session/s/agent/a/stats").await;
-    assert_eq!(kv(&stats, "errors"), "1", "{stats}");
-    assert_eq!(kv(&stats, "requests"), "0", "{stats}");
+    assert_kv(&stats, &[("errors", "1"), ("requests", "0")]);
 }
 
 /// An Ollama behind an authenticating proxy: the configured key goes out as a bearer token

@@ -244,13 +244,18 @@ async fn text_and_reasoning_stream_into_the_chat_and_usage_into_stats() {
     assert!(chat.contains("Hello, wörld!\n"), "{chat}");
 
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "tokens_in"), "11", "{s}");
-    assert_eq!(kv(&s, "tokens_out"), "7", "{s}");
-    assert_eq!(kv(&s, "requests"), "1", "{s}");
-    assert_eq!(kv(&s, "context_tokens"), "18", "{s}");
-    assert_eq!(kv(&s, "tool_calls"), "0", "{s}");
-    assert_eq!(kv(&s, "turns"), "1", "{s}");
-    assert_eq!(kv(&s, "errors"), "0", "{s}");
+    assert_kv(
+        &s,
+        &[
+            ("tokens_in", "11"),
+            ("tokens_out", "7"),
+            ("requests", "1"),
+            ("context_tokens", "18"),
+            ("tool_calls", "0"),
+            ("turns", "1"),
+            ("errors", "0"),
+        ],
+    );
 
     let posts = h.fake.posts();
     assert_eq!(posts.len(), 1);
@@ -389,11 +394,16 @@ async fn a_tool_call_runs_sandboxed_and_its_result_goes_back_to_the_model() {
     );
 
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "2", "{s}");
-    assert_eq!(kv(&s, "tool_calls"), "1", "{s}");
-    assert_eq!(kv(&s, "tokens_in"), "50", "{s}");
-    assert_eq!(kv(&s, "tokens_out"), "13", "{s}");
-    assert_eq!(kv(&s, "context_tokens"), "34", "{s}");
+    assert_kv(
+        &s,
+        &[
+            ("requests", "2"),
+            ("tool_calls", "1"),
+            ("tokens_in", "50"),
+            ("tokens_out", "13"),
+            ("context_tokens", "34"),
+        ],
+    );
     let top = read(&h.root, &format!("{A}/proc/top")).await;
     assert!(
         top.contains("exited") && top.contains("execute_code"),
@@ -507,8 +517,7 @@ async fn parallel_reads_share_a_step_and_other_calls_run_in_order() {
         json!({"role": "tool", "tool_call_id": "x1", "content": bs[8].body})
     );
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "tool_calls"), "4", "{s}");
-    assert_eq!(kv(&s, "requests"), "3", "{s}");
+    assert_kv(&s, &[("tool_calls", "4"), ("requests", "3")]);
 }
 
 /// HTTP 429 with `Retry-After: 1`: an `info retry` block, the `limitretry` state, the same
@@ -541,9 +550,10 @@ async fn a_rate_limit_waits_for_retry_after_and_retries() {
         "the retry changed the request"
     );
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "2", "{s}");
-    assert_eq!(kv(&s, "tokens_in"), "10", "{s}");
-    assert_eq!(kv(&s, "errors"), "0", "{s}");
+    assert_kv(
+        &s,
+        &[("requests", "2"), ("tokens_in", "10"), ("errors", "0")],
+    );
 }
 
 /// Two HTTP 500s are retried (after 1 s, then 2 s), then the answer arrives.
@@ -584,8 +594,7 @@ async fn server_errors_are_retried_with_backoff() {
     assert_eq!(bs[3].body, "third time lucky\n");
     assert_eq!(h.fake.posts().len(), 3);
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "3", "{s}");
-    assert_eq!(kv(&s, "errors"), "0", "{s}");
+    assert_kv(&s, &[("requests", "3"), ("errors", "0")]);
 }
 
 /// Four HTTP 500s: three retries, then the turn fails (`error` block, state `error`).
@@ -621,9 +630,7 @@ async fn a_server_error_that_persists_fails_the_turn() {
     assert_eq!(h.fake.posts().len(), 4);
     assert_eq!(h.fake.left(), 0);
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "4", "{s}");
-    assert_eq!(kv(&s, "errors"), "1", "{s}");
-    assert_eq!(kv(&s, "turns"), "1", "{s}");
+    assert_kv(&s, &[("requests", "4"), ("errors", "1"), ("turns", "1")]);
 }
 
 /// A stream dropped mid-message (no finish reason, no `[DONE]`) is retried; only the
@@ -657,8 +664,7 @@ async fn a_stream_cut_mid_message_is_retried() {
         json!({"role": "assistant", "content": "Hello again, whole"})
     );
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "3", "{s}");
-    assert_eq!(kv(&s, "errors"), "0", "{s}");
+    assert_kv(&s, &[("requests", "3"), ("errors", "0")]);
 }
 
 /// HTTP 400 `context_length_exceeded`: an info block, a compaction request (the summary
@@ -741,8 +747,7 @@ async fn a_context_overflow_compacts_the_history_and_retries() {
     );
     assert_eq!(m[2], json!({"role": "user", "content": "second question"}));
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "4", "{s}");
-    assert_eq!(kv(&s, "errors"), "0", "{s}");
+    assert_kv(&s, &[("requests", "4"), ("errors", "0")]);
 }
 
 /// An answer that writes a tool call as text: an `info text-tool-call` block, the model is
@@ -892,9 +897,10 @@ async fn failing_rounds_bring_a_nudge_and_then_abort_the_turn() {
     );
     assert_eq!(last_message(&posts[4])["role"], "tool");
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "tool_calls"), "5", "{s}");
-    assert_eq!(kv(&s, "requests"), "5", "{s}");
-    assert_eq!(kv(&s, "errors"), "1", "{s}");
+    assert_kv(
+        &s,
+        &[("tool_calls", "5"), ("requests", "5"), ("errors", "1")],
+    );
 }
 
 /// The price table turns reported usage into `cost_usd`; with the session's cost cap below
@@ -931,8 +937,7 @@ async fn prices_give_the_cost_and_the_cost_cap_stops_the_next_turn() {
     );
     assert_eq!(h.fake.posts().len(), 1, "a request was sent over the cap");
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "requests"), "1", "{s}");
-    assert_eq!(kv(&s, "errors"), "1", "{s}");
+    assert_kv(&s, &[("requests", "1"), ("errors", "1")]);
 }
 
 /// `ctl compact` on an idle agent summarizes its history now; the next request starts with
@@ -1175,7 +1180,9 @@ async fn the_api_key_is_sent_as_a_bearer_token_and_never_shown() {
         );
     }
     let got = h.fake.got();
-    assert_eq!(got.len(), 3 + 2);
+    // Three chat requests, two model listings, and the one /models request at the first
+    // turn that learns the model's context window (no context_limit is configured).
+    assert_eq!(got.len(), 3 + 2 + 1);
     for g in &got {
         assert_eq!(
             g.headers.get("authorization").map(String::as_str),
@@ -1229,7 +1236,13 @@ async fn a_tool_call_runs_as_written_and_only_its_copies_are_redacted() {
     }
     let history = std::fs::read_to_string(history[0]).unwrap();
     assert!(history.contains("<redacted>/bk/work"), "{history}");
-    let got = h.fake.got();
+    // The two chat requests (besides the /models request that learns the context window).
+    let got: Vec<_> = h
+        .fake
+        .got()
+        .into_iter()
+        .filter(|g| g.method == "POST")
+        .collect();
     assert_eq!(got.len(), 2);
     assert!(!got[1].body.contains(KEY), "the key went back to the model");
 }
@@ -1320,8 +1333,7 @@ async fn the_plan_is_shown_again_every_eighth_step() {
         "{t}"
     );
     let s = stats(&h.root).await;
-    assert_eq!(kv(&s, "tool_calls"), "8", "{s}");
-    assert_eq!(kv(&s, "requests"), "9", "{s}");
+    assert_kv(&s, &[("tool_calls", "8"), ("requests", "9")]);
     // The reminder is not part of the history: the next turn's first request lacks it.
     turn(&h.root, "anything else?").await;
     let p = &h.fake.posts()[9];

@@ -16,7 +16,7 @@ use nix::sys::signal::Signal;
 use ollie_p9::wire::{NOFID, NOTAG, Rmsg, Stat, Tmsg, dm, om};
 use ollie_p9::{Client, Fid};
 
-const ROOT_NAMES: [&str; 12] = [
+const ROOT_NAMES: [&str; 13] = [
     "agents",
     "aliases",
     "backends",
@@ -25,6 +25,7 @@ const ROOT_NAMES: [&str; 12] = [
     "eventwait",
     "generate",
     "help",
+    "lasterror",
     "models",
     "session",
     "skills",
@@ -136,7 +137,7 @@ fn cli_ls_read_write_rdwr() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert_eq!(
         text(&o.stdout),
-        "agents\naliases\nbackends\nbypass/\nctl\neventwait\ngenerate\nhelp\nmodels\nsession/\nskills/\ntools\n"
+        "agents\naliases\nbackends\nbypass/\nctl\neventwait\ngenerate\nhelp\nlasterror\nmodels\nsession/\nskills/\ntools\n"
     );
 
     let o = ollie9p(&a, &["ls", "-l"], b"");
@@ -952,9 +953,14 @@ async fn help_and_the_root_listing_agree() {
     let srv = Srv::start(CONFIG);
     let (_c, root) = attach(&srv, &me()).await;
     let new = open(&root, "session/new", om::ORDWR).await;
+    let work = srv.dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
     within(
         "session/new",
-        new.write(0, Bytes::from_static(b"name=walked")),
+        new.write(
+            0,
+            Bytes::from(format!("name=walked cwd={}", work.display())),
+        ),
     )
     .await
     .expect("session/new");
@@ -1750,4 +1756,44 @@ fn flush_of_a_read_queued_behind_a_parked_one() {
         Rmsg::Stat { .. } => {}
         m => panic!("{m:?}"),
     }
+}
+
+/// The root listing docs/using.md shows (`ollie-9p ls -l … # the root: …`) is what the server
+/// serves at its root, name for name (directories with a `/`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_root_listing_is_the_served_one() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/using.md"),
+    )
+    .unwrap();
+    let documented: Vec<&str> = doc
+        .lines()
+        .find_map(|l| l.split_once("# the root: ").map(|(_, r)| r))
+        .expect("docs/using.md has a `# the root: …` listing")
+        .split_whitespace()
+        .collect();
+    let srv = Srv::start(CONFIG);
+    let (_c, root) = attach(&srv, &me()).await;
+    let mut d = root.walk(&[] as &[&str]).await.unwrap();
+    d.open(om::OREAD).await.unwrap();
+    let mut served: Vec<String> = d
+        .read_dir()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            if e.qid.is_dir() {
+                format!("{}/", e.name)
+            } else {
+                e.name
+            }
+        })
+        .collect();
+    served.sort();
+    let mut want: Vec<String> = documented.iter().map(|s| (*s).to_owned()).collect();
+    want.sort();
+    assert_eq!(
+        want, served,
+        "docs/using.md's root listing and the served root differ"
+    );
 }

@@ -18,53 +18,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::kv_value as kv;
 use common::toolsrv::{features_ok, skip};
 use common::*;
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
+use ollie_testkit::client::{rdwr_text as rdwr, read_ok as read, write_ok as write};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // 9P helpers
 
-async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
-    let mut f = within(path, root.walk_path(path))
-        .await
-        .map_err(|e| e.to_string())?;
-    f.open(om::ORDWR).await.map_err(|e| e.to_string())?;
-    f.write(0, Bytes::from(data.to_owned()))
-        .await
-        .map_err(|e| e.to_string())?;
-    let b = within(path, f.read_to_end())
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(String::from_utf8(b).unwrap())
-}
-
-async fn read(root: &Fid, path: &str) -> String {
-    let mut f = within(path, root.walk_path(path)).await.unwrap();
-    f.open(om::OREAD).await.unwrap();
-    String::from_utf8(within(path, f.read_to_end()).await.unwrap()).unwrap()
-}
-
-async fn write(root: &Fid, path: &str, data: &str) {
-    let mut f = within(path, root.walk_path(path)).await.unwrap();
-    f.open(om::OWRITE).await.unwrap();
-    within(path, f.write(0, Bytes::from(data.to_owned())))
-        .await
-        .unwrap();
-}
-
 /// Waits (bounded) until `path` contains `needle`; returns the content.
 async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
     wait_for_text(root, path, needle, Duration::from_secs(60)).await
-}
-
-fn kv(text: &str, key: &str) -> String {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or("")
-        .to_owned()
 }
 
 /// An `eventwait` fid opened before what it is to see.

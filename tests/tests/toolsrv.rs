@@ -434,56 +434,48 @@ async fn execute_code_in_bash_sh_and_python3() {
     }
     let t = Ts::start().await;
     let a = t.attach("a").await;
-    let r = run(
-        &a,
-        &code(
-            "bash",
-            "echo \"hi from $BASH_VERSINFO\"; echo err >&2; exit 0",
-        ),
-    )
-    .await
-    .expect("bash");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert!(r.body.contains("hi from "), "{r:?}");
-    assert!(r.body.contains("err\n"), "stderr is in the result: {r:?}");
-
-    let r = run(
-        &a,
-        &code("sh", "printf 'sh says %s\\n' ok; echo oops >&2; exit 3"),
-    )
-    .await
-    .expect("sh");
-    assert_eq!(r.exit(), Some(3), "{r:?}");
-    assert!(r.body.contains("sh says ok\n"), "{r:?}");
-    assert!(r.body.contains("oops\n"), "{r:?}");
-
-    let r = run(
-        &a,
-        &code(
-            "python3",
-            "import sys\nprint(sum(range(10)))\nprint('to stderr', file=sys.stderr)\nsys.exit(5)",
-        ),
-    )
-    .await
-    .expect("python3");
-    assert_eq!(r.exit(), Some(5), "{r:?}");
-    assert!(r.body.contains("45\n"), "{r:?}");
-    assert!(r.body.contains("to stderr\n"), "{r:?}");
-
-    // The runner's working directory is the workspace.
-    let r = run(&a, &code("python3", "import os; print(os.getcwd())"))
-        .await
-        .expect("python3 cwd");
     let ws = std::fs::canonicalize(t.ws()).unwrap();
-    assert_eq!(r.body.trim(), ws.to_str().unwrap(), "{r:?}");
-    assert_eq!(r.exit(), Some(0));
-    assert!(r.pid() > 0);
-
-    // An unknown language is refused before anything runs.
-    let e = run(&a, &code("cobol", "DISPLAY 'x'"))
-        .await
-        .expect_err("cobol");
-    assert!(e.contains("not available"), "{e}");
+    let cases = [
+        case(
+            "bash",
+            code(
+                "bash",
+                "echo \"hi from $BASH_VERSINFO\"; echo err >&2; exit 0",
+            ),
+            // stderr is in the result.
+            ran(&[Check::Exit(0), has("hi from "), has("err\n")]),
+        ),
+        case(
+            "sh",
+            code("sh", "printf 'sh says %s\\n' ok; echo oops >&2; exit 3"),
+            ran(&[Check::Exit(3), has("sh says ok\n"), has("oops\n")]),
+        ),
+        case(
+            "python3",
+            code(
+                "python3",
+                "import sys\nprint(sum(range(10)))\nprint('to stderr', file=sys.stderr)\nsys.exit(5)",
+            ),
+            ran(&[Check::Exit(5), has("45\n"), has("to stderr\n")]),
+        ),
+        // The runner's working directory is the workspace.
+        case(
+            "python3 cwd",
+            code("python3", "import os; print(os.getcwd())"),
+            ran(&[
+                Check::BodyTrim(ws.to_str().unwrap().to_owned()),
+                Check::Exit(0),
+                Check::Pid,
+            ]),
+        ),
+        // An unknown language is refused before anything runs.
+        case(
+            "cobol",
+            code("cobol", "DISPLAY 'x'"),
+            refused(&["not available"]),
+        ),
+    ];
+    run_cases(&a, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -541,26 +533,39 @@ async fn cmd_shorthand_runs_bash() {
     }
     let t = Ts::start().await;
     let a = t.attach("a").await;
-    let r = run(
-        &a,
-        "tool=execute_code\ncmd=echo one\\necho \"$0\" two; [[ 1 == 1 ]] && exit 4\n",
-    )
-    .await
-    .expect("cmd=");
-    assert_eq!(r.exit(), Some(4), "{r:?}");
-    assert_eq!(r.body, "one\nbash two\n", "{r:?}");
-    // cmd= is for execute_code only, and not together with args=.
-    let e = run(&a, "tool=file_read\ncmd=x\n")
-        .await
-        .expect_err("cmd= for file_read");
-    assert!(e.contains("cmd="), "{e}");
-    let e = run(
-        &a,
-        "tool=execute_code\ncmd=true\nargs={\"language\":\"bash\",\"code\":\"true\"}\n",
-    )
-    .await
-    .expect_err("cmd= and args=");
-    assert!(e.contains("not both"), "{e}");
+    let cases = [
+        case(
+            "cmd=",
+            "tool=execute_code\ncmd=echo one\\necho \"$0\" two; [[ 1 == 1 ]] && exit 4\n",
+            ran(&[Check::Exit(4), body("one\nbash two\n")]),
+        ),
+        // cmd= is for execute_code only, and not together with args=.
+        case(
+            "cmd= for file_read",
+            "tool=file_read\ncmd=x\n",
+            refused(&["cmd="]),
+        ),
+        case(
+            "cmd= and args=",
+            "tool=execute_code\ncmd=true\nargs={\"language\":\"bash\",\"code\":\"true\"}\n",
+            refused(&["not both"]),
+        ),
+    ];
+    run_cases(&a, &cases).await;
+}
+
+/// A toolsrv whose tools directory holds one executable script `name` with `text`.
+async fn with_tool_script(name: &str, text: &str) -> Ts {
+    let dirs = Dirs::new();
+    let tools = dirs.dir.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    let script = tools.join(name);
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut boot = dirs.boot();
+    boot.tools_dir = Some(tools);
+    Ts::start_with(dirs, &boot).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,85 +573,70 @@ async fn execute_tool_runs_scripts_from_the_tools_dir() {
     if !features_ok("execute_tool_runs_scripts_from_the_tools_dir") {
         return;
     }
-    let dirs = Dirs::new();
-    let tools = dirs.dir.path().join("tools");
-    std::fs::create_dir(&tools).unwrap();
-    let script = tools.join("greet.sh");
-    std::fs::write(
-        &script,
+    let t = with_tool_script(
+        "greet.sh",
         "#!/bin/sh\necho \"greet: $# args: $1|$2\"\necho \"to stderr\" >&2\nexit 6\n",
     )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut boot = dirs.boot();
-    boot.tools_dir = Some(tools.clone());
-    let t = Ts::start_with(dirs, &boot).await;
+    .await;
     let a = t.attach("a").await;
 
-    let r = run(
+    let et = |args: serde_json::Value| tool("execute_tool", args);
+    run_cases(
         &a,
-        &tool(
-            "execute_tool",
-            serde_json::json!({"name": "greet.sh", "args": ["hello world", "$(x)"]}),
-        ),
+        &[case(
+            "greet.sh",
+            et(serde_json::json!({"name": "greet.sh", "args": ["hello world", "$(x)"]})),
+            ran(&[
+                Check::Exit(6),
+                has("greet: 2 args: hello world|$(x)\n"),
+                has("to stderr\n"),
+            ]),
+        )],
     )
-    .await
-    .expect("execute_tool");
-    assert_eq!(r.exit(), Some(6), "{r:?}");
-    assert!(
-        r.body.contains("greet: 2 args: hello world|$(x)\n"),
-        "{r:?}"
-    );
-    assert!(r.body.contains("to stderr\n"), "{r:?}");
+    .await;
 
     // The schema lists the script.
     let schema = rdwr(&a, "tools", "a json").await.unwrap();
     let v: serde_json::Value = serde_json::from_str(&schema).unwrap();
-    let et = v
+    let schema_of = v
         .as_array()
         .unwrap()
         .iter()
         .find(|t| t["name"] == "execute_tool")
         .expect("execute_tool schema");
     assert_eq!(
-        et["parameters"]["properties"]["name"]["enum"],
+        schema_of["parameters"]["properties"]["name"]["enum"],
         serde_json::json!(["greet.sh"])
     );
 
-    for bad in [
+    let mut cases: Vec<Case> = [
         "../greet.sh",
         "sub/greet.sh",
         "..",
         "/bin/sh",
         ".hidden",
         "",
-    ] {
-        let e = run(
-            &a,
-            &tool("execute_tool", serde_json::json!({ "name": bad })),
+    ]
+    .into_iter()
+    .map(|bad| {
+        case(
+            format!("bad script name {bad:?}"),
+            et(serde_json::json!({ "name": bad })),
+            refused(&["not a tool name"]),
         )
-        .await
-        .expect_err("bad script name accepted");
-        assert!(e.contains("not a tool name"), "{bad:?}: {e}");
-    }
-    let e = run(
-        &a,
-        &tool("execute_tool", serde_json::json!({"name": "nope.sh"})),
-    )
-    .await
-    .expect_err("missing script");
-    assert!(e.contains("no tool named"), "{e}");
-    let e = run(
-        &a,
-        &tool(
-            "execute_tool",
-            serde_json::json!({"name": "greet.sh", "args": "x"}),
-        ),
-    )
-    .await
-    .expect_err("args as a string");
-    assert!(e.contains("array of strings"), "{e}");
+    })
+    .collect();
+    cases.push(case(
+        "missing script",
+        et(serde_json::json!({"name": "nope.sh"})),
+        refused(&["no tool named"]),
+    ));
+    cases.push(case(
+        "args as a string",
+        et(serde_json::json!({"name": "greet.sh", "args": "x"})),
+        refused(&["array of strings"]),
+    ));
+    run_cases(&a, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -656,41 +646,37 @@ async fn execute_pipe_feeds_each_step_into_the_next() {
     }
     let t = Ts::start().await;
     let a = t.attach("a").await;
-    let r = run(
-        &a,
-        &tool(
-            "execute_pipe",
-            serde_json::json!({"steps": [
-                {"language": "bash", "code": "printf 'a\\nb\\nc\\n'; printf 'd\\n'"},
-                {"language": "python3", "code": "import sys; print('lines=%d' % len(sys.stdin.readlines()))"},
-            ]}),
+    let cases = [
+        case(
+            "two steps",
+            tool(
+                "execute_pipe",
+                serde_json::json!({"steps": [
+                    {"language": "bash", "code": "printf 'a\\nb\\nc\\n'; printf 'd\\n'"},
+                    {"language": "python3", "code": "import sys; print('lines=%d' % len(sys.stdin.readlines()))"},
+                ]}),
+            ),
+            ran(&[Check::Exit(0), body("lines=4\n")]),
         ),
-    )
-    .await
-    .expect("execute_pipe");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(r.body, "lines=4\n", "{r:?}");
-
-    // pipefail: a failing first step fails the pipe.
-    let r = run(
-        &a,
-        &tool(
-            "execute_pipe",
-            serde_json::json!({"steps": [
-                {"language": "sh", "code": "echo x; exit 9"},
-                {"language": "bash", "code": "cat"},
-            ]}),
+        // pipefail: a failing first step fails the pipe.
+        case(
+            "pipefail",
+            tool(
+                "execute_pipe",
+                serde_json::json!({"steps": [
+                    {"language": "sh", "code": "echo x; exit 9"},
+                    {"language": "bash", "code": "cat"},
+                ]}),
+            ),
+            ran(&[Check::Exit(9), body("x\n")]),
         ),
-    )
-    .await
-    .expect("execute_pipe");
-    assert_eq!(r.exit(), Some(9), "{r:?}");
-    assert_eq!(r.body, "x\n", "{r:?}");
-
-    let e = run(&a, &tool("execute_pipe", serde_json::json!({"steps": []})))
-        .await
-        .expect_err("empty pipe");
-    assert!(e.contains("steps"), "{e}");
+        case(
+            "empty pipe",
+            tool("execute_pipe", serde_json::json!({"steps": []})),
+            refused(&["steps"]),
+        ),
+    ];
+    run_cases(&a, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -702,72 +688,59 @@ async fn file_read_numbers_lines_and_pages() {
     let a = t.attach("a").await;
     let lines: String = (1..=10).map(|i| format!("line {i}\n")).collect();
     std::fs::write(t.ws().join("ten.txt"), &lines).unwrap();
-
-    let r = run(
-        &a,
-        &tool(
-            "file_read",
-            serde_json::json!({"path": "ten.txt", "offset": 3, "limit": 2}),
-        ),
-    )
-    .await
-    .expect("file_read");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(
-        r.body,
-        "     3\tline 3\n     4\tline 4\n[more lines follow; continue with offset=5]\n"
-    );
-    // The last page: no notice.
     let abs = t.ws().join("ten.txt");
-    let r = run(
-        &a,
-        &tool(
-            "file_read",
-            serde_json::json!({"path": abs.to_str().unwrap(), "offset": 9, "limit": 5}),
+    let read = |args: serde_json::Value| tool("file_read", args);
+    let mut cases = vec![
+        case(
+            "a page",
+            read(serde_json::json!({"path": "ten.txt", "offset": 3, "limit": 2})),
+            ran(&[
+                Check::Exit(0),
+                body(
+                    "     3\tline 3\n     4\tline 4\n[more lines follow; continue with offset=5]\n",
+                ),
+            ]),
         ),
-    )
-    .await
-    .expect("file_read");
-    assert_eq!(r.body, "     9\tline 9\n    10\tline 10\n", "{r:?}");
-    // Everything by default.
-    let r = run(
-        &a,
-        &tool("file_read", serde_json::json!({"path": "ten.txt"})),
-    )
-    .await
-    .expect("file_read");
-    assert_eq!(r.body.lines().count(), 10, "{r:?}");
-    assert!(r.body.starts_with("     1\tline 1\n"), "{r:?}");
-    // Past the end, and a missing file.
-    let r = run(
-        &a,
-        &tool(
-            "file_read",
-            serde_json::json!({"path": "ten.txt", "offset": 50}),
+        // The last page: no notice.
+        case(
+            "the last page",
+            read(serde_json::json!({"path": abs.to_str().unwrap(), "offset": 9, "limit": 5})),
+            ran(&[body("     9\tline 9\n    10\tline 10\n")]),
         ),
-    )
-    .await
-    .expect("file_read");
-    assert!(r.body.contains("shorter"), "{r:?}");
-    let r = run(
-        &a,
-        &tool("file_read", serde_json::json!({"path": "nope.txt"})),
-    )
-    .await
-    .expect("file_read of a missing file");
-    assert_ne!(r.exit(), Some(0), "{r:?}");
-    assert!(r.body.contains("nope.txt"), "{r:?}");
+        // Everything by default.
+        case(
+            "everything",
+            read(serde_json::json!({"path": "ten.txt"})),
+            ran(&[
+                Check::Lines(10),
+                Check::StartsWith("     1\tline 1\n".into()),
+            ]),
+        ),
+        // Past the end, and a missing file.
+        case(
+            "past the end",
+            read(serde_json::json!({"path": "ten.txt", "offset": 50})),
+            ran(&[has("shorter")]),
+        ),
+        case(
+            "a missing file",
+            read(serde_json::json!({"path": "nope.txt"})),
+            ran(&[Check::ExitNot(0), has("nope.txt")]),
+        ),
+    ];
     // Bad arguments are Twrite errors.
     for bad in [
         serde_json::json!({"path": "ten.txt", "offset": 0}),
         serde_json::json!({"path": "ten.txt", "limit": "2"}),
         serde_json::json!({"offset": 1}),
     ] {
-        let e = run(&a, &tool("file_read", bad.clone()))
-            .await
-            .expect_err("bad file_read args");
-        assert!(e.starts_with("file_read: "), "{bad}: {e}");
+        cases.push(case(
+            format!("bad args {bad}"),
+            read(bad),
+            Want::RefusedPrefix("file_read: ".into()),
+        ));
     }
+    run_cases(&a, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -778,60 +751,50 @@ async fn file_write_writes_replaces_and_inserts() {
     let t = Ts::start().await;
     let a = t.attach("a").await;
     let f = t.ws().join("sub/dir/new.txt");
-    let r = run(
-        &a,
-        &tool(
-            "file_write",
-            serde_json::json!({"path": "sub/dir/new.txt", "content": "a\nb\nc\n"}),
+    let write = |args: serde_json::Value| tool("file_write", args);
+    let holds = |s: &str| Check::File(f.clone(), s.to_owned());
+    let cases = [
+        case(
+            "write",
+            write(serde_json::json!({"path": "sub/dir/new.txt", "content": "a\nb\nc\n"})),
+            ran(&[
+                Check::Exit(0),
+                body("wrote 6 bytes to sub/dir/new.txt\n"),
+                holds("a\nb\nc\n"),
+            ]),
         ),
-    )
-    .await
-    .expect("file_write");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(r.body, "wrote 6 bytes to sub/dir/new.txt\n");
-    assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nb\nc\n");
-
-    let r = run(
-        &a,
-        &tool(
-            "file_write",
-            serde_json::json!({"path": "sub/dir/new.txt", "content": "B1\nB2", "start_line": 2, "end_line": 2}),
+        case(
+            "replace",
+            write(
+                serde_json::json!({"path": "sub/dir/new.txt", "content": "B1\nB2", "start_line": 2, "end_line": 2}),
+            ),
+            ran(&[
+                Check::Exit(0),
+                has("replaced lines 2-2"),
+                holds("a\nB1\nB2\nc\n"),
+            ]),
         ),
-    )
-    .await
-    .expect("replace");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert!(r.body.contains("replaced lines 2-2"), "{r:?}");
-    assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nB1\nB2\nc\n");
-
-    let r = run(
-        &a,
-        &tool(
-            "file_write",
-            serde_json::json!({"path": "sub/dir/new.txt", "content": "top\n", "start_line": 1, "end_line": 0}),
+        case(
+            "insert",
+            write(
+                serde_json::json!({"path": "sub/dir/new.txt", "content": "top\n", "start_line": 1, "end_line": 0}),
+            ),
+            ran(&[
+                Check::Exit(0),
+                has("inserted 1 lines before line 1"),
+                holds("top\na\nB1\nB2\nc\n"),
+            ]),
         ),
-    )
-    .await
-    .expect("insert");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert!(r.body.contains("inserted 1 lines before line 1"), "{r:?}");
-    assert_eq!(std::fs::read_to_string(&f).unwrap(), "top\na\nB1\nB2\nc\n");
-
-    // Append after the last line.
-    let r = run(
-        &a,
-        &tool(
-            "file_write",
-            serde_json::json!({"path": "sub/dir/new.txt", "content": "end\n", "start_line": 6, "end_line": 5}),
+        // Append after the last line.
+        case(
+            "append",
+            write(
+                serde_json::json!({"path": "sub/dir/new.txt", "content": "end\n", "start_line": 6, "end_line": 5}),
+            ),
+            ran(&[Check::Exit(0), holds("top\na\nB1\nB2\nc\nend\n")]),
         ),
-    )
-    .await
-    .expect("append");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(
-        std::fs::read_to_string(&f).unwrap(),
-        "top\na\nB1\nB2\nc\nend\n"
-    );
+    ];
+    run_cases(&a, &cases).await;
     // No temporary files left beside it.
     let names: Vec<String> = std::fs::read_dir(f.parent().unwrap())
         .unwrap()
@@ -839,33 +802,27 @@ async fn file_write_writes_replaces_and_inserts() {
         .collect();
     assert_eq!(names, ["new.txt"]);
 
-    // A start past the end fails and leaves the file alone.
-    let r = run(
-        &a,
-        &tool(
-            "file_write",
-            serde_json::json!({"path": "sub/dir/new.txt", "content": "x", "start_line": 40, "end_line": 40}),
+    let cases = [
+        // A start past the end fails and leaves the file alone.
+        case(
+            "replace past the end",
+            write(
+                serde_json::json!({"path": "sub/dir/new.txt", "content": "x", "start_line": 40, "end_line": 40}),
+            ),
+            ran(&[
+                Check::ExitNot(0),
+                has("past the end"),
+                holds("top\na\nB1\nB2\nc\nend\n"),
+            ]),
         ),
-    )
-    .await
-    .expect("replace past the end");
-    assert_ne!(r.exit(), Some(0), "{r:?}");
-    assert!(r.body.contains("past the end"), "{r:?}");
-    assert_eq!(
-        std::fs::read_to_string(&f).unwrap(),
-        "top\na\nB1\nB2\nc\nend\n"
-    );
-    // Inconsistent ranges are Twrite errors.
-    let e = run(
-        &a,
-        &tool(
-            "file_write",
-            serde_json::json!({"path": "x", "content": "x", "start_line": 3}),
+        // Inconsistent ranges are Twrite errors.
+        case(
+            "start_line alone",
+            write(serde_json::json!({"path": "x", "content": "x", "start_line": 3})),
+            refused(&["both start_line and end_line"]),
         ),
-    )
-    .await
-    .expect_err("start_line alone");
-    assert!(e.contains("both start_line and end_line"), "{e}");
+    ];
+    run_cases(&a, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -882,41 +839,34 @@ async fn file_write_outside_the_workspace_is_denied() {
     ));
     let beside = t.dirs.dir.path().join("x");
     let home_file = t.dirs.home.join("y");
+    let mut cases = Vec::new();
     for (path, shown) in [
         (etc.clone(), etc.to_str().unwrap().to_owned()),
         (beside.clone(), beside.to_str().unwrap().to_owned()),
         (beside.clone(), "../x".to_owned()),
         (home_file.clone(), home_file.to_str().unwrap().to_owned()),
     ] {
-        let r = run(
-            &a,
-            &tool(
+        // The tool runs and is denied: nothing escaped, no success reported.
+        cases.push(case(
+            format!("file_write {shown}"),
+            tool(
                 "file_write",
                 serde_json::json!({"path": shown, "content": "pwned\n"}),
             ),
-        )
-        .await
-        .expect("file_write outside (the tool runs and is denied)");
-        let exists = path.exists();
-        if exists {
-            let _ = std::fs::remove_file(&path);
-        }
-        assert!(!exists, "{shown}: file_write escaped the workspace: {r:?}");
-        assert_ne!(r.exit(), Some(0), "{shown}: {r:?}");
-        assert!(
-            !r.body.starts_with("wrote "),
-            "{shown}: reported success: {r:?}"
-        );
+            ran(&[
+                Check::Absent(path),
+                Check::ExitNot(0),
+                Check::NotStartsWith("wrote ".into()),
+            ]),
+        ));
     }
     // Same for execute_code.
-    let r = run(
-        &a,
-        &code("sh", &format!("echo pwned > {}", beside.to_str().unwrap())),
-    )
-    .await
-    .unwrap();
-    assert_ne!(r.exit(), Some(0), "{r:?}");
-    assert!(!beside.exists());
+    cases.push(case(
+        "execute_code",
+        code("sh", &format!("echo pwned > {}", beside.to_str().unwrap())),
+        ran(&[Check::ExitNot(0), Check::Absent(beside.clone())]),
+    ));
+    run_cases(&a, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -932,24 +882,30 @@ async fn file_read_of_shadow_is_denied() {
     let shadow_line = std::fs::read_to_string("/etc/shadow")
         .ok()
         .and_then(|s| s.lines().next().map(str::to_owned));
-    for path in [
+    let mut checks = vec![
+        Check::ExitNot(0),
+        Check::Lacks("SECRET-KEY-CANARY".into()),
+        Check::Lacks("root:".into()),
+        Check::HasAny(vec!["ermission denied".into(), "No such file".into()]),
+    ];
+    if let Some(l) = shadow_line {
+        checks.push(Check::RawLacks(l));
+    }
+    // The tool runs and is denied.
+    let cases: Vec<Case> = [
         "/etc/shadow".to_owned(),
         secret.join("id_ed25519").to_str().unwrap().to_owned(),
-    ] {
-        let r = run(&a, &tool("file_read", serde_json::json!({ "path": path })))
-            .await
-            .expect("file_read (the tool runs and is denied)");
-        assert_ne!(r.exit(), Some(0), "{path}: {r:?}");
-        assert!(!r.body.contains("SECRET-KEY-CANARY"), "{path}: {r:?}");
-        assert!(!r.body.contains("root:"), "{path}: {r:?}");
-        if let Some(l) = &shadow_line {
-            assert!(!r.raw.contains(l.as_str()), "{path}: {r:?}");
-        }
-        assert!(
-            r.body.contains("ermission denied") || r.body.contains("No such file"),
-            "{path}: {r:?}"
-        );
-    }
+    ]
+    .into_iter()
+    .map(|path| {
+        case(
+            path.clone(),
+            tool("file_read", serde_json::json!({ "path": path })),
+            ran(&checks),
+        )
+    })
+    .collect();
+    run_cases(&a, &cases).await;
 }
 
 /// A toolsrv whose default policy is `workspace` with `output_bytes = 1000`.
@@ -1171,6 +1127,9 @@ async fn escalation_is_refused_and_nothing_runs() {
     assert!(e.contains("escalation refused"), "{e}");
     assert!(e.contains("does not let it ask"), "{e}");
     assert!(e.contains("nothing was run"), "{e}");
+    // In a person's words, not the type's name.
+    assert!(e.contains("ask for running without the sandbox"), "{e}");
+    assert!(!e.contains("Unsandboxed"), "{e}");
     let e = run_bg(
         &a,
         &tool(
@@ -1194,7 +1153,7 @@ async fn payload_errors_are_one_line_twrite_errors() {
     let t = Ts::start().await;
     let a = t.attach("a").await;
     let op = t.attach("operator").await;
-    for (payload, want) in [
+    let cases: Vec<Case> = [
         ("tool=no_such_tool\ncmd=true\n", "unknown tool"),
         (
             "tool=execute_code\nargs={\"language\":\"bash\",\"code\":\"true\",\"bogus\":1}\n",
@@ -1214,14 +1173,11 @@ async fn payload_errors_are_one_line_twrite_errors() {
             "tool=execute_code\nagent=../x\ncmd=true\n",
             "permission denied",
         ),
-    ] {
-        let e = run(&a, payload).await.expect_err("bad payload accepted");
-        assert!(e.contains(want), "{payload:?}: {e}");
-        let e = run_bg(&a, payload)
-            .await
-            .expect_err("bad payload accepted (bg)");
-        assert!(e.contains(want), "{payload:?}: {e}");
-    }
+    ]
+    .into_iter()
+    .map(|(payload, want)| case(format!("{payload:?}"), payload, refused_both(&[want])))
+    .collect();
+    run_cases(&a, &cases).await;
     // Reading proc/new before any write is an error too.
     let f = open(&a, "proc/new", om::ORDWR).await.unwrap();
     let e = within("read", f.read(0, 100))
@@ -2208,87 +2164,101 @@ fn boot_with_json(json: &[u8]) -> Vec<u8> {
     m
 }
 
-fn assert_fails_with(case: &str, boot: Option<&[u8]>, wants: &[&str]) {
+/// What is wrong with how toolsrv fails on `boot` (exit 2, one `toolsrv: ` line containing
+/// each of `wants`), if anything: every problem, not only the first.
+fn boot_failures(boot: Option<&[u8]>, wants: &[&str]) -> Vec<String> {
     let (st, err) = run_boot(boot);
-    assert_eq!(st.code(), Some(2), "{case}: status {st}, stderr {err:?}");
-    assert_eq!(
-        err.lines().count(),
-        1,
-        "{case}: stderr is not one line: {err:?}"
-    );
-    assert!(err.starts_with("toolsrv: "), "{case}: {err:?}");
-    for w in wants {
-        assert!(err.contains(w), "{case}: {w:?} not in {err:?}");
+    let mut out = Vec::new();
+    if st.code() != Some(2) {
+        out.push(format!("status {st}, stderr {err:?}"));
     }
+    if err.lines().count() != 1 {
+        out.push(format!("stderr is not one line: {err:?}"));
+    }
+    if !err.starts_with("toolsrv: ") {
+        out.push(format!("stderr does not start with \"toolsrv: \": {err:?}"));
+    }
+    for w in wants {
+        if !err.contains(w) {
+            out.push(format!("{w:?} not in {err:?}"));
+        }
+    }
+    out
 }
+
+/// A bad boot input: its name, the boot message (`None`: no fd 4) and what the error names.
+type BootCase = (&'static str, Option<Vec<u8>>, &'static [&'static str]);
 
 #[test]
 fn bad_boot_input_exits_2_with_one_line() {
     let dirs = Dirs::new();
     let good = dirs.boot();
     let key = MasterKey::from_bytes([9; 32]);
+    let encode = |b: &boot::Bootstrap| Some(boot::encode(&key, b).unwrap());
 
-    assert_fails_with(
-        "garbage",
-        Some(&[b'x'; 200]),
-        &["not a toolsrv boot message"],
-    );
-    assert_fails_with("empty", Some(b""), &["boot"]);
     let mut truncated = boot::encode(&key, &good).unwrap();
     truncated.truncate(truncated.len() - 3);
-    assert_fails_with("truncated", Some(&truncated), &["boot"]);
-    assert_fails_with("no boot fd", None, &["fd 4 is not open"]);
-
     let mut v = serde_json::to_value(&good).unwrap();
     v["bogus_key"] = serde_json::json!(1);
-    assert_fails_with(
-        "unknown key",
-        Some(&boot_with_json(v.to_string().as_bytes())),
-        &["bogus_key"],
-    );
-    assert_fails_with("not json", Some(&boot_with_json(b"{nope")), &["boot"]);
-
-    let mut bad = good.clone();
-    bad.policies.insert(
+    let mut unknown_key = good.clone();
+    unknown_key.policies.insert(
         "broken".into(),
         WORKSPACE_TOML.replace("[network]", "[network]\nbogus_setting = 1"),
     );
-    assert_fails_with(
-        "policy with an unknown key",
-        Some(&boot::encode(&key, &bad).unwrap()),
-        &["\"broken\"", "bogus_setting"],
-    );
-    let mut bad = good.clone();
-    bad.policies.insert(
+    let mut invalid = good.clone();
+    invalid.policies.insert(
         "broken".into(),
         WORKSPACE_TOML.replace("output_bytes = 1048576", "output_bytes = -5"),
     );
-    assert_fails_with(
-        "policy failing validation",
-        Some(&boot::encode(&key, &bad).unwrap()),
-        &["\"broken\"", "limits.output_bytes"],
-    );
-    let mut bad = good.clone();
-    bad.default_policy = "nonesuch".into();
-    assert_fails_with(
-        "missing default policy",
-        Some(&boot::encode(&key, &bad).unwrap()),
-        &["default_policy", "nonesuch"],
-    );
-    let mut bad = good.clone();
-    bad.workdir = dirs.dir.path().join("does-not-exist");
-    assert_fails_with(
-        "missing workspace",
-        Some(&boot::encode(&key, &bad).unwrap()),
-        &["workdir"],
-    );
-    let mut bad = good;
-    bad.home = "relative/home".into();
-    assert_fails_with(
-        "relative home",
-        Some(&boot::encode(&key, &bad).unwrap()),
-        &["home", "not absolute"],
-    );
+    let mut no_default = good.clone();
+    no_default.default_policy = "nonesuch".into();
+    let mut no_workdir = good.clone();
+    no_workdir.workdir = dirs.dir.path().join("does-not-exist");
+    let mut relative_home = good;
+    relative_home.home = "relative/home".into();
+
+    let cases: [BootCase; 11] = [
+        (
+            "garbage",
+            Some(vec![b'x'; 200]),
+            &["not a toolsrv boot message"],
+        ),
+        ("empty", Some(Vec::new()), &["boot"]),
+        ("truncated", Some(truncated), &["boot"]),
+        ("no boot fd", None, &["fd 4 is not open"]),
+        (
+            "unknown key",
+            Some(boot_with_json(v.to_string().as_bytes())),
+            &["bogus_key"],
+        ),
+        ("not json", Some(boot_with_json(b"{nope")), &["boot"]),
+        (
+            "policy with an unknown key",
+            encode(&unknown_key),
+            &["\"broken\"", "bogus_setting"],
+        ),
+        (
+            "policy failing validation",
+            encode(&invalid),
+            &["\"broken\"", "limits.output_bytes"],
+        ),
+        (
+            "missing default policy",
+            encode(&no_default),
+            &["default_policy", "nonesuch"],
+        ),
+        ("missing workspace", encode(&no_workdir), &["workdir"]),
+        (
+            "relative home",
+            encode(&relative_home),
+            &["home", "not absolute"],
+        ),
+    ];
+    let mut table = ollie_testkit::cases::Cases::new();
+    for (name, boot, wants) in &cases {
+        table.check(name, "", boot_failures(boot.as_deref(), wants));
+    }
+    table.finish();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2330,114 +2300,96 @@ async fn stdin_reaches_execute_code_tool_and_pipe() {
     if !features_ok("stdin_reaches_execute_code_tool_and_pipe") {
         return;
     }
-    let dirs = Dirs::new();
-    let tools = dirs.dir.path().join("tools");
-    std::fs::create_dir(&tools).unwrap();
-    let script = tools.join("upper.sh");
-    std::fs::write(&script, "#!/bin/sh\necho \"args: $*\"\ntr a-z A-Z\n").unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&tools, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut boot = dirs.boot();
-    boot.tools_dir = Some(tools.clone());
-    let t = Ts::start_with(dirs, &boot).await;
+    let t = with_tool_script("upper.sh", "#!/bin/sh\necho \"args: $*\"\ntr a-z A-Z\n").await;
     let a = t.attach("a").await;
 
     // Several lines, a backslash before n and before another backslash, a tab, UTF-8: byte
     // for byte (escaped in the payload, unescaped by toolsrv).
     let input = "line one\nline two\n\tback\\slash and \\n literally, ü\n\nlast";
-    let r = run(&a, &code_with("cat", &[("stdin", input)]))
-        .await
-        .expect("cat with stdin");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(r.body, input, "{r:?}");
-    let r = run(&a, &code_with("wc -l; echo done", &[("stdin", input)]))
-        .await
-        .unwrap();
-    assert_eq!(r.body, "4\ndone\n", "{r:?}");
-
-    // python3 reads it too.
-    let r = run(
-        &a,
-        &format!(
-            "{}stdin={}\n",
-            code(
-                "python3",
-                "import sys; d = sys.stdin.read(); print(len(d), d.split())"
-            ),
-            ollie_link::escape_value("alpha beta\ngamma\n")
-        ),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.body, "17 ['alpha', 'beta', 'gamma']\n", "{r:?}");
-
-    // execute_tool: the script reads it.
-    let r = run(
-        &a,
-        &format!(
-            "{}stdin=shout this\\n\n",
-            tool(
-                "execute_tool",
-                serde_json::json!({"name": "upper.sh", "args": ["x"]})
-            )
-        ),
-    )
-    .await
-    .expect("execute_tool with stdin");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(r.body, "args: x\nSHOUT THIS\n", "{r:?}");
-
-    // execute_pipe: the first step reads it.
-    let r = run(
-        &a,
-        &format!(
-            "{}stdin=b\\na\\nc\\n\n",
-            tool(
-                "execute_pipe",
-                serde_json::json!({"steps": [
-                    {"language": "bash", "code": "sort"},
-                    {"language": "bash", "code": "tr '\\n' ,"},
-                ]})
-            )
-        ),
-    )
-    .await
-    .expect("execute_pipe with stdin");
-    assert_eq!(r.exit(), Some(0), "{r:?}");
-    assert_eq!(r.body, "a,b,c,", "{r:?}");
-
-    // With cmd= as well.
-    let r = run(&a, "tool=execute_code\ncmd=cat -n\nstdin=x\\ny\\n\n")
-        .await
-        .unwrap();
-    assert_eq!(r.body, "     1\tx\n     2\ty\n", "{r:?}");
-
-    // Without stdin= the program reads end-of-file at once (it does not wait for input).
-    let r = run(
-        &a,
-        &code("bash", "cat; n=$(wc -c); echo \"eof after $n bytes\""),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.body, "eof after 0 bytes\n", "{r:?}");
-    // An empty stdin= is an empty stdin.
-    let r = run(&a, &code_with("wc -c", &[("stdin", "")]))
-        .await
-        .unwrap();
-    assert_eq!(r.body.trim(), "0", "{r:?}");
-
-    // A program that never reads a large stdin still ends with its own status.
     let big = "z".repeat(60_000);
-    let r = run(&a, &code_with("echo ignored; exit 7", &[("stdin", &big)]))
-        .await
-        .expect("a program that ignores its stdin");
-    assert_eq!(r.exit(), Some(7), "{r:?}");
-    assert_eq!(r.body, "ignored\n", "{r:?}");
-    // And one that reads it gets every byte.
-    let r = run(&a, &code_with("wc -c", &[("stdin", &big)]))
-        .await
-        .unwrap();
-    assert_eq!(r.body.trim(), "60000", "{r:?}");
+    let cases = [
+        case(
+            "cat with stdin",
+            code_with("cat", &[("stdin", input)]),
+            ran(&[Check::Exit(0), body(input)]),
+        ),
+        case(
+            "wc -l with stdin",
+            code_with("wc -l; echo done", &[("stdin", input)]),
+            ran(&[body("4\ndone\n")]),
+        ),
+        // python3 reads it too.
+        case(
+            "python3 with stdin",
+            format!(
+                "{}stdin={}\n",
+                code(
+                    "python3",
+                    "import sys; d = sys.stdin.read(); print(len(d), d.split())"
+                ),
+                ollie_link::escape_value("alpha beta\ngamma\n")
+            ),
+            ran(&[body("17 ['alpha', 'beta', 'gamma']\n")]),
+        ),
+        // execute_tool: the script reads it.
+        case(
+            "execute_tool with stdin",
+            format!(
+                "{}stdin=shout this\\n\n",
+                tool(
+                    "execute_tool",
+                    serde_json::json!({"name": "upper.sh", "args": ["x"]})
+                )
+            ),
+            ran(&[Check::Exit(0), body("args: x\nSHOUT THIS\n")]),
+        ),
+        // execute_pipe: the first step reads it.
+        case(
+            "execute_pipe with stdin",
+            format!(
+                "{}stdin=b\\na\\nc\\n\n",
+                tool(
+                    "execute_pipe",
+                    serde_json::json!({"steps": [
+                        {"language": "bash", "code": "sort"},
+                        {"language": "bash", "code": "tr '\\n' ,"},
+                    ]})
+                )
+            ),
+            ran(&[Check::Exit(0), body("a,b,c,")]),
+        ),
+        // With cmd= as well.
+        case(
+            "cmd= with stdin",
+            "tool=execute_code\ncmd=cat -n\nstdin=x\\ny\\n\n",
+            ran(&[body("     1\tx\n     2\ty\n")]),
+        ),
+        // Without stdin= the program reads end-of-file at once (it does not wait for input).
+        case(
+            "no stdin",
+            code("bash", "cat; n=$(wc -c); echo \"eof after $n bytes\""),
+            ran(&[body("eof after 0 bytes\n")]),
+        ),
+        // An empty stdin= is an empty stdin.
+        case(
+            "empty stdin",
+            code_with("wc -c", &[("stdin", "")]),
+            ran(&[Check::BodyTrim("0".into())]),
+        ),
+        // A program that never reads a large stdin still ends with its own status.
+        case(
+            "a program that ignores its stdin",
+            code_with("echo ignored; exit 7", &[("stdin", &big)]),
+            ran(&[Check::Exit(7), body("ignored\n")]),
+        ),
+        // And one that reads it gets every byte.
+        case(
+            "a program that reads a large stdin",
+            code_with("wc -c", &[("stdin", &big)]),
+            ran(&[Check::BodyTrim("60000".into())]),
+        ),
+    ];
+    run_cases(&a, &cases).await;
 
     // Background runs take stdin= too.
     let pid = run_bg(&a, &code_with("tr a-z A-Z", &[("stdin", "bg input\n")]))
@@ -2459,15 +2411,7 @@ async fn stdin_as_large_as_a_twrite_allows_arrives_whole() {
     }
     let dirs = Dirs::new();
     let boot = dirs.boot();
-    let mut ts = ollie_link::spawn::Toolsrv::spawn(&bin("toolsrv"), &boot).expect("spawn toolsrv");
-    let c = within("version handshake", ts.connect(1 << 20))
-        .await
-        .expect("version handshake with toolsrv");
-    let t = Ts {
-        ts,
-        c: Some(c),
-        dirs,
-    };
+    let t = Ts::start_msize(dirs, &boot, 1 << 20).await;
     let a = t.attach("a").await;
     let f = open(&a, "proc/new", om::ORDWR).await.unwrap();
     let unit = f.iounit() as usize;
@@ -2641,7 +2585,7 @@ async fn stdin_and_output_are_refused_where_they_do_not_apply() {
     let read_args = serde_json::json!({"path": "exists.txt"});
     let write_args = serde_json::json!({"path": "written.txt", "content": "new\n"});
     let replace_args = serde_json::json!({"path": "exists.txt", "content": "new\n"});
-    for (payload, wants) in [
+    let cases: Vec<Case> = [
         (
             format!("{}stdin=hello\n", tool("file_read", read_args.clone())),
             &["stdin="][..],
@@ -2682,18 +2626,11 @@ async fn stdin_and_output_are_refused_where_they_do_not_apply() {
             code_with(&touch, &[("output", "split"), ("output", "split")]),
             &["\"output\" given twice"][..],
         ),
-    ] {
-        let e = run(&a, &payload).await.expect_err("payload accepted");
-        for w in wants {
-            assert!(e.contains(w), "{payload:?}: {w:?} not in {e}");
-        }
-        let e = run_bg(&a, &payload)
-            .await
-            .expect_err("payload accepted (bg)");
-        for w in wants {
-            assert!(e.contains(w), "{payload:?} (bg): {w:?} not in {e}");
-        }
-    }
+    ]
+    .into_iter()
+    .map(|(payload, wants)| case(format!("{payload:?}"), payload, refused_both(wants)))
+    .collect();
+    run_cases(&a, &cases).await;
     // Nothing ran: no process, no marker, the file tools touched nothing.
     assert!(list(&op).await.is_empty(), "a process was created");
     assert!(list(&a).await.is_empty(), "a process was created");
@@ -2703,4 +2640,35 @@ async fn stdin_and_output_are_refused_where_they_do_not_apply() {
         std::fs::read_to_string(t.ws().join("exists.txt")).unwrap(),
         "old\n"
     );
+}
+
+/// The seed's own payload, `tool=shell` with `cmd=` and `args={"cmd":…}`, runs as
+/// `execute_code` in bash, sandboxed like it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_shell_payload_runs_as_execute_code() {
+    if !features_ok("the_seeds_shell_payload_runs_as_execute_code") {
+        return;
+    }
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let out = rdwr(
+        &a,
+        "proc/new",
+        "tool=shell\ncmd=echo seed > seed.txt && cat seed.txt\nargs={\"cmd\":\"echo seed > seed.txt && cat seed.txt\"}\n",
+    )
+    .await
+    .expect("tool=shell");
+    assert!(out.starts_with("pid="), "{out}");
+    assert!(out.contains("exit=0"), "{out}");
+    assert!(out.ends_with("seed\n"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(t.ws().join("seed.txt")).unwrap(),
+        "seed\n"
+    );
+    // Still the sandbox: the shadow file stays closed to it.
+    let out = rdwr(&a, "proc/new", "tool=shell\ncmd=cat /etc/shadow\n")
+        .await
+        .expect("tool=shell");
+    assert!(!out.contains("exit=0"), "{out}");
+    assert!(!out.contains("root:"), "{out}");
 }

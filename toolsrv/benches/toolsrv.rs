@@ -97,6 +97,134 @@ async fn round_trip(f: &Fid) {
     );
 }
 
+/// The sandbox alone: `bash -c true` and `/usr/bin/true` under the same policy, workspace and
+/// home as toolsrv's call.
+fn sandbox_requests(
+    ws: &Path,
+    home: &Path,
+) -> (ollie_sandbox::RunRequest, ollie_sandbox::RunRequest) {
+    let mut req = ollie_sandbox::RunRequest::new(
+        vec!["bash".into(), "-c".into(), "true".into()],
+        ws.to_path_buf(),
+    );
+    req.home = home.to_path_buf();
+    req.base_env = Vec::new();
+    let mut req_true = req.clone();
+    req_true.argv = vec!["/usr/bin/true".into()];
+    (req, req_true)
+}
+
+/// One run of `r` in this process's prepared sandbox; it must exit 0.
+fn direct(prepared: &ollie_sandbox::Prepared, r: &ollie_sandbox::RunRequest) {
+    let o = prepared.run(r).expect("Prepared::run");
+    assert_eq!(o.record.exit.status, 0, "Prepared::run failed");
+}
+
+/// The microseconds of each run of the three cases.
+struct Samples {
+    tsrv: Vec<f64>,
+    bash: Vec<f64>,
+    truev: Vec<f64>,
+}
+
+/// The first round trip (timed alone), a warm-up, then `runs` interleaved runs of the three
+/// cases.
+fn measure(
+    runs: usize,
+    rt: &tokio::runtime::Runtime,
+    f: &Fid,
+    prepared: &ollie_sandbox::Prepared,
+    (req, req_true): (&ollie_sandbox::RunRequest, &ollie_sandbox::RunRequest),
+) -> Samples {
+    // Warm-up: toolsrv's prepared sandbox is set up by its first call.
+    let t = Instant::now();
+    rt.block_on(round_trip(f));
+    println!(
+        "{:<52} {:>9.1} µs (sets up toolsrv's prepared sandbox)",
+        "first proc/new round trip",
+        us(t.elapsed())
+    );
+    for _ in 0..5 {
+        rt.block_on(round_trip(f));
+        direct(prepared, req);
+        direct(prepared, req_true);
+    }
+
+    let (mut tsrv, mut bash, mut truev) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        rt.block_on(round_trip(f));
+        tsrv.push(us(t.elapsed()));
+        let t = Instant::now();
+        direct(prepared, req);
+        bash.push(us(t.elapsed()));
+        let t = Instant::now();
+        direct(prepared, req_true);
+        truev.push(us(t.elapsed()));
+    }
+    Samples { tsrv, bash, truev }
+}
+
+/// Each case's median and mean, and toolsrv's ratio to the sandbox alone.
+fn report_times(s: &Samples) {
+    let Samples { tsrv, bash, truev } = s;
+    for (name, v) in [
+        ("toolsrv proc/new round trip (bash -c true)", tsrv),
+        ("Prepared::run in process (bash -c true)", bash),
+        ("Prepared::run in process (/usr/bin/true)", truev),
+    ] {
+        println!(
+            "{name:<52} median {:>9.1} µs   mean {:>9.1} µs",
+            median(v),
+            mean(v)
+        );
+    }
+    let by_median = median(tsrv) / median(bash);
+    let by_mean = mean(tsrv) / mean(bash);
+    println!(
+        "toolsrv / sandbox alone (same argv): {by_median:.2}x by median, {by_mean:.2}x by mean \
+         (target <= {RATIO_TARGET}x): {}",
+        verdict(by_median <= RATIO_TARGET)
+    );
+    println!(
+        "toolsrv / sandbox alone (/usr/bin/true): {:.2}x by median, {:.2}x by mean (for orientation)",
+        median(tsrv) / median(truev),
+        mean(tsrv) / mean(truev)
+    );
+}
+
+/// toolsrv's RSS after start (`rss_start`, `rss_start_text`) and now, after `runs` measured
+/// calls, and its zygotes'.
+fn report_rss(pid: u32, runs: usize, rss_start: Option<u64>, rss_start_text: &str) {
+    std::thread::sleep(Duration::from_millis(200));
+    let rss_after = rss_kib(pid);
+    let zygotes: Vec<String> = children(pid)
+        .into_iter()
+        .map(|c| format!("pid {c}: {}", rss_text(c)))
+        .collect();
+    match (rss_start, rss_after) {
+        (Some(a), Some(b)) => {
+            println!(
+                "toolsrv VmRSS: {a} KiB idle after start, {b} KiB idle after {} calls \
+                 (target <= {RSS_TARGET_KIB} KiB): {}",
+                runs + 6,
+                verdict(a.max(b) <= RSS_TARGET_KIB)
+            );
+            println!("  after start: {rss_start_text}");
+            println!("  after calls: {}", rss_text(pid));
+        }
+        _ => println!("toolsrv VmRSS: unavailable (cannot read /proc/{pid}/status)"),
+    }
+    println!(
+        "  its zygote(s), separate processes, not counted: {}",
+        if zygotes.is_empty() {
+            "none".to_owned()
+        } else {
+            zygotes.join(", ")
+        }
+    );
+}
+
 fn main() {
     let runs: usize = std::env::var("OLLIE_BENCH_RUNS")
         .ok()
@@ -133,98 +261,14 @@ fn main() {
     let rss_start = rss_kib(pid);
     let rss_start_text = rss_text(pid);
 
-    // The sandbox alone: the same policy, workspace and argv as toolsrv's call.
     let policy = ollie_policy::Policy::from_toml(WORKSPACE_TOML).unwrap();
     let prepared = ollie_sandbox::Prepared::new(&policy, &ws, &home).expect("Prepared::new");
-    let mut req =
-        ollie_sandbox::RunRequest::new(vec!["bash".into(), "-c".into(), "true".into()], ws.clone());
-    req.home = home.clone();
-    req.base_env = Vec::new();
-    let mut req_true = req.clone();
-    req_true.argv = vec!["/usr/bin/true".into()];
-    let direct = |r: &ollie_sandbox::RunRequest| {
-        let o = prepared.run(r).expect("Prepared::run");
-        assert_eq!(o.record.exit.status, 0, "Prepared::run failed");
-    };
+    let (req, req_true) = sandbox_requests(&ws, &home);
 
     println!("toolsrv benchmark, {runs} interleaved runs each (workspace policy)");
-    // Warm-up: toolsrv's prepared sandbox is set up by its first call.
-    let t = Instant::now();
-    rt.block_on(round_trip(&f));
-    println!(
-        "{:<52} {:>9.1} µs (sets up toolsrv's prepared sandbox)",
-        "first proc/new round trip",
-        us(t.elapsed())
-    );
-    for _ in 0..5 {
-        rt.block_on(round_trip(&f));
-        direct(&req);
-        direct(&req_true);
-    }
-
-    let (mut tsrv, mut bash, mut truev) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs {
-        let t = Instant::now();
-        rt.block_on(round_trip(&f));
-        tsrv.push(us(t.elapsed()));
-        let t = Instant::now();
-        direct(&req);
-        bash.push(us(t.elapsed()));
-        let t = Instant::now();
-        direct(&req_true);
-        truev.push(us(t.elapsed()));
-    }
-    for (name, v) in [
-        ("toolsrv proc/new round trip (bash -c true)", &tsrv),
-        ("Prepared::run in process (bash -c true)", &bash),
-        ("Prepared::run in process (/usr/bin/true)", &truev),
-    ] {
-        println!(
-            "{name:<52} median {:>9.1} µs   mean {:>9.1} µs",
-            median(v),
-            mean(v)
-        );
-    }
-    let by_median = median(&tsrv) / median(&bash);
-    let by_mean = mean(&tsrv) / mean(&bash);
-    println!(
-        "toolsrv / sandbox alone (same argv): {by_median:.2}x by median, {by_mean:.2}x by mean \
-         (target <= {RATIO_TARGET}x): {}",
-        verdict(by_median <= RATIO_TARGET)
-    );
-    println!(
-        "toolsrv / sandbox alone (/usr/bin/true): {:.2}x by median, {:.2}x by mean (for orientation)",
-        median(&tsrv) / median(&truev),
-        mean(&tsrv) / mean(&truev)
-    );
-
-    std::thread::sleep(Duration::from_millis(200));
-    let rss_after = rss_kib(pid);
-    let zygotes: Vec<String> = children(pid)
-        .into_iter()
-        .map(|c| format!("pid {c}: {}", rss_text(c)))
-        .collect();
-    match (rss_start, rss_after) {
-        (Some(a), Some(b)) => {
-            println!(
-                "toolsrv VmRSS: {a} KiB idle after start, {b} KiB idle after {} calls \
-                 (target <= {RSS_TARGET_KIB} KiB): {}",
-                runs + 6,
-                verdict(a.max(b) <= RSS_TARGET_KIB)
-            );
-            println!("  after start: {rss_start_text}");
-            println!("  after calls: {}", rss_text(pid));
-        }
-        _ => println!("toolsrv VmRSS: unavailable (cannot read /proc/{pid}/status)"),
-    }
-    println!(
-        "  its zygote(s), separate processes, not counted: {}",
-        if zygotes.is_empty() {
-            "none".to_owned()
-        } else {
-            zygotes.join(", ")
-        }
-    );
+    let samples = measure(runs, &rt, &f, &prepared, (&req, &req_true));
+    report_times(&samples);
+    report_rss(pid, runs, rss_start, &rss_start_text);
 
     // Closing the link (the runtime owns the connection's tasks) ends toolsrv.
     drop(f);

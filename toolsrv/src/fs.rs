@@ -511,12 +511,7 @@ impl ToolFs {
 fn may_open(mode: u32, omode: u8) -> bool {
     // Permission bits are the same for every identity; identity checks are separate.
     let bits = mode & 0o7 | (mode >> 3) & 0o7 | (mode >> 6) & 0o7;
-    let need = match omode & 3 {
-        om::OREAD => 4,
-        om::OWRITE => 2,
-        om::ORDWR => 6,
-        _ => 1,
-    } | if omode & om::OTRUNC != 0 { 2 } else { 0 };
+    let need = ollie_p9::util::open_needs(omode);
     bits & need == need
 }
 
@@ -828,10 +823,8 @@ impl Filesystem for ToolFs {
 
     async fn wstat(&self, fid: &mut ToolFid, st: &Stat) -> Result<()> {
         // Truncation of a writable file (`echo x > ctl` through a FUSE bridge) is a no-op.
-        let mut trunc = Stat::dont_touch();
-        trunc.length = 0;
         let (_, perm) = fid.node.name_mode();
-        if *st == trunc && may_open(perm, om::OWRITE) {
+        if st.is_truncation() && may_open(perm, om::OWRITE) {
             return Ok(());
         }
         Err(Error::new(

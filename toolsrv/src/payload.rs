@@ -135,16 +135,46 @@ pub fn parse(text: &str) -> Result<Payload, String> {
             ));
         }
     };
+    let (tool, cmd, args) = shell_alias(tool.trim(), seen.remove("cmd"), args)?;
     Ok(Payload {
-        tool: tool.trim().to_owned(),
+        tool,
         agent: seen.remove("agent").map(|a| a.trim().to_owned()),
-        cmd: seen.remove("cmd"),
+        cmd,
         args,
         cwd: seen.remove("cwd"),
         record,
         stdin,
         split,
     })
+}
+
+type Args = serde_json::Map<String, serde_json::Value>;
+
+/// `tool=shell` (the seed's name) is `execute_code` running bash: its command is `cmd=`,
+/// `args={"cmd":"…"}`, or both when they agree.
+fn shell_alias(
+    tool: &str,
+    cmd: Option<String>,
+    args: Option<Args>,
+) -> Result<(String, Option<String>, Option<Args>), String> {
+    if tool != "shell" {
+        return Ok((tool.to_owned(), cmd, args));
+    }
+    let from_args = match args {
+        None => None,
+        Some(a) => match (a.len(), a.get("cmd")) {
+            (1, Some(serde_json::Value::String(c))) => Some(c.clone()),
+            _ => return Err("tool=shell takes args={\"cmd\":\"…\"} and nothing else".into()),
+        },
+    };
+    let cmd = match (cmd, from_args) {
+        (Some(c), Some(a)) if c != a => {
+            return Err("tool=shell: cmd= and args= name different commands".into());
+        }
+        (Some(c), _) | (None, Some(c)) => c,
+        (None, None) => return Err("tool=shell needs cmd= (or args={\"cmd\":\"…\"})".into()),
+    };
+    Ok(("execute_code".to_owned(), Some(cmd), None))
 }
 
 /// At most 60 characters of `s`, for error messages.
@@ -168,6 +198,30 @@ args={"path":"a\nb","limit":3}"#,
         )
         .unwrap();
         assert_eq!(p.args.unwrap()["path"], "a\nb");
+    }
+
+    #[test]
+    fn shell_is_execute_code_running_bash() {
+        // The seed's own example: cmd= and args= naming the same command.
+        let p =
+            parse("tool=shell\nagent=a1\ncmd=go test ./...\nargs={\"cmd\":\"go test ./...\"}\n")
+                .unwrap();
+        assert_eq!(p.tool, "execute_code");
+        assert_eq!(p.cmd.as_deref(), Some("go test ./..."));
+        assert_eq!(p.args, None);
+        let p = parse("tool=shell\nargs={\"cmd\":\"ls\"}").unwrap();
+        assert_eq!(
+            (p.tool.as_str(), p.cmd.as_deref()),
+            ("execute_code", Some("ls"))
+        );
+        for (text, why) in [
+            ("tool=shell\ncmd=a\nargs={\"cmd\":\"b\"}", "different"),
+            ("tool=shell", "needs cmd="),
+            ("tool=shell\nargs={\"cmd\":\"ls\",\"x\":1}", "nothing else"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -638,7 +638,7 @@ impl Session {
                         format!("{} is a secret location and is never granted", p.display())
                     }
                     DenyReason::KindNotAllowed(k) => {
-                        format!("this agent's policy does not let it ask for {k:?} access")
+                        format!("this agent's policy does not let it ask for {k}")
                     }
                 };
                 return Err(format!(

@@ -686,6 +686,51 @@ r=$?
 rm -f -- "$t"
 exit $r"#;
 
+/// The error output of the programs behind `file_read` and `file_write` (sed, sh, cat, …)
+/// as the tool's own: each line names the tool, not the program (`sed: can't read x: No such
+/// file or directory` becomes `file_read: cannot read x: No such file or directory`).
+fn in_tool_words(tool: &str, stderr: &[u8]) -> String {
+    const PROGRAMS: &[&str] = &[
+        "sed: ",
+        "cat: ",
+        "mkdir: ",
+        "dirname: ",
+        "head: ",
+        "tail: ",
+        "wc: ",
+        "mktemp: ",
+        "sh: ",
+        "file_write: ",
+    ];
+    let text = String::from_utf8_lossy(stderr);
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut rest = line;
+        if let Some(p) = PROGRAMS.iter().find(|p| rest.starts_with(**p)) {
+            rest = &rest[p.len()..];
+            // sh and the script name the script's line: `sh: 1: cannot create x: …`.
+            if let Some((n, after)) = rest.split_once(": ")
+                && !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_digit() || b == b' ' || b.is_ascii_alphabetic())
+                && n.split_whitespace()
+                    .last()
+                    .is_some_and(|w| w.bytes().all(|b| b.is_ascii_digit()))
+            {
+                rest = after;
+            }
+        }
+        // sh's `cannot create PATH` is a failed write of the file itself.
+        let rest = rest.replace("can't read ", "cannot read ");
+        let rest = match rest.strip_prefix("cannot create ") {
+            Some(p) if !p.starts_with("directory") => format!("cannot write {p}"),
+            _ => rest,
+        };
+        out.push_str(&format!("{tool}: {rest}\n"));
+    }
+    out
+}
+
 /// Renders a finished run's result text (without the header line).
 pub fn render(render: &Render, combined: &[u8], stdout: &[u8], stderr: &[u8], ok: bool) -> String {
     match render {
@@ -701,7 +746,7 @@ pub fn render(render: &Render, combined: &[u8], stdout: &[u8], stderr: &[u8], ok
         }
         Render::Lines { first, want } => {
             if !ok {
-                return String::from_utf8_lossy(stderr).into_owned();
+                return in_tool_words("file_read", stderr);
             }
             ollie_link::tools::number_lines(stdout, *first, *want)
         }
@@ -709,7 +754,7 @@ pub fn render(render: &Render, combined: &[u8], stdout: &[u8], stderr: &[u8], ok
             if ok {
                 format!("{summary}\n")
             } else {
-                String::from_utf8_lossy(stderr).into_owned()
+                in_tool_words("file_write", stderr)
             }
         }
     }
@@ -799,6 +844,41 @@ mod tests {
             assert!(valid_script_name(bad).is_err(), "{bad:?}");
         }
         assert!(valid_script_name("fmt-check.sh").is_ok());
+    }
+
+    #[test]
+    fn file_tool_errors_name_the_tool_not_the_program() {
+        let lines = Render::Lines { first: 1, want: 5 };
+        assert_eq!(
+            render(
+                &lines,
+                b"",
+                b"",
+                b"sed: can't read nope: No such file or directory\n",
+                false
+            ),
+            "file_read: cannot read nope: No such file or directory\n"
+        );
+        let wrote = Render::Wrote {
+            path: "x".into(),
+            summary: String::new(),
+        };
+        for (err, want) in [
+            (
+                &b"sh: 1: cannot create /w/x: Read-only file system\n"[..],
+                "file_write: cannot write /w/x: Read-only file system\n",
+            ),
+            (
+                b"mkdir: cannot create directory '/w/d': Permission denied\n",
+                "file_write: cannot create directory '/w/d': Permission denied\n",
+            ),
+            (
+                b"file_write: line 2: /w/x: Permission denied\n",
+                "file_write: /w/x: Permission denied\n",
+            ),
+        ] {
+            assert_eq!(render(&wrote, b"", b"", err, false), want);
+        }
     }
 
     #[test]

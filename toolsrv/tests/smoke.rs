@@ -33,16 +33,10 @@ fn session(policy: &str) -> (tempfile::TempDir, tempfile::TempDir, Bootstrap) {
     (dir, home, boot)
 }
 
+/// Whether the sandbox's kernel features are here: the kit's gate (a SKIP line, or a failure
+/// under `OLLIE_TEST_REQUIRE=all`).
 fn require(name: &str) -> bool {
-    let ok = ollie_sandbox::probe().landlock_abi >= 7 && ollie_sandbox::probe().user_namespaces;
-    if !ok {
-        println!("SKIP {name}: needs Landlock ABI 7 and user namespaces");
-        assert!(
-            !ollie_testkit::require_all(),
-            "OLLIE_TEST_REQUIRE=all: {name} may not be skipped"
-        );
-    }
-    ok
+    ollie_testkit::features_ok(name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

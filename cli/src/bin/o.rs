@@ -34,6 +34,8 @@ mod bead;
 mod conn;
 #[path = "o/doctor.rs"]
 mod doctor;
+#[path = "o/doctor_system.rs"]
+mod doctor_system;
 #[path = "o/mount.rs"]
 mod mount;
 #[path = "o/progress.rs"]
@@ -69,7 +71,7 @@ use std::process::ExitCode;
         o completions bash                 a completion script (see o completions --help)\n\n\
         The default address is unix!$NAMESPACE/ollie when NAMESPACE is set; otherwise the first socket found of\n        /tmp/ns.$USER.$DISPLAY/ollie, $XDG_RUNTIME_DIR/ollie/ollie (user service) and /run/ollie/ollie (system service).\n\
         EXIT STATUS (session commands): 0 ok, 1 the server refused or the turn failed, 2 usage, \
-        3 cannot connect."
+        3 cannot connect, 4 (o prompt) the session is paused and the prompt was queued."
 )]
 struct Cli {
     /// olliesrv's address: unix!/path/to/socket or tcp!host!port (session commands).
@@ -127,9 +129,25 @@ const COMPLETIONS_HELP: &str = "Prints the script to standard output; the Debian
 
 /// Writes the completion script for `shell` to standard output (built in memory first: the
 /// generator cannot report a write error, and `| head` must not make it panic).
+/// The shell's registration script: it calls `o` back for each completion (the names of
+/// sessions and agents come from the server then), the script `COMPLETE=SHELL o` prints.
 fn completions(shell: clap_complete::Shell) -> ExitCode {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "o", &mut script);
+    let script = match std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .env("COMPLETE", shell.to_string())
+            .stdin(std::process::Stdio::null())
+            .output()
+    }) {
+        Ok(out) if out.status.success() && !out.stdout.is_empty() => out.stdout,
+        Ok(out) => {
+            eprintln!("o completions: no script for {shell} ({})", out.status);
+            return ExitCode::from(1);
+        }
+        Err(e) => {
+            eprintln!("o completions: cannot run o: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let mut out = std::io::stdout().lock();
     match out.write_all(&script).and_then(|()| out.flush()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -298,6 +316,11 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Shell completion calls back into o (COMPLETE=SHELL o -- WORDS…): answered here, before
+    // anything else runs; session and agent names come from the server.
+    clap_complete::CompleteEnv::with_factory(Cli::command)
+        .completer("o")
+        .complete();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Sandbox(_) if cli.addr.is_some() || cli.key.is_some() => {
@@ -305,11 +328,7 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Cmd::Sandbox(args) => sandbox(args),
-        Cmd::Doctor(_) if cli.addr.is_some() || cli.key.is_some() => {
-            eprintln!("o doctor: -a and -k apply to the session commands, not to o doctor");
-            ExitCode::from(2)
-        }
-        Cmd::Doctor(args) => doctor::main(args),
+        Cmd::Doctor(args) => doctor::main(args, cli.addr, cli.key),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Mount(args) => mount::main(cli.addr, cli.key, args),
         Cmd::Session(cmd) => sessions::main(cli.addr, cli.key, cmd),

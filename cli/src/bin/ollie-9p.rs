@@ -7,9 +7,14 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::{CommandFactory, Parser, Subcommand};
+use ollie_link::error_chain;
 use ollie_p9::client::{Client, ClientError, Fid, path_names};
 use ollie_p9::dial::{self, Addr};
 use ollie_p9::wire::{Stat, dm, om};
+
+/// The most `write` and `create` take from standard input at a time (a pipe gives at most
+/// what is in it).
+const STDIN_CHUNK: usize = 64 * 1024;
 
 /// Exit statuses.
 const EXIT_SERVER: u8 = 1;
@@ -70,9 +75,10 @@ enum Cmd {
         ollie-9p read session/proj/agent/main/chat        (follows it, like tail -f)"
     )]
     Read { path: String },
-    /// Copy standard input to a file.
+    /// Copy standard input to a file, as it arrives (each chunk read is written at once).
     #[command(after_help = "EXAMPLES:\n  \
         echo 'fix the build' | ollie-9p write session/proj/agent/main/prompt\n  \
+        while :; do git diff HEAD --; sleep 5; done | ollie-9p write session/proj/agent/obs/feed\n  \
         printf 'pause\\nresume\\n' | ollie-9p write -l session/proj/ctl")]
     Write {
         /// One write per input line.
@@ -173,19 +179,8 @@ fn main() -> ExitCode {
 fn server(path: &str) -> impl Fn(ClientError) -> Failure + '_ {
     move |e| match e {
         ClientError::Server(m) => Failure::Server(format!("{path}: {m}")),
-        other => Failure::Connect(format!("{path}: {}", chain(&other))),
+        other => Failure::Connect(format!("{path}: {}", error_chain(&other))),
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn stdout_failure(e: std::io::Error) -> Failure {
@@ -203,7 +198,7 @@ async fn run(args: Args) -> Result<(), Failure> {
     };
     let client = Client::dial(&addr)
         .await
-        .map_err(|e| Failure::Connect(chain(&e)))?;
+        .map_err(|e| Failure::Connect(error_chain(&e)))?;
     let user = args.user.clone().unwrap_or_else(dial::current_user);
     let afid = match &args.key {
         None => None,
@@ -214,11 +209,11 @@ async fn run(args: Args) -> Result<(), Failure> {
             let afid = client
                 .auth(&user, &args.aname)
                 .await
-                .map_err(|e| Failure::Server(format!("auth: {}", chain(&e))))?;
+                .map_err(|e| Failure::Server(format!("auth: {}", error_chain(&e))))?;
             let key = key.strip_suffix(b"\n").unwrap_or(&key).to_vec();
             afid.write(0, Bytes::from(key))
                 .await
-                .map_err(|e| Failure::Server(format!("auth: {}", chain(&e))))?;
+                .map_err(|e| Failure::Server(format!("auth: {}", error_chain(&e))))?;
             Some(afid)
         }
     };
@@ -227,7 +222,7 @@ async fn run(args: Args) -> Result<(), Failure> {
         .await
         .map_err(|e| match e {
             ClientError::Server(m) => Failure::Server(format!("attach: {m}")),
-            other => Failure::Connect(format!("attach: {}", chain(&other))),
+            other => Failure::Connect(format!("attach: {}", error_chain(&other))),
         })?;
     match args.cmd {
         Cmd::Ls { long, dir, paths } => {
@@ -330,9 +325,7 @@ async fn write(root: &Fid, path: &str, lines: bool) -> Result<(), Failure> {
                 .map_err(server(path))?;
         }
     }
-    let data = read_stdin()?;
-    f.write_all(0, &data).await.map_err(server(path))?;
-    Ok(())
+    copy_in(&f, path).await
 }
 
 async fn create(root: &Fid, path: &str) -> Result<(), Failure> {
@@ -344,9 +337,28 @@ async fn create(root: &Fid, path: &str) -> Result<(), Failure> {
     f.create(&name, 0o644, om::OWRITE)
         .await
         .map_err(server(path))?;
-    let data = read_stdin()?;
-    f.write_all(0, &data).await.map_err(server(path))?;
-    Ok(())
+    copy_in(&f, path).await
+}
+
+/// Copies standard input to the file as it arrives: each read of standard input (a pipe's
+/// chunk, at most [`STDIN_CHUNK`]) becomes Twrites at the next offset, so an endless producer
+/// (`while :; do git diff; sleep 5; done | ollie-9p write …/feed`) is written as it goes.
+async fn copy_in(f: &Fid, path: &str) -> Result<(), Failure> {
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = vec![0u8; STDIN_CHUNK];
+    let mut off = 0u64;
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Failure::Usage(format!("reading standard input: {e}"))),
+        };
+        off += f
+            .write_all(off, buf.get(..n).unwrap_or_default())
+            .await
+            .map_err(server(path))?;
+    }
 }
 
 async fn rdwr(root: &Fid, path: &str) -> Result<(), Failure> {

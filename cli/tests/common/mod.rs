@@ -5,51 +5,21 @@
 
 pub mod mount;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::Duration;
 
 /// Failure guard for a server to come up and for one `o` run.
 pub const GUARD: Duration = Duration::from_secs(30);
-pub const STEP: Duration = Duration::from_millis(10);
 
-pub fn bin_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("OLLIE_BIN_DIR")
-        && !d.is_empty()
-    {
-        return PathBuf::from(d);
-    }
-    PathBuf::from(env!("CARGO_BIN_EXE_o"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+// The binaries and bounded runs: the shared test kit.
+#[allow(unused_imports)] // each suite uses some of these
+pub use ollie_testkit::server::{STEP, bin, bin_dir};
 
-pub fn bin(name: &str) -> PathBuf {
-    let p = bin_dir().join(name);
-    assert!(
-        p.is_file(),
-        "{} not found: run `cargo build --workspace --bins` first (or set OLLIE_BIN_DIR)",
-        p.display()
-    );
-    p
-}
-
+/// Waits (bounded by [`GUARD`]) for `child` to exit; kills it and fails if it does not.
 pub fn wait_child(child: &mut Child, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + GUARD;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not exit within {GUARD:?}");
-        }
-        std::thread::sleep(STEP);
-    }
+    ollie_testkit::server::wait_child(child, GUARD, what)
 }
 
 /// A running olliesrv in its own temporary directory, killed when dropped.
@@ -67,53 +37,38 @@ impl Srv {
     /// Starts a server after `configure` has filled its config directory
     /// (`$XDG_CONFIG_HOME/ollie`: `config.toml`, `agents/`), which exists when it is called.
     pub fn start_with(configure: impl FnOnce(&Path)) -> Srv {
+        Srv::start_full(&bin("toolsrv"), configure)
+    }
+
+    /// [`Srv::start_with`], starting sessions with the toolsrv binary `toolsrv`.
+    pub fn start_full(toolsrv: &Path, configure: impl FnOnce(&Path)) -> Srv {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("xdg").join("ollie");
         std::fs::create_dir_all(&config).unwrap();
         configure(&config);
         let sock = dir.path().join("ns").join("ollie");
         let log = std::fs::File::create(dir.path().join("olliesrv.stderr")).unwrap();
-        let child = Command::new(bin("olliesrv"))
-            .arg("-a")
-            .arg(format!("unix!{}", sock.display()))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
+        let child = ollie_testkit::server::olliesrv_command(&sock, &dir.path().join("state"))
             .arg("--toolsrv")
-            .arg(bin("toolsrv"))
+            .arg(toolsrv)
             .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
             // A private bead registry (XDG_DATA_HOME/ollie/beads).
             .env("XDG_DATA_HOME", dir.path().join("data"))
             .env("OLLIE_LOG", "warn")
-            // No discovered default backend (see tests/tests/common).
-            .env("OLLAMA_HOST", "127.0.0.1:9")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENROUTER_API_KEY")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
         let mut srv = Srv { dir, sock, child };
-        let deadline = Instant::now() + GUARD;
-        while UnixStream::connect(&srv.sock).is_err() {
-            if let Some(st) = srv.child.try_wait().unwrap() {
-                panic!("olliesrv exited ({st}): {}", srv.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "olliesrv did not listen: {}",
-                srv.stderr()
-            );
-            std::thread::sleep(STEP);
-        }
+        let log = srv.dir.path().join("olliesrv.stderr");
+        ollie_testkit::server::wait_listening(&mut srv.child, &srv.sock, GUARD, "olliesrv", || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        });
         srv
     }
 
     /// Kills the server (SIGKILL) and reaps it: the server going away under its clients.
     pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        ollie_testkit::server::kill_and_reap(&mut self.child);
     }
 
     pub fn stderr(&self) -> String {
@@ -146,8 +101,7 @@ impl Srv {
 
 impl Drop for Srv {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        ollie_testkit::server::kill_and_reap(&mut self.child);
     }
 }
 
@@ -169,38 +123,7 @@ pub fn run(cmd: &mut Command, stdin: &[u8]) -> Out {
 
 /// [`run`], keeping the exact bytes of the output.
 pub fn run_bytes(cmd: &mut Command, stdin: &[u8]) -> Output {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let data = stdin.to_vec();
-    // Writes the input and closes it: end of input follows.
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = wait_child(&mut child, &what);
-    let _ = writer.join();
-    Output {
-        status,
-        stdout: out_t.join().unwrap(),
-        stderr: err_t.join().unwrap(),
-    }
+    ollie_testkit::server::run_output(cmd, stdin, GUARD)
 }
 
 pub fn ok(out: &Out) -> &str {
@@ -214,4 +137,40 @@ pub fn fails(out: &Out, code: i32, contains: &str) {
     assert!(out.stderr.starts_with("o: "), "{out:?}");
     assert_eq!(out.stderr.trim_end().lines().count(), 1, "{out:?}");
     assert!(out.stderr.contains(contains), "{out:?}");
+}
+
+/// Reads the pty master until the writer side is closed everywhere (EIO on Linux), on a thread.
+pub fn drain_pty(master: OwnedFd) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match nix::unistd::read(master.as_raw_fd(), &mut chunk) {
+                Ok(0) | Err(_) => return out,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+}
+
+/// What `o` offers to complete for `words` (the last one being completed), asked as bash
+/// asks it (`COMPLETE=bash o -- WORDS…`), with `NAMESPACE=ns` when given (the server the
+/// names come from).
+pub fn complete(words: &[&str], ns: Option<&Path>) -> Vec<String> {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_o"));
+    c.env("COMPLETE", "bash")
+        .env("_CLAP_COMPLETE_INDEX", (words.len() - 1).to_string())
+        .env("_CLAP_IFS", "\n")
+        .arg("--")
+        .args(words);
+    if let Some(ns) = ns {
+        c.env("NAMESPACE", ns);
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }

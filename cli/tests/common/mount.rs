@@ -11,39 +11,10 @@ use super::{Out, Srv, bin, run};
 /// setuid `fusermount3`. Prints `SKIP <test>: <reason>` when not (and panics under
 /// `OLLIE_TEST_REQUIRE=all`).
 pub fn fuse_usable(test: &str) -> bool {
-    let reason = if !Path::new("/dev/fuse").exists() {
-        Some("no /dev/fuse")
-    } else if !nix::unistd::geteuid().is_root()
-        && ![
-            "/usr/bin/fusermount3",
-            "/bin/fusermount3",
-            "/usr/local/bin/fusermount3",
-        ]
-        .iter()
-        .any(|p| Path::new(p).exists())
-    {
-        Some("not root and no fusermount3 (apt install fuse3)")
-    } else if !nix::unistd::geteuid().is_root()
-        && std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/fuse")
-            .is_err()
-    {
-        // fusermount3 opens it as the caller (Debian's udev makes it 0666; scripts/deps.sh
-        // does so where there is no udev).
-        Some("/dev/fuse is not open to this user (chmod 0666 /dev/fuse)")
-    } else {
-        None
-    };
-    match reason {
+    match ollie_testkit::probe::missing_fuse() {
         None => true,
         Some(r) => {
-            let line = format!("SKIP {test}: {r}");
-            if ollie_testkit::require_all() {
-                panic!("{line} (OLLIE_TEST_REQUIRE=all)");
-            }
-            eprintln!("{line}");
+            ollie_testkit::skip(&format!("SKIP {test}: {r}"));
             false
         }
     }

@@ -62,12 +62,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use ollie_link::text::{clip, one_line};
 use reqwest::{RequestBuilder, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, generated_id,
-    mentions_context, one_line, parse_arguments,
+    self, ApiKey, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, SSE, SseReply, generated_id,
+    mentions_context, parse_arguments,
 };
 use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
@@ -172,18 +173,9 @@ impl Anthropic {
 impl HttpApi for Anthropic {
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
-        let model = c.start(req, "messages request")?;
-        let key = c.api_key()?;
-        let body = request_body(model, req).to_string();
-        let rb = c.post("/messages", "text/event-stream", body);
+        let (rb, key) = c.chat_request(req, "messages request", "/messages", SSE, request_body)?;
         let rb = self.authorized(rb, key.as_ref())?;
-        let mut state = StreamState::default();
-        c.stream_sse(rb, key.as_ref(), |frame| {
-            state.frame(&c.name, frame, sink)?;
-            Ok(state.done)
-        })
-        .await?;
-        state.finish(&c.name, sink)
+        c.chat_sse::<StreamState>(rb, key.as_ref(), sink).await
     }
 
     async fn models(&self) -> Result<Vec<String>, BackendError> {
@@ -308,7 +300,7 @@ fn classify_stream_error(name: &str, error: &Value) -> BackendError {
     };
     let text = format!(
         "{name}: error in stream: {}",
-        one_line(&format!("{kind}: {message}"), MAX_MESSAGE_CHARS)
+        clip(&one_line(&format!("{kind}: {message}")), MAX_MESSAGE_CHARS)
     );
     match kind {
         "rate_limit_error" => BackendError::RateLimited { retry_after: None },
@@ -355,17 +347,10 @@ struct StreamState {
     done: bool,
 }
 
-impl StreamState {
+impl SseReply for StreamState {
     fn frame(&mut self, name: &str, frame: Frame, sink: Sink<'_>) -> Result<(), BackendError> {
-        let data = match frame {
-            Frame::Data(d) => d,
-            // Not Anthropic's way, but some proxies fail a stream like this.
-            Frame::Error(e) => {
-                let v = serde_json::from_str::<Value>(&e).unwrap_or(Value::String(e));
-                let err = v.get("error").cloned().unwrap_or(v);
-                return Err(classify_stream_error(name, &err));
-            }
-        };
+        // An `error:` line is not Anthropic's way, but some proxies fail a stream like this.
+        let data = frame.data(|err| classify_stream_error(name, err))?;
         let data = data.trim();
         if data.is_empty() {
             return Ok(());
@@ -373,7 +358,7 @@ impl StreamState {
         let ev: Value = serde_json::from_str(data).map_err(|e| {
             BackendError::Transient(format!(
                 "{name}: undecodable stream event ({e}): {}",
-                one_line(data, MAX_MESSAGE_CHARS)
+                clip(&one_line(data), MAX_MESSAGE_CHARS)
             ))
         })?;
         let index = ev.get("index").and_then(Value::as_u64).unwrap_or(0);
@@ -462,6 +447,45 @@ impl StreamState {
         Ok(())
     }
 
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    /// The end of the stream: usage goes to the sink.
+    fn finish(mut self, name: &str, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+        if !self.done {
+            return Err(BackendError::Transient(format!(
+                "{name}: the stream ended before the reply was complete"
+            )));
+        }
+        // Blocks the server never closed are complete all the same after message_stop.
+        for (index, b) in std::mem::take(&mut self.blocks) {
+            self.block_done(name, index, b, sink)?;
+        }
+        tracing::debug!(backend = %name, stop_reason = ?self.stop_reason, "reply complete");
+        let reported = [
+            self.input_tokens,
+            self.cache_creation_tokens,
+            self.cache_read_tokens,
+            self.output_tokens,
+        ];
+        let usage = Usage {
+            input_tokens: reported[..3].iter().flatten().sum(),
+            output_tokens: self.output_tokens.unwrap_or(0),
+            cost_usd: None,
+        };
+        let reported = reported.iter().any(Option::is_some).then_some(usage);
+        Ok(http::finished_reply(
+            self.text,
+            self.reasoning,
+            self.tool_calls,
+            reported,
+            sink,
+        ))
+    }
+}
+
+impl StreamState {
     fn push_text(&mut self, t: &str, sink: Sink<'_>) {
         if !t.is_empty() {
             self.text.push_str(t);
@@ -529,40 +553,6 @@ impl StreamState {
         sink(Event::ToolCall(call.clone()));
         self.tool_calls.push(call);
         Ok(())
-    }
-
-    /// The end of the stream: usage goes to the sink.
-    fn finish(mut self, name: &str, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
-        if !self.done {
-            return Err(BackendError::Transient(format!(
-                "{name}: the stream ended before the reply was complete"
-            )));
-        }
-        // Blocks the server never closed are complete all the same after message_stop.
-        for (index, b) in std::mem::take(&mut self.blocks) {
-            self.block_done(name, index, b, sink)?;
-        }
-        tracing::debug!(backend = %name, stop_reason = ?self.stop_reason, "reply complete");
-        let reported = [
-            self.input_tokens,
-            self.cache_creation_tokens,
-            self.cache_read_tokens,
-            self.output_tokens,
-        ];
-        let usage = Usage {
-            input_tokens: reported[..3].iter().flatten().sum(),
-            output_tokens: self.output_tokens.unwrap_or(0),
-            cost_usd: None,
-        };
-        if reported.iter().any(Option::is_some) {
-            sink(Event::Usage(usage));
-        }
-        Ok(ModelReply {
-            text: self.text,
-            reasoning: self.reasoning,
-            tool_calls: self.tool_calls,
-            usage,
-        })
     }
 }
 

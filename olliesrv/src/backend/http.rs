@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use ollie_link::text::{clip, one_line};
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
@@ -16,8 +17,10 @@ use serde_json::{Map, Value, json};
 use std::future::Future;
 use std::pin::Pin;
 
-use super::{Backend, BackendError, ModelReply, ModelRequest, Sink};
+use super::{Backend, BackendError, Event, ModelReply, ModelRequest, Sink, ToolCall, Usage};
 
+/// The media type of server-sent events (the `Accept` of a streamed request).
+pub(super) const SSE: &str = "text/event-stream";
 /// How long connecting may take.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest silence while waiting for response bytes (a stalled stream).
@@ -349,6 +352,40 @@ impl Conn {
         .await
     }
 
+    /// A chat request for `req`: the body `body` makes for its model, posted to `path`
+    /// accepting `accept` and logged as `what`, with the key for this call. The key is not
+    /// yet in the request: each API sends it in a header of its own.
+    pub fn chat_request(
+        &self,
+        req: &ModelRequest,
+        what: &str,
+        path: &str,
+        accept: &str,
+        body: fn(&str, &ModelRequest) -> Value,
+    ) -> Result<(reqwest::RequestBuilder, Option<ApiKey>), BackendError> {
+        let model = self.start(req, what)?;
+        let key = self.api_key()?;
+        let body = body(model, req).to_string();
+        Ok((self.post(path, accept, body), key))
+    }
+
+    /// Sends the streamed chat request `rb` and reads its server-sent events into an `R`
+    /// until it is done or the stream ends, then makes the reply from it.
+    pub async fn chat_sse<R: SseReply>(
+        &self,
+        rb: reqwest::RequestBuilder,
+        key: Option<&ApiKey>,
+        sink: Sink<'_>,
+    ) -> Result<ModelReply, BackendError> {
+        let mut reply = R::default();
+        self.stream_sse(rb, key, |frame| {
+            reply.frame(&self.name, frame, sink)?;
+            Ok(reply.done())
+        })
+        .await?;
+        reply.finish(&self.name, sink)
+    }
+
     /// The array `field` of a model-list reply to `what` (e.g. `/models`), else a fatal error.
     pub fn listed<'v>(
         &self,
@@ -362,6 +399,40 @@ impl Conn {
     }
 }
 
+/// The reply of a finished stream; the usage the server reported, if it did, goes to `sink`
+/// too (none reported: zeros in the reply and no event).
+pub(super) fn finished_reply(
+    text: String,
+    reasoning: String,
+    tool_calls: Vec<ToolCall>,
+    reported: Option<Usage>,
+    sink: Sink<'_>,
+) -> ModelReply {
+    let usage = reported.unwrap_or_default();
+    if reported.is_some() {
+        sink(Event::Usage(usage));
+    }
+    ModelReply {
+        text,
+        reasoning,
+        tool_calls,
+        usage,
+    }
+}
+
+/// How an API's streamed reply is read from its server-sent events (see [`Conn::chat_sse`]):
+/// what the stream has said so far.
+pub(super) trait SseReply: Default + Send {
+    /// Takes one event of backend `name`'s stream, handing text as it comes to `sink`.
+    fn frame(&mut self, name: &str, frame: Frame, sink: Sink<'_>) -> Result<(), BackendError>;
+
+    /// Whether the stream has said that the reply is complete.
+    fn done(&self) -> bool;
+
+    /// The reply once the stream has ended; what was held back goes to `sink` now.
+    fn finish(self, name: &str, sink: Sink<'_>) -> Result<ModelReply, BackendError>;
+}
+
 /// What differs between the HTTP backends' [`Backend`] impls (which follow from this).
 pub(super) trait HttpApi: Send + Sync + fmt::Debug {
     /// Streams one reply.
@@ -373,6 +444,12 @@ pub(super) trait HttpApi: Send + Sync + fmt::Debug {
 
     /// The models the server lists.
     fn models(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send;
+
+    /// The context window the server tells for `model` ([`Backend::context_limit`]).
+    fn context_window(&self, model: &str) -> impl Future<Output = Option<u64>> + Send {
+        let _ = model;
+        async { None }
+    }
 }
 
 impl<T: HttpApi> Backend for T {
@@ -388,6 +465,13 @@ impl<T: HttpApi> Backend for T {
         &'a self,
     ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>> {
         Box::pin(self.models())
+    }
+
+    fn context_limit<'a>(
+        &'a self,
+        model: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Option<u64>> + Send + 'a>> {
+        Box::pin(self.context_window(model))
     }
 }
 
@@ -510,15 +594,10 @@ pub(super) fn transport(name: &str, what: &str, e: reqwest::Error) -> BackendErr
     } else {
         "failed"
     };
-    let e = e.without_url();
-    let mut chain = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        chain.push_str(": ");
-        chain.push_str(&s.to_string());
-        source = s.source();
-    }
-    let chain = one_line(&chain, MAX_MESSAGE_CHARS);
+    let chain = clip(
+        &one_line(&crate::error_chain(&e.without_url())),
+        MAX_MESSAGE_CHARS,
+    );
     BackendError::Transient(format!("{name}: {what} {kind}: {chain}"))
 }
 
@@ -561,17 +640,6 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<u64> {
         .or_else(|| headers.get("retry-after-ms").and_then(|v| secs(v, 1000.0)))
 }
 
-/// `s` on one line (whitespace runs collapsed), cut to `max` characters with a `…`.
-pub(super) fn one_line(s: &str, max: usize) -> String {
-    let joined = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if joined.chars().count() <= max {
-        return joined;
-    }
-    let mut out: String = joined.chars().take(max).collect();
-    out.push('…');
-    out
-}
-
 /// The server's message, `code` and `type` from an error body in any of the shapes seen:
 /// `{"error": {"message", "code", "type"}}`, `{"error": "text"}`, `{"message": …}`,
 /// `{"detail": …}`, or plain text.
@@ -610,7 +678,7 @@ pub(super) fn classify_http(
     body: &str,
 ) -> BackendError {
     let (message, code, kind) = error_fields(body);
-    let mut message = one_line(&message, MAX_MESSAGE_CHARS);
+    let mut message = clip(&one_line(&message), MAX_MESSAGE_CHARS);
     if message.is_empty() {
         message = reqwest::StatusCode::from_u16(status)
             .ok()
@@ -643,7 +711,7 @@ pub(super) fn classify_stream_error(name: &str, error: &Value) -> BackendError {
     let (message, code, _) = error_fields(&body);
     let text = format!(
         "{name}: error in stream: {}",
-        one_line(&message, MAX_MESSAGE_CHARS)
+        clip(&one_line(&message), MAX_MESSAGE_CHARS)
     );
     if mentions_context(&body) {
         return BackendError::ContextOverflow(text);
@@ -693,6 +761,24 @@ pub(super) enum Frame {
     Data(String),
     /// An `error:` line (llama.cpp's way of failing a started stream).
     Error(String),
+}
+
+impl Frame {
+    /// The data of an event; an `error:` line fails the stream with what `classify` makes
+    /// of it: its `error` object, else the whole line (JSON, or else a string).
+    pub(super) fn data(
+        self,
+        classify: impl FnOnce(&Value) -> BackendError,
+    ) -> Result<String, BackendError> {
+        match self {
+            Frame::Data(d) => Ok(d),
+            Frame::Error(e) => {
+                let v = serde_json::from_str::<Value>(&e).unwrap_or(Value::String(e));
+                let err = v.get("error").cloned().unwrap_or(v);
+                Err(classify(&err))
+            }
+        }
+    }
 }
 
 /// Splits a byte stream into server-sent events. Never panics on input.

@@ -145,4 +145,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn list_models<'a>(
         &'a self,
     ) -> Pin<Box<dyn Future<Output = Result<Vec<String>, BackendError>> + Send + 'a>>;
+
+    /// The context window of `model` in tokens, when the server tells it (asked once per
+    /// backend and remembered); `None` when it does not.
+    fn context_limit<'a>(
+        &'a self,
+        model: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Option<u64>> + Send + 'a>> {
+        let _ = model;
+        Box::pin(async { None })
+    }
 }

@@ -48,18 +48,22 @@
 use std::fmt;
 use std::time::Duration;
 
+use ollie_link::text::{clip, one_line};
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
     self, ApiKey, Conn, Endpoint, Framer, HttpApi, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS,
-    classify_http, error_fields, generated_id, mentions_context, one_line, parse_arguments,
-    read_capped, retry_after,
+    classify_http, error_fields, generated_id, mentions_context, parse_arguments, read_capped,
+    retry_after,
 };
 use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
 /// The base URL when the configuration names none: a local Ollama's root.
 pub const DEFAULT_BASE_URL: &str = "http://127.0.0.1:11434";
+
+/// The media type of a streamed `/api/chat` reply: one JSON object a line.
+const NDJSON: &str = "application/x-ndjson";
 
 /// The largest `/api/version` reply [`probe`] reads.
 const MAX_PROBE_BODY: usize = 4096;
@@ -181,10 +185,7 @@ impl Ollama {
 impl HttpApi for Ollama {
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
-        let model = c.start(req, "chat request")?;
-        let key = c.api_key()?;
-        let body = request_body(model, req).to_string();
-        let rb = c.post("/api/chat", "application/x-ndjson", body);
+        let (rb, key) = c.chat_request(req, "chat request", "/api/chat", NDJSON, request_body)?;
         let rb = c.bearer(rb, key.as_ref())?;
         let mut resp = rb.send().await.map_err(|e| self.transport("request", e))?;
         if !resp.status().is_success() {
@@ -365,7 +366,7 @@ impl StreamState {
         let undecodable = |why: String| {
             BackendError::Transient(format!(
                 "{name}: undecodable stream line ({why}): {}",
-                one_line(&String::from_utf8_lossy(line), MAX_MESSAGE_CHARS)
+                clip(&one_line(&String::from_utf8_lossy(line)), MAX_MESSAGE_CHARS)
             ))
         };
         let chunk: Value = serde_json::from_slice(line).map_err(|e| undecodable(e.to_string()))?;
@@ -379,7 +380,7 @@ impl StreamState {
             };
             let text = format!(
                 "{name}: error in stream: {}",
-                one_line(&message, MAX_MESSAGE_CHARS)
+                clip(&one_line(&message), MAX_MESSAGE_CHARS)
             );
             return Err(if exceeds_context(&message) {
                 BackendError::ContextOverflow(text)
@@ -468,16 +469,13 @@ impl StreamState {
         for call in &self.calls {
             sink(Event::ToolCall(call.clone()));
         }
-        let usage = self.usage.unwrap_or_default();
-        if self.usage.is_some() {
-            sink(Event::Usage(usage));
-        }
-        Ok(ModelReply {
-            text: self.text,
-            reasoning: self.reasoning,
-            tool_calls: self.calls,
-            usage,
-        })
+        Ok(http::finished_reply(
+            self.text,
+            self.reasoning,
+            self.calls,
+            self.usage,
+            sink,
+        ))
     }
 }
 

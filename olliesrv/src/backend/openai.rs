@@ -44,11 +44,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use ollie_link::text::{clip, one_line};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, classify_stream_error, generated_id,
-    one_line, parse_arguments,
+    self, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, SSE, SseReply, classify_stream_error,
+    generated_id, parse_arguments,
 };
 use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
@@ -58,6 +59,8 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// An OpenAI-compatible chat backend.
 pub struct OpenAi {
     http: Conn,
+    /// The context windows the server told, by model (asked once; empty when it tells none).
+    windows: tokio::sync::OnceCell<BTreeMap<String, u64>>,
 }
 
 impl fmt::Debug for OpenAi {
@@ -73,7 +76,54 @@ impl OpenAi {
         let ep = Endpoint::new(name, cfg.base_url.as_deref(), DEFAULT_BASE_URL)?;
         Ok(OpenAi {
             http: Conn::new(name, cfg, ep),
+            windows: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The context window of each model, as the server lists it: `GET {base_url}/models`
+    /// entries' `context_length` (OpenRouter), `context_window`, `max_model_len` (vLLM) or
+    /// `meta.n_ctx_train` (llama.cpp); for llama.cpp's server, whose slots may be smaller than
+    /// the model was trained for, `GET /props`'s `default_generation_settings.n_ctx` instead.
+    /// Nothing on any error: the window is then unknown.
+    async fn fetch_windows(&self) -> BTreeMap<String, u64> {
+        let c = &self.http;
+        let Ok(key) = c.api_key() else {
+            return BTreeMap::new();
+        };
+        let key = &key;
+        let get = |url: String, what: &'static str| async move {
+            let rb = c.bearer(c.client.get(url), key.as_ref()).ok()?;
+            http::get_json(&c.name, rb, key.as_ref(), what).await.ok()
+        };
+        let Some(v) = get(format!("{}/models", c.base_url), "/models").await else {
+            return BTreeMap::new();
+        };
+        let entries = v
+            .get("data")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut out: BTreeMap<String, u64> = entries
+            .iter()
+            .filter_map(|m| Some((m.get("id")?.as_str()?.to_owned(), listed_window(m)?)))
+            .collect();
+        let llama = entries
+            .iter()
+            .any(|m| m.get("owned_by").and_then(Value::as_str) == Some("llamacpp"));
+        if llama {
+            let root = c.base_url.strip_suffix("/v1").unwrap_or(&c.base_url);
+            let slot = get(format!("{root}/props"), "/props")
+                .await
+                .and_then(|p| p.pointer("/default_generation_settings/n_ctx")?.as_u64());
+            if let Some(n) = slot.filter(|n| *n > 0) {
+                for m in &entries {
+                    if let Some(id) = m.get("id").and_then(Value::as_str) {
+                        out.insert(id.to_owned(), n);
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// The models the server offers (`GET {base_url}/models`, each `data[].id`), in its order.
@@ -93,23 +143,36 @@ impl OpenAi {
 impl HttpApi for OpenAi {
     async fn chat(&self, req: &ModelRequest, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
         let c = &self.http;
-        let model = c.start(req, "chat request")?;
-        let key = c.api_key()?;
-        let body = request_body(model, req).to_string();
-        let rb = c.post("/chat/completions", "text/event-stream", body);
+        let (rb, key) =
+            c.chat_request(req, "chat request", "/chat/completions", SSE, request_body)?;
         let rb = c.bearer(rb, key.as_ref())?;
-        let mut state = StreamState::default();
-        c.stream_sse(rb, key.as_ref(), |frame| {
-            state.frame(&c.name, frame, sink)?;
-            Ok(state.done)
-        })
-        .await?;
-        state.finish(&c.name, sink)
+        c.chat_sse::<StreamState>(rb, key.as_ref(), sink).await
     }
 
     async fn models(&self) -> Result<Vec<String>, BackendError> {
         self.list_models().await
     }
+
+    async fn context_window(&self, model: &str) -> Option<u64> {
+        self.windows
+            .get_or_init(|| self.fetch_windows())
+            .await
+            .get(model)
+            .copied()
+    }
+}
+
+/// The context window a `/models` entry states, in tokens.
+fn listed_window(m: &Value) -> Option<u64> {
+    [
+        "/context_length",
+        "/context_window",
+        "/max_model_len",
+        "/meta/n_ctx_train",
+    ]
+    .iter()
+    .find_map(|p| m.pointer(p)?.as_u64())
+    .filter(|n| *n > 0)
 }
 
 /// The JSON body of a streamed chat request.
@@ -209,16 +272,9 @@ struct StreamState {
     done: bool,
 }
 
-impl StreamState {
+impl SseReply for StreamState {
     fn frame(&mut self, name: &str, frame: Frame, sink: Sink<'_>) -> Result<(), BackendError> {
-        let data = match frame {
-            Frame::Data(d) => d,
-            Frame::Error(e) => {
-                let v = serde_json::from_str::<Value>(&e).unwrap_or(Value::String(e));
-                let err = v.get("error").cloned().unwrap_or(v);
-                return Err(classify_stream_error(name, &err));
-            }
-        };
+        let data = frame.data(|err| classify_stream_error(name, err))?;
         let data = data.trim();
         if data == "[DONE]" {
             self.done = true;
@@ -230,7 +286,7 @@ impl StreamState {
         let chunk: Value = serde_json::from_str(data).map_err(|e| {
             BackendError::Transient(format!(
                 "{name}: undecodable stream chunk ({e}): {}",
-                one_line(data, MAX_MESSAGE_CHARS)
+                clip(&one_line(data), MAX_MESSAGE_CHARS)
             ))
         })?;
         if let Some(err) = chunk.get("error").filter(|e| !e.is_null()) {
@@ -264,6 +320,47 @@ impl StreamState {
         Ok(())
     }
 
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    /// The end of the stream: complete tool calls and usage go to the sink.
+    fn finish(self, name: &str, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
+        if !self.done && self.finish_reason.is_none() {
+            return Err(BackendError::Transient(format!(
+                "{name}: the stream ended before the reply was complete"
+            )));
+        }
+        let mut tool_calls = Vec::with_capacity(self.calls.len());
+        for (index, pc) in self.calls {
+            if pc.name.is_empty() {
+                return Err(BackendError::Transient(format!(
+                    "{name}: tool call {index} came without a function name"
+                )));
+            }
+            let call = ToolCall {
+                id: if pc.id.is_empty() {
+                    generated_id()
+                } else {
+                    pc.id
+                },
+                name: pc.name,
+                arguments: parse_arguments(&pc.arguments),
+            };
+            sink(Event::ToolCall(call.clone()));
+            tool_calls.push(call);
+        }
+        Ok(http::finished_reply(
+            self.text,
+            self.reasoning,
+            tool_calls,
+            self.usage,
+            sink,
+        ))
+    }
+}
+
+impl StreamState {
     fn delta(&mut self, delta: &Value, sink: Sink<'_>) {
         let text = |k: &str| {
             delta
@@ -313,44 +410,6 @@ impl StreamState {
                 pc.arguments.push_str(a);
             }
         }
-    }
-
-    /// The end of the stream: complete tool calls and usage go to the sink.
-    fn finish(self, name: &str, sink: Sink<'_>) -> Result<ModelReply, BackendError> {
-        if !self.done && self.finish_reason.is_none() {
-            return Err(BackendError::Transient(format!(
-                "{name}: the stream ended before the reply was complete"
-            )));
-        }
-        let mut tool_calls = Vec::with_capacity(self.calls.len());
-        for (index, pc) in self.calls {
-            if pc.name.is_empty() {
-                return Err(BackendError::Transient(format!(
-                    "{name}: tool call {index} came without a function name"
-                )));
-            }
-            let call = ToolCall {
-                id: if pc.id.is_empty() {
-                    generated_id()
-                } else {
-                    pc.id
-                },
-                name: pc.name,
-                arguments: parse_arguments(&pc.arguments),
-            };
-            sink(Event::ToolCall(call.clone()));
-            tool_calls.push(call);
-        }
-        let usage = self.usage.unwrap_or_default();
-        if self.usage.is_some() {
-            sink(Event::Usage(usage));
-        }
-        Ok(ModelReply {
-            text: self.text,
-            reasoning: self.reasoning,
-            tool_calls,
-            usage,
-        })
     }
 }
 
@@ -945,6 +1004,38 @@ mod tests {
             b.list_models().await.unwrap_err(),
             BackendError::Transient("local: http 500: oops".into())
         );
+    }
+
+    #[tokio::test]
+    async fn context_windows_come_from_models_and_llama_cpp_props() {
+        // llama.cpp: /models tells the trained window, /props the slot's (smaller) one.
+        let (url, mut rx) = serve(vec![
+            Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"smol","object":"model","owned_by":"llamacpp","meta":{"n_ctx_train":8192}}]}"#,
+            ),
+            Reply::json(200, r#"{"default_generation_settings":{"n_ctx":4096}}"#),
+        ])
+        .await;
+        let b = backend(&url, None);
+        assert_eq!(b.context_window("smol").await, Some(4096));
+        assert!(rx.recv().await.unwrap().head.starts_with("GET /v1/models "));
+        assert!(rx.recv().await.unwrap().head.starts_with("GET /props "));
+        // Asked once: the second answer comes from memory (the server has no more replies).
+        assert_eq!(b.context_window("smol").await, Some(4096));
+        assert_eq!(b.context_window("other").await, None);
+        // OpenRouter's context_length; a server that lists none: unknown.
+        let (url, _rx) = serve(vec![Reply::json(
+            200,
+            r#"{"data":[{"id":"a","context_length":200000},{"id":"b"}]}"#,
+        )])
+        .await;
+        let b = backend(&url, None);
+        assert_eq!(b.context_window("a").await, Some(200_000));
+        assert_eq!(b.context_window("b").await, None);
+        // An error: unknown, not a failure.
+        let (url, _rx) = serve(vec![Reply::json(500, "oops")]).await;
+        assert_eq!(backend(&url, None).context_window("a").await, None);
     }
 
     #[tokio::test]

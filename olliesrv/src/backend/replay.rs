@@ -1,7 +1,9 @@
 //! The `replay` backend: plays a JSON-lines script of model turns, one per model request, in
 //! order — for reproducible runs, demos and tests. Each line is an object with optional keys
 //! `text`, `reasoning` and `tool_calls` (`[{"name": …, "arguments": {…}}]`); unknown keys are
-//! errors naming the line. Running past the end is an error (shown in the chat).
+//! errors naming the line. Running past the end is an error (shown in the chat), unless the
+//! script file was changed since it was read: then it is read again and plays from its first
+//! turn. `invalidate` on the root `ctl` starts every agent's script over.
 
 use std::future::Future;
 use std::path::Path;
@@ -35,17 +37,49 @@ struct Call {
 /// A replay script with its own position.
 #[derive(Debug)]
 pub struct Replay {
-    turns: Vec<Turn>,
-    next: Mutex<usize>,
+    /// The turns, the index of the next one, and the file's stamp when they were read.
+    script: Mutex<(Vec<Turn>, usize, Stamp)>,
     name: String,
+    /// The script's file.
+    source: Option<std::path::PathBuf>,
+}
+
+/// A file's modification time and length.
+type Stamp = (Option<std::time::SystemTime>, u64);
+
+fn stamp(path: &Path) -> Stamp {
+    std::fs::metadata(path).map_or((None, 0), |m| (m.modified().ok(), m.len()))
 }
 
 impl Replay {
     /// Reads and validates the script.
     pub fn load(name: &str, path: &Path) -> Result<Replay, String> {
+        let at = stamp(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("replay backend {name}: cannot read {}: {e}", path.display()))?;
-        Self::parse(name, &text).map_err(|e| format!("{}: {e}", path.display()))
+        let mut r = Self::parse(name, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+        r.source = Some(path.to_owned());
+        if let Ok(s) = r.script.get_mut() {
+            s.2 = at;
+        }
+        Ok(r)
+    }
+
+    /// The script read again when its file changed since `seen`, with its new stamp.
+    fn reread(&self, seen: Stamp) -> Option<(Vec<Turn>, Stamp)> {
+        let path = self.source.as_ref()?;
+        let now = stamp(path);
+        if now == seen {
+            return None;
+        }
+        let text = std::fs::read_to_string(path).ok()?;
+        let turns = Self::parse(&self.name, &text)
+            .ok()?
+            .script
+            .into_inner()
+            .ok()?
+            .0;
+        Some((turns, now))
     }
 
     /// Parses script text.
@@ -60,9 +94,9 @@ impl Replay {
             turns.push(t);
         }
         Ok(Replay {
-            turns,
-            next: Mutex::new(0),
+            script: Mutex::new((turns, 0, (None, 0))),
             name: name.to_owned(),
+            source: None,
         })
     }
 }
@@ -75,17 +109,23 @@ impl Backend for Replay {
     ) -> Pin<Box<dyn Future<Output = Result<ModelReply, BackendError>> + Send + 'a>> {
         Box::pin(async move {
             let (i, turn) = {
-                let mut n = self
-                    .next
+                let mut s = self
+                    .script
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if s.1 >= s.0.len()
+                    && let Some((turns, at)) = self.reread(s.2)
+                {
+                    *s = (turns, 0, at);
+                }
+                let (turns, n, _) = &mut *s;
                 let i = *n;
-                let Some(t) = self.turns.get(i).cloned() else {
+                let Some(t) = turns.get(i).cloned() else {
                     return Err(BackendError::Fatal(format!(
-                        "replay backend {}: the script has no turn {} (it has {})",
+                        "replay backend {}: the script has no turn {} (it has {}); edit it, or write invalidate to ctl to start it over",
                         self.name,
                         i + 1,
-                        self.turns.len()
+                        turns.len()
                     )));
                 };
                 *n += 1;
@@ -159,6 +199,26 @@ mod tests {
         assert_eq!(reply.tool_calls[0].arguments["code"], "ls");
         let e = r.call(&req, &mut |_| {}).await.unwrap_err();
         assert!(e.to_string().contains("no turn 3 (it has 2)"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_edited_script_starts_over_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("turns.jsonl");
+        std::fs::write(&path, "{\"text\":\"one\"}\n").unwrap();
+        let r = Replay::load("demo", &path).unwrap();
+        let req = ModelRequest::default();
+        assert_eq!(r.call(&req, &mut |_| {}).await.unwrap().text, "one");
+        let e = r.call(&req, &mut |_| {}).await.unwrap_err();
+        assert!(
+            e.to_string().contains("edit it, or write invalidate"),
+            "{e}"
+        );
+        // Edited (another length, so the stamp differs even within the clock's resolution).
+        std::fs::write(&path, "{\"text\":\"two\"}\n{\"text\":\"three\"}\n").unwrap();
+        assert_eq!(r.call(&req, &mut |_| {}).await.unwrap().text, "two");
+        assert_eq!(r.call(&req, &mut |_| {}).await.unwrap().text, "three");
+        assert!(r.call(&req, &mut |_| {}).await.is_err());
     }
 
     #[test]

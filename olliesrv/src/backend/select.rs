@@ -6,18 +6,36 @@
 //!    first model it lists;
 //! 2. else the first of `ANTHROPIC_API_KEY`, `OPENAI_API_KEY`, `OPENROUTER_API_KEY` that is
 //!    set, with that service's public API and [`DEFAULT_MODELS`];
-//! 3. else the call fails with [`NO_BACKEND`], which says how to configure one.
+//! 3. else the call fails with [`no_backend`], which says how to configure one.
 //!
 //! `OLLIE_MODEL` overrides the model of a discovered backend.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use ollie_link::text::one_line;
+
 use super::Backend;
 use crate::config::{Backend as BackendCfg, BackendKind, Config};
 
-/// The error when no backend is configured and none was found.
-pub const NO_BACKEND: &str = "no backend: start Ollama on 127.0.0.1:11434, or set ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENROUTER_API_KEY, or add [backends.NAME] to config.toml and set default_backend";
+/// The error when no backend is configured and none was found: where Ollama was looked
+/// for, and the configuration file the server reads (or would read).
+pub fn no_backend(config: &Config) -> String {
+    let file = config
+        .path
+        .clone()
+        .or_else(|| crate::config::default_dir().map(|d| d.join("config.toml")))
+        .map_or_else(|| "config.toml".to_owned(), |p| p.display().to_string());
+    let ollama = ollama_url();
+    let how = if env("OLLAMA_HOST").is_some() {
+        "OLLAMA_HOST"
+    } else {
+        "or set OLLAMA_HOST"
+    };
+    format!(
+        "no backend: start Ollama on {ollama} ({how}), or set ANTHROPIC_API_KEY, OPENAI_API_KEY or OPENROUTER_API_KEY, or add [backends.NAME] to {file} and set default_backend (then restart olliesrv or write invalidate to ctl)"
+    )
+}
 
 /// How long the Ollama probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(700);
@@ -165,7 +183,7 @@ pub async fn resolve(
             let c = entry_of(&n, config).await?;
             Ok((n, c))
         }
-        None => discover().await.ok_or_else(|| NO_BACKEND.to_owned()),
+        None => discover().await.ok_or_else(|| no_backend(config)),
     }
 }
 
@@ -218,8 +236,4 @@ pub async fn models_text(config: &Config, timeout: Duration) -> String {
         }
     }
     text + &errors
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -416,7 +416,6 @@ pub(super) fn map_ids_and_mount(plan: &ChildPlan) {
 fn run_mounts(plan: &ChildPlan) {
     let mut slots = [-1 as RawFd; MAX_SLOTS];
     let root = c"/";
-    let empty = c"";
     for step in &plan.mounts {
         // SAFETY: every pointer below is a valid C string or a live struct; these are raw
         // mount-API syscalls in the child's own (new) mount namespace.
@@ -432,19 +431,7 @@ fn run_mounts(plan: &ChildPlan) {
                         std::ptr::null(),
                     ) as libc::c_long,
                 ),
-                MountStep::CloneTree { path, slot } => {
-                    let fd = libc::syscall(
-                        SYS_OPEN_TREE,
-                        libc::AT_FDCWD,
-                        path.as_ptr(),
-                        OPEN_TREE_CLONE
-                            | libc::O_CLOEXEC as libc::c_ulong
-                            | AT_RECURSIVE as libc::c_ulong
-                            | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
-                    );
-                    check(Stage::Mount, fd);
-                    slots[*slot] = fd as RawFd;
-                }
+                MountStep::CloneTree { path, slot } => slots[*slot] = clone_tree(path, true),
                 MountStep::ReadOnlyAll => {
                     mount_setattr(
                         libc::AT_FDCWD,
@@ -453,49 +440,8 @@ fn run_mounts(plan: &ChildPlan) {
                         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
                     );
                 }
-                MountStep::Attach { slot, path } => {
-                    check(
-                        Stage::Mount,
-                        libc::syscall(
-                            SYS_MOVE_MOUNT,
-                            slots[*slot],
-                            empty.as_ptr(),
-                            libc::AT_FDCWD,
-                            path.as_ptr(),
-                            MOVE_MOUNT_F_EMPTY_PATH,
-                        ),
-                    );
-                    libc::close(slots[*slot]);
-                }
-                MountStep::ProtectReadOnly { path } => {
-                    let fd = libc::syscall(
-                        SYS_OPEN_TREE,
-                        libc::AT_FDCWD,
-                        path.as_ptr(),
-                        OPEN_TREE_CLONE
-                            | libc::O_CLOEXEC as libc::c_ulong
-                            | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
-                    );
-                    check(Stage::Mount, fd);
-                    mount_setattr(
-                        fd as libc::c_int,
-                        empty.as_ptr(),
-                        libc::AT_EMPTY_PATH as libc::c_uint,
-                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
-                    );
-                    check(
-                        Stage::Mount,
-                        libc::syscall(
-                            SYS_MOVE_MOUNT,
-                            fd,
-                            empty.as_ptr(),
-                            libc::AT_FDCWD,
-                            path.as_ptr(),
-                            MOVE_MOUNT_F_EMPTY_PATH,
-                        ),
-                    );
-                    libc::close(fd as RawFd);
-                }
+                MountStep::Attach { slot, path } => attach(slots[*slot], path),
+                MountStep::ProtectReadOnly { path } => bind_read_only(path),
                 MountStep::PrivateTmpfs {
                     path,
                     options,
@@ -519,44 +465,139 @@ fn run_mounts(plan: &ChildPlan) {
                     work,
                     slot,
                 } => slots[*slot] = create_overlay(lowers, Some((upper, work))),
-                MountStep::MergeCreate { lowers, at } => {
-                    let fd = create_overlay(lowers, None);
-                    check(
-                        Stage::Mount,
-                        libc::syscall(
-                            SYS_MOVE_MOUNT,
-                            fd,
-                            empty.as_ptr(),
-                            libc::AT_FDCWD,
-                            at.as_ptr(),
-                            MOVE_MOUNT_F_EMPTY_PATH,
-                        ),
-                    );
-                    libc::close(fd);
-                }
+                MountStep::MergeCreate { lowers, at } => attach(create_overlay(lowers, None), at),
                 MountStep::UnionAttach {
                     slot,
                     point,
                     rule_access,
                 } => {
-                    check(
-                        Stage::Mount,
-                        libc::syscall(
-                            SYS_MOVE_MOUNT,
-                            slots[*slot],
-                            empty.as_ptr(),
-                            libc::AT_FDCWD,
-                            point.as_ptr(),
-                            MOVE_MOUNT_F_EMPTY_PATH,
-                        ),
-                    );
-                    libc::close(slots[*slot]);
+                    attach(slots[*slot], point);
                     if *rule_access != 0 {
                         add_rule_beneath(point, *rule_access);
                     }
                 }
             }
         }
+    }
+}
+
+/// Most writable trees inside protected islands one call re-attaches.
+pub(crate) const MAX_CALL_REATTACH: usize = 16;
+
+/// The protected islands of one prepared call, in the call's own mount namespace (a copy of
+/// the session's, made by the per-call init's clone): each entry is a kind byte and a path —
+/// `w` a writable tree inside an island, `p` a directory pinned by a bind onto itself, `r` a
+/// protected path bound read-only (and nosuid). In the order the one-shot plan uses: the
+/// writable trees cloned first (the read-only binds would hide them), then the pins, the
+/// read-only binds, and the writable trees attached again on top. Child only (raw syscalls
+/// on the call's prepared strings; the clones live in a fixed array on the stack).
+///
+/// # Safety
+/// Every pointer in `entries` is a NUL-terminated string of at least two bytes that stays
+/// alive and unchanged for the duration of the call.
+pub(super) unsafe fn protect_call_islands(entries: &[*const libc::c_char]) {
+    if entries.is_empty() {
+        return;
+    }
+    let root = c"/";
+    // SAFETY: raw mount syscall on valid C strings, in this process's own mount namespace.
+    check(Stage::Mount, unsafe {
+        libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) as libc::c_long
+    });
+    // SAFETY: the caller's contract: each entry is a kind byte followed by a C string path.
+    let split = |e: *const libc::c_char| unsafe { (*e as u8, CStr::from_ptr(e.add(1))) };
+    let mut clones = [-1 as RawFd; MAX_CALL_REATTACH];
+    let mut n = 0;
+    for &e in entries {
+        let (kind, path) = split(e);
+        if kind == b'w' {
+            if n == MAX_CALL_REATTACH {
+                fail(Stage::Mount, libc::E2BIG);
+            }
+            clones[n] = clone_tree(path, true);
+            n += 1;
+        }
+    }
+    for &e in entries {
+        let (kind, path) = split(e);
+        match kind {
+            b'p' => attach(clone_tree(path, true), path),
+            b'r' => bind_read_only(path),
+            b'w' => {}
+            _ => fail(Stage::Mount, libc::EINVAL),
+        }
+    }
+    let mut i = 0;
+    for &e in entries {
+        let (kind, path) = split(e);
+        if kind == b'w' {
+            attach(clones[i], path);
+            i += 1;
+        }
+    }
+}
+
+/// [`MountStep::ProtectReadOnly`]: `path` bound onto itself read-only and nosuid (a clone of
+/// the mount at `path`, without its submounts, made read-only, attached there). Child only.
+fn bind_read_only(path: &CStr) {
+    let fd = clone_tree(path, false);
+    mount_setattr(
+        fd,
+        c"".as_ptr(),
+        libc::AT_EMPTY_PATH as libc::c_uint,
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+    );
+    attach(fd, path);
+}
+
+/// `open_tree(path, OPEN_TREE_CLONE)`: a detached copy of the mount at `path`, with its
+/// submounts when `recursive`, never following a final symlink; a failure fails the mount
+/// stage. Child only.
+fn clone_tree(path: &CStr, recursive: bool) -> RawFd {
+    let recursive = if recursive {
+        AT_RECURSIVE as libc::c_ulong
+    } else {
+        0
+    };
+    // SAFETY: raw syscall; `path` is a valid C string.
+    let fd = unsafe {
+        libc::syscall(
+            SYS_OPEN_TREE,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE
+                | libc::O_CLOEXEC as libc::c_ulong
+                | recursive
+                | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
+        )
+    };
+    check(Stage::Mount, fd);
+    fd as RawFd
+}
+
+/// `move_mount` of the detached mount `fd` onto `path`, then closes `fd`; a failure fails the
+/// mount stage. Child only.
+fn attach(fd: RawFd, path: &CStr) {
+    // SAFETY: raw syscalls; `path` and the empty path are valid C strings.
+    unsafe {
+        check(
+            Stage::Mount,
+            libc::syscall(
+                SYS_MOVE_MOUNT,
+                fd,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            ),
+        );
+        libc::close(fd);
     }
 }
 
@@ -806,6 +847,21 @@ fn add_rule_beneath(path: &CStr, access: u64) {
         libc::close(fd);
     }
 }
+
+/// The signals a run's cancellation handle delivers (`Cancel::SIGNALS`): [`FORWARDED`] and
+/// SIGKILL, in numeric order.
+pub(crate) const CANCEL_SIGNALS: [libc::c_int; 10] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGKILL,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGTERM,
+    libc::SIGCONT,
+    libc::SIGWINCH,
+];
 
 /// Signals pid 1 of a run (the one-shot init stage or a prepared call's init) forwards to every
 /// process of its pid namespace. They stay blocked in pid 1 from the clone on (every signal
@@ -1130,42 +1186,75 @@ pub(super) struct ToolExec<'a> {
 /// signals (dispositions, then an empty mask), seccomp last, execve. Reports the failed stage
 /// on the error pipe instead. Never returns.
 pub(super) fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
-    // The irreversible steps, in the order below:
+    // The irreversible steps, in this order, one call each (raw, async-signal-safe syscalls
+    // on prepared data in every helper; a failure reports its stage and exits).
     //  1. close the status fd, setsid;
+    close_status_and_setsid();
     //  2. rlimits;
+    apply_rlimits(t.rlimits);
     //  3. chdir;
+    change_to_cwd(t.cwd);
     //  4. capabilities: bounding set (in-tool sessions), ambient set cleared, securebits
     //     locked, then capset of the three sets to empty;
+    drop_capabilities(t);
     //  5. no_new_privs;
+    forbid_new_privs();
     //  6. Landlock restrict_self (unless unsandboxed), then close the ruleset fd, then the
     //     working-directory listing check;
+    restrict_self_landlock(t);
     //  7. signals: default dispositions, then an empty mask;
+    unblock_signals(t.session);
     //  8. seccomp filters;
+    attach_seccomp(t.filters, t.fault);
     //  9. execve (or execveat on the exec fd).
-    // SAFETY: (whole function) only raw, async-signal-safe syscalls on prepared data.
+    exec_tool(t)
+}
+
+/// Step 1 of [`restrict_and_exec`]: closes the status fd (pid 1's) and starts a new session.
+fn close_status_and_setsid() {
+    // SAFETY: raw syscalls on integers.
     unsafe {
         libc::close(FD_STATUS);
         if libc::setsid() < 0 {
             fail(Stage::Setsid, errno());
         }
-        for (res, v) in t.rlimits {
-            let rl = libc::rlimit64 {
-                rlim_cur: *v,
-                rlim_max: *v,
-            };
-            if libc::setrlimit64(*res, &rl) < 0 {
-                fail(Stage::Rlimit, errno());
-            }
+    }
+}
+
+/// Step 2 of [`restrict_and_exec`]: every rlimit, soft = hard.
+fn apply_rlimits(rlimits: &[(libc::__rlimit_resource_t, u64)]) {
+    for (res, v) in rlimits {
+        let rl = libc::rlimit64 {
+            rlim_cur: *v,
+            rlim_max: *v,
+        };
+        // SAFETY: raw syscall on a live struct.
+        if unsafe { libc::setrlimit64(*res, &rl) } < 0 {
+            fail(Stage::Rlimit, errno());
         }
-        if libc::chdir(t.cwd) < 0 {
-            fail(Stage::Chdir, errno());
-        }
-        if t.fault == ChildFault::CapDrop {
-            fail(Stage::Capabilities, libc::EPERM);
-        }
-        if let SessionSteps::InTool { cap_last } = t.session {
-            drop_bounding_set(cap_last);
-        }
+    }
+}
+
+/// Step 3 of [`restrict_and_exec`]: changes to the tool's working directory.
+fn change_to_cwd(cwd: *const libc::c_char) {
+    // SAFETY: `cwd` points to a C string prepared before the clone.
+    if unsafe { libc::chdir(cwd) } < 0 {
+        fail(Stage::Chdir, errno());
+    }
+}
+
+/// Step 4 of [`restrict_and_exec`]: the bounding set emptied (in-tool sessions), the ambient
+/// set cleared, securebits locked, then the effective, permitted and inheritable sets emptied
+/// (where a service manager refuses capset, only if `execve` is verified to leave none).
+fn drop_capabilities(t: &ToolExec<'_>) {
+    if t.fault == ChildFault::CapDrop {
+        fail(Stage::Capabilities, libc::EPERM);
+    }
+    if let SessionSteps::InTool { cap_last } = t.session {
+        drop_bounding_set(cap_last);
+    }
+    // SAFETY: raw prctl and capset syscalls on integers and live structs.
+    unsafe {
         if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
             fail(Stage::Capabilities, errno());
         }
@@ -1190,9 +1279,23 @@ pub(super) fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
                 fail(Stage::Capabilities, e);
             }
         }
-        if libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
-            fail(Stage::NoNewPrivs, errno());
-        }
+    }
+}
+
+/// Step 5 of [`restrict_and_exec`]: `no_new_privs`.
+fn forbid_new_privs() {
+    // SAFETY: raw prctl on integers.
+    if unsafe { libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+        fail(Stage::NoNewPrivs, errno());
+    }
+}
+
+/// Step 6 of [`restrict_and_exec`]: Landlock `restrict_self` with the ruleset at `FD_RULESET`
+/// (unless the run is unsandboxed), the ruleset fd closed, then, for a working directory
+/// other than the workspace, the check that the tool may list it.
+fn restrict_self_landlock(t: &ToolExec<'_>) {
+    // SAFETY: raw syscalls on integers and a C string literal.
+    unsafe {
         if t.landlock {
             if t.fault == ChildFault::LandlockRestrict {
                 fail(Stage::Landlock, libc::EINVAL);
@@ -1218,33 +1321,54 @@ pub(super) fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
             }
             libc::close(dir);
         }
-        // Default dispositions first (signals are still blocked), then an empty mask.
-        if let SessionSteps::InTool { .. } = t.session {
-            reset_signal_dispositions();
-        }
+    }
+}
+
+/// Step 7 of [`restrict_and_exec`]: default dispositions first (in-tool sessions; signals are
+/// still blocked), then an empty mask.
+fn unblock_signals(session: SessionSteps) {
+    if let SessionSteps::InTool { .. } = session {
+        reset_signal_dispositions();
+    }
+    // SAFETY: a zeroed sigset_t is a valid argument to sigemptyset; raw sigprocmask on it.
+    unsafe {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) < 0 {
             fail(Stage::Signals, errno());
         }
-        // seccomp last.
-        for f in t.filters {
-            let (ptr, len) = if t.fault == ChildFault::SeccompInstall {
-                (std::ptr::null_mut(), 0u16)
-            } else {
-                (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
-            };
-            let prog = libc::sock_fprog { len, filter: ptr };
-            check(
-                Stage::Seccomp,
-                libc::syscall(
-                    libc::SYS_seccomp,
-                    SECCOMP_SET_MODE_FILTER,
-                    0u32,
-                    &prog as *const libc::sock_fprog,
-                ),
-            );
-        }
+    }
+}
+
+/// Step 8 of [`restrict_and_exec`]: attaches the seccomp programs in order (a test fault
+/// attaches an empty one, which the kernel refuses).
+fn attach_seccomp(filters: &[Vec<libc::sock_filter>], fault: ChildFault) {
+    for f in filters {
+        let (ptr, len) = if fault == ChildFault::SeccompInstall {
+            (std::ptr::null_mut(), 0u16)
+        } else {
+            (f.as_ptr() as *mut libc::sock_filter, f.len() as u16)
+        };
+        let prog = libc::sock_fprog { len, filter: ptr };
+        // SAFETY: raw seccomp syscall on a live sock_fprog pointing to `f` (or null with
+        // length 0), which outlives the call.
+        check(Stage::Seccomp, unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                SECCOMP_SET_MODE_FILTER,
+                0u32,
+                &prog as *const libc::sock_fprog,
+            )
+        });
+    }
+}
+
+/// Step 9 of [`restrict_and_exec`]: `execveat` of the exec fd, or `execve` of the program;
+/// reports the exec stage if it returns. Never returns.
+fn exec_tool(t: &ToolExec<'_>) -> ! {
+    // SAFETY: `argv` and `envp` are null-terminated arrays of C strings and `exe` a C string,
+    // all prepared before the clone.
+    unsafe {
         if t.exec_fd >= 0 {
             libc::syscall(
                 libc::SYS_execveat,
@@ -1257,8 +1381,8 @@ pub(super) fn restrict_and_exec(t: &ToolExec<'_>) -> ! {
         } else {
             libc::execve(t.exe, t.argv, t.envp);
         }
-        fail(Stage::Exec, errno());
     }
+    fail(Stage::Exec, errno());
 }
 
 /// The init stage's [`MountStep::Hide`]. Child only (raw syscalls on prepared data).

@@ -25,8 +25,9 @@ pub(crate) struct ZygotePlan {
 }
 
 /// Header of one call request on the control socket. The payload follows it (inline, or in
-/// a memfd passed as the sixth fd when `in_memfd` is 1): exe, cwd, argv…, env…, each
-/// NUL-terminated. The fds passed with it: stdin, stdout, stderr, error pipe, status pipe,
+/// a memfd passed as the sixth fd when `in_memfd` is 1): exe, cwd, argv…, env…, and the
+/// call's protected islands (`islands` entries: a kind byte and a path, see
+/// [`protect_call_islands`]), each NUL-terminated. The fds passed with it: stdin, stdout, stderr, error pipe, status pipe,
 /// the payload memfd (if `in_memfd`), and a Landlock ruleset of the call's own (if
 /// `own_ruleset` is 1: a simulated lower ABI, tests only) that replaces the session's.
 #[repr(C)]
@@ -42,10 +43,14 @@ pub(crate) struct CallHeader {
     pub own_ruleset: u32,
     /// 1: the cwd is not the workspace; the tool checks it is listable under Landlock.
     pub check_cwd: u32,
+    /// Protected-island entries at the end of the payload; with any, the per-call init gets
+    /// a mount namespace of its own and binds them there (so placeholders exist only while
+    /// the call runs).
+    pub islands: u32,
 }
 
 impl CallHeader {
-    /// The header as the zygote reads it (`#[repr(C)]`: eight `u32` fields, no padding).
+    /// The header as the zygote reads it (`#[repr(C)]`: nine `u32` fields, no padding).
     pub(crate) fn to_bytes(self) -> [u8; CALL_HDR] {
         let mut out = [0u8; CALL_HDR];
         let fields = [
@@ -57,6 +62,7 @@ impl CallHeader {
             self.in_memfd,
             self.own_ruleset,
             self.check_cwd,
+            self.islands,
         ];
         for (chunk, v) in out.chunks_exact_mut(4).zip(fields) {
             chunk.copy_from_slice(&v.to_ne_bytes());
@@ -73,8 +79,10 @@ pub(crate) const CALL_FDS: usize = 5;
 pub(crate) const MAX_INLINE_PAYLOAD: usize = 32 * 1024;
 /// Largest payload (argv + environment), like the kernel's default `ARG_MAX` bound.
 pub(crate) const MAX_PAYLOAD: usize = 4 << 20;
-/// Most strings (exe, cwd, argv, env) in one call.
+/// Most strings (exe, cwd, argv, env, islands) in one call.
 pub(crate) const MAX_STRINGS: usize = 1 << 16;
+/// Most protected-island entries in one call.
+pub(crate) const MAX_ISLANDS: usize = 256;
 const CALL_HDR: usize = std::mem::size_of::<CallHeader>();
 
 /// The zygote's fixed fds.
@@ -91,6 +99,9 @@ struct Call<'a> {
     check_cwd: bool,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
+    /// The protected-island entries (`islands` of them).
+    islands: *const *const libc::c_char,
+    nislands: usize,
     fault: u32,
     /// The Landlock ruleset the tool restricts itself with: the session's (`FD_RULESET`) or
     /// the call's own.
@@ -371,6 +382,22 @@ fn zygote_serve(
     }
 }
 
+/// Whether a call's header is well-formed for the `n` bytes (`n ≥ CALL_HDR`) and `nfds`
+/// descriptors received with it: the magic, the descriptor count its flags imply, a command,
+/// a payload and string count within bounds, and an inline payload of the size announced.
+fn header_ok(hdr: &CallHeader, n: usize, nfds: usize) -> bool {
+    let memfd = hdr.in_memfd == 1;
+    let len = hdr.payload_len as usize;
+    let strings = 2 + hdr.argc as usize + hdr.envc as usize + hdr.islands as usize;
+    hdr.magic == CALL_MAGIC
+        && hdr.islands as usize <= MAX_ISLANDS
+        && nfds == CALL_FDS + usize::from(memfd) + usize::from(hdr.own_ruleset == 1)
+        && hdr.argc != 0
+        && len <= MAX_PAYLOAD
+        && strings <= MAX_STRINGS
+        && (memfd || n - CALL_HDR == len)
+}
+
 /// Validates a request and clones its per-call init (pid 1 of a new pid namespace nested in
 /// the session's) on a region of its own. Returns 0 or an errno. Zygote only.
 ///
@@ -405,21 +432,15 @@ fn zygote_spawn(
         let memfd = hdr.in_memfd == 1;
         let own_ruleset = hdr.own_ruleset == 1;
         let len = hdr.payload_len as usize;
-        let strings = 2 + hdr.argc as usize + hdr.envc as usize;
-        if hdr.magic != CALL_MAGIC
-            || fds.len() != CALL_FDS + usize::from(memfd) + usize::from(own_ruleset)
-            || hdr.argc == 0
-            || len > MAX_PAYLOAD
-            || strings > MAX_STRINGS
-        {
-            return libc::EINVAL;
-        }
-        if !memfd && n - CALL_HDR != len {
+        let nislands = hdr.islands as usize;
+        let strings = 2 + hdr.argc as usize + hdr.envc as usize + nislands;
+        if !header_ok(&hdr, n, fds.len()) {
             return libc::EINVAL;
         }
         let call_off = CALL_INIT_STACK_BYTES + TOOL_STACK_BYTES;
         let ptrs_off = call_off + std::mem::size_of::<Call<'_>>().next_multiple_of(16);
-        let data_off = ptrs_off + strings * std::mem::size_of::<usize>();
+        // argv, NULL, env, NULL, islands: one pointer more than strings minus exe and cwd.
+        let data_off = ptrs_off + (strings + 1) * std::mem::size_of::<usize>();
         let needed = (data_off + len).next_multiple_of(4096);
         let region_len = needed.max(STD_REGION);
         let region = regions.take(needed);
@@ -450,11 +471,12 @@ fn zygote_spawn(
             std::ptr::copy_nonoverlapping(buf.add(CALL_HDR), data, len);
         }
         let ptrs = base.add(ptrs_off) as *mut *const libc::c_char;
-        // Split the payload into NUL-terminated strings: exe, cwd, argv…, env….
+        // Split the payload into NUL-terminated strings: exe, cwd, argv…, env…, islands….
         let mut pos = 0usize;
         let mut exe = std::ptr::null();
         let mut cwd = std::ptr::null();
         let argc = hdr.argc as usize;
+        let envc = hdr.envc as usize;
         for s in 0..strings {
             if pos >= len {
                 return unmap(libc::EINVAL);
@@ -470,16 +492,23 @@ fn zygote_spawn(
             match s {
                 0 => exe = start,
                 1 => cwd = start,
-                // argv at ptrs[0..argc], NULL, env at ptrs[argc+1..], NULL.
+                // argv at ptrs[0..argc], NULL, env at ptrs[argc+1..], NULL, islands after.
                 _ if s - 2 < argc => *ptrs.add(s - 2) = start,
-                _ => *ptrs.add(s - 1) = start,
+                _ if s - 2 < argc + envc => *ptrs.add(s - 1) = start,
+                _ => {
+                    // An island entry is a kind byte and a non-empty path.
+                    if data.add(pos - 1) as *const libc::c_char <= start.add(1) {
+                        return unmap(libc::EINVAL);
+                    }
+                    *ptrs.add(s) = start;
+                }
             }
         }
         if pos != len {
             return unmap(libc::EINVAL);
         }
         *ptrs.add(argc) = std::ptr::null();
-        *ptrs.add(strings - 1) = std::ptr::null();
+        *ptrs.add(argc + 1 + envc) = std::ptr::null();
         let call = base.add(call_off) as *mut Call<'_>;
         call.write(Call {
             z,
@@ -489,6 +518,8 @@ fn zygote_spawn(
             check_cwd: hdr.check_cwd == 1,
             argv: ptrs,
             envp: ptrs.add(argc + 1),
+            islands: ptrs.add(argc + envc + 2),
+            nislands,
             fault: hdr.fault,
             ruleset: if own_ruleset {
                 fds[CALL_FDS + usize::from(memfd)]
@@ -498,10 +529,16 @@ fn zygote_spawn(
             tool_stack_top: (base.add(call_off) as usize) & !0xf,
         });
         let init_top = (base.add(CALL_INIT_STACK_BYTES) as usize) & !0xf;
+        // A call with protected islands gets a mount namespace of its own for them.
+        let newns = if nislands > 0 { libc::CLONE_NEWNS } else { 0 };
         let pid = libc::clone(
             call_init_entry,
             init_top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_NEWPID | CLONE_PIDFD as libc::c_int | libc::SIGCHLD,
+            libc::CLONE_VM
+                | libc::CLONE_NEWPID
+                | newns
+                | CLONE_PIDFD as libc::c_int
+                | libc::SIGCHLD,
             call.cast(),
             pidfd as *mut RawFd,
         );
@@ -546,6 +583,8 @@ fn call_init_main(call: &Call<'_>) -> ! {
         );
         // The zygote's signalfd (close-on-exec anyway): not needed here.
         libc::close(FD_ZSIGNAL);
+        // The call's protected islands, in its own mount namespace (gone with the call).
+        protect_call_islands(std::slice::from_raw_parts(call.islands, call.nislands));
         let child = libc::clone(
             prepared_tool_entry,
             call.tool_stack_top as *mut libc::c_void,

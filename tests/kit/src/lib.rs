@@ -1,12 +1,28 @@
-//! The test kit: the one place that reads `OLLIE_TEST_REQUIRE` and prints SKIP lines.
+//! The test kit: the one place that reads `OLLIE_TEST_REQUIRE`, prints SKIP lines and probes the sandbox's kernel features.
 //!
 //! A test that needs something this machine lacks prints `SKIP <name>: <reason>` to stderr
 //! (past libtest's capture, so skips are always visible; `.ci` and `scripts/` grep for them)
 //! and returns. With `OLLIE_TEST_REQUIRE=all` nothing may be skipped: the test fails instead.
-//! Used only by tests and benches; it touches nothing but stderr and the sandbox's probe.
-#![allow(clippy::panic)]
+//! Used only by tests and benches; its modules:
+//! - [`cases`]: table-driven tests that run every case and name each failure;
+//! - [`probe`]: what the sandbox needs and this kernel lacks, whether FUSE mounts work;
+//! - [`server`]: the built binaries, bounded client runs, servers that listen, free ports;
+//! - [`client`]: a small 9P client helper (attach, walk, read a file, write a string);
+//! - [`toolsrv`]: the real toolsrv over a socketpair, clients attached with Tauth.
+//!
+//! It guarantees nothing to production code and is tested by the suites that use it: a helper
+//! that stops failing when it should shows up as a suite that passes a broken binary.
+#![allow(clippy::panic, clippy::expect_used)]
+
+pub mod cases;
+pub mod client;
+pub mod probe;
+pub mod server;
+pub mod toolsrv;
 
 use std::io::Write;
+
+pub use probe::{features_ok, missing_sandbox_features};
 
 /// Whether `OLLIE_TEST_REQUIRE=all` is set: every skip becomes a failure.
 pub fn require_all() -> bool {
@@ -34,32 +50,6 @@ pub fn skip_or_fail(name: &str, reason: &str, fail: &str) -> bool {
     }
     print_skip(&format!("SKIP {name}: {reason}"));
     false
-}
-
-/// What the sandbox needs and this kernel lacks (Landlock ABI 7, user namespaces), if anything.
-pub fn missing_sandbox_features() -> Option<String> {
-    let p = ollie_sandbox::probe();
-    if p.landlock_abi < 7 {
-        Some(format!("landlock ABI {} < 7", p.landlock_abi))
-    } else if !p.user_namespaces {
-        Some("user namespaces are disabled".to_string())
-    } else {
-        None
-    }
-}
-
-/// Whether the kernel offers what the sandbox needs. When it does not, prints
-/// `SKIP <name>: <reason>` and returns false, or under the rule fails with
-/// `<name>: required kernel feature missing: <reason>`.
-pub fn features_ok(name: &str) -> bool {
-    match missing_sandbox_features() {
-        None => true,
-        Some(r) => skip_or_fail(
-            name,
-            &r,
-            &format!("{name}: required kernel feature missing: {r}"),
-        ),
-    }
 }
 
 /// For a bench (its own `main`): prints `SKIP <bench>: <reason>` to stdout and exits 0, or under

@@ -9,18 +9,19 @@ pub mod toolsrv;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ollie_p9::wire::{self, NOFID, NOTAG, Qid, Rmsg, Tmsg};
 
-/// Poll step while waiting for an event (a socket appearing, a process exiting).
-pub const STEP: Duration = Duration::from_millis(10);
-/// Failure guard: how long a server may take to come up or go down.
-pub const UP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Failure guard for client processes and replies.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(20);
+// The binaries, bounded runs and waits, and the 9P client helper: the shared test kit.
+#[allow(unused_imports)] // each suite uses some of these
+pub use ollie_testkit::client::{wait_for_text, within};
+#[allow(unused_imports)]
+pub use ollie_testkit::server::{
+    IO_TIMEOUT, STEP, UP_TIMEOUT, bin, bin_dir, free_port, wait_child, wait_tcp,
+};
 
 /// A small configuration with two backends.
 pub const CONFIG: &str = r#"
@@ -33,32 +34,6 @@ kind = "ollama"
 base_url = "http://127.0.0.1:9"
 "#;
 
-/// Where the workspace binaries are: `$OLLIE_BIN_DIR`, else `target/<profile>/` next to this
-/// test executable (`target/<profile>/deps/<test>-<hash>`).
-pub fn bin_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("OLLIE_BIN_DIR")
-        && !d.is_empty()
-    {
-        return PathBuf::from(d);
-    }
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| panic!("cannot find target dir from {}", exe.display()))
-}
-
-/// The path of a workspace binary; panics with a hint if it has not been built.
-pub fn bin(name: &str) -> PathBuf {
-    let p = bin_dir().join(name);
-    assert!(
-        p.is_file(),
-        "{} not found: run `cargo build --workspace --bins` first (or set OLLIE_BIN_DIR)",
-        p.display()
-    );
-    p
-}
-
 /// The login name of the user running the tests (what SO_PEERCRED will report).
 pub fn me() -> String {
     let uid = nix::unistd::getuid();
@@ -68,56 +43,10 @@ pub fn me() -> String {
     }
 }
 
-/// Waits (bounded) for `child` to exit.
-pub fn wait_child(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not exit within {timeout:?}");
-        }
-        std::thread::sleep(STEP);
-    }
-}
-
 /// Runs `cmd` with `stdin` as its input and collects its output, killing it (and failing) if it
 /// runs longer than [`IO_TIMEOUT`].
 pub fn run(cmd: &mut Command, stdin: &[u8]) -> Output {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    let mut input = child.stdin.take().expect("stdin");
-    let data = stdin.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let status = wait_child(&mut child, IO_TIMEOUT, &what);
-    let _ = writer.join();
-    Output {
-        status,
-        stdout: out_t.join().expect("stdout reader"),
-        stderr: err_t.join().expect("stderr reader"),
-    }
+    ollie_testkit::server::run_output(cmd, stdin, IO_TIMEOUT)
 }
 
 /// `ollie-9p -a ADDR ARGS…` with `stdin`.
@@ -199,31 +128,18 @@ impl Srv {
     /// Spawns the server process (with a fresh stderr file) and waits until it serves.
     fn spawn(&mut self, tweak: impl FnOnce(&mut Command)) {
         let stderr = std::fs::File::create(&self.stderr_path).expect("stderr file");
-        let mut cmd = Command::new(bin("olliesrv"));
+        let mut cmd = ollie_testkit::server::olliesrv_command(&self.sock, &self.state_dir());
         if self.flag {
             cmd.arg("--config").arg(&self.config);
         }
-        cmd.arg("-a")
-            .arg(format!("unix!{}", self.sock.display()))
-            .env(
-                "XDG_CONFIG_HOME",
-                self.xdg
-                    .clone()
-                    .unwrap_or_else(|| self.dir.path().join("xdg-empty")),
-            )
-            .env("OLLIE_LOG", "info")
-            // No discovered default backend: nothing answers on the discard port, and no
-            // key variable of the caller's environment reaches the server.
-            .env("OLLAMA_HOST", "127.0.0.1:9")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENROUTER_API_KEY")
-            .env_remove("OLLIE_MODEL")
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
+        cmd.env(
+            "XDG_CONFIG_HOME",
+            self.xdg
+                .clone()
+                .unwrap_or_else(|| self.dir.path().join("xdg-empty")),
+        )
+        .env("OLLIE_LOG", "info")
+        .stderr(stderr);
         tweak(&mut cmd);
         self.child = Some(cmd.spawn().expect("spawn olliesrv"));
         self.status = None;
@@ -255,30 +171,11 @@ impl Srv {
 
     /// Waits until the socket accepts connections (bounded; fails with the server's stderr).
     fn wait_up(&mut self) {
-        let deadline = Instant::now() + UP_TIMEOUT;
-        loop {
-            if let Some(st) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().expect("try_wait"))
-            {
-                panic!(
-                    "olliesrv exited before serving ({st}); stderr:\n{}",
-                    self.stderr()
-                );
-            }
-            if UnixStream::connect(&self.sock).is_ok() {
-                return;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "olliesrv did not listen on {} within {UP_TIMEOUT:?}; stderr:\n{}",
-                    self.sock.display(),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(STEP);
-        }
+        let child = self.child.as_mut().expect("no server process");
+        let stderr_path = &self.stderr_path;
+        ollie_testkit::server::wait_listening(child, &self.sock, UP_TIMEOUT, "olliesrv", || {
+            std::fs::read_to_string(stderr_path).unwrap_or_default()
+        });
     }
 
     /// `unix!<socket>`.
@@ -329,46 +226,7 @@ impl Drop for Srv {
 
 /// Our 9P client, dialled and attached as `uname`.
 pub async fn attach(srv: &Srv, uname: &str) -> (ollie_p9::Client, ollie_p9::Fid) {
-    let c = tokio::time::timeout(IO_TIMEOUT, ollie_p9::Client::dial(&srv.p9addr()))
-        .await
-        .expect("dial timed out")
-        .expect("dial");
-    let root = tokio::time::timeout(IO_TIMEOUT, c.attach(None, uname, ""))
-        .await
-        .expect("attach timed out")
-        .expect("attach");
-    (c, root)
-}
-
-/// Polls `path` until it contains `needle` (failing after `guard`); returns the content.
-pub async fn wait_for_text(
-    root: &ollie_p9::Fid,
-    path: &str,
-    needle: &str,
-    guard: Duration,
-) -> String {
-    let deadline = Instant::now() + guard;
-    loop {
-        let mut f = root.walk_path(path).await.unwrap();
-        f.open(wire::om::OREAD).await.unwrap();
-        let t = String::from_utf8(f.read_to_end().await.unwrap()).unwrap();
-        if t.contains(needle) {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never contained {needle:?}:\n{t}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Bounds an async step with [`IO_TIMEOUT`].
-pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
-    match tokio::time::timeout(IO_TIMEOUT, f).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: no answer within {IO_TIMEOUT:?}"),
-    }
+    ollie_testkit::client::dial_attach(&srv.p9addr(), uname).await
 }
 
 /// A raw 9P connection for byte-level checks. Every receive is bounded by a read timeout.
@@ -524,44 +382,22 @@ impl Raw {
     }
 }
 
-/// The root files `help` lists: `(name, mode)` from lines `  NAME  MODE  meaning`.
-pub fn help_files(help: &str) -> Vec<(String, u32)> {
-    let mut out = Vec::new();
-    for line in help.lines() {
-        if !line.starts_with("  ") {
-            continue;
-        }
-        let mut w = line.split_whitespace();
-        let (Some(name), Some(mode)) = (w.next(), w.next()) else {
-            continue;
-        };
-        if name == "/" {
-            continue;
-        }
-        if mode.len() == 4
-            && let Ok(m) = u32::from_str_radix(mode, 8)
-        {
-            out.push((name.to_owned(), m));
-        }
-    }
-    out
+/// The value of `key=` in a `key=value` text (a stats or cfg file), or "" when it has none.
+pub fn kv_value(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or("")
+        .to_owned()
 }
 
-/// A loopback TCP port that was free a moment ago (another process may still take it; a suite
-/// should start only one TCP listener at a time).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits (bounded by [`IO_TIMEOUT`]) until something listens on loopback `port`.
-pub async fn wait_tcp(port: u16) {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tcp port {port} never listened");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Creates session `s` working in `work` and in it the agent `agent_spec` (what
+/// `session/s/agent/new` takes: `name=a`, `name=a profile=p`).
+pub async fn new_session(root: &ollie_p9::Fid, work: &Path, agent_spec: &str) {
+    let new = format!("name=s cwd={}", work.display());
+    ollie_testkit::client::rdwr_text(root, "session/new", &new)
+        .await
+        .unwrap_or_else(|e| panic!("session/new {new}: {e}"));
+    ollie_testkit::client::rdwr_text(root, "session/s/agent/new", agent_spec)
+        .await
+        .unwrap_or_else(|e| panic!("session/s/agent/new {agent_spec}: {e}"));
 }

@@ -5,23 +5,15 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use ollie_link::auth::{Identity, MasterKey};
-use ollie_link::boot::Bootstrap;
-use ollie_link::spawn::{Toolsrv, attach};
 use ollie_p9::wire::om;
-use ollie_p9::{Client, ClientError, Fid};
+use ollie_p9::{ClientError, Fid};
+use ollie_testkit::cases::Cases;
+use ollie_testkit::client;
 
-use super::{IO_TIMEOUT, STEP, bin, within};
-
-pub const WORKSPACE_TOML: &str = include_str!("../../../packaging/policy/workspace.toml");
-pub const READONLY_TOML: &str = include_str!("../../../packaging/policy/readonly.toml");
-pub const NETWORK_TOML: &str = include_str!("../../../packaging/policy/network.toml");
+use super::{IO_TIMEOUT, STEP, within};
 
 /// The uname every client here uses.
 pub const UNAME: &str = "ollie";
@@ -32,122 +24,20 @@ pub const UNAME: &str = "ollie";
 // Visible SKIP lines and the kernel feature gate: the shared test kit.
 #[allow(unused_imports)] // each suite uses some of these
 pub use ollie_testkit::{features_ok, print_skip as skip};
+// The toolsrv harness (start/stop, Tauth attach, the shipped policies): the shared test kit.
+#[allow(unused_imports)]
+pub use ollie_testkit::toolsrv::{
+    Dirs, NETWORK_TOML, READONLY_TOML, Ts, WORKSPACE_TOML, shipped_policies, unique,
+};
 
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
-}
-
-/// The shipped policies, by name.
-pub fn shipped_policies() -> BTreeMap<String, String> {
-    let mut p = BTreeMap::new();
-    p.insert("workspace".to_owned(), WORKSPACE_TOML.to_owned());
-    p.insert("readonly".to_owned(), READONLY_TOML.to_owned());
-    p.insert("network".to_owned(), NETWORK_TOML.to_owned());
-    p
-}
-
-/// A number unique in this test process (for `sleep` markers and file names).
-pub fn unique() -> u32 {
-    static N: AtomicU32 = AtomicU32::new(1);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A `sleep` duration that marks the process in `/proc` (`1000.<pid><n>`): GNU sleep takes
 /// any number of fraction digits.
 pub fn sleep_marker() -> String {
     format!("1000.{}{:04}", std::process::id(), unique())
-}
-
-/// A session's directories: the workspace `w/` and the home `home/` under one tempdir.
-pub struct Dirs {
-    pub dir: tempfile::TempDir,
-    pub ws: PathBuf,
-    pub home: PathBuf,
-}
-
-impl Dirs {
-    pub fn new() -> Dirs {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ws = dir.path().join("w");
-        let home = dir.path().join("home");
-        std::fs::create_dir(&ws).unwrap();
-        std::fs::create_dir(&home).unwrap();
-        // The sandbox user (root or not) must be able to enter the tree.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        Dirs { dir, ws, home }
-    }
-
-    /// A boot configuration with the shipped policies and "workspace" as the default.
-    pub fn boot(&self) -> Bootstrap {
-        Bootstrap::new(
-            format!("test-{}", unique()),
-            self.ws.clone(),
-            self.home.clone(),
-            shipped_policies(),
-            "workspace",
-        )
-    }
-}
-
-/// A running toolsrv and our connection to it; the child is killed (if still running) and
-/// reaped when dropped.
-pub struct Ts {
-    pub ts: Toolsrv,
-    /// Our end of the link (`None` once closed).
-    pub c: Option<Client>,
-    pub dirs: Dirs,
-}
-
-impl Drop for Ts {
-    fn drop(&mut self) {
-        let _ = self.ts.child().kill();
-        let _ = self.ts.child().wait();
-    }
-}
-
-impl Ts {
-    /// Starts toolsrv with the default boot configuration.
-    pub async fn start() -> Ts {
-        let dirs = Dirs::new();
-        let boot = dirs.boot();
-        Ts::start_with(dirs, &boot).await
-    }
-
-    pub async fn start_with(dirs: Dirs, boot: &Bootstrap) -> Ts {
-        let mut ts = Toolsrv::spawn(&bin("toolsrv"), boot).expect("spawn toolsrv");
-        let c = within("version handshake", ts.connect(1 << 16))
-            .await
-            .expect("version handshake with toolsrv");
-        Ts {
-            ts,
-            c: Some(c),
-            dirs,
-        }
-    }
-
-    pub fn c(&self) -> &Client {
-        self.c.as_ref().expect("the link was closed")
-    }
-
-    pub fn key(&self) -> &MasterKey {
-        self.ts.key()
-    }
-
-    pub fn pid(&self) -> i32 {
-        i32::try_from(self.ts.pid()).unwrap()
-    }
-
-    /// Attaches as agent `a` (or the operator for "operator").
-    pub async fn attach(&self, aname: &str) -> Fid {
-        let id = Identity::from_aname(aname).unwrap();
-        within("attach", attach(self.c(), self.key(), &id))
-            .await
-            .unwrap_or_else(|e| panic!("attach as {aname}: {e}"))
-    }
-
-    pub fn ws(&self) -> &Path {
-        &self.dirs.ws
-    }
 }
 
 /// The server's message of an error (or the client error itself), asserting it is one line.
@@ -160,41 +50,27 @@ pub fn msg(e: &ClientError) -> String {
     m
 }
 
+/// Walks to `path` and opens it with `mode`.
 pub async fn open(root: &Fid, path: &str, mode: u8) -> Result<Fid, String> {
-    let mut f = within("walk", root.walk_path(path))
-        .await
-        .map_err(|e| msg(&e))?;
-    within("open", f.open(mode)).await.map_err(|e| msg(&e))?;
-    Ok(f)
+    client::open(root, path, mode).await.map_err(|e| msg(&e))
 }
 
 /// Reads a whole file through a fresh fid.
 pub async fn read(root: &Fid, path: &str) -> Result<String, String> {
-    let f = open(root, path, om::OREAD).await?;
-    let d = within("read", f.read_to_end()).await.map_err(|e| msg(&e))?;
-    let _ = within("clunk", f.clunk()).await;
+    let d = client::read_bytes(root, path).await.map_err(|e| msg(&e))?;
     Ok(String::from_utf8_lossy(&d).into_owned())
 }
 
 /// One write through a fresh fid.
 pub async fn write(root: &Fid, path: &str, data: &str) -> Result<(), String> {
-    let f = open(root, path, om::OWRITE).await?;
-    let r = within("write", f.write(0, Bytes::from(data.to_owned())))
-        .await
-        .map(|_| ())
-        .map_err(|e| msg(&e));
-    let _ = within("clunk", f.clunk()).await;
-    r
+    client::write(root, path, data).await.map_err(|e| msg(&e))
 }
 
 /// Writes `data` and reads the reply on the same fid (`tools`, `proc/new`, `proc/new.bg`).
 pub async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
-    let f = open(root, path, om::ORDWR).await?;
-    within("write", f.write(0, Bytes::from(data.to_owned())))
+    let d = client::rdwr_bytes(root, path, data)
         .await
         .map_err(|e| msg(&e))?;
-    let d = within("read", f.read_to_end()).await.map_err(|e| msg(&e))?;
-    let _ = within("clunk", f.clunk()).await;
     Ok(String::from_utf8_lossy(&d).into_owned())
 }
 
@@ -356,4 +232,184 @@ pub async fn wait_out(root: &Fid, pid: u32, needle: &str) -> String {
         );
         tokio::time::sleep(STEP).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Table-driven `proc/new` cases: every case runs, each failure is reported by the case's name.
+
+/// One check of a `proc/new` result.
+#[derive(Debug, Clone)]
+pub enum Check {
+    /// `exit=` is this status.
+    Exit(i32),
+    /// `exit=` is not this status (or absent).
+    ExitNot(i32),
+    /// The body is exactly this.
+    Body(String),
+    /// The body, trimmed, is exactly this.
+    BodyTrim(String),
+    /// The body contains this.
+    Has(String),
+    /// The body does not contain this.
+    Lacks(String),
+    /// The whole reply (header included) does not contain this.
+    RawLacks(String),
+    /// The body contains one of these.
+    HasAny(Vec<String>),
+    /// The body starts with this.
+    StartsWith(String),
+    /// The body does not start with this.
+    NotStartsWith(String),
+    /// The body has this many lines.
+    Lines(usize),
+    /// `pid=` is a positive number.
+    Pid,
+    /// After the run, this file holds exactly this.
+    File(PathBuf, String),
+    /// After the run, this path does not exist (removed if it does, so an escape is cleaned up).
+    Absent(PathBuf),
+}
+
+impl Check {
+    /// What is wrong with `r` by this check, if anything.
+    fn failure(&self, r: &Run) -> Option<String> {
+        let b = &r.body;
+        let ok = match self {
+            Check::Exit(n) => r.exit() == Some(*n),
+            Check::ExitNot(n) => r.exit() != Some(*n),
+            Check::Body(s) => b == s,
+            Check::BodyTrim(s) => b.trim() == s,
+            Check::Has(s) => b.contains(s.as_str()),
+            Check::Lacks(s) => !b.contains(s.as_str()),
+            Check::RawLacks(s) => !r.raw.contains(s.as_str()),
+            Check::HasAny(v) => v.iter().any(|s| b.contains(s.as_str())),
+            Check::StartsWith(s) => b.starts_with(s.as_str()),
+            Check::NotStartsWith(s) => !b.starts_with(s.as_str()),
+            Check::Lines(n) => b.lines().count() == *n,
+            Check::Pid => r.pid() > 0,
+            Check::File(p, want) => {
+                let got = std::fs::read_to_string(p).ok();
+                if got.as_deref() == Some(want.as_str()) {
+                    return None;
+                }
+                return Some(format!("{} holds {got:?}, not {want:?}", p.display()));
+            }
+            Check::Absent(p) => {
+                let exists = p.exists();
+                if exists {
+                    let _ = std::fs::remove_file(p);
+                }
+                !exists
+            }
+        };
+        (!ok).then(|| format!("{self:?} does not hold: {r:?}"))
+    }
+}
+
+/// What a case must answer.
+#[derive(Debug, Clone)]
+pub enum Want {
+    /// The tool ran (the reply is a result) and every check holds.
+    Ran(Vec<Check>),
+    /// `proc/new` refuses the payload with an error containing each of these.
+    Refused(Vec<String>),
+    /// Both `proc/new` and `proc/new.bg` refuse it with an error containing each of these.
+    RefusedBoth(Vec<String>),
+    /// `proc/new` refuses the payload with an error starting with this.
+    RefusedPrefix(String),
+}
+
+/// One row of a table: a name to report, a `proc/new` payload and what it must answer.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub name: String,
+    pub payload: String,
+    pub want: Want,
+}
+
+/// A [`Case`].
+pub fn case(name: impl Into<String>, payload: impl Into<String>, want: Want) -> Case {
+    Case {
+        name: name.into(),
+        payload: payload.into(),
+        want,
+    }
+}
+
+/// [`Check::Has`].
+pub fn has(s: &str) -> Check {
+    Check::Has(s.to_owned())
+}
+
+/// [`Check::Body`].
+pub fn body(s: &str) -> Check {
+    Check::Body(s.to_owned())
+}
+
+/// [`Want::Ran`] with these checks.
+pub fn ran(checks: &[Check]) -> Want {
+    Want::Ran(checks.to_vec())
+}
+
+/// [`Want::Refused`] with these texts.
+pub fn refused(wants: &[&str]) -> Want {
+    Want::Refused(wants.iter().map(|s| (*s).to_owned()).collect())
+}
+
+/// [`Want::RefusedBoth`] with these texts.
+pub fn refused_both(wants: &[&str]) -> Want {
+    Want::RefusedBoth(wants.iter().map(|s| (*s).to_owned()).collect())
+}
+
+/// What is wrong with the error `e` of `what` by `wants`, if anything: each text missing.
+fn missing(what: &str, e: &str, wants: &[String]) -> Vec<String> {
+    wants
+        .iter()
+        .filter(|w| !e.contains(w.as_str()))
+        .map(|w| format!("{what}: {w:?} not in {e}"))
+        .collect()
+}
+
+/// What is wrong with one case's answers, if anything (every problem, not only the first).
+async fn case_failures(root: &Fid, c: &Case) -> Vec<String> {
+    let mut out = Vec::new();
+    match &c.want {
+        Want::Ran(checks) => match run(root, &c.payload).await {
+            Ok(r) => out.extend(checks.iter().filter_map(|k| k.failure(&r))),
+            Err(e) => out.push(format!("refused: {e}")),
+        },
+        Want::RefusedPrefix(p) => match run(root, &c.payload).await {
+            Ok(r) => out.push(format!("payload accepted: {r:?}")),
+            Err(e) if !e.starts_with(p.as_str()) => {
+                out.push(format!(
+                    "proc/new: the error does not start with {p:?}: {e}"
+                ));
+            }
+            Err(_) => {}
+        },
+        Want::Refused(wants) | Want::RefusedBoth(wants) => {
+            match run(root, &c.payload).await {
+                Ok(r) => out.push(format!("payload accepted: {r:?}")),
+                Err(e) => out.extend(missing("proc/new", &e, wants)),
+            }
+            if matches!(c.want, Want::RefusedBoth(_)) {
+                match run_bg(root, &c.payload).await {
+                    Ok(pid) => out.push(format!("payload accepted (bg): pid {pid}")),
+                    Err(e) => out.extend(missing("proc/new.bg", &e, wants)),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs every case in order through `root` and fails, naming each failed case with its payload
+/// and what was wrong, if any failed. Returns how many cases ran.
+pub async fn run_cases(root: &Fid, cases: &[Case]) -> usize {
+    let mut table = Cases::new();
+    for c in cases {
+        let problems = case_failures(root, c).await;
+        table.check(&c.name, &format!("payload {:?}", c.payload), problems);
+    }
+    table.finish()
 }

@@ -255,11 +255,15 @@ async fn serve(mut sock: TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()
 // ---------------------------------------------------------------------------------------
 // Driving olliesrv against a fake server
 
-use bytes::Bytes;
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
 
 use crate::common::Srv;
+/// `key=value` from a stats/cfg text.
+pub use crate::common::kv_value as kv;
+// Writing then reading on one fid, reading a whole file (never `chat`/`chat.raw`, which
+// stream: use `log`, the snapshot of `chat.raw`), one write: the test kit's 9P helper.
+pub use ollie_testkit::client::{rdwr_text as rdwr, read_ok as read, write_text as write};
 
 /// The API key the tests configure (`api_key_env = "OLLIE_FAKE_KEY"`); it must never show
 /// up in any served file, log line or error.
@@ -286,44 +290,9 @@ pub fn olliesrv(kind: &str, base_url: &str, extra: &str) -> (Srv, std::path::Pat
     (srv, work)
 }
 
-/// Writes `data` to `path` on a fresh ORDWR fid and reads the reply.
-pub async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
-    let mut f = root.walk_path(path).await.map_err(|e| e.to_string())?;
-    f.open(om::ORDWR).await.map_err(|e| e.to_string())?;
-    f.write(0, Bytes::from(data.to_owned()))
-        .await
-        .map_err(|e| e.to_string())?;
-    let b = f.read_to_end().await.map_err(|e| e.to_string())?;
-    Ok(String::from_utf8(b).unwrap())
-}
-
-/// The whole of a non-blocking file (never `chat`/`chat.raw`, which stream: use `log`, the
-/// snapshot of `chat.raw`).
-pub async fn read(root: &Fid, path: &str) -> String {
-    let mut f = root.walk_path(path).await.unwrap();
-    f.open(om::OREAD).await.unwrap();
-    String::from_utf8(f.read_to_end().await.unwrap()).unwrap()
-}
-
-pub async fn write(root: &Fid, path: &str, data: &str) -> Result<(), String> {
-    let mut f = root.walk_path(path).await.map_err(|e| e.to_string())?;
-    f.open(om::OWRITE).await.map_err(|e| e.to_string())?;
-    f.write(0, Bytes::from(data.to_owned()))
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(())
-}
-
 /// Session `s` in `work` with agent `a`.
 pub async fn session_with_agent(root: &Fid, work: &std::path::Path) {
-    rdwr(
-        root,
-        "session/new",
-        &format!("name=s cwd={}", work.display()),
-    )
-    .await
-    .unwrap();
-    rdwr(root, "session/s/agent/new", "name=a").await.unwrap();
+    crate::common::new_session(root, work, "name=a").await;
 }
 
 /// Waits (bounded, 60 s) until `path` contains `needle`; returns the content.
@@ -342,12 +311,24 @@ pub async fn wait_for(root: &Fid, path: &str, needle: &str) -> String {
     }
 }
 
-/// `key=value` from a stats/cfg text.
-pub fn kv(text: &str, key: &str) -> String {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or("")
-        .to_owned()
+/// Checks each `(key, value)` of `want` against the `key=value` lines of `text` (a stats or
+/// cfg text): every key is checked, and the failure names each one that differs.
+pub fn assert_kv(text: &str, want: &[(&str, &str)]) {
+    let wrong: Vec<String> = want
+        .iter()
+        .filter_map(|(k, v)| {
+            let got = kv(text, k);
+            (got != *v).then(|| format!("{k}={got:?}, want {v:?}"))
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} of {} keys differ: {}
+{text}",
+        wrong.len(),
+        want.len(),
+        wrong.join("; ")
+    );
 }
 
 /// One block of `chat.raw`.

@@ -6,8 +6,8 @@ use clap::Subcommand;
 /// One bead command, with the seed's Plan 9 argument order (`verb new old`).
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Verb {
-    /// Create a bead for this chat if none is open (else record SLUG on the open one); prints
-    /// its URI.
+    /// Create a bead for this chat if none is open (an open one is named SLUG if it has no
+    /// name yet; another name than its own is refused); prints its URI.
     Start {
         /// A human name (1–64 of a-z 0-9 . _ -).
         slug: Option<String>,
@@ -44,6 +44,8 @@ pub enum Verb {
     Ns,
     /// Make this chat's namespace private (new agents already start with a private copy).
     Rfork,
+    /// List the registry's beads: slug, uuid, creation time and URI, oldest first.
+    Ls,
 }
 
 impl Verb {
@@ -78,6 +80,7 @@ impl Verb {
             Verb::Unmount { args } => format!("unmount {}", args.join(" ")),
             Verb::Ns => "ns".to_owned(),
             Verb::Rfork => "rfork".to_owned(),
+            Verb::Ls => "list".to_owned(),
         }
     }
 
@@ -87,7 +90,7 @@ impl Verb {
             Verb::Start { slug } => slug.iter().map(String::as_str).collect(),
             Verb::Mount { bead, point, .. } => vec![bead, point],
             Verb::Unmount { args } => args.iter().map(String::as_str).collect(),
-            Verb::Ns | Verb::Rfork => Vec::new(),
+            Verb::Ns | Verb::Rfork | Verb::Ls => Vec::new(),
         };
         for w in words {
             if w.is_empty() || w.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -139,6 +142,7 @@ mod tests {
         assert_eq!(line(&["unmount", "B", "/ctx"]).unwrap(), "unmount B /ctx");
         assert_eq!(line(&["ns"]).unwrap(), "ns");
         assert_eq!(line(&["rfork"]).unwrap(), "rfork");
+        assert_eq!(line(&["ls"]).unwrap(), "list");
     }
 
     #[test]

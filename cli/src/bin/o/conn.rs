@@ -7,6 +7,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use bytes::Bytes;
+use ollie_link::error_chain;
 use ollie_p9::client::{Client, ClientError, Fid};
 use ollie_p9::dial::{self, Addr};
 use ollie_p9::wire::om;
@@ -16,6 +17,8 @@ use crate::render;
 pub(crate) const EXIT_SERVER: u8 = 1;
 pub(crate) const EXIT_USAGE: u8 = 2;
 pub(crate) const EXIT_CONNECT: u8 = 3;
+/// `o prompt` on a paused session: the prompt is queued, no turn ran.
+pub(crate) const EXIT_QUEUED: u8 = 4;
 
 /// Why a command failed; each has its exit status.
 #[derive(Debug)]
@@ -28,6 +31,14 @@ pub(crate) enum Fail {
 }
 
 impl Fail {
+    /// The message, without the exit status.
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            Fail::Usage(m) | Fail::Connect(m) | Fail::Server(m) => m,
+            Fail::BrokenPipe => "broken pipe",
+        }
+    }
+
     pub(crate) fn exit(self) -> ExitCode {
         let (code, msg) = match self {
             Fail::Usage(m) => (EXIT_USAGE, m),
@@ -40,22 +51,11 @@ impl Fail {
     }
 }
 
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 /// A 9P failure: the server's own message, or what went wrong with the connection.
 pub(crate) fn remote(e: ClientError) -> Fail {
     match e {
         ClientError::Server(m) => Fail::Server(m),
-        other => Fail::Server(format!("olliesrv connection: {}", chain(&other))),
+        other => Fail::Server(format!("olliesrv connection: {}", error_chain(&other))),
     }
 }
 
@@ -125,7 +125,7 @@ impl Conn {
         };
         let client = Client::dial(&addr)
             .await
-            .map_err(|e| Fail::Connect(format!("{} (is olliesrv running?)", chain(&e))))?;
+            .map_err(|e| Fail::Connect(format!("{} (is olliesrv running?)", error_chain(&e))))?;
         let user = dial::current_user();
         let afid = match key {
             None => None,
@@ -137,17 +137,17 @@ impl Conn {
                 let afid = client
                     .auth(&user, "")
                     .await
-                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", chain(&e))))?;
+                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", error_chain(&e))))?;
                 afid.write(0, bytes::Bytes::from(k))
                     .await
-                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", chain(&e))))?;
+                    .map_err(|e| Fail::Connect(format!("auth to {addr}: {}", error_chain(&e))))?;
                 Some(afid)
             }
         };
         let root = client
             .attach(afid.as_ref(), &user, "")
             .await
-            .map_err(|e| Fail::Connect(format!("attach to {addr}: {}", chain(&e))))?;
+            .map_err(|e| Fail::Connect(format!("attach to {addr}: {}", error_chain(&e))))?;
         Ok(Conn { root })
     }
 

@@ -1,20 +1,25 @@
-//! `o doctor`: what this machine's sandbox offers, from `ollie_sandbox::probe()` (no server).
+//! `o doctor`: what this machine's sandbox offers, from `ollie_sandbox::probe()`, and whether
+//! the rest of a working system is in place: the toolsrv binary, the configuration and its
+//! backends (`olliesrv --check-config --probe`), the server's socket.
 //!
-//! One line per item, `ok` or `missing`, with the facts or the reason and the fix. Exit 0 when
-//! everything a default policy needs is present, 1 otherwise; `--json` prints one object
-//! (`ok`, `items`, `probe`) for scripts.
+//! One line per item, `✓` or `✗`, with the facts or the reason and the fix. Exit 0 when
+//! everything required is present, 1 otherwise; `--json` prints one object (`ok`, `items`
+//! with `status` "ok" or "missing", `probe`) for scripts.
 
+use crate::doctor_system::Item;
 use ollie_sandbox::{CgroupVersion, ControllerProbe, Probe};
-use serde::Serialize;
 use std::io::Write;
 use std::process::ExitCode;
 
-pub const AFTER_HELP: &str = "Checks, without a server, what the tool sandbox can enforce for \
-    this user here: Landlock, seccomp, user and IPC namespaces, the pids and memory cgroups \
-    (made and removed as a run would), and /dev/fuse for o mount. One line per item: ok or \
-    missing, with the reason and the fix.\n\
-    EXIT STATUS: 0 everything a default policy needs is present (IPC namespaces and fuse are \
-    optional), 1 something is missing.\n\n\
+pub const AFTER_HELP: &str = "Checks what the tool sandbox can enforce for this user here: \
+    Landlock, seccomp, user and IPC namespaces, the pids and memory cgroups (made and removed \
+    as a run would), and /dev/fuse for o mount; then the toolsrv binary (as olliesrv finds it: \
+    $OLLIE_TOOLSRV, next to it, PATH), the configuration as olliesrv reads it and each \
+    backend's model list (olliesrv --check-config --probe: one request each, to the configured \
+    URL only), and the server's socket (-a, or the default: its directory and socket private, \
+    a server answering). One line per item: ✓ or ✗, with the reason and the fix.\n\
+    EXIT STATUS: 0 everything required is present (IPC namespaces, fuse, the server and the \
+    backends' answers are optional), 1 something is missing.\n\n\
     EXAMPLES:\n  \
     o doctor\n  \
     o doctor --json | jq '.items[] | select(.status == \"missing\")'";
@@ -24,36 +29,9 @@ pub struct Args {
     /// Print one JSON object (ok, items, probe) instead of lines.
     #[arg(long)]
     json: bool,
-}
-
-/// One checked item.
-#[derive(Debug, Serialize)]
-struct Item {
-    name: &'static str,
-    /// "ok" or "missing".
-    status: &'static str,
-    /// A default policy needs it (a missing one makes the exit status 1).
-    required: bool,
-    /// The facts, or why it is missing.
-    detail: String,
-    /// What to do about a missing item.
-    fix: Option<String>,
-}
-
-impl Item {
-    fn new(name: &'static str, required: bool, ok: bool, detail: String, fix: &str) -> Item {
-        Item {
-            name,
-            status: if ok { "ok" } else { "missing" },
-            required,
-            detail,
-            fix: (!ok).then(|| fix.to_owned()),
-        }
-    }
-
-    fn ok(&self) -> bool {
-        self.status == "ok"
-    }
+    /// The configuration file to check (default: the one olliesrv reads).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 }
 
 fn version(v: Option<CgroupVersion>) -> &'static str {
@@ -211,10 +189,15 @@ fn items(p: &Probe, uid: u32) -> Vec<Item> {
     v
 }
 
-pub fn main(args: Args) -> ExitCode {
+pub fn main(args: Args, addr: Option<String>, key: Option<std::path::PathBuf>) -> ExitCode {
     let probe = ollie_sandbox::probe();
     let uid = nix::unistd::geteuid().as_raw();
-    let items = items(&probe, uid);
+    let mut items = items(&probe, uid);
+    items.extend(crate::doctor_system::items(
+        args.config.as_deref(),
+        addr.as_deref(),
+        key.as_deref(),
+    ));
     let ok = items.iter().all(|i| i.ok() || !i.required);
     let mut out = std::io::stdout().lock();
     // The details quote the system (error messages, cgroup paths, mount options), so they
@@ -230,13 +213,11 @@ pub fn main(args: Args) -> ExitCode {
                 " (optional)"
             };
             let detail = crate::render::line_safe(&i.detail);
+            let mark = if i.ok() { "✓" } else { "✗" };
+            let name = crate::render::line_safe(&i.name);
             match &i.fix {
-                Some(fix) => writeln!(
-                    out,
-                    "{:<8} {}{optional}: {detail}; fix: {fix}",
-                    i.status, i.name
-                ),
-                None => writeln!(out, "{:<8} {}: {detail}", i.status, i.name),
+                Some(fix) => writeln!(out, "{mark} {name}{optional}: {detail}; fix: {fix}"),
+                None => writeln!(out, "{mark} {name}: {detail}"),
             }
         })
     };

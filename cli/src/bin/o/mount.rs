@@ -25,7 +25,9 @@
 //!   Ctrl-C on `cat statewait` or `tail -f chat` returns at once (plan9port's 9pfuse never
 //!   flushes, and such a read waits for the server).
 //! - **Errors** map the server's message to an errno by the words DESIGN.md §3.1 lists
-//!   ([`errno_for`]); the message itself is logged with `-v`.
+//!   ([`errno_for`]); the message of a failed change (write, create, remove, rename) is
+//!   logged on standard error (in the background only with `-v`), every other with `-v`, and
+//!   `cat lasterror` in the mount shows the last one of one's own writes.
 //! - **Create, mkdir, rm, rmdir, mv** are Tcreate, Tremove and a Twstat of the name; a rename
 //!   to another directory is EXDEV (9P2000 renames in place), so `mv` copies instead.
 //! - **The end:** when olliesrv closes the connection the bridge unmounts (lazily, so a shell
@@ -682,10 +684,17 @@ impl Bridge {
         }
     }
 
-    /// A 9P failure as an errno, logged with its message when verbose.
+    /// A 9P failure as an errno, logged with the server's message: always for a change
+    /// (a write, create, remove, rename, setattr: an errno alone loses the server's reason),
+    /// every failure when verbose. In the background, standard error is kept only with -v;
+    /// the server's `lasterror` file has the message in any case.
     fn fail(&self, op: &str, path: &[String], e: &ClientError, unmatched: i32) -> Errno {
         let n = errno_for(e, unmatched);
-        if self.verbose {
+        let change = !matches!(
+            op,
+            "lookup" | "getattr" | "read" | "readdir" | "open" | "opendir"
+        );
+        if self.verbose || change {
             let what = format!("{op} /{}: {e}", path.join("/"));
             eprintln!("o mount: {}", crate::render::line_safe(&what));
         }

@@ -23,7 +23,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 
 use crate::conn::{
-    Conn, EXIT_SERVER, Fail, is_gone, open, read_all, remote, stdout_write, walk, write_one,
+    Conn, EXIT_QUEUED, EXIT_SERVER, Fail, is_gone, open, read_all, remote, stdout_write, walk,
+    write_one,
 };
 use crate::progress::{self, Status};
 use crate::render::{self, Renderer, Stats, Target};
@@ -57,6 +58,7 @@ pub enum Command {
     )]
     New {
         /// NAME for a session, SESSION/AGENT for an agent.
+        #[arg(add = clap_complete::engine::ArgValueCompleter::new(complete_target))]
         target: String,
         #[command(flatten)]
         spec: SpecArgs,
@@ -80,6 +82,7 @@ pub enum Command {
     )]
     Attach {
         /// SESSION or SESSION/AGENT.
+        #[arg(add = clap_complete::engine::ArgValueCompleter::new(complete_target))]
         target: String,
         /// Show the whole conversation first, not only what comes next.
         #[arg(long)]
@@ -106,6 +109,7 @@ pub enum Command {
     )]
     Prompt {
         /// SESSION or SESSION/AGENT.
+        #[arg(add = clap_complete::engine::ArgValueCompleter::new(complete_target))]
         target: String,
         /// The prompt.
         #[arg(required = true, num_args = 1..)]
@@ -122,6 +126,7 @@ pub enum Command {
         o ctl proj/main help\n  o ctl proj/main model some-model\n  o ctl proj/main proc top")]
     Ctl {
         /// SESSION or SESSION/AGENT.
+        #[arg(add = clap_complete::engine::ArgValueCompleter::new(complete_target))]
         target: String,
         /// The command and its arguments (`help` lists them).
         #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
@@ -133,6 +138,7 @@ pub enum Command {
     )]
     Kill {
         /// SESSION or SESSION/AGENT.
+        #[arg(add = clap_complete::engine::ArgValueCompleter::new(complete_target))]
         target: String,
     },
     /// Print an agent's chat.
@@ -145,6 +151,7 @@ pub enum Command {
     )]
     Logs {
         /// SESSION or SESSION/AGENT.
+        #[arg(add = clap_complete::engine::ArgValueCompleter::new(complete_target))]
         target: String,
         /// Follow: keep streaming.
         #[arg(short = 'f', long)]
@@ -153,7 +160,7 @@ pub enum Command {
         #[arg(long)]
         raw: bool,
     },
-    /// Compose beads into a chat's namespace (start, mount, unmount, ns, rfork).
+    /// Compose beads into a chat's namespace (start, mount, unmount, ns, rfork), list them (ls).
     #[command(
         after_help = "Writes the command to the namespace's ctl (session/S/ns/ctl, or \
         session/S/agent/A/ns/ctl with --agent) and prints the reply. Without --session, the \
@@ -195,9 +202,14 @@ pub enum Command {
 /// What `session/new` and `agent/new` take besides the name.
 #[derive(Debug, clap::Args)]
 pub struct SpecArgs {
-    /// Working directory (made absolute against the current directory).
+    /// Working directory (made absolute against the current directory). A new session
+    /// without it works in the current directory; an agent inherits its session's.
     #[arg(long, value_name = "DIR")]
     cwd: Option<PathBuf>,
+    /// Accept a working directory that is /, your home directory or a system tree (/etc,
+    /// /usr, /var, …), which the server otherwise refuses: tools may write in it.
+    #[arg(long)]
+    force: bool,
     /// A configured backend.
     #[arg(long, value_name = "B")]
     backend: Option<String>,
@@ -488,6 +500,51 @@ async fn read_if_there(dir: &Fid, path: &[&str]) -> Result<Option<String>, Fail>
     }
 }
 
+/// Completion candidates for a SESSION or SESSION/AGENT argument: the names on the default
+/// server (`$NAMESPACE`'s, else the first socket found) that start with `current`; nothing
+/// when no server answers within a second (completion never hangs the shell).
+fn complete_target(current: &std::ffi::OsStr) -> Vec<clap_complete::engine::CompletionCandidate> {
+    let Some(prefix) = current.to_str() else {
+        return Vec::new();
+    };
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return Vec::new();
+    };
+    let names = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(1), async {
+            let conn = Conn::connect(None, None).await.ok()?;
+            target_names(&conn).await.ok()
+        })
+        .await
+        .ok()
+        .flatten()
+    });
+    names
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.starts_with(prefix))
+        .map(clap_complete::engine::CompletionCandidate::new)
+        .collect()
+}
+
+/// Every session's name and every agent's `SESSION/AGENT`.
+async fn target_names(conn: &Conn) -> Result<Vec<String>, Fail> {
+    let idx = read_all(&conn.root, &["session", "idx"]).await?;
+    let mut out = Vec::new();
+    for s in render::parse_session_idx(&idx) {
+        let agents = read_if_there(&conn.root, &["session", &s.id, "agent", "idx"]).await?;
+        for a in render::parse_agent_idx(&agents.unwrap_or_default()) {
+            out.push(format!("{}/{}", s.name, a.name));
+        }
+        out.push(s.name);
+    }
+    out.sort();
+    Ok(out)
+}
+
 async fn collect(conn: &Conn) -> Result<Vec<SessionInfo>, Fail> {
     let idx = read_all(&conn.root, &["session", "idx"]).await?;
     let mut out = Vec::new();
@@ -584,8 +641,9 @@ async fn ls(conn: &Conn, json: bool) -> Result<(), Fail> {
 // new
 
 /// `key=value …` for `session/new` / `agent/new`. Values cannot hold whitespace (the server
-/// splits on it), so such values are refused here rather than misread there.
-fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
+/// splits on it), so such values are refused here rather than misread there. A new local
+/// session (`session`) without `--cwd` gets the current directory.
+fn spec_line(name: &str, spec: &SpecArgs, session: bool) -> Result<String, Fail> {
     if name.contains(|c: char| c.is_whitespace() || c == '=') {
         return Err(Fail::Usage(format!(
             "invalid name {name:?}: use A-Z a-z 0-9 . _ -"
@@ -599,11 +657,8 @@ fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
                 d.display()
             )));
         }
-        Some(d) if d.is_relative() => Some(
-            std::env::current_dir()
-                .map_err(|e| Fail::Usage(format!("cannot determine the current directory: {e}")))?
-                .join(d),
-        ),
+        Some(d) if d.is_relative() => Some(current_dir()?.join(d)),
+        None if session && spec.remote.is_none() => Some(current_dir()?),
         other => other.clone(),
     };
     let cwd = cwd
@@ -630,7 +685,51 @@ fn spec_line(name: &str, spec: &SpecArgs) -> Result<String, Fail> {
             parts.push(format!("{k}={v}"));
         }
     }
+    if spec.force {
+        parts.push("force=yes".into());
+    }
     Ok(parts.join(" "))
+}
+
+fn current_dir() -> Result<PathBuf, Fail> {
+    std::env::current_dir()
+        .map_err(|e| Fail::Usage(format!("cannot determine the current directory: {e}")))
+}
+
+/// How long `o new` waits for a new session's toolsrv (a remote one starts over ssh).
+const TOOLSRV_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until session `name`'s toolsrv is up; its reason when it failed to start.
+async fn wait_toolsrv(conn: &Conn, name: &str) -> Result<(), Fail> {
+    let s = conn.session(name).await?;
+    let deadline = tokio::time::Instant::now() + TOOLSRV_WAIT;
+    loop {
+        let cfg = read_all(&s, &["cfg"]).await?;
+        let field = |k: &str| {
+            cfg.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+                .unwrap_or("")
+                .to_owned()
+        };
+        match field("toolsrv").as_str() {
+            "up" => return Ok(()),
+            "failed" => {
+                return Err(Fail::Server(format!(
+                    "session {name} was created, but its toolsrv failed: {}; the server \
+                     keeps retrying (o ls shows its state; o kill {name} removes it)",
+                    render::line_safe(&field("toolsrv_reason"))
+                )));
+            }
+            _ if tokio::time::Instant::now() >= deadline => {
+                return Err(Fail::Server(format!(
+                    "session {name} was created, but its toolsrv is not up after {} s \
+                     (o ls shows its state)",
+                    TOOLSRV_WAIT.as_secs()
+                )));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(25)).await,
+        }
+    }
 }
 
 /// What `o new --json` prints.
@@ -658,16 +757,19 @@ async fn new(conn: &Conn, t: &Target, spec: &SpecArgs, json: bool) -> Result<(),
             request(
                 &conn.root,
                 &["session", "new"],
-                &spec_line(&t.session, spec)?,
+                &spec_line(&t.session, spec, true)?,
             )
             .await?
         }
         Some(a) => {
             let s = conn.session(&t.session).await?;
-            request(&s, &["agent", "new"], &spec_line(a, spec)?).await?
+            request(&s, &["agent", "new"], &spec_line(a, spec, false)?).await?
         }
     };
     let reply = reply.trim();
+    if t.agent.is_none() {
+        wait_toolsrv(conn, reply).await?;
+    }
     if !json {
         return stdout_write(format!("{}\n", render::terminal_safe(reply)).as_bytes());
     }
@@ -858,6 +960,20 @@ async fn prompt(
     status.begin("waiting");
     let animation = status.animate();
     send_prompt(&pf, text).await?;
+    if read_all(&conn.session(&t.session).await?, &["paused"])
+        .await?
+        .trim()
+        == "true"
+    {
+        states.task.abort();
+        drop(animation);
+        eprintln!(
+            "o: session {} is paused: the prompt is queued and runs after `o ctl {} resume`",
+            render::line_safe(&t.session),
+            render::line_safe(&t.session)
+        );
+        return Ok(ExitCode::from(EXIT_QUEUED));
+    }
     let sent = (off, text.to_owned());
     wait_turn(&a, Some(&sent), &mut states.rx).await?;
     states.task.abort();
@@ -1068,16 +1184,21 @@ mod tests {
             model: Some("m1".into()),
             profile: None,
             remote: None,
+            force: false,
         };
-        assert_eq!(spec_line("p", &spec).unwrap(), "name=p cwd=/tmp model=m1");
+        assert_eq!(
+            spec_line("p", &spec, false).unwrap(),
+            "name=p cwd=/tmp model=m1"
+        );
         let rel = SpecArgs {
             cwd: Some(PathBuf::from("sub")),
             backend: None,
             model: None,
             profile: None,
             remote: None,
+            force: false,
         };
-        let line = spec_line("p", &rel).unwrap();
+        let line = spec_line("p", &rel, false).unwrap();
         assert!(line.starts_with("name=p cwd=/"), "{line}");
         assert!(line.ends_with("/sub"), "{line}");
         let bad = SpecArgs {
@@ -1086,17 +1207,21 @@ mod tests {
             model: None,
             profile: None,
             remote: None,
+            force: false,
         };
-        assert!(matches!(spec_line("p", &bad), Err(Fail::Usage(m)) if m.contains("--backend")));
+        assert!(
+            matches!(spec_line("p", &bad, false), Err(Fail::Usage(m)) if m.contains("--backend"))
+        );
         let far = SpecArgs {
             cwd: Some(PathBuf::from("/srv/x")),
             backend: None,
             model: None,
             profile: None,
             remote: Some("build".into()),
+            force: false,
         };
         assert_eq!(
-            spec_line("p", &far).unwrap(),
+            spec_line("p", &far, false).unwrap(),
             "name=p cwd=/srv/x remote=build"
         );
         let far_rel = SpecArgs {
@@ -1104,11 +1229,27 @@ mod tests {
             ..far
         };
         assert!(
-            matches!(spec_line("p", &far_rel), Err(Fail::Usage(m)) if m.contains("remote host"))
+            matches!(spec_line("p", &far_rel, false), Err(Fail::Usage(m)) if m.contains("remote host"))
         );
         assert!(
-            matches!(spec_line("a b", &rel), Err(Fail::Usage(m)) if m.contains("invalid name"))
+            matches!(spec_line("a b", &rel, false), Err(Fail::Usage(m)) if m.contains("invalid name"))
         );
+        // A new session without --cwd works in the current directory; an agent inherits its
+        // session's (no cwd= sent); --force is passed on.
+        let none = SpecArgs {
+            cwd: None,
+            backend: None,
+            model: None,
+            profile: None,
+            remote: None,
+            force: true,
+        };
+        let here = std::env::current_dir().unwrap();
+        assert_eq!(
+            spec_line("p", &none, true).unwrap(),
+            format!("name=p cwd={} force=yes", here.display())
+        );
+        assert_eq!(spec_line("p", &none, false).unwrap(), "name=p force=yes");
     }
 
     #[test]

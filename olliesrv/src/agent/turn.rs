@@ -41,18 +41,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ollie_p9::wire::om;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use crate::agent::RETRIES;
+use crate::agent::history::{message_of, remember, remember_sync};
 use crate::backend::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, ToolCall, ToolSpec,
     select,
 };
-use crate::config::{Config, Profile};
-use crate::model::{Agent, AgentState, Registry, lock};
-use crate::store::Sync;
+use crate::config::Config;
+use crate::state::store::Sync;
+use crate::state::{Agent, AgentState, Registry};
+use crate::util::lock;
 
-/// Retries of a rate-limited or transiently failed model call.
-pub const RETRIES: u32 = 3;
 /// The longest wait a `Retry-After` may impose.
 const MAX_RETRY_WAIT: u64 = 300;
 /// The plan is shown to the model again every this many steps.
@@ -127,12 +128,13 @@ fn resting(a: &Agent, failed: bool) -> AgentState {
 /// the history; a block is kept on the agent, and every turn of it fails with the reason.
 async fn spawn_hooks(reg: &Arc<Registry>, a: &Arc<Agent>) {
     let config = reg.config();
-    if crate::hooks::configured(a, &config, "agent_spawn").is_none() {
+    if crate::agent::hooks::configured(a, &config, "agent_spawn").is_none() {
         return;
     }
     let _history = a.history_lock.lock().await;
     reg.state_changed(a, AgentState::Running);
-    let fired = crate::hooks::fire(reg, a, &config, crate::hooks::Event::AgentSpawn).await;
+    let fired =
+        crate::agent::hooks::fire(reg, a, &config, crate::agent::hooks::Event::AgentSpawn).await;
     let mut r = Ok(());
     if let Some(ctx) = &fired.context {
         r = remember(reg, a, &Message::user(ctx.as_str()));
@@ -152,11 +154,11 @@ async fn spawn_hooks(reg: &Arc<Registry>, a: &Arc<Agent>) {
 /// exiting 2) goes into the history for the next turn.
 async fn turn_error_hooks(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str, error: &str) {
     let config = reg.config();
-    let fired = crate::hooks::fire(
+    let fired = crate::agent::hooks::fire(
         reg,
         a,
         &config,
-        crate::hooks::Event::TurnError { prompt, error },
+        crate::agent::hooks::Event::TurnError { prompt, error },
     )
     .await;
     for n in fired.notes("turn_error") {
@@ -166,20 +168,11 @@ async fn turn_error_hooks(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str, err
     }
 }
 
-/// The agent's profile (its own, else `default`).
-pub(crate) fn profile<'c>(a: &Agent, config: &'c Config) -> Option<&'c Profile> {
-    a.settings()
-        .profile
-        .as_deref()
-        .and_then(|p| config.profiles.get(p))
-        .or_else(|| config.profiles.get(crate::config::DEFAULT_PROFILE))
-}
-
 /// The backend name an agent uses: its own, its profile's, its session's, the default.
 pub fn backend_name(a: &Agent, config: &Config) -> Option<String> {
     a.settings()
         .backend
-        .or_else(|| profile(a, config).and_then(|p| p.backend.clone()))
+        .or_else(|| a.profile(config).and_then(|p| p.backend.clone()))
         .or_else(|| a.session.upgrade().and_then(|x| x.backend.clone()))
         .or_else(|| config.default_backend.clone())
 }
@@ -206,7 +199,7 @@ async fn backend_for(
 pub fn model_name(a: &Agent, config: &Config, backend: &crate::config::Backend) -> Option<String> {
     a.settings()
         .model
-        .or_else(|| profile(a, config).and_then(|p| p.model.clone()))
+        .or_else(|| a.profile(config).and_then(|p| p.model.clone()))
         .or_else(|| a.session.upgrade().and_then(|s| s.model.clone()))
         .or_else(|| backend.model.clone())
 }
@@ -215,7 +208,7 @@ pub fn model_name(a: &Agent, config: &Config, backend: &crate::config::Backend) 
 pub fn system_prompt(a: &Agent, config: &Config) -> String {
     format!(
         "{}\n\nWorking directory: {}{}",
-        profile(a, config)
+        a.profile(config)
             .and_then(|p| p.system_prompt.clone())
             .unwrap_or_else(|| DEFAULT_SYSTEM.to_owned()),
         a.settings().cwd.display(),
@@ -223,79 +216,11 @@ pub fn system_prompt(a: &Agent, config: &Config) -> String {
     )
 }
 
-pub(crate) fn message_json(m: &Message) -> Value {
-    let role = match m.role {
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
-    let mut v = json!({"role": role, "content": m.content});
-    if !m.tool_calls.is_empty() {
-        v["tool_calls"] = Value::Array(
-            m.tool_calls
-                .iter()
-                .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
-                .collect(),
-        );
-    }
-    if let Some(id) = &m.tool_call_id {
-        v["tool_call_id"] = Value::from(id.clone());
-    }
-    v
-}
-
-pub(crate) fn message_of(v: &Value) -> Option<Message> {
-    let role = match v.get("role")?.as_str()? {
-        "user" => Role::User,
-        "assistant" => Role::Assistant,
-        "tool" => Role::Tool,
-        _ => return None,
-    };
-    let tool_calls = v
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| {
-                    Some(ToolCall {
-                        id: c.get("id")?.as_str()?.to_owned(),
-                        name: c.get("name")?.as_str()?.to_owned(),
-                        arguments: c.get("arguments").cloned().unwrap_or(Value::Null),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Some(Message {
-        role,
-        content: v
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned(),
-        tool_calls,
-        tool_call_id: v
-            .get("tool_call_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-    })
-}
-
-pub(crate) fn remember(reg: &Registry, a: &Agent, m: &Message) -> Result<(), String> {
-    remember_sync(reg, a, m, Sync::Now)
-}
-
-fn remember_sync(reg: &Registry, a: &Agent, m: &Message, sync: Sync) -> Result<(), String> {
-    reg.store
-        .append_history(&a.session_id, &a.id, &message_json(m), sync)
-        .map_err(|e| crate::error_chain(&e))
-}
-
 /// The tool schemas toolsrv offers this agent.
 async fn tool_specs(a: &Agent, config: &Config) -> Result<Vec<ToolSpec>, String> {
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
-    let root = c.agent_root(a, config).await?;
+    let root = c.agent_root(&a.tools_spec(), config).await?;
     let mut f = root
         .walk(&["tools"])
         .await
@@ -363,7 +288,7 @@ async fn run_tool(
     call: &ToolCall,
     config: &Config,
 ) -> Outcome {
-    use crate::hooks::{Event, fire};
+    use crate::agent::hooks::{Event, fire};
     let pre = fire(
         reg,
         a,
@@ -429,7 +354,7 @@ async fn run_tool_inner(
     let served =
         if matches!(call.name.as_str(), "file_read" | "file_write") && !a.ns_points().is_empty() {
             let (me, name, args) = (Arc::clone(a), call.name.clone(), call.arguments.clone());
-            tokio::task::spawn_blocking(move || crate::nstools::file_tool(&me, &name, &args))
+            tokio::task::spawn_blocking(move || crate::agent::nstools::file_tool(&me, &name, &args))
                 .await
                 .unwrap_or_else(|e| Some(Err(format!("the namespace thread failed: {e}"))))
         } else {
@@ -450,7 +375,7 @@ async fn run_tool_inner(
     let has_tool = |t: &str| {
         a.settings()
             .tools
-            .or_else(|| profile(a, config).map(|p| p.tools.clone()))
+            .or_else(|| a.profile(config).map(|p| p.tools.clone()))
             .is_some_and(|l| l.iter().any(|x| x == t))
     };
     let remote = a.session.upgrade().is_some_and(|s| s.remote.is_some());
@@ -468,7 +393,7 @@ async fn run_tool_inner(
     }
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(10)).await?;
-    let root = c.agent_root(a, config).await?;
+    let root = c.agent_root(&a.tools_spec(), config).await?;
     // A remote toolsrv cannot mount the bead layers: they are directories on this host.
     if s.remote.is_none() {
         send_unions(a, &c).await?;
@@ -665,6 +590,16 @@ async fn call_model(
                 st.cost_usd += reply_cost(config, req.model.as_deref(), r);
             }
         }
+        if let Err(e) = &result {
+            let name = a.backend.lock().await.as_ref().map(|(n, _)| n.clone());
+            tracing::warn!(
+                agent = %a.id,
+                backend = name.as_deref().unwrap_or("?"),
+                attempt,
+                error = %e,
+                "model call failed"
+            );
+        }
         match result {
             Ok(r) => return Ok(r),
             Err(e @ (BackendError::RateLimited { .. } | BackendError::Transient(_)))
@@ -769,12 +704,18 @@ async fn pre_turn(
     config: &Config,
     prompt: &str,
 ) -> Result<(), String> {
-    let fired = crate::hooks::fire(reg, a, config, crate::hooks::Event::PreTurn { prompt }).await;
+    let fired = crate::agent::hooks::fire(
+        reg,
+        a,
+        config,
+        crate::agent::hooks::Event::PreTurn { prompt },
+    )
+    .await;
     if let Some(why) = fired.blocked {
         remember(
             reg,
             a,
-            &Message::user(crate::hooks::wrap(
+            &Message::user(crate::agent::hooks::wrap(
                 "pre_turn",
                 &format!("The prompt above was blocked by a pre_turn hook and not answered: {why}"),
             )),
@@ -806,7 +747,7 @@ fn turn_ctx(
     tools: Vec<ToolSpec>,
 ) -> TurnCtx {
     let settings = a.settings();
-    let p = profile(a, config);
+    let p = a.profile(config);
     let parse_f = |k: &str| settings.cfg.get(k).and_then(|v| v.parse::<f64>().ok());
     TurnCtx {
         model: model_name(a, config, cfg),
@@ -901,6 +842,133 @@ fn runs(calls: &[ToolCall]) -> Vec<&[ToolCall]> {
     out
 }
 
+/// The context limit when no `context_limit` is set (agent, profile or backend): what the
+/// backend's server says of the model, else [`DEFAULT_CONTEXT_LIMIT`]. `stats` shows it.
+async fn learn_context_limit(a: &Agent, backend: &Arc<dyn Backend>, ctx: &mut TurnCtx) {
+    if ctx.context_limit.is_none() {
+        let learned = match ctx.model.as_deref() {
+            Some(m) => backend.context_limit(m).await,
+            None => None,
+        };
+        ctx.context_limit = Some(learned.unwrap_or(DEFAULT_CONTEXT_LIMIT));
+    }
+    lock(&a.stats).context_limit = ctx.context_limit.unwrap_or(0);
+}
+
+/// The context limit assumed for a model whose limit is neither configured nor told by its
+/// server, in tokens: the common size of current models' windows.
+pub const DEFAULT_CONTEXT_LIMIT: u64 = 128_000;
+
+/// Why the history should be compacted before the next model call, if it should: asked for
+/// with `ctl compact`, or the context is near its limit.
+fn compaction_due(a: &Agent, config: &Config, ctx: &TurnCtx) -> Option<String> {
+    let near_limit = ctx
+        .context_limit
+        .is_some_and(|l| lock(&a.stats).context_tokens as f64 >= config.compact_at * l as f64);
+    if a.compact_requested.swap(false, Ordering::SeqCst) {
+        Some("requested with ctl compact".to_owned())
+    } else {
+        near_limit.then(|| {
+            format!(
+                "the context reached {:.0}% of its {}-token limit",
+                config.compact_at * 100.0,
+                ctx.context_limit.unwrap_or(0)
+            )
+        })
+    }
+}
+
+/// One model call of a step; an overflowing context is compacted once and the call made
+/// again.
+async fn model_reply(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    config: &Arc<Config>,
+    backend: &Arc<dyn Backend>,
+    ctx: &TurnCtx,
+    show_plan: &mut bool,
+) -> Result<ModelReply, String> {
+    let mut overflowed = false;
+    loop {
+        let req = request(reg, a, ctx, std::mem::take(show_plan));
+        match call_model(reg, a, config, backend, &req).await {
+            Ok(r) => return Ok(r),
+            Err(CallError::Overflow(m)) if !overflowed => {
+                overflowed = true;
+                a.say("info", "", &format!("context overflow: {m}"))?;
+                run_compaction(reg, a, backend, ctx, "the model's context overflowed")
+                    .await
+                    .map_err(|e| {
+                        format!("model call failed: the context overflows ({m}) and {e}")
+                    })?;
+                *show_plan = true;
+            }
+            Err(CallError::Overflow(m)) => {
+                return Err(format!(
+                    "model call failed: the context still overflows after compaction: {m}"
+                ));
+            }
+            Err(CallError::Other(e)) => return Err(e),
+        }
+    }
+}
+
+/// Runs a reply's tool calls (runs of parallel ones together), records each call and its
+/// result, and says whether every one failed.
+async fn run_round(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    config: &Arc<Config>,
+    ctx: &TurnCtx,
+    pending: &Arc<std::sync::Mutex<Vec<ToolCall>>>,
+    calls: &[ToolCall],
+) -> Result<bool, String> {
+    *lock(pending) = calls.to_vec();
+    let mut all_failed = true;
+    for run in runs(calls) {
+        for call in run {
+            // Its result block follows (also when the call fails or is stopped).
+            a.say_sync(
+                "tool_call",
+                &format!("name={} id={}", call.name, call.id),
+                &call.arguments.to_string(),
+                Sync::WithNext,
+            )?;
+        }
+        let names: Vec<&str> = run.iter().map(|c| c.name.as_str()).collect();
+        // A call asking for more than its sandbox allows may wait for the operator
+        // (toolsrv answers at once when it refuses or the grant is already covered).
+        if run.iter().any(|c| c.arguments.get("escalate").is_some()) {
+            reg.detail(a, "waiting: bypass");
+        } else {
+            reg.detail(a, &format!("calling: {}", names.join(", ")));
+        }
+        let outcomes = run_calls(reg, a, config, &ctx.tools, run).await;
+        for (call, o) in run.iter().zip(outcomes) {
+            lock(&a.stats).tool_calls += 1;
+            all_failed &= !o.ok;
+            let mut attrs = format!("name={} id={}", call.name, call.id);
+            if !o.attrs.is_empty() {
+                attrs.push(' ');
+                attrs.push_str(&o.attrs);
+            }
+            a.say("tool_result", &attrs, &o.text)?;
+            remember(
+                reg,
+                a,
+                &Message {
+                    role: Role::Tool,
+                    content: o.text,
+                    tool_calls: Vec::new(),
+                    tool_call_id: Some(call.id.clone()),
+                },
+            )?;
+            lock(pending).retain(|c| c.id != call.id);
+        }
+    }
+    Ok(all_failed)
+}
+
 async fn steps(
     reg: &Arc<Registry>,
     a: &Arc<Agent>,
@@ -911,27 +979,14 @@ async fn steps(
     prompt: &str,
 ) -> Result<String, String> {
     let tools = tool_specs(a, config).await?;
-    let ctx = turn_ctx(a, config, cfg, tools);
+    let mut ctx = turn_ctx(a, config, cfg, tools);
+    learn_context_limit(a, backend, &mut ctx).await;
     let mut failing_rounds = 0;
     let mut text_nudges = 0;
     let mut show_plan = false;
     for step in 0..ctx.max_steps {
         // Compaction before the call: asked for, or the context is near its limit.
-        let near_limit = ctx
-            .context_limit
-            .is_some_and(|l| lock(&a.stats).context_tokens as f64 >= config.compact_at * l as f64);
-        let why = if a.compact_requested.swap(false, Ordering::SeqCst) {
-            Some("requested with ctl compact".to_owned())
-        } else {
-            near_limit.then(|| {
-                format!(
-                    "the context reached {:.0}% of its {}-token limit",
-                    config.compact_at * 100.0,
-                    ctx.context_limit.unwrap_or(0)
-                )
-            })
-        };
-        if let Some(why) = why {
+        if let Some(why) = compaction_due(a, config, &ctx) {
             // Not fatal here: the call may still fit (an overflow compacts again, or fails).
             match run_compaction(reg, a, backend, &ctx, &why).await {
                 Ok(()) => show_plan = true,
@@ -941,29 +996,7 @@ async fn steps(
         if step > 0 && step % PLAN_EVERY == 0 {
             show_plan = true;
         }
-        let mut overflowed = false;
-        let reply = loop {
-            let req = request(reg, a, &ctx, std::mem::take(&mut show_plan));
-            match call_model(reg, a, config, backend, &req).await {
-                Ok(r) => break r,
-                Err(CallError::Overflow(m)) if !overflowed => {
-                    overflowed = true;
-                    a.say("info", "", &format!("context overflow: {m}"))?;
-                    run_compaction(reg, a, backend, &ctx, "the model's context overflowed")
-                        .await
-                        .map_err(|e| {
-                            format!("model call failed: the context overflows ({m}) and {e}")
-                        })?;
-                    show_plan = true;
-                }
-                Err(CallError::Overflow(m)) => {
-                    return Err(format!(
-                        "model call failed: the context still overflows after compaction: {m}"
-                    ));
-                }
-                Err(CallError::Other(e)) => return Err(e),
-            }
-        };
+        let reply = model_reply(reg, a, config, backend, &ctx, &mut show_plan).await?;
         let assistant = Message {
             role: Role::Assistant,
             content: reply.text.clone(),
@@ -992,11 +1025,11 @@ async fn steps(
             }
             // The post_turn hooks may keep the turn going (exit 2: the reason is the next
             // user message); what they print is there for the next turn.
-            let fired = crate::hooks::fire(
+            let fired = crate::agent::hooks::fire(
                 reg,
                 a,
                 config,
-                crate::hooks::Event::PostTurn {
+                crate::agent::hooks::Event::PostTurn {
                     prompt,
                     reply: &reply.text,
                 },
@@ -1009,55 +1042,13 @@ async fn steps(
                 remember(
                     reg,
                     a,
-                    &Message::user(crate::hooks::wrap("post_turn", &why)),
+                    &Message::user(crate::agent::hooks::wrap("post_turn", &why)),
                 )?;
                 continue;
             }
             return Ok(reply.text);
         }
-        *lock(pending) = reply.tool_calls.clone();
-        let mut all_failed = true;
-        for run in runs(&reply.tool_calls) {
-            for call in run {
-                // Its result block follows (also when the call fails or is stopped).
-                a.say_sync(
-                    "tool_call",
-                    &format!("name={} id={}", call.name, call.id),
-                    &call.arguments.to_string(),
-                    Sync::WithNext,
-                )?;
-            }
-            let names: Vec<&str> = run.iter().map(|c| c.name.as_str()).collect();
-            // A call asking for more than its sandbox allows may wait for the operator
-            // (toolsrv answers at once when it refuses or the grant is already covered).
-            if run.iter().any(|c| c.arguments.get("escalate").is_some()) {
-                reg.detail(a, "waiting: bypass");
-            } else {
-                reg.detail(a, &format!("calling: {}", names.join(", ")));
-            }
-            let outcomes = run_calls(reg, a, config, &ctx.tools, run).await;
-            for (call, o) in run.iter().zip(outcomes) {
-                lock(&a.stats).tool_calls += 1;
-                all_failed &= !o.ok;
-                let mut attrs = format!("name={} id={}", call.name, call.id);
-                if !o.attrs.is_empty() {
-                    attrs.push(' ');
-                    attrs.push_str(&o.attrs);
-                }
-                a.say("tool_result", &attrs, &o.text)?;
-                remember(
-                    reg,
-                    a,
-                    &Message {
-                        role: Role::Tool,
-                        content: o.text,
-                        tool_calls: Vec::new(),
-                        tool_call_id: Some(call.id.clone()),
-                    },
-                )?;
-                lock(pending).retain(|c| c.id != call.id);
-            }
-        }
+        let all_failed = run_round(reg, a, config, &ctx, pending, &reply.tool_calls).await?;
         failing_rounds = if all_failed { failing_rounds + 1 } else { 0 };
         if failing_rounds >= ABORT_AFTER {
             return Err(format!(
@@ -1169,7 +1160,7 @@ async fn run_compaction(
     why: &str,
 ) -> Result<(), String> {
     reg.detail(a, "compacting");
-    crate::compact::compact(reg, a, backend, ctx.model.clone(), ctx.context_limit, why)
+    crate::agent::compact::compact(reg, a, backend, ctx.model.clone(), ctx.context_limit, why)
         .await
         .map(|_| ())
 }
@@ -1187,7 +1178,7 @@ pub async fn compact_now(reg: &Arc<Registry>, a: &Arc<Agent>) -> Result<String, 
     let before = a.state().1;
     reg.state_changed(a, AgentState::Running);
     reg.detail(a, "compacting");
-    let r = crate::compact::compact(
+    let r = crate::agent::compact::compact(
         reg,
         a,
         &backend,
@@ -1248,7 +1239,7 @@ async fn read_completions(reg: &Arc<Registry>, a: &Arc<Agent>) -> Result<(), Str
     let s = a.session.upgrade().ok_or("the session was killed")?;
     let c = s.link.conn(Duration::from_secs(30)).await?;
     let config = reg.config();
-    let root = c.agent_root(a, &config).await?;
+    let root = c.agent_root(&a.tools_spec(), &config).await?;
     let mut f = root
         .walk(&["proc", "complete"])
         .await
@@ -1313,6 +1304,7 @@ pub async fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn spec(n: &str) -> ToolSpec {
         ToolSpec {

@@ -5,7 +5,7 @@
 //! ```text
 //! <dir>/                                                 0700
 //! <dir>/sessions/<session-id>/session.json
-//! <dir>/sessions/<session-id>/ns.json                    the session's bead namespace (crate::ns)
+//! <dir>/sessions/<session-id>/ns.json                    the session's bead namespace (crate::state::ns)
 //! <dir>/sessions/<session-id>/ns-shadow/                 its shadow layers, one directory a point
 //! <dir>/sessions/<session-id>/agents/<agent-id>/agent.json
 //! <dir>/sessions/<session-id>/agents/<agent-id>/ns.json  the agent's own bead namespace
@@ -555,7 +555,7 @@ impl Store {
     }
 
     /// The directory of a session (`<dir>/sessions/<id>/`, not created), for state other
-    /// modules keep beside its record (the bead namespace, [`crate::ns`]). It goes with the
+    /// modules keep beside its record (the bead namespace, [`crate::state::ns`]). It goes with the
     /// session when the session is removed.
     pub fn session_path(&self, session: &str) -> Result<PathBuf, StoreError> {
         self.session_dir(session)

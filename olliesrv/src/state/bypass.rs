@@ -45,8 +45,9 @@ use ollie_p9::wire::om;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::events::Events;
 use crate::link::Conn;
+use crate::state::events::Events;
+use crate::state::session::Session;
 
 /// Requests remembered by the mirror.
 const MAX_KEPT: usize = 1024;
@@ -117,7 +118,7 @@ fn now_unix() -> u64 {
 
 /// toolsrv's request line (`{…}\n`, display-escaped) with `session_name` and `agent_name`
 /// added in front, from the session (when it and the agent still exist).
-fn with_names(text: &str, v: &Value, s: &std::sync::Weak<crate::model::Session>) -> String {
+fn with_names(text: &str, v: &Value, s: &std::sync::Weak<Session>) -> String {
     let Some(s) = s.upgrade() else {
         return text.to_owned();
     };
@@ -184,11 +185,28 @@ impl Bypass {
         let mut f = serde_json::Map::new();
         f.insert("session".into(), Value::from(session));
         f.insert("id".into(), Value::from(id));
-        f.insert("agent".into(), Value::from(agent));
-        f.insert("tool".into(), Value::from(tool));
+        f.insert("agent".into(), Value::from(agent.as_str()));
+        f.insert("tool".into(), Value::from(tool.as_str()));
         for (k, v) in extra {
             f.insert((*k).into(), v.clone());
         }
+        // Every request and its outcome in the log too (an operator's journal shows who asked
+        // for what and what was decided).
+        let field = |k: &str| {
+            extra
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+        };
+        tracing::info!(
+            session,
+            id,
+            agent = %agent,
+            tool = %tool,
+            verdict = field("verdict").as_deref().unwrap_or("-"),
+            by = field("by").as_deref().unwrap_or("-"),
+            "escalation: {kind}"
+        );
         self.events.emit(kind, f);
     }
 
@@ -244,7 +262,7 @@ impl Bypass {
     /// the connection and records the session's unanswered requests as denied).
     pub fn watch(
         self: &Arc<Self>,
-        s: &Arc<crate::model::Session>,
+        s: &Arc<Session>,
         conn: Arc<Conn>,
         done: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
@@ -278,7 +296,7 @@ impl Bypass {
         session: &str,
         conn: &Conn,
         file: &str,
-        names: &std::sync::Weak<crate::model::Session>,
+        names: &std::sync::Weak<Session>,
     ) -> Result<(), String> {
         let mut f = conn
             .operator
@@ -582,7 +600,7 @@ impl Bypass {
 
     /// The root `bypass/full`: the whole request whose id is written, from the session that
     /// holds it (its toolsrv's `bypass/full`).
-    pub async fn full(&self, reg: &crate::model::Registry, data: &[u8]) -> Result<Bytes, String> {
+    pub async fn full(&self, sessions: &[Arc<Session>], data: &[u8]) -> Result<Bytes, String> {
         let id = std::str::from_utf8(data)
             .ok()
             .map(|t| t.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r')))
@@ -591,9 +609,8 @@ impl Bypass {
         let sid = self
             .session_of(id)
             .ok_or_else(|| format!("full: no request {id}"))?;
-        let s = reg
-            .sessions()
-            .into_iter()
+        let s = sessions
+            .iter()
             .find(|s| s.id == sid)
             .ok_or_else(|| format!("full: request {id} belonged to a session that is gone"))?;
         let conn = s.link.conn(Duration::from_secs(5)).await?;
@@ -624,7 +641,7 @@ impl Bypass {
     /// finds its session, forwards it.
     pub async fn resolve(
         &self,
-        reg: &crate::model::Registry,
+        sessions: &[Arc<Session>],
         offset: u64,
         data: &[u8],
         by: &str,
@@ -639,16 +656,12 @@ impl Bypass {
             self.refused_input(None, data, by, &e);
             return Err(e);
         };
-        let s = reg
-            .sessions()
-            .into_iter()
-            .find(|s| s.id == sid)
-            .ok_or_else(|| {
-                format!(
-                    "resolve: request {} belonged to a session that is gone",
-                    r.id
-                )
-            })?;
+        let s = sessions.iter().find(|s| s.id == sid).ok_or_else(|| {
+            format!(
+                "resolve: request {} belonged to a session that is gone",
+                r.id
+            )
+        })?;
         let conn = s.link.conn(Duration::from_secs(5)).await?;
         let result = async {
             let mut f = conn
@@ -690,9 +703,10 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::too_many_lines)] // one scenario, step by step
     async fn the_mirror_shows_each_request_once_per_reader_and_audits() {
         let dir = tempfile::tempdir().unwrap();
-        let events = Arc::new(crate::events::Events::new());
+        let events = Arc::new(crate::state::events::Events::new());
         let b = Bypass::new(dir.path(), Arc::clone(&events));
         let id = "0123456789abcdef0123456789abcdef";
         let v = json!({"id": id, "agent": "a", "tool": "execute_code", "argv": ["x"],
@@ -748,17 +762,11 @@ mod tests {
         // Verdicts refused before reaching a request are audited with what was written.
         let upper = format!(r#"{{"id":"{}","approved":true}}"#, id.to_uppercase());
         b.decided("s1", upper.as_bytes(), "me", &Ok(()));
-        let reg = crate::model::Registry::new(
-            Arc::new(crate::events::Events::new()),
-            Arc::new(crate::store::Store::open(&dir.path().join("state")).unwrap()),
-            Arc::new(std::sync::RwLock::new(Arc::new(
-                crate::config::Config::default(),
-            ))),
-            PathBuf::from("/nonexistent/toolsrv"),
-        );
+        // No session holds a request: the verdicts are refused before any is looked for.
+        let none: &[Arc<Session>] = &[];
         let e = b
             .resolve(
-                &reg,
+                none,
                 0,
                 "{\"id\":\"x\u{202e}\",\"approved\":true}".as_bytes(),
                 "me",
@@ -768,7 +776,7 @@ mod tests {
         assert!(e.starts_with("resolve:"), "{e}");
         let e = b
             .resolve(
-                &reg,
+                none,
                 0,
                 format!(r#"{{"id":"{}","approved":true}}"#, "a".repeat(32)).as_bytes(),
                 "me",
@@ -871,7 +879,7 @@ mod tests {
     #[tokio::test]
     async fn a_verdict_that_overtakes_its_request_keeps_the_events_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let events = Arc::new(crate::events::Events::new());
+        let events = Arc::new(crate::state::events::Events::new());
         let b = Bypass::new(dir.path(), Arc::clone(&events));
         let id = "0123456789abcdef0123456789abcdef";
         let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);

@@ -10,7 +10,7 @@
 //! post_turn = ["cargo test -q 2>&1 | tail -5 >&2 || exit 2"]
 //! ```
 //!
-//! Events ([`EVENTS`]): `agent_spawn` (once, when the agent is created), `pre_turn` and
+//! Events ([`EVENTS`](crate::config::hook_limits::EVENTS)): `agent_spawn` (once, when the agent is created), `pre_turn` and
 //! `post_turn` (around each prompt's turn), `pre_tool` and `post_tool` (around each tool
 //! call), `pre_compact` and `post_compact` (around a compaction), `turn_error` (a turn ended
 //! in an error).
@@ -32,7 +32,7 @@
 //!   block with `hook=EVENT failed`), the log too, and the step goes on as if the hook had
 //!   said nothing.
 //!
-//! Bounds: at most [`MAX_PER_EVENT`] commands of [`MAX_COMMAND`] bytes per event; string
+//! Bounds: at most [`MAX_PER_EVENT`](crate::config::hook_limits::MAX_PER_EVENT) commands of [`MAX_COMMAND`](crate::config::hook_limits::MAX_COMMAND) bytes per event; string
 //! fields of the event are cut at [`MAX_FIELD`] bytes, and shorter while the whole event is
 //! over [`MAX_EVENT`] (an event that still does not fit — arguments made of a great many
 //! small values — is not given to the hooks: a `pre_tool` or `pre_turn` step is then blocked,
@@ -45,32 +45,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::compact::clip;
+use crate::agent::history::clip;
 use crate::config::{Config, HookSet};
-use crate::model::{Agent, Registry};
+use crate::state::{Agent, Registry};
 
-/// Every event a profile may hook, in the order they happen in a turn.
-pub const EVENTS: &[&str] = &[
-    "agent_spawn",
-    "pre_turn",
-    "post_turn",
-    "pre_tool",
-    "post_tool",
-    "pre_compact",
-    "post_compact",
-    "turn_error",
-];
-
-/// The policy hooks run under unless the profile says otherwise.
-pub const DEFAULT_POLICY: &str = "readonly";
-/// A command's time bound unless the profile says otherwise, in seconds…
-pub const DEFAULT_TIMEOUT_S: u64 = 10;
-/// …and the most it may say.
-pub const MAX_TIMEOUT_S: u64 = 300;
-/// Commands per event.
-pub const MAX_PER_EVENT: usize = 16;
-/// Bytes per command.
-pub const MAX_COMMAND: usize = 16 * 1024;
 /// Bytes of a hook's stdout (context) or stderr (reason) that are used.
 pub const MAX_TEXT: usize = 16 * 1024;
 /// Bytes of any string in the event (a tool's result or a file's content in its arguments).
@@ -203,12 +181,6 @@ impl Fired {
     }
 }
 
-/// The toolsrv identity an agent's hooks run as (agent ids are UUIDs, so it is nobody
-/// else's).
-pub fn identity(agent_id: &str) -> String {
-    format!("{agent_id}.hook")
-}
-
 /// `text` wrapped as context from `event`'s hooks.
 pub fn wrap(event: &str, text: &str) -> String {
     format!("<hook event=\"{event}\">\n{text}\n</hook>")
@@ -216,7 +188,7 @@ pub fn wrap(event: &str, text: &str) -> String {
 
 /// The hooks of `a`'s profile for `event`, if it has any.
 pub fn configured<'c>(a: &Agent, config: &'c Config, event: &str) -> Option<&'c HookSet> {
-    let p = crate::turn::profile(a, config)?;
+    let p = a.profile(config)?;
     p.hooks
         .commands
         .get(event)
@@ -381,7 +353,8 @@ fn common(a: &Agent, config: &Config) -> [(&'static str, String); 6] {
         ("CWD", a.settings().cwd.display().to_string()),
         (
             "PROFILE",
-            crate::turn::profile(a, config).map_or_else(String::new, |p| p.name.clone()),
+            a.profile(config)
+                .map_or_else(String::new, |p| p.name.clone()),
         ),
     ]
 }

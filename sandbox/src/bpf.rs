@@ -812,7 +812,7 @@ mod tests {
             .unwrap()
             .programs
             .iter()
-            .map(crate::spawn::to_sock_filters)
+            .map(crate::seccomp::to_sock_filters)
             .collect();
         let fast = compile(&Network::Off, &nrs).unwrap();
         assert!(equivalent(&fast, &reference));

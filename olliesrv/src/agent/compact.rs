@@ -20,9 +20,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::agent::history::{clip, message_json, message_of, remember};
 use crate::backend::{Backend, BackendError, Message, ModelRequest, Role};
-use crate::model::{Agent, Registry, lock};
-use crate::turn::{message_json, message_of};
+use crate::state::{Agent, Registry};
+use crate::util::lock;
 
 /// Messages kept verbatim after the summary (at most).
 pub const KEEP_TAIL: usize = 6;
@@ -53,15 +54,6 @@ fn tail_start(msgs: &[Message], keep: usize) -> usize {
         i += 1;
     }
     i
-}
-
-/// At most `max` bytes of `s` (on a character boundary), with a note of what was cut.
-pub(crate) fn clip(s: &str, max: usize) -> String {
-    let kept = ollie_link::text::prefix_bytes(s, max);
-    if kept.len() == s.len() {
-        return s.to_owned();
-    }
-    format!("{kept}… [{} more bytes]", s.len() - kept.len())
 }
 
 /// The messages as a plain-text transcript (no tool-call structure, so any backend can
@@ -125,11 +117,11 @@ pub async fn compact(
         return Err("nothing to compact: the history holds only the latest message".to_owned());
     }
     let config = reg.config();
-    let pre = crate::hooks::fire(
+    let pre = crate::agent::hooks::fire(
         reg,
         a,
         &config,
-        crate::hooks::Event::PreCompact {
+        crate::agent::hooks::Event::PreCompact {
             reason: why,
             messages: msgs.len(),
         },
@@ -170,7 +162,7 @@ pub async fn compact(
         match r {
             Ok(r) => break r,
             Err(BackendError::RateLimited { .. } | BackendError::Transient(_))
-                if attempt < crate::turn::RETRIES =>
+                if attempt < super::RETRIES =>
             {
                 attempt += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(500 << attempt)).await;
@@ -202,11 +194,11 @@ pub async fn compact(
             tail.len()
         ),
     )?;
-    let post = crate::hooks::fire(
+    let post = crate::agent::hooks::fire(
         reg,
         a,
         &config,
-        crate::hooks::Event::PostCompact {
+        crate::agent::hooks::Event::PostCompact {
             reason: why,
             summarized: old.len(),
             kept: tail.len(),
@@ -215,7 +207,7 @@ pub async fn compact(
     )
     .await;
     for n in post.notes("post_compact") {
-        crate::turn::remember(reg, a, &Message::user(n))?;
+        remember(reg, a, &Message::user(n))?;
     }
     Ok(Compacted {
         summarized: old.len(),

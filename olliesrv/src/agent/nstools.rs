@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 
-use crate::model::Agent;
+use crate::state::Agent;
 
 /// Lines `file_read` returns without a limit, and at most (as toolsrv).
 const DEFAULT_READ_LINES: u64 = 2000;

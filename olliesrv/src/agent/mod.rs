@@ -1,0 +1,13 @@
+//! The agent floor: what runs an agent's turns. [`turn`] is the loop (prompt, model call,
+//! tool calls, repeat), [`compact`] shrinks its history, [`hooks`] runs a profile's lifecycle
+//! commands, [`nstools`] answers file tools inside the bead namespace, [`history`] holds the
+//! message helpers they share. Below it: the state, the toolsrv link, the backends.
+
+pub(crate) mod compact;
+pub(crate) mod history;
+pub(crate) mod hooks;
+pub(crate) mod nstools;
+pub(crate) mod turn;
+
+/// Retries of a rate-limited or transiently failed model call.
+pub const RETRIES: u32 = 3;

@@ -1,0 +1,162 @@
+//! Writing the tree's files: the parts of `Twrite` that are more than a store — the TCP
+//! key check, the files whose write is a command (ctl files, `generate`, `session/new`,
+//! `bypass/full`) and an agent's `cfg`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ollie_p9::{Error, Result};
+
+use crate::link::LinkState;
+use crate::state::Agent;
+use crate::state::session::parse_spec;
+use crate::util::clip;
+
+use super::node::{Node, OllieFid, TcpAuth};
+use super::table::{AFile, RootFile, SFile};
+use super::union::{self, NsOwner};
+use super::{OllieFs, err, text};
+
+/// Compares without an early exit on the first difference.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `generate`'s input: a prompt, or `{"prompt": …, "backend": …}`.
+fn generate_request(t: &str) -> Result<(String, Option<String>)> {
+    if t.trim().is_empty() {
+        return Err(Error::invalid("empty prompt"));
+    }
+    if !t.trim_start().starts_with('{') {
+        return Ok((t.to_owned(), None));
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Gen {
+        prompt: String,
+        #[serde(default)]
+        backend: Option<String>,
+    }
+    let g: Gen = serde_json::from_str(t).map_err(|e| Error::invalid(format!("generate: {e}")))?;
+    Ok((g.prompt, g.backend))
+}
+
+impl OllieFs {
+    /// The Tauth exchange of a TCP connection: the key, written once to a fresh afid.
+    pub(super) fn write_key(&self, fid: &mut OllieFid, data: &[u8]) -> Result<()> {
+        if fid.auth != Some(TcpAuth::Fresh) {
+            return Err(Error::new(
+                "permission denied: this afid is spent; start a new Tauth",
+            ));
+        }
+        let given = data.strip_suffix(b"\n").unwrap_or(data);
+        let ok = self
+            .shared
+            .tcp_key
+            .as_deref()
+            .is_some_and(|k| constant_time_eq(k, given));
+        if !ok {
+            fid.auth = Some(TcpAuth::Failed);
+            return Err(Error::new("permission denied: wrong key"));
+        }
+        fid.auth = Some(TcpAuth::Verified);
+        Ok(())
+    }
+
+    /// A write that is a command, and its reply.
+    pub(super) async fn command(&self, node: &Node, data: &[u8]) -> Result<Bytes> {
+        let reg = self.reg();
+        let reply = match node {
+            Node::R(RootFile::Ctl) => self.root_ctl(text(data)?)?,
+            Node::R(RootFile::BypassFull) => {
+                return reg.bypass.full(&reg.sessions(), data).await.map_err(err);
+            }
+            Node::R(RootFile::Generate) => {
+                let (prompt, backend) = generate_request(text(data)?)?;
+                let config = self.shared.config();
+                let mut r = crate::agent::turn::generate(&config, &prompt, backend.as_deref())
+                    .await
+                    .map_err(err)?;
+                if !r.ends_with('\n') {
+                    r.push('\n');
+                }
+                r
+            }
+            Node::R(RootFile::SessionNew) => {
+                let spec = parse_spec(
+                    text(data)?,
+                    &[
+                        "name", "cwd", "backend", "model", "profile", "remote", "force",
+                    ],
+                )
+                .map_err(err)?;
+                let s = reg.create_session(spec).map_err(err)?;
+                format!("{}\n", s.name())
+            }
+            Node::S(s, SFile::Ctl) => self.session_ctl(s, text(data)?).await?,
+            Node::A(a, AFile::Ctl) => self.agent_ctl(a, text(data)?).await?,
+            Node::S(s, SFile::NsCtl) => {
+                let owner = NsOwner::Session(Arc::clone(s));
+                union::ctl(&owner, text(data)?, &self.shared.events).map_err(err)?
+            }
+            Node::A(a, AFile::NsCtl) => {
+                let owner = NsOwner::Agent(Arc::clone(a));
+                union::ctl(&owner, text(data)?, &self.shared.events).map_err(err)?
+            }
+            _ => return Err(Error::permission_denied()),
+        };
+        Ok(Bytes::from(reply))
+    }
+
+    /// An agent's `cfg`: `key=value` lines. `name=` and `id=` are shown too, so `cat cfg >
+    /// f; cat f > cfg` works: the id must be the agent's own, the name renames. A new
+    /// profile is applied in toolsrv at once.
+    pub(super) async fn write_agent_cfg(&self, a: &Arc<Agent>, t: &str) -> Result<()> {
+        let config = self.shared.config();
+        let mut rest = String::new();
+        let mut rename = None;
+        let mut named = false;
+        for line in t.lines() {
+            match line.trim().split_once('=') {
+                Some(("id", v)) if v.trim() != a.id => {
+                    return Err(err(format!(
+                        "id is immutable ({} is not {})",
+                        clip(v.trim()),
+                        a.id
+                    )));
+                }
+                Some(("id", _)) => named = true,
+                Some(("name", v)) if v.trim() != a.name() => {
+                    crate::state::validate_name(v.trim()).map_err(err)?;
+                    rename = Some(v.trim().to_owned());
+                    named = true;
+                }
+                Some(("name", _)) => named = true,
+                _ => {
+                    rest.push_str(line);
+                    rest.push('\n');
+                }
+            }
+        }
+        let changed = if rest.trim().is_empty() && named {
+            Vec::new()
+        } else {
+            a.set_cfg(&rest, &config).map_err(err)?
+        };
+        if let Some(to) = rename {
+            self.reg().rename_agent(a, &to).map_err(err)?;
+        }
+        if changed.iter().any(|(k, _)| k == "profile")
+            && let Some(s) = a.session.upgrade()
+            && let LinkState::Up(c) = s.link.state()
+        {
+            crate::link::configure_agent(&c, &a.tools_spec(), &config)
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+}
