@@ -15,7 +15,9 @@
 //! `$XDG_DATA_HOME/ollie/skills`, else `~/.local/share/ollie/skills`; see [`crate::skills`]),
 //! and `[limits]` (the 9P server's bounds on its clients: `fids_per_connection`,
 //! `afids_per_connection`, `requests_per_connection`, `connections`, `connections_per_peer`,
-//! `attach_timeout_s`; read at start, [`ollie_p9::server::Limits`]).
+//! `attach_timeout_s`; read at start, [`ollie_p9::server::Limits`]). A `[backends.NAME]` of an
+//! HTTP kind also takes `connect_timeout_s`, `first_byte_timeout_s` and `idle_timeout_s`
+//! ([`Timeouts`]).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -106,6 +108,43 @@ pub struct Backend {
     /// The context window of this backend's models in tokens (profiles and `cfg` may say
     /// otherwise).
     pub context_limit: Option<u64>,
+    /// How long its HTTP requests may wait (HTTP backends only).
+    pub timeouts: Timeouts,
+}
+
+/// How long an HTTP backend's requests may wait, each a `[backends.NAME]` key in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `connect_timeout_s`: for the connection (TCP and TLS) to be made.
+    pub connect: std::time::Duration,
+    /// `first_byte_timeout_s`: from sending a model request to the first byte of the reply's
+    /// body, which is when the model starts answering (a long prompt on a slow local model
+    /// takes a while).
+    pub first_byte: std::time::Duration,
+    /// `idle_timeout_s`: the longest silence of a reply once it has begun (a stalled stream).
+    pub idle: std::time::Duration,
+}
+
+impl Timeouts {
+    /// The keys, their defaults and their ranges (seconds).
+    pub const KEYS: [(&'static str, u64); 3] = [
+        ("connect_timeout_s", 10),
+        ("first_byte_timeout_s", 300),
+        ("idle_timeout_s", 120),
+    ];
+    /// The largest value of each key (an hour).
+    pub const MAX_S: u64 = 3600;
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        let s = |i: usize| std::time::Duration::from_secs(Timeouts::KEYS[i].1);
+        Timeouts {
+            connect: s(0),
+            first_byte: s(1),
+            idle: s(2),
+        }
+    }
 }
 
 /// The price of a model, in US dollars per million tokens.
@@ -436,6 +475,9 @@ struct RawBackend {
     model: Option<String>,
     file: Option<PathBuf>,
     context_limit: Option<i64>,
+    connect_timeout_s: Option<i64>,
+    first_byte_timeout_s: Option<i64>,
+    idle_timeout_s: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1218,6 +1260,29 @@ impl Backend {
                 ));
             }
         };
+        let mut timeouts = Timeouts::default();
+        for ((k, _), (v, slot)) in Timeouts::KEYS.iter().zip([
+            (b.connect_timeout_s, &mut timeouts.connect),
+            (b.first_byte_timeout_s, &mut timeouts.first_byte),
+            (b.idle_timeout_s, &mut timeouts.idle),
+        ]) {
+            let Some(n) = v else { continue };
+            if kind == BackendKind::Replay {
+                return Err((
+                    format!("{key}.{k}"),
+                    "only HTTP backends take timeouts (a replay backend makes no requests)".into(),
+                ));
+            }
+            match u64::try_from(n) {
+                Ok(n @ 1..=Timeouts::MAX_S) => *slot = std::time::Duration::from_secs(n),
+                _ => {
+                    return Err((
+                        format!("{key}.{k}"),
+                        format!("{n} is out of range (1..={})", Timeouts::MAX_S),
+                    ));
+                }
+            }
+        }
         Ok(Backend {
             kind,
             base_url: b.base_url,
@@ -1226,6 +1291,7 @@ impl Backend {
             model: b.model,
             file: b.file,
             context_limit,
+            timeouts,
         })
     }
 }
@@ -1449,6 +1515,57 @@ mod tests {
             ),
             ("beads_dir = 1", "beads_dir: invalid type"),
             ("beads-dir = \"/x\"", "beads-dir"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn backend_timeouts_default_parse_and_are_refused_where_they_do_nothing() {
+        let c = parse(
+            "[backends.x]\nkind = \"openai\"\nconnect_timeout_s = 3\nfirst_byte_timeout_s = 600\nidle_timeout_s = 45\n\n[backends.y]\nkind = \"ollama\"\n",
+        )
+        .unwrap();
+        let s = std::time::Duration::from_secs;
+        assert_eq!(
+            c.backends["x"].timeouts,
+            Timeouts {
+                connect: s(3),
+                first_byte: s(600),
+                idle: s(45)
+            }
+        );
+        assert_eq!(
+            c.backends["y"].timeouts,
+            Timeouts {
+                connect: s(10),
+                first_byte: s(300),
+                idle: s(120)
+            }
+        );
+        for (text, want) in [
+            (
+                "[backends.x]\nkind = \"openai\"\nidle_timeout_s = 0",
+                "backends.x.idle_timeout_s: 0 is out of range (1..=3600)",
+            ),
+            (
+                "[backends.x]\nkind = \"anthropic\"\nconnect_timeout_s = 3601",
+                "backends.x.connect_timeout_s: 3601 is out of range (1..=3600)",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\nfirst_byte_timeout_s = \"1\"",
+                "invalid type",
+            ),
+            (
+                "[backends.r]\nkind = \"replay\"\nfile = \"/t.jsonl\"\nfirst_byte_timeout_s = 5",
+                "backends.r.first_byte_timeout_s: only HTTP backends take timeouts",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\nread_timeout_s = 5",
+                "read_timeout_s",
+            ),
         ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");

@@ -18,7 +18,8 @@ use tokio::signal::unix::{SignalKind, signal};
         Under systemd: serves the sockets passed by socket activation (LISTEN_FDS; unix or TCP, instead of\n\
         the default address unless -a is given), reports readiness (Type=notify) and logs in the journal's format.\n\
         Logging: OLLIE_LOG=debug (tracing filter syntax).\n\
-        EXIT STATUS: 0 stopped cleanly, 1 failed while serving, 2 bad configuration or usage, 3 cannot listen."
+        EXIT STATUS: 0 stopped cleanly, 1 failed while serving, 2 bad configuration or usage, 3 cannot listen;\n\
+        with --check-config or --check-state: the check's own status (above)."
 )]
 struct Args {
     /// The main configuration file (default: $XDG_CONFIG_HOME/ollie/config.toml if it exists).
@@ -47,6 +48,11 @@ struct Args {
     /// With --check-config: print one JSON object (path, error, backends) instead of lines.
     #[arg(long, requires = "check_config")]
     json: bool,
+    /// Check every file of the state directory DIR against the store's layout without
+    /// changing anything, print one line per finding, and exit (0 no problems, 1 problems).
+    /// Leftovers of a crash that the server repairs by itself are listed, not problems.
+    #[arg(long, value_name = "DIR", conflicts_with = "check_config")]
+    check_state: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -86,6 +92,11 @@ fn main() -> ExitCode {
     }
     if args.check_config {
         return check_config(&args);
+    }
+    if let Some(dir) = &args.check_state {
+        let report = ollie_olliesrv::check_state(dir);
+        print!("{}", report.text());
+        return ExitCode::from(u8::from(report.problems() > 0));
     }
     raise_open_files();
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -98,7 +98,12 @@ impl Anthropic {
     /// A backend for config entry `name`. Fails (one line, naming the key) when `base_url` is
     /// not an `http`/`https` URL with a host, or carries credentials, a query or a fragment.
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<Anthropic, String> {
-        let ep = Endpoint::new(name, cfg.base_url.as_deref(), DEFAULT_BASE_URL)?;
+        let ep = Endpoint::new(
+            name,
+            cfg.base_url.as_deref(),
+            DEFAULT_BASE_URL,
+            cfg.timeouts,
+        )?;
         Ok(Anthropic {
             http: Conn::new(name, cfg, ep),
         })
@@ -581,6 +586,7 @@ mod tests {
             file: None,
             api_key_file: None,
             context_limit: None,
+            timeouts: Default::default(),
         }
     }
 

@@ -18,17 +18,16 @@ use std::future::Future;
 use std::pin::Pin;
 
 use super::{Backend, BackendError, Event, ModelReply, ModelRequest, Sink, ToolCall, Usage};
+use crate::config::Timeouts;
 
 /// The media type of server-sent events (the `Accept` of a streamed request).
 pub(super) const SSE: &str = "text/event-stream";
-/// How long connecting may take.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The longest silence while waiting for response bytes (a stalled stream).
-pub(super) const READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// The whole of a model-list request.
 pub(super) const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most of an error body read.
-pub(super) const MAX_ERROR_BODY: usize = 64 * 1024;
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// How long reading an error body may take (then the status alone classifies it).
+const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest model-list reply.
 pub(super) const MAX_LIST_BODY: usize = 8 << 20;
 /// The largest single server-sent event or stream line.
@@ -55,13 +54,20 @@ pub(super) struct Endpoint {
     /// Without a trailing `/`.
     pub base_url: String,
     pub client: reqwest::Client,
+    pub timeouts: Timeouts,
 }
 
 impl Endpoint {
     /// The endpoint of config entry `name`: `base_url` (or `default`) must be an `http`/`https`
     /// URL with a host and without credentials, query or fragment. Loopback hosts bypass any
-    /// configured proxy.
-    pub fn new(name: &str, base_url: Option<&str>, default: &str) -> Result<Endpoint, String> {
+    /// configured proxy. Connecting may take `timeouts.connect`; the other two apply to
+    /// streamed replies ([`Conn::send`], [`Stream::chunk`]).
+    pub fn new(
+        name: &str,
+        base_url: Option<&str>,
+        default: &str,
+        timeouts: Timeouts,
+    ) -> Result<Endpoint, String> {
         let raw = base_url.unwrap_or(default);
         let url = Url::parse(raw)
             .map_err(|e| format!("backends.{name}.base_url: {raw:?} is not a url ({e})"))?;
@@ -85,8 +91,7 @@ impl Endpoint {
             ));
         }
         let mut builder = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .read_timeout(READ_TIMEOUT)
+            .connect_timeout(timeouts.connect)
             .user_agent(concat!("ollie/", env!("CARGO_PKG_VERSION")));
         if is_loopback_host(host) {
             builder = builder.no_proxy();
@@ -97,6 +102,7 @@ impl Endpoint {
         Ok(Endpoint {
             base_url: url.as_str().trim_end_matches('/').to_owned(),
             client,
+            timeouts,
         })
     }
 }
@@ -271,6 +277,7 @@ pub(super) struct Conn {
     /// The model when the request names none.
     pub model: Option<String>,
     pub client: reqwest::Client,
+    pub timeouts: Timeouts,
 }
 
 impl Conn {
@@ -282,6 +289,7 @@ impl Conn {
             keys: KeySource::new(cfg),
             model: cfg.model.clone(),
             client: ep.client,
+            timeouts: ep.timeouts,
         }
     }
 
@@ -337,6 +345,45 @@ impl Conn {
             .body(body)
     }
 
+    /// Sends the streamed request `rb`: the reply's head must come within
+    /// `first_byte_timeout_s`, which also bounds the wait for its first body byte
+    /// ([`Stream::chunk`]). Transport errors are classified as by [`Conn::transport`].
+    pub async fn send(&self, rb: reqwest::RequestBuilder) -> Result<Stream, BackendError> {
+        let t = self.timeouts;
+        let first_by = tokio::time::Instant::now() + t.first_byte;
+        match tokio::time::timeout_at(first_by, rb.send()).await {
+            Err(_) => Err(timed_out(&self.name, "first_byte_timeout_s", t.first_byte)),
+            Ok(Err(e)) => Err(self.transport("request", e)),
+            Ok(Ok(resp)) => Ok(Stream {
+                resp,
+                first_by: Some(first_by),
+                timeouts: t,
+            }),
+        }
+    }
+
+    /// A connection or read failure (see [`transport`]); a connection that could not be made
+    /// within `connect_timeout_s` says so.
+    pub fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
+        if e.is_connect() && e.is_timeout() {
+            return timed_out(&self.name, "connect_timeout_s", self.timeouts.connect);
+        }
+        transport(&self.name, what, e)
+    }
+
+    /// [`Conn::send`], then an unsuccessful status is classified.
+    pub async fn send_stream(
+        &self,
+        rb: reqwest::RequestBuilder,
+        key: Option<&ApiKey>,
+    ) -> Result<Stream, BackendError> {
+        let s = self.send(rb).await?;
+        if !s.resp.status().is_success() {
+            return Err(status_error(&self.name, s.resp, key).await);
+        }
+        Ok(s)
+    }
+
     /// Sends the streamed request `rb` and reads its server-sent events (see [`read_sse`]);
     /// `on_frame`'s errors are scrubbed of `key`.
     pub async fn stream_sse(
@@ -345,7 +392,7 @@ impl Conn {
         key: Option<&ApiKey>,
         mut on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
     ) -> Result<(), BackendError> {
-        let mut resp = send_stream(&self.name, rb, key).await?;
+        let mut resp = self.send_stream(rb, key).await?;
         read_sse(&self.name, &mut resp, |f| {
             on_frame(f).map_err(|e| scrubbed(e, key))
         })
@@ -499,13 +546,13 @@ impl Framer for SseParser {
 /// errors (over-long lines or events) are transient; `on_item`'s errors are returned as is.
 pub(super) async fn read_stream<F: Framer>(
     name: &str,
-    resp: &mut Response,
+    resp: &mut Stream,
     mut framer: F,
     mut on_item: impl FnMut(F::Item) -> Result<bool, BackendError>,
 ) -> Result<(), BackendError> {
     let mut items = Vec::new();
     loop {
-        let chunk = next_chunk(name, resp).await?;
+        let chunk = resp.chunk(name).await?;
         let end = chunk.is_none();
         match chunk {
             Some(bytes) => framer.feed(&bytes, &mut items),
@@ -526,33 +573,66 @@ pub(super) async fn read_stream<F: Framer>(
 /// Reads a server-sent event reply (see [`read_stream`]).
 pub(super) async fn read_sse(
     name: &str,
-    resp: &mut Response,
+    resp: &mut Stream,
     on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
 ) -> Result<(), BackendError> {
     read_stream(name, resp, SseParser::default(), on_frame).await
 }
 
-/// Sends a streamed chat request; an unsuccessful status is classified.
-pub(super) async fn send_stream(
-    name: &str,
-    rb: reqwest::RequestBuilder,
-    key: Option<&ApiKey>,
-) -> Result<Response, BackendError> {
-    let resp = rb.send().await.map_err(|e| transport(name, "request", e))?;
-    if !resp.status().is_success() {
-        return Err(status_error(name, resp, key).await);
-    }
-    Ok(resp)
+/// A streamed reply, read under the backend's timeouts.
+#[derive(Debug)]
+pub(super) struct Stream {
+    pub resp: Response,
+    /// Until the first body byte: when `first_byte_timeout_s` runs out.
+    first_by: Option<tokio::time::Instant>,
+    timeouts: Timeouts,
 }
 
-/// The next piece of a streamed reply (`None` at its end).
-pub(super) async fn next_chunk(
-    name: &str,
-    resp: &mut Response,
-) -> Result<Option<bytes::Bytes>, BackendError> {
-    resp.chunk()
-        .await
-        .map_err(|e| transport(name, "reading the stream", e))
+impl Stream {
+    /// `resp` (just received) read under `timeouts`.
+    #[cfg(test)]
+    pub fn new(resp: Response, timeouts: Timeouts) -> Stream {
+        Stream {
+            resp,
+            first_by: Some(tokio::time::Instant::now() + timeouts.first_byte),
+            timeouts,
+        }
+    }
+
+    /// The next piece of the reply (`None` at its end): the first within
+    /// `first_byte_timeout_s` of the request, each later one within `idle_timeout_s` of the
+    /// one before.
+    pub async fn chunk(&mut self, name: &str) -> Result<Option<bytes::Bytes>, BackendError> {
+        let t = self.timeouts;
+        let (deadline, key, limit) = match self.first_by {
+            Some(d) => (d, "first_byte_timeout_s", t.first_byte),
+            None => (
+                tokio::time::Instant::now() + t.idle,
+                "idle_timeout_s",
+                t.idle,
+            ),
+        };
+        match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
+            Err(_) => Err(timed_out(name, key, limit)),
+            Ok(r) => {
+                self.first_by = None;
+                r.map_err(|e| transport(name, "reading the stream", e))
+            }
+        }
+    }
+}
+
+/// A request that ran out of the timeout `key` (`limit`): worth a retry.
+fn timed_out(name: &str, key: &str, limit: Duration) -> BackendError {
+    let what = match key {
+        "connect_timeout_s" => "no connection",
+        "first_byte_timeout_s" => "no reply",
+        _ => "the reply stalled: nothing more",
+    };
+    BackendError::Transient(format!(
+        "{name}: timed out: {what} within {} s ({key})",
+        limit.as_secs()
+    ))
 }
 
 /// Sends a model-list request (`what` names it in errors, e.g. `/models`) and reads its JSON
@@ -605,13 +685,23 @@ pub(super) fn transport(name: &str, what: &str, e: reqwest::Error) -> BackendErr
 pub(super) async fn status_error(name: &str, resp: Response, key: Option<&ApiKey>) -> BackendError {
     let status = resp.status().as_u16();
     let retry = retry_after(resp.headers());
-    // A body that cannot be read is classified by its status alone.
-    let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
-    let mut body = String::from_utf8_lossy(&body).into_owned();
+    let mut body = error_body(resp).await;
     if let Some(k) = key {
         body = k.scrub(&body);
     }
     classify_http(name, status, retry, &body)
+}
+
+/// The text of an error reply (at most [`MAX_ERROR_BODY`] bytes, within
+/// [`ERROR_BODY_TIMEOUT`]); a body that cannot be read is empty, so that the status alone
+/// classifies the error.
+pub(super) async fn error_body(resp: Response) -> String {
+    let body = tokio::time::timeout(ERROR_BODY_TIMEOUT, read_capped(resp, MAX_ERROR_BODY))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 /// Reads at most `cap` bytes of a body (the rest is dropped with the connection).
@@ -926,8 +1016,8 @@ mod tests {
             chunks,
         };
         let (url, _rx) = testserver::serve(vec![reply]).await;
-        let ep = Endpoint::new("t", Some(&url), &url).unwrap();
-        let mut resp = ep.client.get(&url).send().await.unwrap();
+        let ep = Endpoint::new("t", Some(&url), &url, Timeouts::default()).unwrap();
+        let mut resp = Stream::new(ep.client.get(&url).send().await.unwrap(), ep.timeouts);
         let mut got = Vec::new();
         let r = read_sse("t", &mut resp, |f| {
             let done = f == Frame::Data("[DONE]".into());
@@ -971,10 +1061,126 @@ mod tests {
         assert_eq!(m, "t: a stream line is longer than 8 MiB");
         let reply = Reply::sse(&["data: 1\n\n"]);
         let (url, _rx) = testserver::serve(vec![reply]).await;
-        let ep = Endpoint::new("t", Some(&url), &url).unwrap();
-        let mut resp = ep.client.get(&url).send().await.unwrap();
+        let ep = Endpoint::new("t", Some(&url), &url, Timeouts::default()).unwrap();
+        let mut resp = Stream::new(ep.client.get(&url).send().await.unwrap(), ep.timeouts);
         let r = read_sse("t", &mut resp, |_| Err(BackendError::Fatal("no".into()))).await;
         assert!(matches!(r, Err(BackendError::Fatal(m)) if m == "no"));
+    }
+
+    /// A connection to `url` under timeouts of `secs` seconds each.
+    fn conn(url: &str, secs: u64) -> Conn {
+        let d = Duration::from_secs(secs);
+        let t = Timeouts {
+            connect: d,
+            first_byte: d,
+            idle: d,
+        };
+        let cfg = crate::config::Backend {
+            kind: crate::config::BackendKind::OpenAi,
+            base_url: Some(url.into()),
+            api_key_env: None,
+            api_key_file: None,
+            model: None,
+            file: None,
+            context_limit: None,
+            timeouts: t,
+        };
+        Conn::new("t", &cfg, Endpoint::new("t", Some(url), url, t).unwrap())
+    }
+
+    /// A loopback peer that reads the request, writes `reply`, and then holds the connection
+    /// open without a further byte until the test ends.
+    async fn stalling_peer(reply: &'static [u8]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(reply).await;
+                held.push(s);
+            }
+        });
+        url
+    }
+
+    fn transient(r: Result<impl fmt::Debug, BackendError>) -> String {
+        match r {
+            Err(BackendError::Transient(m)) => m,
+            other => panic!("expected a transient error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_never_answers_runs_out_of_first_byte_timeout() {
+        let url = stalling_peer(b"").await;
+        let c = conn(&url, 1);
+        let m = transient(c.send(c.post("/x", SSE, "{}".into())).await);
+        assert_eq!(
+            m,
+            "t: timed out: no reply within 1 s (first_byte_timeout_s)"
+        );
+        // A head without a body byte after it is no answer either.
+        let url = stalling_peer(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .await;
+        let c = conn(&url, 1);
+        let r = c.stream_sse(c.post("/x", SSE, "{}".into()), None, |_| Ok(false));
+        let m = transient(r.await);
+        assert_eq!(
+            m,
+            "t: timed out: no reply within 1 s (first_byte_timeout_s)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_stalls_runs_out_of_idle_timeout() {
+        let url = stalling_peer(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n",
+        )
+        .await;
+        let c = conn(&url, 1);
+        let mut frames = Vec::new();
+        let r = c.stream_sse(c.post("/x", SSE, "{}".into()), None, |f| {
+            frames.push(f);
+            Ok(false)
+        });
+        let m = transient(r.await);
+        assert_eq!(
+            m,
+            "t: timed out: the reply stalled: nothing more within 1 s (idle_timeout_s)"
+        );
+        assert_eq!(
+            frames,
+            [Frame::Data("1".into())],
+            "what came before the stall"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_never_accepts_runs_out_of_connect_timeout() {
+        // A listener with the shortest accept queue, filled by connections nobody accepts:
+        // the kernel then drops new handshakes, so connecting hangs. (listen again on a
+        // listening socket sets its backlog.)
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        nix::sys::socket::listen(&l, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+        let target = l.local_addr().unwrap();
+        let mut queued = Vec::new();
+        while let Ok(s) = std::net::TcpStream::connect_timeout(&target, Duration::from_millis(300))
+        {
+            queued.push(s);
+            assert!(queued.len() < 64, "the accept queue never filled");
+        }
+        let c = conn(&format!("http://{target}"), 1);
+        let m = transient(c.send(c.post("/x", SSE, "{}".into())).await);
+        assert_eq!(
+            m,
+            "t: timed out: no connection within 1 s (connect_timeout_s)"
+        );
+        drop(l);
     }
 
     #[test]

@@ -53,9 +53,8 @@ use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    self, ApiKey, Conn, Endpoint, Framer, HttpApi, MAX_ERROR_BODY, MAX_EVENT, MAX_MESSAGE_CHARS,
-    classify_http, error_fields, generated_id, mentions_context, parse_arguments, read_capped,
-    retry_after,
+    self, ApiKey, Conn, Endpoint, Framer, HttpApi, MAX_EVENT, MAX_MESSAGE_CHARS, classify_http,
+    error_fields, generated_id, mentions_context, parse_arguments, read_capped, retry_after,
 };
 use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
@@ -82,8 +81,12 @@ impl fmt::Debug for Ollama {
 
 /// The endpoint for a configured base URL: checked as every HTTP backend's, then reduced to
 /// the server root (a trailing `/api` dropped; a trailing `/v1` refused).
-fn endpoint(name: &str, base_url: Option<&str>) -> Result<Endpoint, String> {
-    let mut ep = Endpoint::new(name, base_url, DEFAULT_BASE_URL)?;
+fn endpoint(
+    name: &str,
+    base_url: Option<&str>,
+    timeouts: crate::config::Timeouts,
+) -> Result<Endpoint, String> {
+    let mut ep = Endpoint::new(name, base_url, DEFAULT_BASE_URL, timeouts)?;
     let path = Url::parse(&ep.base_url)
         .map(|u| u.path().trim_end_matches('/').to_owned())
         .unwrap_or_default();
@@ -106,7 +109,7 @@ fn endpoint(name: &str, base_url: Option<&str>) -> Result<Endpoint, String> {
 /// string. Any failure (a bad URL, no listener, another kind of server, a slow answer) is
 /// `false`. Sends no key; meant for loopback URLs.
 pub async fn probe(base_url: &str, timeout: Duration) -> bool {
-    let Ok(ep) = endpoint("probe", Some(base_url)) else {
+    let Ok(ep) = endpoint("probe", Some(base_url), Default::default()) else {
         return false;
     };
     let url = format!("{}/api/version", ep.base_url);
@@ -129,7 +132,7 @@ impl Ollama {
     /// not an `http`/`https` URL with a host, carries credentials, a query or a fragment, or
     /// names the OpenAI-compatible `/v1` API.
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<Ollama, String> {
-        let ep = endpoint(name, cfg.base_url.as_deref())?;
+        let ep = endpoint(name, cfg.base_url.as_deref(), cfg.timeouts)?;
         Ok(Ollama {
             http: Conn::new(name, cfg, ep),
         })
@@ -156,18 +159,12 @@ impl Ollama {
             .collect())
     }
 
-    fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
-        http::transport(&self.http.name, what, e)
-    }
-
     /// An unsuccessful HTTP reply, classified as by [`http::status_error`], and a context
     /// overflow also when Ollama's message says something exceeds the context.
     async fn status_error(&self, resp: Response, key: Option<&ApiKey>) -> BackendError {
         let status = resp.status().as_u16();
         let retry = retry_after(resp.headers());
-        // A body that cannot be read is classified by its status alone.
-        let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
-        let mut body = String::from_utf8_lossy(&body).into_owned();
+        let mut body = http::error_body(resp).await;
         if let Some(k) = key {
             body = k.scrub(&body);
         }
@@ -187,10 +184,10 @@ impl HttpApi for Ollama {
         let c = &self.http;
         let (rb, key) = c.chat_request(req, "chat request", "/api/chat", NDJSON, request_body)?;
         let rb = c.bearer(rb, key.as_ref())?;
-        let mut resp = rb.send().await.map_err(|e| self.transport("request", e))?;
-        if !resp.status().is_success() {
+        let mut resp = c.send(rb).await?;
+        if !resp.resp.status().is_success() {
             // Ollama's own context wording, on top of the shared classification.
-            return Err(self.status_error(resp, key.as_ref()).await);
+            return Err(self.status_error(resp.resp, key.as_ref()).await);
         }
         let mut state = StreamState::default();
         http::read_stream(&c.name, &mut resp, LineSplitter::default(), |line| {
@@ -498,6 +495,7 @@ mod tests {
             file: None,
             api_key_file: None,
             context_limit: None,
+            timeouts: Default::default(),
         }
     }
 

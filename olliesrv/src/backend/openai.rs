@@ -73,7 +73,12 @@ impl OpenAi {
     /// A backend for config entry `name`. Fails (one line, naming the key) when `base_url` is
     /// not an `http`/`https` URL with a host, or carries credentials, a query or a fragment.
     pub fn new(name: &str, cfg: &crate::config::Backend) -> Result<OpenAi, String> {
-        let ep = Endpoint::new(name, cfg.base_url.as_deref(), DEFAULT_BASE_URL)?;
+        let ep = Endpoint::new(
+            name,
+            cfg.base_url.as_deref(),
+            DEFAULT_BASE_URL,
+            cfg.timeouts,
+        )?;
         Ok(OpenAi {
             http: Conn::new(name, cfg, ep),
             windows: tokio::sync::OnceCell::new(),
@@ -441,6 +446,7 @@ mod tests {
             file: None,
             api_key_file: None,
             context_limit: None,
+            timeouts: Default::default(),
         };
         let mut b = OpenAi::new("local", &cfg).unwrap();
         b.http.keys.lookup = fake_env;
@@ -1049,6 +1055,7 @@ mod tests {
             file: None,
             api_key_file: None,
             context_limit: None,
+            timeouts: Default::default(),
         };
         let b = OpenAi::new("remote", &cfg).unwrap();
         let req = ModelRequest {
@@ -1094,6 +1101,7 @@ mod tests {
             file: None,
             api_key_file: None,
             context_limit: None,
+            timeouts: Default::default(),
         };
         assert_eq!(
             OpenAi::new("x", &cfg(None)).unwrap().http.base_url,

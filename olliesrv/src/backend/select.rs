@@ -128,6 +128,7 @@ fn entry(
         model,
         file: None,
         context_limit: None,
+        timeouts: Default::default(),
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub(crate) mod bypass;
 pub(crate) mod chat;
+pub(crate) mod check;
 pub(crate) mod events;
 pub(crate) mod ns;
 pub(crate) mod registry;

@@ -136,6 +136,7 @@ impl Registry {
             link: ToolLink::new(),
             cost_cap: Mutex::new(None),
             store: Arc::clone(&self.store),
+            saving: Mutex::new(()),
         })
     }
 
@@ -188,6 +189,7 @@ impl Registry {
             stop: watch::Sender::new(0),
             turns: watch::Sender::new(None),
             store: Arc::clone(&self.store),
+            saving: Mutex::new(()),
         })
     }
 

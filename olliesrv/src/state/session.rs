@@ -108,6 +108,9 @@ pub struct Agent {
     /// The agent's own bead namespace (forked from the session's at creation, [`crate::state::ns`]).
     pub ns: NsHome,
     pub(crate) store: Arc<Store>,
+    /// Held from taking the record to its rename into place ([`Agent::save`]), so that of
+    /// two saves racing, the one that took the later record is also the one on disk.
+    pub(crate) saving: Mutex<()>,
 }
 
 /// Largest `plan`.
@@ -295,6 +298,7 @@ impl Agent {
 
     /// Writes the agent's record to disk.
     pub fn save(&self) -> Result<(), String> {
+        let _order = lock(&self.saving);
         self.store
             .save_agent(&self.record())
             .map_err(|e| crate::error_chain(&e))
@@ -669,6 +673,8 @@ pub struct Session {
     /// The session's bead namespace, the template new agents copy ([`crate::state::ns`]).
     pub ns: NsHome,
     pub(crate) store: Arc<Store>,
+    /// As [`Agent::saving`], for [`Session::save`].
+    pub(crate) saving: Mutex<()>,
 }
 
 impl Session {
@@ -732,6 +738,7 @@ impl Session {
     }
 
     pub fn save(&self) -> Result<(), String> {
+        let _order = lock(&self.saving);
         self.store
             .save_session(&self.record())
             .map_err(|e| crate::error_chain(&e))

@@ -36,8 +36,8 @@
 //! Not guaranteed:
 //! - The state directory's own mode: it is created 0700 if missing, but an existing one is
 //!   used as it is (never chmodded). Under systemd, set `StateDirectoryMode=0700`.
-//! - Exclusion of a second olliesrv on the same directory: there is no lock file; two servers
-//!   on one state directory would overwrite each other's records.
+//! - Exclusion of a second olliesrv on the same directory: that is the server's `<dir>/lock`
+//!   (`lib.rs`), not the store's; two stores on one directory would overwrite each other.
 //! - Everything is blocking std I/O; async callers run it on a blocking thread.
 //!
 //! Tested by the unit tests below, on real temporary directories.
@@ -63,13 +63,13 @@ const FILE_MODE: u32 = 0o600;
 /// How many append handles (chat.raw, history.jsonl) stay open between appends.
 pub const APPEND_HANDLES: usize = 64;
 
-const SESSIONS: &str = "sessions";
-const AGENTS: &str = "agents";
-const SESSION_FILE: &str = "session.json";
-const AGENT_FILE: &str = "agent.json";
-const PLAN_FILE: &str = "plan";
-const CHAT_FILE: &str = "chat.raw";
-const HISTORY_FILE: &str = "history.jsonl";
+pub(super) const SESSIONS: &str = "sessions";
+pub(super) const AGENTS: &str = "agents";
+pub(super) const SESSION_FILE: &str = "session.json";
+pub(super) const AGENT_FILE: &str = "agent.json";
+pub(super) const PLAN_FILE: &str = "plan";
+pub(super) const CHAT_FILE: &str = "chat.raw";
+pub(super) const HISTORY_FILE: &str = "history.jsonl";
 
 /// Prefix of a session or agent directory being created (`.new-<id>-<tag>-<n>`).
 const STAGED_PREFIX: &str = ".new-";
@@ -341,14 +341,14 @@ fn unique_suffix() -> String {
 
 /// The kinds of hidden entry the store leaves behind while it works.
 #[derive(Debug, PartialEq, Eq)]
-enum Hidden<'a> {
+pub(super) enum Hidden<'a> {
     /// A staged or tombstoned directory, with the tag of the process that made it.
     Dir(&'a str),
     /// A temp file of an atomic replace, with the tag of the process that made it.
     TempFile(&'a str),
 }
 
-fn hidden_kind(name: &str) -> Option<Hidden<'_>> {
+pub(super) fn hidden_kind(name: &str) -> Option<Hidden<'_>> {
     for prefix in [STAGED_PREFIX, TOMB_PREFIX] {
         if let Some(rest) = name.strip_prefix(prefix) {
             let (id, rest) = rest.split_at_checked(36)?;
@@ -988,7 +988,7 @@ fn cut_torn_tail(file: &File, path: &Path) -> Result<(), StoreError> {
     file.sync_all().map_err(io_err("sync", path))
 }
 
-fn parse_history(path: &Path, data: &[u8]) -> (Vec<serde_json::Value>, Vec<Problem>) {
+pub(super) fn parse_history(path: &Path, data: &[u8]) -> (Vec<serde_json::Value>, Vec<Problem>) {
     let mut values = Vec::new();
     let mut problems = Vec::new();
     let mut lines = data.split(|b| *b == b'\n').peekable();
@@ -1020,7 +1020,7 @@ fn parse_history(path: &Path, data: &[u8]) -> (Vec<serde_json::Value>, Vec<Probl
 }
 
 /// Reads and decodes a record; the [`Problem`] says why `what` is skipped.
-fn read_record<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T, Problem> {
+pub(super) fn read_record<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T, Problem> {
     let data = fs::read(path).map_err(|e| {
         if e.kind() == ErrorKind::NotFound {
             Problem::new(path, format!("missing; {what} skipped"))
