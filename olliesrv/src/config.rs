@@ -6,7 +6,8 @@
 //! error names the file and the key path and fits on one line.
 //!
 //! Top-level keys of `config.toml`: `default_backend`, `[backends.NAME]`, `[remotes.NAME]`,
-//! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, `beads_dir` (the
+//! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, `toolsrv_liveness_s`
+//! (how long a session's toolsrv may leave a liveness check unanswered; 0: no check), `beads_dir` (the
 //! bead registry of the session and agent namespaces, an absolute path; default
 //! `$XDG_DATA_HOME/ollie/beads`, else `~/.local/share/ollie/beads`; see [`crate::state::ns`]), and
 //! `operators` (who else attaches as the owner: user names, and `@group` for the members of a
@@ -156,6 +157,9 @@ pub struct Price {
 
 /// How long an escalation request waits for the operator by default (10 minutes).
 pub const DEFAULT_BYPASS_TIMEOUT_S: u64 = 600;
+
+/// How long a toolsrv may leave a liveness check unanswered by default.
+pub const DEFAULT_TOOLSRV_LIVENESS_S: u64 = 10;
 
 /// The default fraction of the context window at which a conversation is compacted.
 pub const DEFAULT_COMPACT_AT: f64 = 0.8;
@@ -309,6 +313,9 @@ pub struct Config {
     pub compact_at: f64,
     /// How long an escalation request waits for the operator before it is denied.
     pub bypass_timeout_s: u64,
+    /// How long a session's toolsrv may leave a liveness check unanswered before the
+    /// session shows it as unresponsive (`toolsrv_liveness_s`; `None`: not checked).
+    pub toolsrv_liveness: Option<std::time::Duration>,
     /// The bead registry (`beads_dir`, absolute); `None`: `ollie_beads::Registry::from_env`.
     pub beads_dir: Option<PathBuf>,
     /// Besides the server's own user and root, who attaches as the owner (the operator).
@@ -376,6 +383,7 @@ struct RawConfig {
     cost_cap_usd: Option<f64>,
     compact_at: Option<f64>,
     bypass_timeout_s: Option<i64>,
+    toolsrv_liveness_s: Option<i64>,
     beads_dir: Option<PathBuf>,
     #[serde(default)]
     operators: Vec<String>,
@@ -774,6 +782,7 @@ impl Config {
             cost_cap_usd: None,
             compact_at: DEFAULT_COMPACT_AT,
             bypass_timeout_s: DEFAULT_BYPASS_TIMEOUT_S,
+            toolsrv_liveness: Some(std::time::Duration::from_secs(DEFAULT_TOOLSRV_LIVENESS_S)),
             beads_dir: None,
             operators: Vec::new(),
             skill_paths: None,
@@ -1088,6 +1097,17 @@ impl Config {
                 ));
             }
         };
+        let toolsrv_liveness = match raw.toolsrv_liveness_s {
+            None => Some(std::time::Duration::from_secs(DEFAULT_TOOLSRV_LIVENESS_S)),
+            Some(0) => None,
+            Some(n @ 1..=3600) => Some(std::time::Duration::from_secs(n as u64)),
+            Some(n) => {
+                return Err(invalid(
+                    "toolsrv_liveness_s".into(),
+                    format!("{n} is out of range (seconds, 1..=3600, or 0 for no check)"),
+                ));
+            }
+        };
         if let Some(d) = &raw.beads_dir
             && !d.is_absolute()
         {
@@ -1117,6 +1137,7 @@ impl Config {
             cost_cap_usd: raw.cost_cap_usd,
             compact_at,
             bypass_timeout_s,
+            toolsrv_liveness,
             beads_dir: raw.beads_dir,
             operators,
             skill_paths,
@@ -1483,7 +1504,23 @@ mod tests {
             (d.cost_cap_usd, d.compact_at, d.bypass_timeout_s),
             (None, DEFAULT_COMPACT_AT, DEFAULT_BYPASS_TIMEOUT_S)
         );
+        assert_eq!(
+            parse("toolsrv_liveness_s = 3").unwrap().toolsrv_liveness,
+            Some(std::time::Duration::from_secs(3))
+        );
+        assert_eq!(
+            parse("toolsrv_liveness_s = 0").unwrap().toolsrv_liveness,
+            None
+        );
+        assert_eq!(
+            d.toolsrv_liveness,
+            Some(std::time::Duration::from_secs(DEFAULT_TOOLSRV_LIVENESS_S))
+        );
         for (text, want) in [
+            (
+                "toolsrv_liveness_s = -1",
+                "toolsrv_liveness_s: -1 is out of range",
+            ),
             (
                 "cost_cap_usd = 0.0",
                 "cost_cap_usd: 0 is not a positive amount",

@@ -125,6 +125,16 @@ impl Conn {
     }
 
     /// Writes one command to toolsrv's `ctl` as the operator.
+    /// One round trip that toolsrv answers without doing anything (a Tstat of the
+    /// operator's root): whether it is alive.
+    pub async fn ping(&self) -> Result<(), String> {
+        self.operator
+            .stat()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("toolsrv: {e}"))
+    }
+
     pub async fn ctl(&self, cmd: &str) -> Result<(), String> {
         let mut f = self
             .operator
@@ -211,6 +221,8 @@ pub struct ToolLink {
     running: watch::Sender<bool>,
     /// How many times toolsrv was started.
     pub starts: Mutex<u64>,
+    /// While the link is up but toolsrv leaves a liveness check unanswered: why.
+    unresponsive: watch::Sender<Option<String>>,
 }
 
 impl Default for ToolLink {
@@ -226,6 +238,7 @@ impl ToolLink {
             stop: watch::Sender::new(false),
             running: watch::Sender::new(false),
             starts: Mutex::new(0),
+            unresponsive: watch::Sender::new(None),
         }
     }
 
@@ -233,15 +246,40 @@ impl ToolLink {
         self.state.borrow().clone()
     }
 
-    /// `toolsrv=STATE` and, while it is not up, `toolsrv_reason=WHY` (one line), as the
-    /// session's `cfg` and `ctl status` show them.
+    /// The state's name, or `unresponsive` while it is up but does not answer.
+    pub fn state_name(&self) -> &'static str {
+        let st = self.state();
+        if matches!(st, LinkState::Up(_)) && self.unresponsive.borrow().is_some() {
+            return "unresponsive";
+        }
+        st.name()
+    }
+
+    /// `toolsrv=STATE` ([`ToolLink::state_name`]) and, while it is not up, or up but not
+    /// answering, `toolsrv_reason=WHY` (one line), as the session's `cfg` and `ctl status`
+    /// show them.
     pub fn status_lines(&self) -> String {
         let st = self.state();
-        let mut out = format!("toolsrv={}\n", st.name());
-        if let LinkState::Restarting(r) | LinkState::Failed(r) = &st {
+        let mut out = format!("toolsrv={}\n", self.state_name());
+        let why = match &st {
+            LinkState::Restarting(r) | LinkState::Failed(r) => Some(r.clone()),
+            LinkState::Up(_) => self.unresponsive.borrow().clone(),
+            _ => None,
+        };
+        if let Some(r) = why {
             out.push_str(&format!("toolsrv_reason={}\n", r.replace('\n', " ")));
         }
         out
+    }
+
+    /// Marks the link as not answering (`Some(why)`) or answering again (`None`); whether
+    /// that changed anything.
+    pub(crate) fn set_unresponsive(&self, why: Option<String>) -> bool {
+        self.unresponsive.send_if_modified(|w| {
+            let changed = w.is_some() != why.is_some();
+            *w = why;
+            changed
+        })
     }
 
     /// The connection, waiting up to `wait` for one.

@@ -436,7 +436,10 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
             r = &mut waiter => End::Exited(r),
             () = conn.client.closed() => End::LinkClosed,
             _ = stop.wait_for(|s| *s) => End::Stop,
+            never = watch_liveness(&s, &reg, &conn, pid) => match never {},
         };
+        // Whatever ended the link, its liveness is no longer in question.
+        link.set_unresponsive(None);
         let (r, lost) = match end {
             End::Stop => {
                 // The session was killed: closing the link ends toolsrv (and every tool,
@@ -501,6 +504,48 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
     link.set_state(LinkState::Stopped);
+}
+
+/// Checks forever that the toolsrv behind `conn` answers: a [`Conn::ping`] every half of
+/// `toolsrv_liveness_s` (at most every second). One left unanswered that long marks the
+/// session's toolsrv `unresponsive` (`toolsrv-unresponsive` event; a stopped or wedged
+/// process, which olliesrv leaves alone: SIGCONT it, or kill it to have it restarted); its
+/// answer, when it comes, marks it up again (`toolsrv-responsive`).
+async fn watch_liveness(
+    s: &Session,
+    reg: &Registry,
+    conn: &Conn,
+    pid: u32,
+) -> std::convert::Infallible {
+    loop {
+        let Some(bound) = reg.config().toolsrv_liveness else {
+            // Not checked; the configuration may change at the next invalidate.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            continue;
+        };
+        tokio::time::sleep((bound / 2).max(Duration::from_secs(1))).await;
+        let ping = conn.ping();
+        tokio::pin!(ping);
+        if tokio::time::timeout(bound, &mut ping).await.is_ok() {
+            continue;
+        }
+        let why = format!(
+            "toolsrv (pid {pid}) has not answered for {} s (stopped or wedged: SIGCONT it, or kill it to have it restarted)",
+            bound.as_secs()
+        );
+        tracing::warn!(session = %s.id, pid, "toolsrv does not answer");
+        s.link.set_unresponsive(Some(why.clone()));
+        let mut fields = who(s, s.remote.as_deref());
+        fields.push(("pid", Value::from(pid)));
+        fields.push(("reason", Value::from(why)));
+        reg.events.emit("toolsrv-unresponsive", ev(&fields));
+        if ping.await.is_ok() && s.link.set_unresponsive(None) {
+            tracing::info!(session = %s.id, pid, "toolsrv answers again");
+            let mut fields = who(s, s.remote.as_deref());
+            fields.push(("pid", Value::from(pid)));
+            reg.events.emit("toolsrv-responsive", ev(&fields));
+        }
+    }
 }
 
 /// Connects to a started toolsrv and attaches as the operator, within [`REMOTE_CONNECT`] or

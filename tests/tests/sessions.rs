@@ -1697,6 +1697,62 @@ async fn a_killed_toolsrv_is_restarted() {
     assert!(info.contains("platform=linux"), "{info}");
 }
 
+/// A stopped toolsrv (SIGSTOP) is noticed within `toolsrv_liveness_s`, shown as
+/// `unresponsive` with the reason, and up again after SIGCONT; killed while stopped, it is
+/// restarted and the new one is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_toolsrv_is_shown_unresponsive_and_recovers() {
+    let srv = Srv::start(&format!("toolsrv_liveness_s = 1\n{CONFIG}"));
+    let (_c, root) = attach(&srv, &me()).await;
+    let mut ev = Events::open(&root).await;
+    let (s, sid, pid) = session_with_toolsrv(&root, &mut ev, "name=s cwd=/tmp").await;
+    wait_toolsrv_up(&root, &s).await;
+    let target = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    let cfg = format!("session/{s}/cfg");
+
+    nix::sys::signal::kill(target, Signal::SIGSTOP).expect("stop toolsrv");
+    let v = ev.until_kind("toolsrv-unresponsive", "session", &sid).await;
+    assert_eq!(v["pid"].as_u64(), Some(pid), "{v}");
+    let why = v["reason"].as_str().unwrap_or("");
+    assert!(why.contains("has not answered for 1 s"), "{v}");
+    let shown = read_all(&root, &cfg).await;
+    assert!(shown.contains("toolsrv=unresponsive\n"), "{shown}");
+    assert!(
+        shown.contains(&format!("toolsrv_reason={why}\n")),
+        "{shown}"
+    );
+    assert!(
+        idx(&root)
+            .await
+            .iter()
+            .any(|l| l[0] == s && l[3] == "unresponsive"),
+        "{:?}",
+        idx(&root).await
+    );
+
+    nix::sys::signal::kill(target, Signal::SIGCONT).expect("continue toolsrv");
+    let v = ev.until_kind("toolsrv-responsive", "session", &sid).await;
+    assert_eq!(v["pid"].as_u64(), Some(pid), "{v}");
+    let shown = read_all(&root, &cfg).await;
+    assert!(
+        shown.contains("toolsrv=up\n") && !shown.contains("toolsrv_reason="),
+        "{shown}"
+    );
+    // The same process, never restarted.
+    assert_eq!(ev.count(|e| e["event"] == "toolsrv-died"), 0);
+
+    // Stopped again, then killed: a new one is started and it is up.
+    nix::sys::signal::kill(target, Signal::SIGSTOP).expect("stop toolsrv");
+    ev.until_kind("toolsrv-unresponsive", "session", &sid).await;
+    nix::sys::signal::kill(target, Signal::SIGKILL).expect("kill toolsrv");
+    ev.until_kind("toolsrv-died", "session", &sid).await;
+    let started = ev.until_kind("toolsrv-started", "session", &sid).await;
+    assert_ne!(started["pid"].as_u64(), Some(pid), "{started}");
+    wait_toolsrv_up(&root, &s).await;
+    let shown = read_all(&root, &cfg).await;
+    assert!(shown.contains("toolsrv=up\n"), "{shown}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_kill_ends_toolsrv_state_and_fids() {
     let srv = Srv::start(CONFIG);

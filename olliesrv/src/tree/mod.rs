@@ -306,7 +306,7 @@ impl OllieFs {
                 s.name(),
                 s.id,
                 s.agents().len(),
-                s.link.state().name(),
+                s.link.state_name(),
                 s.paused()
             ));
         }

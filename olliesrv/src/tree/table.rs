@@ -227,7 +227,7 @@ pub const SESSION_FILES: &[FileDef<SFile>] = &[
         "cfg",
         SFile::Cfg,
         0o444,
-        "key=value: name, id, cwd, backend, model, profile, remote (where tools run: empty for this host), toolsrv (up, starting, restarting, failed) and toolsrv_reason while not up",
+        "key=value: name, id, cwd, backend, model, profile, remote (where tools run: empty for this host), toolsrv (up, starting, restarting, failed, unresponsive: up but not answering) and toolsrv_reason while not up",
     ),
     f(
         "ctl",
