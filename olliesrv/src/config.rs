@@ -612,6 +612,20 @@ fn read_error(path: &Path, source: std::io::Error) -> ConfigError {
     }
 }
 
+/// `toolsrv_liveness_s`: the default when unset, `None` for 0 (no check).
+fn liveness(v: Option<i64>) -> Result<Option<std::time::Duration>, String> {
+    match v {
+        None => Ok(Some(std::time::Duration::from_secs(
+            DEFAULT_TOOLSRV_LIVENESS_S,
+        ))),
+        Some(0) => Ok(None),
+        Some(n @ 1..=3600) => Ok(Some(std::time::Duration::from_secs(n as u64))),
+        Some(n) => Err(format!(
+            "{n} is out of range (seconds, 1..=3600, or 0 for no check)"
+        )),
+    }
+}
+
 fn invalid_at(path: &Path, key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         path: path.to_owned(),
@@ -1097,17 +1111,8 @@ impl Config {
                 ));
             }
         };
-        let toolsrv_liveness = match raw.toolsrv_liveness_s {
-            None => Some(std::time::Duration::from_secs(DEFAULT_TOOLSRV_LIVENESS_S)),
-            Some(0) => None,
-            Some(n @ 1..=3600) => Some(std::time::Duration::from_secs(n as u64)),
-            Some(n) => {
-                return Err(invalid(
-                    "toolsrv_liveness_s".into(),
-                    format!("{n} is out of range (seconds, 1..=3600, or 0 for no check)"),
-                ));
-            }
-        };
+        let toolsrv_liveness = liveness(raw.toolsrv_liveness_s)
+            .map_err(|m| invalid("toolsrv_liveness_s".into(), m))?;
         if let Some(d) = &raw.beads_dir
             && !d.is_absolute()
         {
