@@ -65,6 +65,10 @@ pub const ABORT_AFTER: u32 = 5;
 /// Times per turn the model is told that it wrote a tool call as text.
 const TEXT_CALL_NUDGES: u32 = 2;
 
+/// How long the worker waits before trying again to record the start of a turn that the
+/// state directory refused (full, read-only).
+const TAKE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The system prompt when the profile has none.
 const DEFAULT_SYSTEM: &str = "You are a coding agent. You work in the directory given below, through the tools you are offered; every command runs in a sandbox. Inspect before you change things, keep changes small, and say briefly what you did when you are done.";
 
@@ -75,12 +79,26 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
         if spawned {
             spawn_hooks(&reg, &a).await;
         }
+        // Whether the last attempt to start a turn could not be recorded (said once).
+        let mut refused = false;
         while reg.next_prompt(&a).await.is_some() {
             // A compaction by `ctl compact` finishes first (it holds the history).
             let history = a.history_lock.lock().await;
-            let Some(prompt) = reg.take_prompt(&a) else {
-                continue;
+            let prompt = match reg.take_prompt(&a) {
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
+                Err(e) => {
+                    if !std::mem::replace(&mut refused, true) {
+                        tracing::warn!(agent = %a.id, error = %e, "cannot record the start of the next turn; it waits, retried every second");
+                    }
+                    drop(history);
+                    tokio::time::sleep(TAKE_RETRY).await;
+                    continue;
+                }
             };
+            if std::mem::replace(&mut refused, false) {
+                tracing::info!(agent = %a.id, "the next turn could be recorded again: it starts");
+            }
             reg.state_changed(&a, AgentState::Running);
             let result = run_turn(&reg, &a, &prompt).await;
             if let Err(e) = &result {

@@ -379,14 +379,20 @@ impl Registry {
 
     /// Takes the prompt `next_prompt` returned out of the queue and marks its turn as in
     /// flight, durably (a crash from here on reports the turn as interrupted on restart
-    /// instead of running it twice).
-    pub fn take_prompt(&self, a: &Agent) -> Option<String> {
-        let p = lock(&a.queue).pop_front()?;
+    /// instead of running it twice). If that cannot be recorded (a full or read-only state
+    /// directory) the prompt goes back to the head of the queue and the error is returned:
+    /// a turn the disk still shows as queued must not run, or a crash would run it again.
+    pub fn take_prompt(&self, a: &Agent) -> Result<Option<String>, String> {
+        let Some(p) = lock(&a.queue).pop_front() else {
+            return Ok(None);
+        };
         *lock(&a.in_turn) = Some(p.clone());
         if let Err(e) = a.save() {
-            tracing::warn!(agent = %a.id, error = %e, "cannot save the agent's queue");
+            *lock(&a.in_turn) = None;
+            lock(&a.queue).push_front(p);
+            return Err(e);
         }
-        Some(p)
+        Ok(Some(p))
     }
 
     /// The turn in flight is over (its outcome is in the chat).
