@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, every unit, integration, interop and
 # escape test (sandbox suites also as an unprivileged user when run as root), a fuzz smoke
-# run, the systemd units' checks, the README's quickstart on a fresh clone and, as root, the
+# run, a one-minute soak, the systemd units' checks, the README's quickstart on a fresh clone and, as root, the
 # boot test of the Debian package. Set
 # OLLIE_TEST_REQUIRE=all to turn every "SKIP <test>: <reason>" into a failure.
 set -euo pipefail
@@ -36,6 +36,8 @@ elif [ "${OLLIE_TEST_REQUIRE:-}" = all ]; then
   echo "test.sh: not root, so the root run of the sandbox suites is missing" >&2
   exit 1
 fi
+stage "soak smoke (${SOAK_SECONDS:-60}s, debug binaries)"
+SOAK_SECONDS="${SOAK_SECONDS:-60}" cargo bench -p ollie-tests --bench soak --profile dev
 stage "fuzz (${FUZZ_SECONDS:-60}s per target)"
 scripts/fuzz.sh
 stage "systemd units (verify, exposure)"

@@ -8,9 +8,8 @@
 //! - narrowing is idempotent: a narrowed policy accepts its own layer again unchanged.
 //!
 //! The input is split at the first NUL byte: the part before is the base policy, the part
-//! after (if any) is turned into a layer. Good seeds are the shipped profiles (the corpus
-//! directory is not committed): `mkdir -p corpus/policy && cp ../packaging/policy/*.toml
-//! corpus/policy/`.
+//! after (if any) is turned into a layer. The committed corpus (`corpus/policy/`) started from
+//! the shipped profiles (`packaging/policy/*.toml`).
 //!
 //! Run with `scripts/fuzz.sh`, or `cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run policy`.
 

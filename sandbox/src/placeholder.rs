@@ -71,6 +71,9 @@ pub(crate) struct Protected {
 
 const DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY;
 
+/// How often the walk to one protected path starts over before the run is refused (`EAGAIN`).
+const MAX_ROUNDS: u32 = 64;
+
 /// The mode of a placeholder directory (sticky, read + search): the mark clean-up looks for.
 pub(crate) const PLACEHOLDER_MODE: u32 = 0o1555;
 
@@ -115,7 +118,8 @@ impl Protected {
                 path: p.clone(),
                 source,
             };
-            // A few rounds: a concurrent run may be removing a placeholder we just found.
+            // Rounds: concurrent runs on the same workspace may be creating and removing the
+            // placeholder we are after (each round is a few syscalls).
             for round in 0.. {
                 match out.walk(tree, &rel).map_err(io)? {
                     Step::Done => break,
@@ -137,7 +141,7 @@ impl Protected {
                             }
                         }
                     }
-                    Step::Retry if round < 8 => continue,
+                    Step::Retry if round < MAX_ROUNDS => continue,
                     Step::Retry => return Err(io(io::Error::from_raw_os_error(libc::EAGAIN))),
                 }
             }
@@ -156,7 +160,11 @@ impl Protected {
             match sys::lstat_at(dir.as_raw_fd(), name) {
                 Ok((_, _, _, true)) => return Ok(Step::Symlink(here)),
                 Ok((_, _, true, false)) if !last => {
-                    let next = sys::openat2_beneath(dir.as_raw_fd(), name, DIR, 0)?;
+                    let Some(next) =
+                        gone_is_retry(sys::openat2_beneath(dir.as_raw_fd(), name, DIR, 0))?
+                    else {
+                        return Ok(Step::Retry);
+                    };
                     if is_placeholder(&next) {
                         // A concurrent run's placeholder already blocks this path.
                         return self.hold(dir, name, here);
@@ -179,7 +187,11 @@ impl Protected {
                         }
                         Err(e) => return Err(e),
                     }
-                    let fd = sys::openat2_beneath(dir.as_raw_fd(), name, DIR, 0)?;
+                    let Some(fd) =
+                        gone_is_retry(sys::openat2_beneath(dir.as_raw_fd(), name, DIR, 0))?
+                    else {
+                        return Ok(Step::Retry);
+                    };
                     sys::flock(&fd, libc::LOCK_SH)?;
                     {
                         // The exact mark, whatever the umask.
@@ -207,7 +219,10 @@ impl Protected {
 
     /// Binds the existing directory `name` in `dir`, holding a shared lock on it for the run.
     fn hold(&mut self, dir: OwnedFd, name: &Path, here: PathBuf) -> io::Result<Step> {
-        let fd = sys::openat2_beneath(dir.as_raw_fd(), name, DIR, 0)?;
+        // Found a moment ago, gone now: a concurrent run removed its placeholder.
+        let Some(fd) = gone_is_retry(sys::openat2_beneath(dir.as_raw_fd(), name, DIR, 0))? else {
+            return Ok(Step::Retry);
+        };
         sys::flock(&fd, libc::LOCK_SH)?;
         let (dev, ino, nlink, _) = sys::fstat_ids(&fd)?;
         if nlink == 0 {
@@ -241,6 +256,16 @@ enum Step {
     Done,
     Retry,
     Symlink(PathBuf),
+}
+
+/// `r`, with "it is gone" (`ENOENT`: a concurrent run removed what was just found) as `None`,
+/// for the walk to start over.
+fn gone_is_retry<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 impl Drop for Protected {

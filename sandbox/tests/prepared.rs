@@ -792,3 +792,39 @@ fn placeholders_exist_only_while_a_prepared_call_runs() {
     assert!(!w.join(".git/new").exists());
     assert_eq!(listing(&w), [".envrc", ".git", "made.txt"]);
 }
+
+/// Calls of several prepared sandboxes (several sessions) on one workspace at once: every one
+/// runs (no "cannot prepare protected path" while another call creates or removes the same
+/// placeholder), each is denied the protected paths, and none is left behind.
+#[test]
+fn concurrent_calls_on_one_workspace_share_its_placeholders() {
+    if !features_ok("concurrent_calls_on_one_workspace_share_its_placeholders") {
+        return;
+    }
+    let ws = std::sync::Arc::new(Ws::new("shared-islands"));
+    let w = ws.0.join("w");
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let ws = std::sync::Arc::clone(&ws);
+            std::thread::spawn(move || {
+                let sb = ws.prepare(&policy("workspace", "timeout_seconds = 20"));
+                for i in 0..60 {
+                    let o = sb
+                        .run(&ws.req(&["bash", "-c", "echo x > .envrc 2>/dev/null; echo envrc=$?"]))
+                        .unwrap_or_else(|e| panic!("thread {t}, call {i}: {e}"));
+                    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+                    assert_eq!(o.record.exit.status, 0, "thread {t}, call {i}: {out}");
+                    assert!(!out.contains("envrc=0"), "thread {t}, call {i}: {out}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let left: Vec<_> = std::fs::read_dir(&w)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the workspace: {left:?}");
+}

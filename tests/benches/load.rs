@@ -26,6 +26,7 @@ use ollie_p9::client::Call;
 use ollie_p9::dial::Addr;
 use ollie_p9::wire::om;
 use ollie_p9::{Client, Fid};
+use ollie_testkit::server::{children_named, status_kib};
 
 fn bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("OLLIE_BIN_DIR") {
@@ -33,44 +34,6 @@ fn bin_dir() -> PathBuf {
     }
     let exe = std::env::current_exe().unwrap();
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
-
-/// Direct children of `pid` named `name`.
-fn children_named(pid: u32, name: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid …
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let comm = stat[..close].split_once('(').map_or("", |x| x.1);
-        let ppid: u32 = stat[close + 2..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if ppid == pid && comm == name {
-            out.push(p);
-        }
-    }
-    out
 }
 
 async fn rdwr(root: &Fid, path: &str, data: &str) -> String {

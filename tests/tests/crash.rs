@@ -10,7 +10,7 @@
 //!   after it whose reply was lost to the kill;
 //! - no history line is torn except an interrupted last append, none is duplicated;
 //! - no tool call ran twice: every call appends a token, issued once by the model stand-in
-//!   below, to a canary file in the workspace;
+//!   (`ollie_testkit::model`), to a canary file in the workspace;
 //! - a turn in flight at the kill is reported as interrupted in the agent's chat;
 //! - `olliesrv --check-state` finds no problem;
 //! - every toolsrv of the killed server exits.
@@ -26,7 +26,6 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,112 +34,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use ollie_p9::Fid;
 use ollie_testkit::client::{rdwr_text, read_text, write_text};
-use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-// ---------------------------------------------------------------------------------------------
-// The model: an Ollama-speaking stand-in that answers a user prompt with one tool call carrying
-// a fresh token, and a tool result with a final answer.
-
-/// Tokens handed out so far (token `n` for n in 1..=issued).
-#[derive(Debug, Default)]
-struct Model {
-    issued: AtomicU64,
-}
-
-/// Starts the model on 127.0.0.1; its base URL. `canary` is the file each tool call appends to.
-async fn start_model(canary: PathBuf) -> (String, Arc<Model>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    let model = Arc::new(Model::default());
-    let m = Arc::clone(&model);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let m = Arc::clone(&m);
-            let canary = canary.clone();
-            tokio::spawn(async move {
-                let Some((head, body)) = read_request(&mut s).await else {
-                    return;
-                };
-                let reply = answer(&m, &canary, &head, &body);
-                let _ = s.write_all(reply.as_bytes()).await;
-                let _ = s.shutdown().await;
-            });
-        }
-    });
-    (url, model)
-}
-
-/// One HTTP/1.1 request: its head and body (by Content-Length).
-async fn read_request(s: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = s.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = buf[end..].to_vec();
-    while body.len() < len {
-        let n = s.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Some((head, body))
-}
-
-fn answer(m: &Model, canary: &Path, head: &str, body: &[u8]) -> String {
-    let ok = |ct: &str, b: String| {
-        format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nConnection: close\r\n\r\n{b}")
-    };
-    if head.starts_with("GET /api/tags ") {
-        return ok(
-            "application/json",
-            json!({"models": [{"name": "m"}]}).to_string(),
-        );
-    }
-    if !head.starts_with("POST /api/chat ") {
-        return "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into();
-    }
-    let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let last_role = req["messages"]
-        .as_array()
-        .and_then(|ms| ms.last())
-        .and_then(|m| m["role"].as_str())
-        .unwrap_or("")
-        .to_owned();
-    let message = if last_role == "user" {
-        let token = m.issued.fetch_add(1, Ordering::SeqCst) + 1;
-        // The pause after the append widens the window in which a kill finds the call done
-        // but its result not yet recorded: the case in which a re-run would show.
-        let code = format!("echo t{token} >> {}; sleep 0.02", canary.display());
-        json!({"role": "assistant", "content": "",
-               "tool_calls": [{"function": {"name": "execute_code",
-                                            "arguments": {"language": "bash", "code": code}}}]})
-    } else {
-        json!({"role": "assistant", "content": "done"})
-    };
-    let line = json!({"model": "m", "message": message, "done": true, "done_reason": "stop",
-                      "prompt_eval_count": 1, "eval_count": 1});
-    ok("application/x-ndjson", format!("{line}\n"))
-}
+use ollie_testkit::model::Model;
+use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // The ledger: what the client was told, and what was in flight when the server died.
@@ -245,7 +140,7 @@ struct World {
     srv: Srv,
     work: PathBuf,
     canary: PathBuf,
-    model: Arc<Model>,
+    model: Model,
     ledger: Arc<Mutex<Ledger>>,
     rng: Rng,
 }
@@ -257,11 +152,14 @@ impl World {
         std::fs::create_dir(&work).unwrap();
         let work = std::fs::canonicalize(&work).unwrap();
         let canary = work.join("canary");
-        let (url, model) = start_model(canary.clone()).await;
-        let config = format!(
-            "default_backend = \"fake\"\n\n[backends.fake]\nkind = \"ollama\"\nbase_url = \"{url}\"\nmodel = \"m\"\n"
-        );
-        let srv = Srv::start_with(dir, &config, |_| {});
+        // The pause after the append widens the window in which a kill finds the call done
+        // but its result not yet recorded: the case in which a re-run would show.
+        let file = canary.clone();
+        let model = Model::start(Box::new(move |token| {
+            format!("echo t{token} >> {}; sleep 0.02", file.display())
+        }))
+        .await;
+        let srv = Srv::start_with(dir, &model.config(), |_| {});
         let w = World {
             srv,
             work,
@@ -626,7 +524,7 @@ fn check_stopped(w: &World, round: u64) -> Vec<(PathBuf, String)> {
     }
     // Every tool call ran at most once.
     let canary = std::fs::read_to_string(&w.canary).unwrap_or_default();
-    let issued = w.model.issued.load(Ordering::SeqCst);
+    let issued = w.model.issued();
     let mut tokens = BTreeSet::new();
     for line in canary.lines() {
         let n: u64 = line
@@ -696,7 +594,7 @@ async fn server_kills(n: u64, both: bool, seed: u64) {
     println!(
         "crash loop ({mode}): {n} kills survived; {} agents, {prompts} prompts acknowledged, {interrupted} turns interrupted, {} tool calls issued",
         l.agents.len(),
-        w.model.issued.load(Ordering::SeqCst)
+        w.model.issued()
     );
 }
 
@@ -781,7 +679,7 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
     }
     w.srv.kill9();
     check_stopped(&w, n);
-    let issued = w.model.issued.load(Ordering::SeqCst);
+    let issued = w.model.issued();
     let ran = std::fs::read_to_string(&w.canary)
         .unwrap_or_default()
         .lines()

@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use std::future::Future;
 use std::pin::Pin;
 
+pub(super) use super::framing::{Frame, Framer, MAX_EVENT, SseParser};
 use super::{Backend, BackendError, Event, ModelReply, ModelRequest, Sink, ToolCall, Usage};
 use crate::config::Timeouts;
 
@@ -30,8 +31,6 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest model-list reply.
 pub(super) const MAX_LIST_BODY: usize = 8 << 20;
-/// The largest single server-sent event or stream line.
-pub(super) const MAX_EVENT: usize = 8 << 20;
 /// Server messages in errors are cut to this many characters.
 pub(super) const MAX_MESSAGE_CHARS: usize = 200;
 /// The largest API key file.
@@ -522,25 +521,6 @@ impl<T: HttpApi> Backend for T {
     }
 }
 
-/// A splitter of a streamed reply into items (server-sent events, NDJSON lines).
-pub(super) trait Framer {
-    type Item;
-    /// Splits `bytes` off, pushing what is complete to `out`.
-    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Self::Item>) -> Result<(), String>;
-    /// The end of the stream: pushes what is left and still counts.
-    fn finish(&mut self, out: &mut Vec<Self::Item>) -> Result<(), String>;
-}
-
-impl Framer for SseParser {
-    type Item = Frame;
-    fn feed(&mut self, bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
-        SseParser::feed(self, bytes, out)
-    }
-    fn finish(&mut self, out: &mut Vec<Frame>) -> Result<(), String> {
-        SseParser::finish(self, out)
-    }
-}
-
 /// Reads `resp` to its end through `framer`, handing each item to `on_item` until it says
 /// the reply is done (`Ok(true)`). Read errors are classified as by [`transport`], framing
 /// errors (over-long lines or events) are transient; `on_item`'s errors are returned as is.
@@ -844,15 +824,6 @@ pub(super) fn generated_id() -> String {
     format!("call_{n:016x}")
 }
 
-/// One dispatched server-sent event.
-#[derive(Debug, PartialEq)]
-pub(super) enum Frame {
-    /// The (joined) `data:` lines of an event.
-    Data(String),
-    /// An `error:` line (llama.cpp's way of failing a started stream).
-    Error(String),
-}
-
 impl Frame {
     /// The data of an event; an `error:` line fails the stream with what `classify` makes
     /// of it: its `error` object, else the whole line (JSON, or else a string).
@@ -868,91 +839,6 @@ impl Frame {
                 Err(classify(&err))
             }
         }
-    }
-}
-
-/// Splits a byte stream into server-sent events. Never panics on input.
-#[derive(Debug, Default)]
-pub(super) struct SseParser {
-    /// The unfinished line.
-    line: Vec<u8>,
-    /// The data lines of the current event.
-    data: Option<String>,
-}
-
-impl SseParser {
-    pub(super) fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
-        while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
-            self.line.extend_from_slice(&bytes[..pos]);
-            bytes = &bytes[pos + 1..];
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line, out)?;
-        }
-        self.line.extend_from_slice(bytes);
-        if self.line.len() > MAX_EVENT {
-            return Err(format!(
-                "a stream line is longer than {} MiB",
-                MAX_EVENT >> 20
-            ));
-        }
-        Ok(())
-    }
-
-    /// The end of the stream. The standard drops an event cut off by the end; we keep one
-    /// that is nevertheless whole (`[DONE]` or a complete JSON value), since some servers
-    /// close without the final blank line.
-    pub(super) fn finish(&mut self, out: &mut Vec<Frame>) -> Result<(), String> {
-        if !self.line.is_empty() {
-            let line = std::mem::take(&mut self.line);
-            self.line_done(&line, out)?;
-        }
-        if let Some(d) = self.data.take() {
-            let t = d.trim();
-            if t == "[DONE]" || serde_json::from_str::<serde::de::IgnoredAny>(t).is_ok() {
-                out.push(Frame::Data(d));
-            }
-        }
-        Ok(())
-    }
-
-    fn line_done(&mut self, line: &[u8], out: &mut Vec<Frame>) -> Result<(), String> {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            if let Some(d) = self.data.take() {
-                out.push(Frame::Data(d));
-            }
-            return Ok(());
-        }
-        if line.starts_with(b":") {
-            return Ok(());
-        }
-        let line = String::from_utf8_lossy(line);
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line.as_ref(), ""),
-        };
-        match field {
-            "data" => {
-                let data = match &mut self.data {
-                    Some(d) => {
-                        // A further data line of the same event.
-                        d.push('\n');
-                        d
-                    }
-                    None => self.data.insert(String::new()),
-                };
-                data.push_str(value);
-                if data.len() > MAX_EVENT {
-                    return Err(format!(
-                        "a stream event is longer than {} MiB",
-                        MAX_EVENT >> 20
-                    ));
-                }
-            }
-            "error" => out.push(Frame::Error(value.to_owned())),
-            _ => {}
-        }
-        Ok(())
     }
 }
 

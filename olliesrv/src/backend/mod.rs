@@ -9,6 +9,7 @@
 //! `anthropic` and `ollama` speak their HTTP streaming APIs.
 
 pub mod anthropic;
+mod framing;
 pub(crate) mod http;
 pub mod ollama;
 pub mod openai;

@@ -52,9 +52,10 @@ use ollie_link::text::{clip, one_line};
 use reqwest::{Response, Url};
 use serde_json::{Map, Value, json};
 
+use super::framing::LineSplitter;
 use super::http::{
-    self, ApiKey, Conn, Endpoint, Framer, HttpApi, MAX_EVENT, MAX_MESSAGE_CHARS, classify_http,
-    error_fields, generated_id, mentions_context, parse_arguments, read_capped, retry_after,
+    self, ApiKey, Conn, Endpoint, HttpApi, MAX_MESSAGE_CHARS, classify_http, error_fields,
+    generated_id, mentions_context, parse_arguments, read_capped, retry_after,
 };
 use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
 
@@ -299,48 +300,6 @@ fn tool_name<'a>(id: &str, earlier: &'a [Message]) -> Option<&'a str> {
         .map(|c| c.name.as_str())
 }
 
-/// Splits a byte stream into lines (without the `\n`). Never panics on input.
-#[derive(Debug, Default)]
-struct LineSplitter {
-    /// The unfinished line.
-    line: Vec<u8>,
-}
-
-impl Framer for LineSplitter {
-    type Item = Vec<u8>;
-
-    fn feed(&mut self, mut bytes: &[u8], out: &mut Vec<Vec<u8>>) -> Result<(), String> {
-        while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
-            self.line.extend_from_slice(&bytes[..pos]);
-            bytes = &bytes[pos + 1..];
-            self.check_len()?;
-            out.push(std::mem::take(&mut self.line));
-        }
-        self.line.extend_from_slice(bytes);
-        self.check_len()
-    }
-
-    /// The end of the stream: a last line without its `\n` still counts.
-    fn finish(&mut self, out: &mut Vec<Vec<u8>>) -> Result<(), String> {
-        if !self.line.is_empty() {
-            out.push(std::mem::take(&mut self.line));
-        }
-        Ok(())
-    }
-}
-
-impl LineSplitter {
-    fn check_len(&self) -> Result<(), String> {
-        if self.line.len() > MAX_EVENT {
-            return Err(format!(
-                "a stream line is longer than {} MiB",
-                MAX_EVENT >> 20
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// What a stream has said so far.
 #[derive(Debug, Default)]
 struct StreamState {
@@ -481,6 +440,7 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::backend::ToolSpec;
+    use crate::backend::framing::{Framer, MAX_EVENT};
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::net::TcpListener;
 

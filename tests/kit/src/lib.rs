@@ -8,6 +8,7 @@
 //! - [`probe`]: what the sandbox needs and this kernel lacks, whether FUSE mounts work;
 //! - [`server`]: the built binaries, bounded client runs, servers that listen, free ports;
 //! - [`client`]: a small 9P client helper (attach, walk, read a file, write a string);
+//! - [`model`]: a model stand-in (Ollama's API) whose every turn makes one tool call;
 //! - [`toolsrv`]: the real toolsrv over a socketpair, clients attached with Tauth.
 //!
 //! It guarantees nothing to production code and is tested by the suites that use it: a helper
@@ -16,6 +17,7 @@
 
 pub mod cases;
 pub mod client;
+pub mod model;
 pub mod probe;
 pub mod server;
 pub mod toolsrv;

@@ -182,3 +182,52 @@ pub fn olliesrv_command(sock: &Path, state: &Path) -> Command {
         .stdout(Stdio::null());
     cmd
 }
+
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`, …).
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The resident set of `pid`, KiB.
+pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// How many descriptors `pid` has open.
+pub fn fd_count(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
+}
+
+/// The direct children of `pid` whose command name is `name`.
+pub fn children_named(pid: u32, name: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let comm = stat[..close].split_once('(').map_or("", |x| x.1);
+        let ppid: u32 = stat[close + 2..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if ppid == pid && comm == name {
+            out.push(p);
+        }
+    }
+    out
+}

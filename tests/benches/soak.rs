@@ -1,0 +1,413 @@
+//! Soak (not a timed assertion; it prints figures): the real olliesrv with SOAK_SESSIONS
+//! sessions (default 50, each with its real toolsrv) and SOAK_AGENTS agents (100) running
+//! turns without a pause, each turn one sandboxed tool call (the model is
+//! `ollie_testkit::model`), while SOAK_READERS blocked readers (200) sit on statewait, feed and
+//! chat, other readers come and go (open, block, flushed, clunked), and a sampler reads an
+//! agent's `stats` every 100 ms. It runs SOAK_SECONDS (default 600): a warm-up (a tenth of the
+//! run, at most 60 s), then the rest; after each, every task finishes its turn and a second
+//! passes before RSS and open descriptors are sampled, so nothing is in flight. It prints
+//! olliesrv's and every toolsrv's RSS and descriptor counts, their growth over the run (a
+//! leak: goal ≤ 5 % RSS beyond what the chats hold, no descriptor), the bytes of the agents'
+//! chats (olliesrv keeps them in memory), and the p50/p99 of the `stats` reads.
+//!
+//! ```text
+//! cargo build --release --bins && cargo bench -p ollie-tests --bench soak
+//! SOAK_SECONDS=60 cargo bench -p ollie-tests --bench soak --profile dev   # CI's smoke, debug binaries
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ollie_p9::Fid;
+use ollie_p9::dial::Addr;
+use ollie_p9::wire::om;
+use ollie_testkit::client::{dial_attach, rdwr_text, read_text, write_text};
+use ollie_testkit::model::Model;
+use ollie_testkit::server::{bin_dir, children_named, fd_count, olliesrv_command, vm_rss_kib};
+
+fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// RSS (KiB) and open descriptors of olliesrv and of each toolsrv child.
+#[derive(Debug, Clone, Default)]
+struct Sample {
+    srv_rss: u64,
+    srv_fds: u64,
+    tool_rss: Vec<u64>,
+    tool_fds: Vec<u64>,
+    /// The agents' chats, bytes (filled in by [`quiet_sample`]).
+    chat_bytes: u64,
+}
+
+fn sample(pid: u32) -> Sample {
+    let tools = children_named(pid, "toolsrv");
+    Sample {
+        srv_rss: vm_rss_kib(pid).unwrap_or(0),
+        srv_fds: fd_count(pid).unwrap_or(0),
+        tool_rss: tools.iter().filter_map(|p| vm_rss_kib(*p)).collect(),
+        tool_fds: tools.iter().filter_map(|p| fd_count(*p)).collect(),
+        chat_bytes: 0,
+    }
+}
+
+fn growth(a: u64, b: u64) -> String {
+    format!(
+        "{a} → {b} ({:+.1} %)",
+        (b as f64 - a as f64) * 100.0 / (a as f64).max(1.0)
+    )
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// One agent's turns, back to back, until `stop`: a prompt, then its `statewait` until the
+/// agent is idle again. Counts the turns that ended.
+async fn turns(root: Fid, path: String, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let mut sw = root.walk_path(&format!("{path}/statewait")).await.unwrap();
+        sw.open(om::OREAD).await.unwrap();
+        write_text(&root, &format!("{path}/prompt"), &format!("turn {n}"))
+            .await
+            .unwrap();
+        n += 1;
+        // States until idle (or error); the first read reports the change to running.
+        loop {
+            let s = String::from_utf8_lossy(&sw.read(0, 256).await.unwrap()).into_owned();
+            if s.starts_with("idle") || s.starts_with("error") {
+                break;
+            }
+        }
+        done.fetch_add(1, Ordering::Relaxed);
+        let _ = sw.clunk().await;
+    }
+}
+
+/// Readers that come and go: a blocking read of an agent's statewait, dropped (flushed)
+/// after a moment, the fid clunked.
+async fn comers(root: Fid, agents: Vec<String>, stop: Arc<AtomicBool>, count: Arc<AtomicU64>) {
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let path = &agents[i % agents.len()];
+        i += 1;
+        let mut f = root.walk_path(&format!("{path}/statewait")).await.unwrap();
+        f.open(om::OREAD).await.unwrap();
+        let call = f.read_call(0, 256).unwrap();
+        tokio::time::sleep(Duration::from_millis(20 + (i % 7) as u64 * 10)).await;
+        drop(call);
+        let _ = f.clunk().await;
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn main() {
+    let secs = env_count("SOAK_SECONDS", 600);
+    let sessions = env_count("SOAK_SESSIONS", 50).max(1);
+    let agents = env_count("SOAK_AGENTS", 100).max(sessions);
+    let readers = env_count("SOAK_READERS", 200);
+    let dir = bin_dir();
+    for b in ["olliesrv", "toolsrv"] {
+        if !dir.join(b).is_file() {
+            eprintln!(
+                "soak: {} not found; run `cargo build --release --bins` first (or set OLLIE_BIN_DIR)",
+                dir.join(b).display()
+            );
+            std::process::exit(2);
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(soak(tmp.path(), &work, secs, sessions, agents, readers));
+}
+
+async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, readers: u64) {
+    let out = work.to_path_buf();
+    let model = Model::start(Box::new(move |token| {
+        format!("echo {token} > {}/last-$RANDOM", out.display())
+    }))
+    .await;
+    let cfg = tmp.join("config.toml");
+    std::fs::write(&cfg, model.config()).unwrap();
+    let sock = tmp.join("ns").join("ollie");
+    let mut srv = olliesrv_command(&sock, &tmp.join("state"))
+        .arg("--config")
+        .arg(&cfg)
+        .env("XDG_CONFIG_HOME", tmp.join("xdg"))
+        .env("OLLIE_LOG", "warn")
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "olliesrv did not come up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = srv.id();
+    let addr = Addr::Unix(sock.clone());
+    let user = ollie_p9::dial::current_user();
+    let (_c, root) = dial_attach(&addr, &user).await;
+    let first = sample(pid);
+
+    // Sessions and agents, spread evenly.
+    let mut paths = Vec::new();
+    for s in 0..sessions {
+        rdwr_text(
+            &root,
+            "session/new",
+            &format!("name=s{s} cwd={}", work.display()),
+        )
+        .await
+        .unwrap();
+    }
+    for a in 0..agents {
+        let s = a % sessions;
+        rdwr_text(
+            &root,
+            &format!("session/s{s}/agent/new"),
+            &format!("name=a{a}"),
+        )
+        .await
+        .unwrap();
+        paths.push(format!("session/s{s}/agent/a{a}"));
+    }
+    let up_by = Instant::now() + Duration::from_secs(300);
+    loop {
+        let idx = read_text(&root, "session/idx").await.unwrap();
+        if idx.lines().filter(|l| l.contains("\tup\t")).count() as u64 >= sessions {
+            break;
+        }
+        assert!(Instant::now() < up_by, "not every toolsrv came up:\n{idx}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The blocked readers, on four connections of their own.
+    let mut parked = Vec::new();
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(dial_attach(&addr, &user).await);
+    }
+    for i in 0..readers as usize {
+        let r = &conns[i % conns.len()].1;
+        let (file, off) = [("statewait", 0), ("feed", 0), ("chat", 1u64 << 40)][i % 3];
+        let mut f = r
+            .walk_path(&format!("{}/{file}", paths[i % paths.len()]))
+            .await
+            .unwrap();
+        f.open(om::OREAD).await.unwrap();
+        let call = f.read_call(off, 4096).unwrap();
+        parked.push((f, call));
+    }
+
+    // The workload in two phases, warm-up and the run, each ended by letting every task
+    // finish its turn, so that both samples are taken with nothing in flight.
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        workers.push(dial_attach(&addr, &user).await);
+    }
+    let roots: Vec<Fid> = {
+        let mut v = Vec::new();
+        for i in 0..paths.len() + 2 {
+            v.push(workers[i % workers.len()].1.clone_fid().await.unwrap());
+        }
+        v
+    };
+    let total = Duration::from_secs(secs);
+    let warm = (total / 10).min(Duration::from_secs(60));
+    let state = tmp.join("state");
+    let mut lat = Vec::new();
+    let w = phase(&root, &roots, &paths, warm, &mut lat).await;
+    let warm_s = quiet_sample(pid, &state).await;
+    let r = phase(&root, &roots, &paths, total - warm, &mut lat).await;
+    let end = quiet_sample(pid, &state).await;
+    drop(parked);
+    report(&Report {
+        secs,
+        sessions,
+        agents,
+        readers,
+        first,
+        warm: warm_s,
+        end,
+        turns: r.turns,
+        all_turns: w.turns + r.turns,
+        came: w.came + r.came,
+        tool_calls: model.issued(),
+        lat,
+        measured: total - warm,
+    });
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = tokio::task::spawn_blocking(move || srv.wait()).await;
+}
+
+/// What a phase did.
+struct Phase {
+    turns: u64,
+    came: u64,
+}
+
+/// Runs every agent's turns and two comers for `len` (then lets each finish its turn),
+/// reading a `stats` every 100 ms into `lat`.
+async fn phase(
+    root: &Fid,
+    roots: &[Fid],
+    paths: &[String],
+    len: Duration,
+    lat: &mut Vec<Duration>,
+) -> Phase {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let came = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        let r = roots[i].clone_fid().await.unwrap();
+        tasks.push(tokio::spawn(turns(
+            r,
+            p.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&done),
+        )));
+    }
+    for k in 0..2 {
+        let r = roots[paths.len() + k].clone_fid().await.unwrap();
+        tasks.push(tokio::spawn(comers(
+            r,
+            paths.to_vec(),
+            Arc::clone(&stop),
+            Arc::clone(&came),
+        )));
+    }
+    let started = Instant::now();
+    let mut i = 0usize;
+    while started.elapsed() < len {
+        let t = Instant::now();
+        let st = read_text(root, &format!("{}/stats", paths[i % paths.len()]))
+            .await
+            .unwrap();
+        assert!(st.contains("turns="), "{st}");
+        lat.push(t.elapsed());
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(120), t).await;
+    }
+    Phase {
+        turns: done.load(Ordering::Relaxed),
+        came: came.load(Ordering::Relaxed),
+    }
+}
+
+/// A sample once things have settled (a second after the workload stopped), with the bytes
+/// the agents' chats hold (`chat.raw` on disk; olliesrv keeps each chat in memory too).
+async fn quiet_sample(pid: u32, state: &Path) -> Sample {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut s = sample(pid);
+    s.chat_bytes = chat_bytes(&state.join("sessions"));
+    s
+}
+
+fn chat_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                chat_bytes(&p)
+            } else if p.file_name().is_some_and(|n| n == "chat.raw") {
+                e.metadata().map_or(0, |m| m.len())
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
+struct Report {
+    secs: u64,
+    sessions: u64,
+    agents: u64,
+    readers: u64,
+    first: Sample,
+    warm: Sample,
+    end: Sample,
+    turns: u64,
+    all_turns: u64,
+    came: u64,
+    tool_calls: u64,
+    lat: Vec<Duration>,
+    measured: Duration,
+}
+
+fn report(r: &Report) {
+    let sum = |v: &[u64]| v.iter().sum::<u64>();
+    let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+    println!(
+        "soak: {} s, {} sessions, {} agents, {} blocked readers; {} turns ({} after warm-up, {:.1}/s), {} tool calls, {} readers came and went",
+        r.secs,
+        r.sessions,
+        r.agents,
+        r.readers,
+        r.all_turns,
+        r.turns,
+        r.turns as f64 / r.measured.as_secs_f64().max(1e-9),
+        r.tool_calls,
+        r.came
+    );
+    println!(
+        "olliesrv RSS KiB: start {}, after warm-up → end {}",
+        r.first.srv_rss,
+        growth(r.warm.srv_rss, r.end.srv_rss)
+    );
+    println!(
+        "agents' chats (kept in olliesrv's memory as well as on disk), KiB: {}",
+        growth(r.warm.chat_bytes >> 10, r.end.chat_bytes >> 10)
+    );
+    println!(
+        "olliesrv fds: start {}, after warm-up → end {}",
+        r.first.srv_fds,
+        growth(r.warm.srv_fds, r.end.srv_fds)
+    );
+    println!(
+        "toolsrv ({} → {} processes) RSS KiB, sum: {}; max {} → {}",
+        r.warm.tool_rss.len(),
+        r.end.tool_rss.len(),
+        growth(sum(&r.warm.tool_rss), sum(&r.end.tool_rss)),
+        max(&r.warm.tool_rss),
+        max(&r.end.tool_rss)
+    );
+    println!(
+        "toolsrv fds, sum: {}",
+        growth(sum(&r.warm.tool_fds), sum(&r.end.tool_fds))
+    );
+    let mut lat = r.lat.clone();
+    let n = lat.len();
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    println!(
+        "stats read under the soak ({n} reads): p50 {:.0} µs, p99 {:.0} µs",
+        p50.as_secs_f64() * 1e6,
+        p99.as_secs_f64() * 1e6
+    );
+}

@@ -1,0 +1,128 @@
+//! A model stand-in speaking Ollama's API on 127.0.0.1, for suites and benches that need turns
+//! with real tool calls: a request whose last message is the user's prompt gets one
+//! `execute_code` call, with the shell code the caller makes from a fresh token (1, 2, …);
+//! a request whose last message is a tool result gets the answer `done`. `GET /api/tags`
+//! lists the one model `m`. Every reply is one NDJSON line and the connection closes.
+//! Only loopback, only this process's server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The shell code of the tool call carrying token `n`.
+pub type Code = dyn Fn(u64) -> String + Send + Sync;
+
+/// A running stand-in: its base URL (an Ollama `base_url`) and the tokens handed out.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub url: String,
+    issued: Arc<AtomicU64>,
+}
+
+impl Model {
+    /// Starts the stand-in on a free loopback port (in the current tokio runtime).
+    pub async fn start(code: Box<Code>) -> Model {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", l.local_addr().expect("local_addr"));
+        let issued = Arc::new(AtomicU64::new(0));
+        let code: Arc<Code> = Arc::from(code);
+        let (i, c) = (Arc::clone(&issued), Arc::clone(&code));
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let (i, c) = (Arc::clone(&i), Arc::clone(&c));
+                tokio::spawn(async move {
+                    let Some((head, body)) = read_request(&mut s).await else {
+                        return;
+                    };
+                    let reply = answer(&i, &*c, &head, &body);
+                    let _ = s.write_all(reply.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+        Model { url, issued }
+    }
+
+    /// How many tool calls (tokens) were handed out so far.
+    pub fn issued(&self) -> u64 {
+        self.issued.load(Ordering::SeqCst)
+    }
+
+    /// The `config.toml` that makes this the default backend `fake`.
+    pub fn config(&self) -> String {
+        format!(
+            "default_backend = \"fake\"\n\n[backends.fake]\nkind = \"ollama\"\nbase_url = \"{}\"\nmodel = \"m\"\n",
+            self.url
+        )
+    }
+}
+
+/// One HTTP/1.1 request: its head and body (by Content-Length).
+async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = buf[end..].to_vec();
+    while body.len() < len {
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some((head, body))
+}
+
+fn answer(issued: &AtomicU64, code: &Code, head: &str, body: &[u8]) -> String {
+    let ok = |ct: &str, b: String| {
+        format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nConnection: close\r\n\r\n{b}")
+    };
+    if head.starts_with("GET /api/tags ") {
+        return ok(
+            "application/json",
+            json!({"models": [{"name": "m"}]}).to_string(),
+        );
+    }
+    if !head.starts_with("POST /api/chat ") {
+        return "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into();
+    }
+    let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let last_role = req["messages"]
+        .as_array()
+        .and_then(|ms| ms.last())
+        .and_then(|m| m["role"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    let message = if last_role == "user" {
+        let token = issued.fetch_add(1, Ordering::SeqCst) + 1;
+        json!({"role": "assistant", "content": "",
+               "tool_calls": [{"function": {"name": "execute_code",
+                                            "arguments": {"language": "bash", "code": code(token)}}}]})
+    } else {
+        json!({"role": "assistant", "content": "done"})
+    };
+    let line = json!({"model": "m", "message": message, "done": true, "done_reason": "stop",
+                      "prompt_eval_count": 1, "eval_count": 1});
+    ok("application/x-ndjson", format!("{line}\n"))
+}
