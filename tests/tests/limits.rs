@@ -1,7 +1,8 @@
 //! Per-connection limits and pre-authentication denial of service, against the real olliesrv
 //! (and toolsrv's link): Tauth floods keep memory bounded, a connection that never attaches is
 //! closed, connection caps refuse the excess while an attached client keeps working, running
-//! out of file descriptors neither spins nor floods the log, and toolsrv caps fids.
+//! out of file descriptors neither spins nor floods the log, toolsrv caps fids, and a client
+//! that stops reading its replies does not hold up another.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -408,4 +409,75 @@ fn toolsrv_caps_fids_on_its_link() {
         within("open", info.open(om::OREAD)).await.unwrap();
         assert!(!within("read", info.read(0, 4096)).await.unwrap().is_empty());
     });
+}
+
+/// One timed read of `help` (walk, open, read, clunk) on `r`.
+fn timed_read(r: &mut Raw, fid: u32) -> Duration {
+    let t = Instant::now();
+    stats_ok(r, fid);
+    t.elapsed()
+}
+
+fn p(v: &mut [Duration], q: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// A client that sends reads and never takes their replies (its socket buffers fill, the
+/// server cannot write to it) does not hold up another client: every read of the other one
+/// is answered (each bounded by the raw client's timeout), and the figures are printed
+/// against the same reads before the stuck client appeared. No timing is asserted.
+#[test]
+fn a_client_that_stops_reading_does_not_stall_others() {
+    let srv = start("requests_per_connection = 64", None);
+    let mut other = Raw::session(&srv.sock);
+    let base: Vec<Duration> = (0..100).map(|_| timed_read(&mut other, 7)).collect();
+
+    let mut stuck = Raw::session(&srv.sock);
+    stuck.walk(2, 0, 1, &["help"]);
+    stuck.open(3, 1, om::OREAD);
+    stuck.s.set_nonblocking(true).unwrap();
+    let mut sent = 0u32;
+    let mut blocked = false;
+    while sent < 1_000_000 {
+        let tag = u16::try_from(10 + sent % 60_000).unwrap();
+        let f = frame(
+            tag,
+            &Tmsg::Read {
+                fid: 1,
+                offset: 0,
+                count: 8192,
+            },
+        );
+        match stuck.s.write(&f) {
+            Ok(n) if n == f.len() => sent += 1,
+            // Part of a frame went out, or none: the server has stopped reading from it.
+            Ok(_) => {
+                blocked = true;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                blocked = true;
+                break;
+            }
+            Err(e) => panic!("stuck client: {e}"),
+        }
+    }
+    assert!(
+        blocked,
+        "the server kept reading {sent} requests whose replies nobody takes"
+    );
+
+    let mut during: Vec<Duration> = (0..100).map(|_| timed_read(&mut other, 7)).collect();
+    let mut base = base;
+    println!(
+        "reads of another client: alone p50 {:?} p99 {:?}; beside a client stuck after {sent} unread requests p50 {:?} p99 {:?}",
+        p(&mut base, 0.5),
+        p(&mut base, 0.99),
+        p(&mut during, 0.5),
+        p(&mut during, 0.99)
+    );
+    // The stuck client going away frees its connection; the server serves on.
+    drop(stuck);
+    stats_ok(&mut Raw::session(&srv.sock), 7);
 }
