@@ -149,6 +149,7 @@ pub use ollie_link::error_chain;
 
 /// `olliesrv --check-config`.
 pub use check::{Report as ConfigReport, check as check_config};
+/// `olliesrv --check-state DIR`.
 pub use state::check::{Report as StateReport, check as check_state};
 
 /// The default listen address: `unix!$NAMESPACE/ollie`.

@@ -294,6 +294,15 @@ fn check_ns(path: &Path, r: &mut Report) {
 
 /// A directory entry with no place in the layout: a crash's leftover or a problem.
 fn unexpected(name: Option<&str>, path: &Path, what: &str, r: &mut Report) {
+    // The bead namespace's own atomic save ([`ollie_beads::Namespace::save`]), cleaned by
+    // its restore ([`crate::state::ns`]).
+    if name.is_some_and(|n| n.starts_with(&format!(".{NS_FILE}.tmp-"))) {
+        r.leftover(
+            path,
+            "a temp file an interrupted namespace save left (deleted at start)",
+        );
+        return;
+    }
     match name.and_then(hidden_kind) {
         Some(Hidden::Dir(_)) => r.leftover(
             path,
@@ -449,11 +458,12 @@ mod tests {
             .unwrap();
         std::io::Write::write_all(&mut h, b"{\"role\": \"us").unwrap();
         fs::write(a.join(".agent.json.tmp-1x0-3"), b"{").unwrap();
+        fs::write(a.join(".ns.json.tmp-f634460fbd6cfd09"), b"{").unwrap();
         let staged = s.dir().join("sessions").join(format!(".new-{S1}-1x0-4"));
         fs::create_dir(&staged).unwrap();
         let r = check(s.dir());
         assert_eq!(r.problems(), 0, "{}", r.text());
-        assert_eq!(r.findings.len(), 3, "{}", r.text());
+        assert_eq!(r.findings.len(), 4, "{}", r.text());
         assert!(r.findings.iter().all(|f| f.leftover));
         assert!(
             r.text().contains("torn last line (12 bytes"),
