@@ -124,7 +124,6 @@ impl Conn {
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
 
-    /// Writes one command to toolsrv's `ctl` as the operator.
     /// One round trip that toolsrv answers without doing anything (a Tstat of the
     /// operator's root): whether it is alive.
     pub async fn ping(&self) -> Result<(), String> {
@@ -135,6 +134,7 @@ impl Conn {
             .map_err(|e| format!("toolsrv: {e}"))
     }
 
+    /// Writes one command to toolsrv's `ctl` as the operator.
     pub async fn ctl(&self, cmd: &str) -> Result<(), String> {
         let mut f = self
             .operator

@@ -235,6 +235,9 @@ async fn a_full_or_read_only_state_directory_refuses_writes_and_recovers() {
     srv.relaunch(|_| {});
     let (_c, root) = attach(&srv, &me()).await;
     reads_served(&root).await;
+    // A refused prompt was not queued: no turn ever ran for it.
+    let log = read_text(&root, "session/s/agent/a/log").await.unwrap();
+    assert!(!log.contains("never queued"), "{log}");
     drop(srv);
     drop(fs);
 }

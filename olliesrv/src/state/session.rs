@@ -354,10 +354,14 @@ impl Agent {
             if q.len() >= MAX_QUEUE {
                 return Err(format!("too many queued prompts (limit {MAX_QUEUE})"));
             }
-            q.push_back(prompt);
+            q.push_back(prompt.clone());
         }
         if let Err(e) = self.save() {
-            lock(&self.queue).pop_back();
+            // This prompt, not whatever a concurrent write queued after it.
+            let mut q = lock(&self.queue);
+            if let Some(i) = q.iter().rposition(|x| *x == prompt) {
+                q.remove(i);
+            }
             return Err(e);
         }
         self.queue_bell.notify_one();
