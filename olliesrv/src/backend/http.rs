@@ -953,14 +953,20 @@ mod tests {
         assert!(matches!(r, Err(BackendError::Fatal(m)) if m == "no"));
     }
 
-    /// A connection to `url` under timeouts of `secs` seconds each.
-    fn conn(url: &str, secs: u64) -> Conn {
-        let d = Duration::from_secs(secs);
-        let t = Timeouts {
-            connect: d,
-            first_byte: d,
-            idle: d,
-        };
+    /// Timeouts of 60 s but for the one named (`connect`, `first_byte`, `idle`): 1 s, so
+    /// that only it can end a request.
+    fn only(which: &str) -> Timeouts {
+        let (one, long) = (Duration::from_secs(1), Duration::from_secs(60));
+        let pick = |w: &str| if w == which { one } else { long };
+        Timeouts {
+            connect: pick("connect"),
+            first_byte: pick("first_byte"),
+            idle: pick("idle"),
+        }
+    }
+
+    /// A connection to `url` under `t`.
+    fn conn_with(url: &str, t: Timeouts) -> Conn {
         let cfg = crate::config::Backend {
             kind: crate::config::BackendKind::OpenAi,
             base_url: Some(url.into()),
@@ -1002,7 +1008,7 @@ mod tests {
     #[tokio::test]
     async fn a_peer_that_never_answers_runs_out_of_first_byte_timeout() {
         let url = stalling_peer(b"").await;
-        let c = conn(&url, 1);
+        let c = conn_with(&url, only("first_byte"));
         let m = transient(c.send(c.post("/x", SSE, "{}".into())).await);
         assert_eq!(
             m,
@@ -1013,7 +1019,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
         )
         .await;
-        let c = conn(&url, 1);
+        let c = conn_with(&url, only("first_byte"));
         let r = c.stream_sse(c.post("/x", SSE, "{}".into()), None, |_| Ok(false));
         let m = transient(r.await);
         assert_eq!(
@@ -1028,7 +1034,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n",
         )
         .await;
-        let c = conn(&url, 1);
+        let c = conn_with(&url, only("idle"));
         let mut frames = Vec::new();
         let r = c.stream_sse(c.post("/x", SSE, "{}".into()), None, |f| {
             frames.push(f);
@@ -1060,7 +1066,9 @@ mod tests {
             queued.push(s);
             assert!(queued.len() < 64, "the accept queue never filled");
         }
-        let c = conn(&format!("http://{target}"), 1);
+        // The first-byte bound runs from the request's start: well behind, so that only the
+        // connect timeout can end it.
+        let c = conn_with(&format!("http://{target}"), only("connect"));
         let m = transient(c.send(c.post("/x", SSE, "{}".into())).await);
         assert_eq!(
             m,
