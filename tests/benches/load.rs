@@ -26,7 +26,7 @@ use ollie_p9::client::Call;
 use ollie_p9::dial::Addr;
 use ollie_p9::wire::om;
 use ollie_p9::{Client, Fid};
-use ollie_testkit::server::{children_named, status_kib};
+use ollie_testkit::server::{children_named, percentile as pct, status_kib};
 
 fn bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("OLLIE_BIN_DIR") {
@@ -57,11 +57,6 @@ async fn stats_read(root: &Fid, path: &str) -> Duration {
     assert!(String::from_utf8_lossy(&b).contains("tokens_in="));
     f.clunk().await.unwrap();
     t.elapsed()
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// The number in variable `name`, else `default`.

@@ -26,7 +26,9 @@ use ollie_p9::dial::Addr;
 use ollie_p9::wire::om;
 use ollie_testkit::client::{dial_attach, rdwr_text, read_text, write_text};
 use ollie_testkit::model::Model;
-use ollie_testkit::server::{bin_dir, children_named, fd_count, olliesrv_command, vm_rss_kib};
+use ollie_testkit::server::{
+    bin_dir, children_named, fd_count, olliesrv_command, percentile as pct, vm_rss_kib,
+};
 
 fn env_count(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -62,14 +64,6 @@ fn growth(a: u64, b: u64) -> String {
         "{a} → {b} ({:+.1} %)",
         (b as f64 - a as f64) * 100.0 / (a as f64).max(1.0)
     )
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// One agent's turns, back to back, until `stop`: a prompt, then its `statewait` until the

@@ -36,6 +36,7 @@ use nix::unistd::Pid;
 use ollie_p9::Fid;
 use ollie_testkit::client::{rdwr_text, read_text, write_text};
 use ollie_testkit::model::Model;
+use ollie_testkit::server::children_named;
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
@@ -205,32 +206,12 @@ impl World {
 
     /// The pids of the server's toolsrv children.
     fn toolsrv_pids(&self) -> Vec<i32> {
-        children(self.srv.pid().as_raw())
+        let pid = u32::try_from(self.srv.pid().as_raw()).unwrap();
+        children_named(pid, "toolsrv")
             .into_iter()
-            .filter(|p| comm(*p).starts_with("toolsrv"))
+            .map(|p| i32::try_from(p).unwrap())
             .collect()
     }
-}
-
-fn children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let p = t.path().join("children");
-        if let Ok(s) = std::fs::read_to_string(p) {
-            out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
-        }
-    }
-    out
-}
-
-fn comm(pid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
 }
 
 /// Whether `pid` has ended (gone, or a zombie nobody reaped yet).

@@ -83,6 +83,17 @@ fn can_mount() -> bool {
     ok
 }
 
+/// Whether the test can mount its tmpfs; if not, the SKIP line (a failure under
+/// OLLIE_TEST_REQUIRE=all).
+fn mount_or_skip() -> bool {
+    can_mount()
+        || ollie_testkit::skip_or_fail(
+            "diskfull",
+            "cannot mount a tmpfs (needs root)",
+            "diskfull: cannot mount a tmpfs for the state directory (needs root)",
+        )
+}
+
 /// Fills the filesystem of `dir` with `dir/filler` until it is full.
 fn fill(dir: &Path) -> PathBuf {
     use std::io::Write;
@@ -171,12 +182,7 @@ async fn reads_served(root: &Fid) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_or_read_only_state_directory_refuses_writes_and_recovers() {
-    if !can_mount() {
-        ollie_testkit::skip_or_fail(
-            "diskfull",
-            "cannot mount a tmpfs (needs root)",
-            "diskfull: cannot mount a tmpfs for the state directory (needs root)",
-        );
+    if !mount_or_skip() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -247,12 +253,7 @@ async fn a_full_or_read_only_state_directory_refuses_writes_and_recovers() {
 /// still shows it queued); it starts once the directory is writable again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_start_cannot_be_recorded_waits_for_the_disk() {
-    if !can_mount() {
-        ollie_testkit::skip_or_fail(
-            "diskfull",
-            "cannot mount a tmpfs (needs root)",
-            "diskfull: cannot mount a tmpfs for the state directory (needs root)",
-        );
+    if !mount_or_skip() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -17,6 +17,7 @@ use bytes::BytesMut;
 use common::toolsrv::{Ts, features_ok, skip};
 use common::*;
 use ollie_p9::wire::{self, NOTAG, Rmsg, Tmsg, om};
+use ollie_testkit::server::percentile as p;
 
 /// A server with `limits` (TOML lines) as config.toml's `[limits]` and, if `tcp` is given, a
 /// TCP listener on that port.
@@ -416,11 +417,6 @@ fn timed_read(r: &mut Raw, fid: u32) -> Duration {
     let t = Instant::now();
     stats_ok(r, fid);
     t.elapsed()
-}
-
-fn p(v: &mut [Duration], q: f64) -> Duration {
-    v.sort();
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 /// A client that sends reads and never takes their replies (its socket buffers fill, the

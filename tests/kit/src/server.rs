@@ -183,6 +183,15 @@ pub fn olliesrv_command(sock: &Path, state: &Path) -> Command {
     cmd
 }
 
+/// The `q` quantile (0.0 to 1.0) of `v` (sorted in place); zero for none.
+pub fn percentile(v: &mut [Duration], q: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
 /// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`, …).
 pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
