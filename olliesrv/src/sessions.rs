@@ -52,11 +52,9 @@ impl Registry {
                 max_order = max_order.max(a.order);
                 let agent = self.build_agent(&s, &a);
                 self.restore_ns(&agent.ns);
-                agent.chat.restore(
-                    self.store
-                        .read_chat(&s.id, &agent.id, 0, la.chat_raw_len as usize)
-                        .unwrap_or_default(),
-                );
+                if let Err(e) = agent.restore_chat(la.chat_raw_len) {
+                    tracing::warn!(agent = %agent.id, error = %e, "cannot read the chat back");
+                }
                 *lock(&agent.plan) = la.plan;
                 let interrupted = lock(&agent.in_turn).take();
                 if let Some(p) = interrupted {

@@ -1,5 +1,5 @@
-//! Small helpers every floor of olliesrv uses: poison-proof locks, the clock, and the
-//! clipped quoting of user input in error messages.
+//! Small helpers every floor of olliesrv uses: poison-proof locks, disk waits off the worker
+//! threads, the clock, and the clipped quoting of user input in error messages.
 
 use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -8,6 +8,19 @@ use serde_json::{Map, Value};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs `f`, which blocks on the disk (an fsync) or on a lock held across one, without
+/// holding up the other tasks of the worker thread it runs on: on the multi-threaded runtime
+/// they move to another thread meanwhile ([`tokio::task::block_in_place`]). Elsewhere (a
+/// current-thread runtime, no runtime) `f` simply runs.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }
 
 pub(crate) fn read<T: Clone>(m: &RwLock<T>) -> T {

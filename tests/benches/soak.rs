@@ -313,7 +313,7 @@ async fn phase(
 }
 
 /// A sample once things have settled (a second after the workload stopped), with the bytes
-/// the agents' chats hold (`chat.raw` on disk; olliesrv keeps each chat in memory too).
+/// the agents' chats hold (`chat.raw` on disk; olliesrv keeps only the end of each in memory).
 async fn quiet_sample(pid: u32, state: &Path) -> Sample {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut s = sample(pid);
@@ -376,7 +376,7 @@ fn report(r: &Report) {
         growth(r.warm.srv_rss, r.end.srv_rss)
     );
     println!(
-        "agents' chats (kept in olliesrv's memory as well as on disk), KiB: {}",
+        "agents' chats on disk (olliesrv keeps only their ends in memory), KiB: {}",
         growth(r.warm.chat_bytes >> 10, r.end.chat_bytes >> 10)
     );
     println!(

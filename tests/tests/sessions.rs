@@ -918,6 +918,83 @@ async fn log_is_a_snapshot_of_at_most_64k() {
     assert!(log.ends_with("]]]\n"));
 }
 
+/// olliesrv keeps only the end of a chat in memory and reads older bytes back from
+/// `chat.raw`: a chat of several hundred KiB (with body lines that look like markers) reads
+/// back whole, in reads of any size, equal to the file on disk, before and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_chat_reads_back_whole_before_and_after_a_restart() {
+    let mut srv = Srv::start(CONFIG);
+    let (_c, root) = attach(&srv, &me()).await;
+    let s = new_session(&root, "name=s cwd=/tmp").await;
+    new_agent(&root, &s, "name=a").await;
+    let a = "session/s/agent/a";
+    let (sid, aid) = (id_of(&root, "session/s").await, id_of(&root, a).await);
+    let on_disk = srv
+        .state_dir()
+        .join("sessions")
+        .join(&sid)
+        .join("agents")
+        .join(&aid)
+        .join("chat.raw");
+    for i in 0..48 {
+        // One line of 12 KiB, then lines that look like markers.
+        let prompt = format!("{i}:{}\n]]]\n[[[x {i}\ntail\n", "y".repeat(12 * 1024));
+        write(&root, &format!("{a}/prompt"), &prompt)
+            .await
+            .expect("prompt");
+    }
+    wait_turns(&root, a, 48).await;
+    check_long_chat(&root, a, &on_disk, "running").await;
+    srv.kill9();
+    srv.relaunch(|_| {});
+    let (_c, root) = attach(&srv, &me()).await;
+    check_long_chat(&root, a, &on_disk, "restarted").await;
+    // And it goes on: a reader waiting at the end gets the next block.
+    let end = snapshot(&root, &format!("{a}/chat.raw")).await.len() as u64;
+    let r = open(&root, &format!("{a}/chat.raw"), om::OREAD).await;
+    let wait = r.read_call(end, 65536).unwrap();
+    rdwr(&root, &format!("{a}/ctl"), "inject after")
+        .await
+        .unwrap();
+    let d = data(within("reader", wait).await);
+    assert!(d.starts_with(b"[[[user injected\nafter\n"), "{d:?}");
+    check_long_chat(&root, a, &on_disk, "appended").await;
+}
+
+/// The checks of [`a_long_chat_reads_back_whole_before_and_after_a_restart`].
+async fn check_long_chat(root: &Fid, a: &str, on_disk: &std::path::Path, label: &str) {
+    let disk = String::from_utf8(std::fs::read(on_disk).unwrap()).unwrap();
+    assert!(disk.len() > 512 * 1024, "{label}: {}", disk.len());
+    let raw = snapshot(root, &format!("{a}/chat.raw")).await;
+    assert!(
+        raw == disk,
+        "{label}: chat.raw over 9P differs from the file"
+    );
+    let text = snapshot(root, &format!("{a}/chat")).await;
+    assert!(
+        text == strip_markers(&raw),
+        "{label}: chat is not chat.raw without markers"
+    );
+    assert!(text.contains("\n ]]]\n [[[x 47\ntail\n"), "{label}");
+    // Small reads from the start, through the part no longer in memory.
+    let f = open(root, &format!("{a}/chat"), om::OREAD).await;
+    let mut got = Vec::new();
+    while got.len() < 200 * 1024 {
+        let d = within("read", f.read(got.len() as u64, 777)).await.unwrap();
+        assert!(!d.is_empty() && d.len() <= 777, "{label}");
+        got.extend_from_slice(&d);
+    }
+    assert!(
+        text.as_bytes().starts_with(&got),
+        "{label}: small reads differ"
+    );
+    let log = read_all(root, &format!("{a}/log")).await;
+    assert!(
+        !log.is_empty() && raw.ends_with(&log),
+        "{label}: log is the tail"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_write_read_and_truncate() {
     let srv = Srv::start(CONFIG);

@@ -221,16 +221,18 @@ impl Bypass {
         fields.insert("event".into(), Value::from(event));
         let mut line = Value::Object(fields).to_string();
         line.push('\n');
-        let _g = lock(&self.audit);
-        let r = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&self.audit_path)
-            .and_then(|mut f| {
-                f.write_all(line.as_bytes())?;
-                f.sync_data()
-            });
+        let r = crate::util::blocking(|| {
+            let _g = lock(&self.audit);
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&self.audit_path)
+                .and_then(|mut f| {
+                    f.write_all(line.as_bytes())?;
+                    f.sync_data()
+                })
+        });
         if let Err(e) = r {
             tracing::error!(path = %self.audit_path.display(), error = %e, "cannot append to the audit log");
         }

@@ -350,10 +350,12 @@ impl NsHome {
             }
         };
         let mut f = target.open(true).map_err(|e| format!("{vp}: {e}"))?;
-        f.set_len(0)
-            .and_then(|()| f.write_all(content))
-            .and_then(|()| f.sync_all())
-            .map_err(|e| format!("{vp}: {e}"))?;
+        crate::util::blocking(|| {
+            f.set_len(0)
+                .and_then(|()| f.write_all(content))
+                .and_then(|()| f.sync_all())
+        })
+        .map_err(|e| format!("{vp}: {e}"))?;
         Ok(content.len())
     }
 }

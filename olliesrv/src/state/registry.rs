@@ -140,6 +140,17 @@ impl Registry {
         })
     }
 
+    /// Reads an agent's `chat.raw` back for its [`Chat`].
+    fn chat_reader(&self, session: &str, agent: &str) -> crate::state::chat::Reader {
+        let store = Arc::clone(&self.store);
+        let (session, agent) = (session.to_owned(), agent.to_owned());
+        Box::new(move |offset, len| {
+            store
+                .read_chat(&session, &agent, offset, len)
+                .map_err(|e| crate::error_chain(&e))
+        })
+    }
+
     pub(crate) fn build_agent(&self, s: &Arc<Session>, r: &AgentRecord) -> Arc<Agent> {
         let initial = if s.paused() {
             AgentState::Paused
@@ -183,7 +194,7 @@ impl Registry {
             queue_bell: Notify::new(),
             feed: watch::Sender::new(None),
             state: watch::Sender::new((0, initial)),
-            chat: Chat::new(),
+            chat: Chat::new(self.chat_reader(&s.id, &r.id)),
             plan: Mutex::new(Vec::new()),
             killed: watch::Sender::new(false),
             stop: watch::Sender::new(0),

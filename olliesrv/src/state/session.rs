@@ -261,7 +261,9 @@ impl Agent {
             .append(format!("{out}]]]\n").as_bytes(), out.as_bytes());
         self.store
             .append_chat(&self.session_id, &self.id, &b.raw, Sync::Now)
-            .map_err(|e| crate::error_chain(&e))
+            .map_err(|e| crate::error_chain(&e))?;
+        self.chat.made_durable(b.raw.len());
+        Ok(())
     }
 
     pub(crate) fn record(&self) -> AgentRecord {
@@ -298,10 +300,13 @@ impl Agent {
 
     /// Writes the agent's record to disk.
     pub fn save(&self) -> Result<(), String> {
-        let _order = lock(&self.saving);
-        self.store
-            .save_agent(&self.record())
-            .map_err(|e| crate::error_chain(&e))
+        // The wait for another save of this record blocks too.
+        crate::util::blocking(|| {
+            let _order = lock(&self.saving);
+            self.store
+                .save_agent(&self.record())
+                .map_err(|e| crate::error_chain(&e))
+        })
     }
 
     /// Sets the state; whether it changed.
@@ -316,6 +321,20 @@ impl Agent {
         })
     }
 
+    /// Reads the chat back from the first `len` bytes of `chat.raw` at start-up, and closes
+    /// its last block if a crash tore it (so the next block starts on a line of its own).
+    pub(crate) fn restore_chat(&self, len: u64) -> Result<(), String> {
+        self.chat.restore(len)?;
+        if let Some(end) = self.chat.unclosed() {
+            self.store
+                .append_chat(&self.session_id, &self.id, end, Sync::Now)
+                .map_err(|e| crate::error_chain(&e))?;
+            self.chat
+                .append_durable(end, &crate::state::chat::strip_markers(end));
+        }
+        Ok(())
+    }
+
     /// Appends a whole block to the chat, durably first.
     pub fn say(&self, kind: &str, attrs: &str, body: &str) -> Result<(), String> {
         self.say_sync(kind, attrs, body, Sync::Now)
@@ -323,16 +342,20 @@ impl Agent {
 
     /// [`Agent::say`], durable as `sync` says.
     /// Both are redacted ([`crate::redact`]): a tool call's arguments run as the model wrote
-    /// them, but the chat shows them without API keys.
+    /// them, but the chat shows them without API keys. A block being streamed is closed
+    /// first, so the chat and `chat.raw` hold the blocks in the same order.
     pub fn say_sync(&self, kind: &str, attrs: &str, body: &str, sync: Sync) -> Result<(), String> {
         let attrs = crate::redact::redact(attrs);
         let body = crate::redact::redact(body);
         let (raw, text) = Chat::block_bytes(kind, &attrs, &body);
+        let mut open = lock(&self.streaming);
+        let closed = open.take().map_or(Ok(()), |b| self.close_block(b));
         self.store
             .append_chat(&self.session_id, &self.id, &raw, sync)
             .map_err(|e| crate::error_chain(&e))?;
-        self.chat.append(&raw, &text);
-        Ok(())
+        self.chat.append_durable(&raw, &text);
+        drop(open);
+        closed
     }
 
     /// Queues a prompt (durably: the queue is part of the agent's record).
@@ -742,10 +765,13 @@ impl Session {
     }
 
     pub fn save(&self) -> Result<(), String> {
-        let _order = lock(&self.saving);
-        self.store
-            .save_session(&self.record())
-            .map_err(|e| crate::error_chain(&e))
+        // The wait for another save of this record blocks too.
+        crate::util::blocking(|| {
+            let _order = lock(&self.saving);
+            self.store
+                .save_session(&self.record())
+                .map_err(|e| crate::error_chain(&e))
+        })
     }
 
     /// `env`: `OLLIE_SESSION_ID`, other non-secret session facts, and the server's own

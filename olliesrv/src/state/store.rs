@@ -56,6 +56,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::util::blocking;
+
 /// Mode of every directory the store creates.
 const DIR_MODE: u32 = 0o700;
 /// Mode of every file the store creates.
@@ -417,6 +419,15 @@ fn remove_quietly(path: &Path) {
 /// Replaces `dir/name` atomically and durably. `what` names the thing `dir` is, for the
 /// error when it does not exist.
 fn write_atomic(dir: &Path, name: &str, data: &[u8], what: &'static str) -> Result<(), StoreError> {
+    blocking(|| write_atomic_now(dir, name, data, what))
+}
+
+fn write_atomic_now(
+    dir: &Path,
+    name: &str,
+    data: &[u8],
+    what: &'static str,
+) -> Result<(), StoreError> {
     let tmp = dir.join(format!(".{name}{TMP_MARKER}{}", unique_suffix()));
     let path = dir.join(name);
     if let Err(e) = write_new_file(&tmp, data) {
@@ -443,6 +454,17 @@ fn encode<T: Serialize>(value: &T, path: &Path) -> Result<Vec<u8>, StoreError> {
 /// under a hidden name and renamed into place. If `parent/id` appeared meanwhile, `file` is
 /// replaced in it instead.
 fn create_entry(
+    parent: &Path,
+    id: &str,
+    file: &str,
+    data: &[u8],
+    subdirs: &[&str],
+    what: &'static str,
+) -> Result<(), StoreError> {
+    blocking(|| create_entry_now(parent, id, file, data, subdirs, what))
+}
+
+fn create_entry_now(
     parent: &Path,
     id: &str,
     file: &str,
@@ -715,6 +737,16 @@ impl Store {
         dir: &Path,
         what: &'static str,
     ) -> Result<(), StoreError> {
+        blocking(|| self.bury_now(parent, id, dir, what))
+    }
+
+    fn bury_now(
+        &self,
+        parent: &Path,
+        id: &str,
+        dir: &Path,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
         let tomb = parent.join(format!("{TOMB_PREFIX}{id}-{}", unique_suffix()));
         {
             // Under the lock, so no append handle into `dir` is opened between the two.
@@ -834,9 +866,11 @@ impl Store {
         let dir = self.agent_dir(session, agent)?;
         let path = dir.join(HISTORY_FILE);
         let handle = self.appender(&dir, HISTORY_FILE)?;
-        let file = lock(&handle);
-        file.set_len(0).map_err(io_err("truncate", &path))?;
-        file.sync_all().map_err(io_err("sync", &path))
+        blocking(|| {
+            let file = lock(&handle);
+            file.set_len(0).map_err(io_err("truncate", &path))?;
+            file.sync_all().map_err(io_err("sync", &path))
+        })
     }
 
     /// Replaces the whole history (compaction), atomically: a crash leaves the old or the new
@@ -859,15 +893,27 @@ impl Store {
             data.push(b'\n');
         }
         let handle = self.appender(&dir, HISTORY_FILE)?;
-        let mut file = lock(&handle);
-        write_atomic(&dir, HISTORY_FILE, &data, "history")?;
-        *file = open_append(&dir, &path)?;
-        Ok(())
+        blocking(|| {
+            let mut file = lock(&handle);
+            write_atomic(&dir, HISTORY_FILE, &data, "history")?;
+            *file = open_append(&dir, &path)?;
+            Ok(())
+        })
     }
 
     /// Appends `bytes` to `dir/name` and syncs; on failure cuts the file back (best effort),
     /// so an append that was not acknowledged does not stay.
     fn append(&self, dir: &Path, name: &str, bytes: &[u8], sync: Sync) -> Result<(), StoreError> {
+        blocking(|| self.append_now(dir, name, bytes, sync))
+    }
+
+    fn append_now(
+        &self,
+        dir: &Path,
+        name: &str,
+        bytes: &[u8],
+        sync: Sync,
+    ) -> Result<(), StoreError> {
         let path = dir.join(name);
         let handle = self.appender(dir, name)?;
         let mut file = lock(&handle);

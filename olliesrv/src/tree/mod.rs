@@ -533,8 +533,14 @@ impl Filesystem for OllieFs {
                 }
                 Ok(reply_at(fid, offset, count))
             }
-            Node::A(a, AFile::Chat) => Ok(a.chat.read(ChatKind::Text, offset, count).await),
-            Node::A(a, AFile::ChatRaw) => Ok(a.chat.read(ChatKind::Raw, offset, count).await),
+            Node::A(a, AFile::Chat) => a
+                .chat
+                .read(ChatKind::Text, offset, count)
+                .await
+                .map_err(err),
+            Node::A(a, AFile::ChatRaw) => {
+                a.chat.read(ChatKind::Raw, offset, count).await.map_err(err)
+            }
             // One value per open-and-read: a read at offset 0 waits for the next change; the
             // rest of that value follows at later offsets, then end of file (so `cat
             // statewait` returns after one change, and repeated reads at 0 stream them).

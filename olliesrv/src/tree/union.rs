@@ -407,8 +407,7 @@ impl UnionNode {
                 .open_write(&env, &self.point, &self.rel)
                 .map_err(|e| e.to_string())?;
             let f = w.open(true).map_err(|e| format!("{vp}: {e}"))?;
-            f.set_len(len)
-                .and_then(|()| f.sync_all())
+            crate::util::blocking(|| f.set_len(len).and_then(|()| f.sync_all()))
                 .map_err(|e| format!("{vp}: {e}"))?;
         }
         if let Some(n) = rename {

@@ -120,6 +120,7 @@ pub(crate) enum Stage {
     Signals,
     Dumpable,
     UnionRoot,
+    CallIslands,
 }
 
 impl Stage {
@@ -143,6 +144,7 @@ impl Stage {
             Signals,
             Dumpable,
             UnionRoot,
+            CallIslands,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -170,6 +172,7 @@ impl Stage {
                 "pivot_root into the union root (under the shipped systemd unit, bead unions \
                  need the drop-in /usr/share/ollie/systemd/unions.conf)"
             }
+            Stage::CallIslands => "binding the call's protected paths",
         }
     }
 }
@@ -431,7 +434,9 @@ fn run_mounts(plan: &ChildPlan) {
                         std::ptr::null(),
                     ) as libc::c_long,
                 ),
-                MountStep::CloneTree { path, slot } => slots[*slot] = clone_tree(path, true),
+                MountStep::CloneTree { path, slot } => {
+                    slots[*slot] = clone_tree(path, true, Stage::Mount)
+                }
                 MountStep::ReadOnlyAll => {
                     mount_setattr(
                         libc::AT_FDCWD,
@@ -440,8 +445,8 @@ fn run_mounts(plan: &ChildPlan) {
                         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
                     );
                 }
-                MountStep::Attach { slot, path } => attach(slots[*slot], path),
-                MountStep::ProtectReadOnly { path } => bind_read_only(path),
+                MountStep::Attach { slot, path } => attach(slots[*slot], path, Stage::Mount),
+                MountStep::ProtectReadOnly { path } => bind_read_only(path, Stage::Mount),
                 MountStep::PrivateTmpfs {
                     path,
                     options,
@@ -465,13 +470,15 @@ fn run_mounts(plan: &ChildPlan) {
                     work,
                     slot,
                 } => slots[*slot] = create_overlay(lowers, Some((upper, work))),
-                MountStep::MergeCreate { lowers, at } => attach(create_overlay(lowers, None), at),
+                MountStep::MergeCreate { lowers, at } => {
+                    attach(create_overlay(lowers, None), at, Stage::Mount)
+                }
                 MountStep::UnionAttach {
                     slot,
                     point,
                     rule_access,
                 } => {
-                    attach(slots[*slot], point);
+                    attach(slots[*slot], point, Stage::Mount);
                     if *rule_access != 0 {
                         add_rule_beneath(point, *rule_access);
                     }
@@ -501,7 +508,7 @@ pub(super) unsafe fn protect_call_islands(entries: &[*const libc::c_char]) {
     }
     let root = c"/";
     // SAFETY: raw mount syscall on valid C strings, in this process's own mount namespace.
-    check(Stage::Mount, unsafe {
+    check(Stage::CallIslands, unsafe {
         libc::mount(
             std::ptr::null(),
             root.as_ptr(),
@@ -518,26 +525,30 @@ pub(super) unsafe fn protect_call_islands(entries: &[*const libc::c_char]) {
         let (kind, path) = split(e);
         if kind == b'w' {
             if n == MAX_CALL_REATTACH {
-                fail(Stage::Mount, libc::E2BIG);
+                fail(Stage::CallIslands, libc::E2BIG);
             }
-            clones[n] = clone_tree(path, true);
+            clones[n] = clone_tree(path, true, Stage::CallIslands);
             n += 1;
         }
     }
     for &e in entries {
         let (kind, path) = split(e);
         match kind {
-            b'p' => attach(clone_tree(path, true), path),
-            b'r' => bind_read_only(path),
+            b'p' => attach(
+                clone_tree(path, true, Stage::CallIslands),
+                path,
+                Stage::CallIslands,
+            ),
+            b'r' => bind_read_only(path, Stage::CallIslands),
             b'w' => {}
-            _ => fail(Stage::Mount, libc::EINVAL),
+            _ => fail(Stage::CallIslands, libc::EINVAL),
         }
     }
     let mut i = 0;
     for &e in entries {
         let (kind, path) = split(e);
         if kind == b'w' {
-            attach(clones[i], path);
+            attach(clones[i], path, Stage::CallIslands);
             i += 1;
         }
     }
@@ -545,21 +556,21 @@ pub(super) unsafe fn protect_call_islands(entries: &[*const libc::c_char]) {
 
 /// [`MountStep::ProtectReadOnly`]: `path` bound onto itself read-only and nosuid (a clone of
 /// the mount at `path`, without its submounts, made read-only, attached there). Child only.
-fn bind_read_only(path: &CStr) {
-    let fd = clone_tree(path, false);
+fn bind_read_only(path: &CStr, stage: Stage) {
+    let fd = clone_tree(path, false, stage);
     mount_setattr(
         fd,
         c"".as_ptr(),
         libc::AT_EMPTY_PATH as libc::c_uint,
         MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
     );
-    attach(fd, path);
+    attach(fd, path, stage);
 }
 
 /// `open_tree(path, OPEN_TREE_CLONE)`: a detached copy of the mount at `path`, with its
-/// submounts when `recursive`, never following a final symlink; a failure fails the mount
-/// stage. Child only.
-fn clone_tree(path: &CStr, recursive: bool) -> RawFd {
+/// submounts when `recursive`, never following a final symlink; a failure fails
+/// `stage`. Child only.
+fn clone_tree(path: &CStr, recursive: bool, stage: Stage) -> RawFd {
     let recursive = if recursive {
         AT_RECURSIVE as libc::c_ulong
     } else {
@@ -577,17 +588,17 @@ fn clone_tree(path: &CStr, recursive: bool) -> RawFd {
                 | libc::AT_SYMLINK_NOFOLLOW as libc::c_ulong,
         )
     };
-    check(Stage::Mount, fd);
+    check(stage, fd);
     fd as RawFd
 }
 
-/// `move_mount` of the detached mount `fd` onto `path`, then closes `fd`; a failure fails the
-/// mount stage. Child only.
-fn attach(fd: RawFd, path: &CStr) {
+/// `move_mount` of the detached mount `fd` onto `path`, then closes `fd`; a failure fails
+/// `stage`. Child only.
+fn attach(fd: RawFd, path: &CStr, stage: Stage) {
     // SAFETY: raw syscalls; `path` and the empty path are valid C strings.
     unsafe {
         check(
-            Stage::Mount,
+            stage,
             libc::syscall(
                 SYS_MOVE_MOUNT,
                 fd,
