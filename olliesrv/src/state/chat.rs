@@ -359,24 +359,22 @@ fn is_marker(line: &[u8]) -> bool {
     line.starts_with(b"[[[") || line == b"]]]"
 }
 
+/// The lines of `raw` that are not marker lines (each with its line break, if it has one).
+fn text_lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
+    raw.split_inclusive(|b| *b == b'\n')
+        .filter(|line| !is_marker(line.strip_suffix(b"\n").unwrap_or(line)))
+}
+
 /// `chat.raw` without its marker lines.
 pub fn strip_markers(raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.len());
-    for line in raw.split_inclusive(|b| *b == b'\n') {
-        let bare = line.strip_suffix(b"\n").unwrap_or(line);
-        if !is_marker(bare) {
-            out.extend_from_slice(line);
-        }
-    }
+    text_lines(raw).for_each(|line| out.extend_from_slice(line));
     out
 }
 
 /// The length of [`strip_markers`]`(raw)`.
 fn stripped_len(raw: &[u8]) -> usize {
-    raw.split_inclusive(|b| *b == b'\n')
-        .filter(|line| !is_marker(line.strip_suffix(b"\n").unwrap_or(line)))
-        .map(<[u8]>::len)
-        .sum()
+    text_lines(raw).map(<[u8]>::len).sum()
 }
 #[cfg(test)]
 mod tests {
@@ -430,11 +428,24 @@ mod tests {
         }
     }
 
+    /// A chat of `n` said blocks.
+    fn said(n: usize) -> (Chat, Arc<Mutex<Vec<u8>>>) {
+        let (c, disk) = chat();
+        for i in 0..n {
+            say(&c, &disk, &body(i));
+        }
+        (c, disk)
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
     /// Everything of a stream, read in `count`-byte reads from offset 0.
     fn read_all(chat: &Chat, kind: ChatKind, count: u32) -> Vec<u8> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+        let rt = rt();
         let mut out = Vec::new();
         while (out.len() as u64) < chat.len(kind) {
             let got = rt
@@ -503,10 +514,7 @@ mod tests {
 
     #[test]
     fn a_restored_chat_reads_back_whole() {
-        let (c, disk) = chat();
-        for i in 0..1500 {
-            say(&c, &disk, &body(i));
-        }
+        let (c, disk) = said(1500);
         assert_eq!(c.unclosed(), None);
         // A torn last block, as a crash leaves it.
         disk.lock()
@@ -538,10 +546,7 @@ mod tests {
 
     #[test]
     fn after_a_failed_append_nothing_more_leaves_memory() {
-        let (c, disk) = chat();
-        for i in 0..300 {
-            say(&c, &disk, &body(i));
-        }
+        let (c, disk) = said(300);
         // A streamed block whose append to disk failed: memory and disk differ from here.
         stream(&c, None, "lost on disk\n");
         let mut shown = read_all(&c, ChatKind::Raw, 65536);
@@ -559,14 +564,9 @@ mod tests {
 
     #[test]
     fn a_chat_raw_cut_short_under_it_is_an_error_not_a_wrong_answer() {
-        let (c, disk) = chat();
-        for i in 0..600 {
-            say(&c, &disk, &body(i));
-        }
+        let (c, disk) = said(600);
         disk.lock().unwrap().truncate(100);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+        let rt = rt();
         assert!(rt.block_on(c.read(ChatKind::Text, 200, 100)).is_err());
         assert!(rt.block_on(c.read(ChatKind::Raw, 200, 100)).is_err());
     }

@@ -461,17 +461,6 @@ fn create_entry(
     subdirs: &[&str],
     what: &'static str,
 ) -> Result<(), StoreError> {
-    blocking(|| create_entry_now(parent, id, file, data, subdirs, what))
-}
-
-fn create_entry_now(
-    parent: &Path,
-    id: &str,
-    file: &str,
-    data: &[u8],
-    subdirs: &[&str],
-    what: &'static str,
-) -> Result<(), StoreError> {
     let dir = parent.join(id);
     let staged = parent.join(format!("{STAGED_PREFIX}{id}-{}", unique_suffix()));
     let build = || -> Result<(), StoreError> {
@@ -674,18 +663,20 @@ impl Store {
     pub fn save_session(&self, r: &SessionRecord) -> Result<(), StoreError> {
         let dir = self.session_dir(&r.id)?;
         let data = encode(r, &dir.join(SESSION_FILE))?;
-        if dir.is_dir() {
-            write_atomic(&dir, SESSION_FILE, &data, "session")
-        } else {
-            create_entry(
-                &self.sessions,
-                &r.id,
-                SESSION_FILE,
-                &data,
-                &[AGENTS],
-                "session",
-            )
-        }
+        blocking(|| {
+            if dir.is_dir() {
+                write_atomic(&dir, SESSION_FILE, &data, "session")
+            } else {
+                create_entry(
+                    &self.sessions,
+                    &r.id,
+                    SESSION_FILE,
+                    &data,
+                    &[AGENTS],
+                    "session",
+                )
+            }
+        })
     }
 
     /// Writes `agent.json` atomically; creates the agent directory if it is new. The session
@@ -693,20 +684,22 @@ impl Store {
     pub fn save_agent(&self, r: &AgentRecord) -> Result<(), StoreError> {
         let dir = self.agent_dir(&r.session, &r.id)?;
         let data = encode(r, &dir.join(AGENT_FILE))?;
-        if dir.is_dir() {
-            return write_atomic(&dir, AGENT_FILE, &data, "agent");
-        }
-        let session_dir = self.sessions.join(&r.session);
-        let parent = session_dir.join(AGENTS);
-        // Never create the session directory itself: a save racing with the session's
-        // removal must not bring it back.
-        mkdir_one(&parent, &session_dir).map_err(io_or_missing(
-            "create directory",
-            &parent,
-            "session",
-            &session_dir,
-        ))?;
-        create_entry(&parent, &r.id, AGENT_FILE, &data, &[], "agent")
+        blocking(|| {
+            if dir.is_dir() {
+                return write_atomic(&dir, AGENT_FILE, &data, "agent");
+            }
+            let session_dir = self.sessions.join(&r.session);
+            let parent = session_dir.join(AGENTS);
+            // Never create the session directory itself: a save racing with the session's
+            // removal must not bring it back.
+            mkdir_one(&parent, &session_dir).map_err(io_or_missing(
+                "create directory",
+                &parent,
+                "session",
+                &session_dir,
+            ))?;
+            create_entry(&parent, &r.id, AGENT_FILE, &data, &[], "agent")
+        })
     }
 
     /// Replaces the agent's plan atomically. The agent must exist.
