@@ -197,6 +197,10 @@ fn kill_ends_the_whole_tree_at_once() {
             ),
             &c,
         );
+        // Cancel only once the sleep runs: a SIGTERM that lands while bash forks it reaches
+        // the subshell before it resets its traps, so the subshell survives and bash, waiting
+        // on it, never runs its own trap.
+        wait_for("the sleep runs", || !procs_with(&marker).is_empty());
         c.cancel();
         wait_for("the TERM trap ran", || ws.w().join("term").exists());
         c.signal(libc::SIGKILL).unwrap();
