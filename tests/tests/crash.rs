@@ -1,6 +1,7 @@
 //! Crash consistency by the hundred: a scripted workload (agents created, prompts whose turns
-//! run a sandboxed tool, plan and cfg writes, a bead mounted and unmounted in an agent's
-//! namespace) runs against the real olliesrv while it, its
+//! run a sandboxed tool, about a third of them asking for an escalation that an operator
+//! stand-in approves or denies on the root `bypass/` files, plan and cfg writes, a bead
+//! mounted and unmounted in an agent's namespace) runs against the real olliesrv while it, its
 //! toolsrv processes, or both are killed with SIGKILL at random moments. After each kill an
 //! oracle checks the state directory (olliesrv not running, so it cannot repair anything
 //! first) and, after the restart, what the server reports:
@@ -12,7 +13,11 @@
 //! - no history line is torn except an interrupted last append, none is duplicated;
 //! - no tool call ran twice: every call appends a token, issued once by the model stand-in
 //!   (`ollie_testkit::model`), to a canary file in the workspace;
-//! - a turn in flight at the kill is reported as interrupted in the agent's chat;
+//! - an escalated call ran only if a verdict approving it was written; every acknowledged
+//!   verdict is in the audit log once as taken, one lost in flight at most once, a refused
+//!   one never; a request pending when olliesrv alone died belongs to a turn in flight;
+//! - a turn in flight at the kill is reported as interrupted in the agent's chat, and a
+//!   request left pending is recorded as denied (`broker-gone`) once and cannot be approved;
 //! - `olliesrv --check-state` finds no problem;
 //! - every toolsrv of the killed server exits.
 //!
@@ -34,10 +39,11 @@ use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use ollie_p9::Fid;
+use ollie_p9::wire::om;
 use ollie_testkit::client::{rdwr_text, read_text, write_text};
 use ollie_testkit::model::Model;
 use ollie_testkit::server::children_named;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
 // The ledger: what the client was told, and what was in flight when the server died.
@@ -84,12 +90,40 @@ struct AgentLedger {
     ns: Written,
 }
 
+/// What became of a verdict the operator stand-in wrote to the root `bypass/resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// Written; the reply was lost to a kill (it may or may not have been taken).
+    InFlight,
+    /// Acknowledged.
+    Acked,
+    /// Refused with an error reply (its toolsrv was killed under it).
+    Refused,
+    /// Was in flight at a kill and is not in the audit log: never recorded, so it ended as
+    /// a request pending when the server died.
+    Unrecorded,
+}
+
+/// A verdict written for request `id`.
+#[derive(Debug, Clone)]
+struct VerdictRec {
+    /// The canary token of the call it answers.
+    token: u64,
+    approved: bool,
+    answer: Answer,
+}
+
 #[derive(Debug, Default)]
 struct Ledger {
     /// (session name, agent name) → what it was told.
     agents: BTreeMap<(String, String), AgentLedger>,
     /// Prompts counted so far (they are unique).
     prompts: u64,
+    /// Request id → the verdict written for it.
+    verdicts: BTreeMap<String, VerdictRec>,
+    /// Requests of the audit log that had no end when the server died: each is recorded as
+    /// denied (`broker-gone`) by the restart.
+    gone_at_restart: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -108,6 +142,17 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
+}
+
+/// Whether the tool call carrying `token` asks for an escalation (about one in three, chosen
+/// by the seed), so that it waits in `bypass/pending` for the operator stand-in.
+fn escalates(seed: u64, token: u64) -> bool {
+    Rng((seed ^ token.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1).below(3) == 0
+}
+
+/// The reason an escalated call gives: it names the call's token.
+fn reason(token: u64) -> String {
+    format!("crash t{token}")
 }
 
 fn seed() -> u64 {
@@ -139,6 +184,16 @@ fn kills(default: u64) -> u64 {
 const SESSIONS: [&str; 2] = ["s0", "s1"];
 /// The most agents per session.
 const MAX_AGENTS: u64 = 3;
+/// The agent profile of every agent: the default one, allowed to ask for `net`.
+const PROFILE: &str = "asker";
+
+/// Which processes the loop kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Olliesrv,
+    Both,
+    Toolsrv,
+}
 
 struct World {
     srv: Srv,
@@ -147,10 +202,13 @@ struct World {
     model: Model,
     ledger: Arc<Mutex<Ledger>>,
     rng: Rng,
+    /// The seed of [`escalates`].
+    seed: u64,
+    mode: Mode,
 }
 
 impl World {
-    async fn new(seed: u64) -> World {
+    async fn new(seed: u64, mode: Mode) -> World {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path().join("work");
         std::fs::create_dir(&work).unwrap();
@@ -159,12 +217,25 @@ impl World {
         // The pause after the append widens the window in which a kill finds the call done
         // but its result not yet recorded: the case in which a re-run would show.
         let file = canary.clone();
-        let model = Model::start(Box::new(move |token| {
-            format!("echo t{token} >> {}; sleep 0.02", file.display())
+        // Some calls ask for a grant the policy does not give (a TCP port they never use):
+        // they wait for the operator stand-in's verdict, and run only if it approves.
+        let model = Model::start_with_args(Box::new(move |token| {
+            let code = format!("echo t{token} >> {}; sleep 0.02", file.display());
+            let mut args = json!({"language": "bash", "code": code});
+            if escalates(seed, token) {
+                args["escalate"] = json!({"grants": ["net:9"], "reason": reason(token)});
+            }
+            args
         }))
         .await;
         let beads = dir.path().join("beads");
         let config = format!("beads_dir = \"{}\"\n{}", beads.display(), model.config());
+        std::fs::create_dir(dir.path().join("agents")).unwrap();
+        std::fs::write(
+            dir.path().join("agents").join(format!("{PROFILE}.toml")),
+            "escalations = [\"net\"]\n",
+        )
+        .unwrap();
         let srv = Srv::start_with(dir, &config, |_| {});
         let w = World {
             srv,
@@ -173,6 +244,8 @@ impl World {
             model,
             ledger: Arc::default(),
             rng: Rng(seed),
+            seed,
+            mode,
         };
         let (_c, root) = attach(&w.srv, &me()).await;
         for s in SESSIONS {
@@ -190,9 +263,13 @@ impl World {
             )
             .await
             .unwrap();
-            rdwr_text(&root, &format!("session/{s}/agent/new"), "name=a0")
-                .await
-                .unwrap();
+            rdwr_text(
+                &root,
+                &format!("session/{s}/agent/new"),
+                &format!("name=a0 profile={PROFILE}"),
+            )
+            .await
+            .unwrap();
             w.ledger
                 .lock()
                 .unwrap()
@@ -271,7 +348,7 @@ async fn step(root: &Fid, ledger: &Mutex<Ledger>, pick: u64, which: u64) -> Resu
             rdwr_text(
                 root,
                 &format!("session/{s}/agent/new"),
-                &format!("name={name}"),
+                &format!("name={name} profile={PROFILE}"),
             )
             .await?;
             ledger.lock().unwrap().agents.get_mut(&k).unwrap().created = true;
@@ -379,13 +456,94 @@ async fn workload(
         let (pick, which) = (rng.below(10), rng.below(64));
         if let Err(e) = step(&root, &ledger, pick, which).await {
             // The server died under it; any other refusal is a bug of the server or the test.
-            let lost = ["connection", "closed", "broken pipe", "reset", "eof"]
-                .iter()
-                .any(|w| e.to_lowercase().contains(w));
-            assert!(lost, "a workload write was refused: {e}");
+            assert!(lost(&e), "a workload write was refused: {e}");
             return;
         }
         tokio::time::sleep(Duration::from_millis(rng.below(gap_ms))).await;
+    }
+}
+
+/// Whether error `e` says the connection to the server is gone (it was killed).
+fn lost(e: &str) -> bool {
+    ["connection", "closed", "broken pipe", "reset", "eof"]
+        .iter()
+        .any(|w| e.to_lowercase().contains(w))
+}
+
+/// The operator stand-in, on its own connection until it dies: reads every request on the
+/// root `bypass/pending` and answers each on the root `bypass/resolve`, approving two in
+/// three (by `rng`) and denying the rest, with the verdict recorded in the ledger before the
+/// write and its outcome after. A refusal is a failure unless `toolsrv_dies` (a request of
+/// a killed toolsrv is gone).
+async fn operator(
+    srv_addr: ollie_p9::dial::Addr,
+    ledger: Arc<Mutex<Ledger>>,
+    mut rng: Rng,
+    toolsrv_dies: bool,
+) {
+    let Ok(client) = ollie_p9::Client::dial(&srv_addr).await else {
+        return;
+    };
+    let Ok(root) = client.attach(None, &me(), "").await else {
+        return;
+    };
+    let Ok(mut pending) = root.walk_path("bypass/pending").await else {
+        return;
+    };
+    if pending.open(om::OREAD).await.is_err() {
+        return;
+    }
+    loop {
+        // Blocks until a request is shown, or the server dies.
+        let Ok(b) = pending.read(0, 64 * 1024).await else {
+            return;
+        };
+        assert!(!b.is_empty(), "bypass/pending returned end of file");
+        let req: Value = serde_json::from_slice(&b)
+            .unwrap_or_else(|e| panic!("bypass/pending: {e}: {}", String::from_utf8_lossy(&b)));
+        let id = req["id"].as_str().unwrap().to_owned();
+        let token: u64 = req["reason"]
+            .as_str()
+            .and_then(|r| r.strip_prefix("crash t"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("a request the workload never made: {req}"));
+        // What waits for the verdict is exactly the call the model asked for.
+        assert!(
+            req["argv"][2]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&format!("echo t{token} >> "))),
+            "request {id} is not bound to the call of t{token}: {req}"
+        );
+        assert_eq!(req["grants"], json!(["net:9"]), "{req}");
+        let approved = rng.below(3) != 0;
+        let verdict = if approved {
+            json!({"id": id, "approved": true})
+        } else {
+            json!({"id": id, "error": format!("not t{token}")})
+        };
+        let fresh = ledger
+            .lock()
+            .unwrap()
+            .verdicts
+            .insert(
+                id.clone(),
+                VerdictRec {
+                    token,
+                    approved,
+                    answer: Answer::InFlight,
+                },
+            )
+            .is_none();
+        assert!(fresh, "request {id} was shown twice");
+        let answer = match write_text(&root, "bypass/resolve", &verdict.to_string()).await {
+            Ok(()) => Answer::Acked,
+            Err(e) if lost(&e) => return,
+            Err(e) => {
+                assert!(toolsrv_dies, "a verdict was refused: {e}");
+                Answer::Refused
+            }
+        };
+        ledger.lock().unwrap().verdicts.get_mut(&id).unwrap().answer = answer;
     }
 }
 
@@ -404,6 +562,96 @@ struct OnDisk {
     /// The user messages of the history, in order.
     user: Vec<String>,
     dir: PathBuf,
+    /// The agent's id (its directory's name).
+    id: String,
+}
+
+/// What the audit log (`<state>/audit.jsonl`) holds.
+#[derive(Debug, Default)]
+struct Audit {
+    /// Request id → (its session's id, its agent's id, its call's token), once per request.
+    requests: BTreeMap<String, (String, String, u64)>,
+    /// Request id → the verdicts recorded as taken (`decision`: `approved` or `denied`).
+    decisions: BTreeMap<String, Vec<String>>,
+    /// Every `decision-refused` line.
+    refused: Vec<Value>,
+    /// Request id → the events that ended it (`decision`, `expired`, `withdrawn`,
+    /// `denied`, `broker-gone`), in order.
+    ended: BTreeMap<String, Vec<String>>,
+}
+
+impl Audit {
+    /// Requests with no end.
+    fn open(&self) -> BTreeSet<String> {
+        self.requests
+            .keys()
+            .filter(|id| !self.ended.contains_key(*id))
+            .cloned()
+            .collect()
+    }
+
+    /// How many `broker-gone` lines request `id` has.
+    fn gone(&self, id: &str) -> usize {
+        self.ended
+            .get(id)
+            .map_or(0, |e| e.iter().filter(|k| *k == "broker-gone").count())
+    }
+}
+
+/// Reads the audit log: every line whole (one JSON object with an `event`) but a torn last
+/// one, which only a kill in the middle of its append can leave.
+fn read_audit(state: &Path, round: u64, seed: u64) -> Audit {
+    let data = std::fs::read(state.join("audit.jsonl")).unwrap_or_default();
+    let whole = data.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let mut a = Audit::default();
+    for (n, line) in data[..whole].split_inclusive(|b| *b == b'\n').enumerate() {
+        let line = &line[..line.len() - 1];
+        let v: Value = serde_json::from_slice(line).unwrap_or_else(|e| {
+            panic!(
+                "round {round}: audit line {} is torn or not JSON ({e}): {}",
+                n + 1,
+                String::from_utf8_lossy(line)
+            )
+        });
+        let event = v["event"]
+            .as_str()
+            .unwrap_or_else(|| panic!("round {round}: audit line {} has no event: {v}", n + 1));
+        let id = v["id"].as_str().unwrap_or("").to_owned();
+        match event {
+            "request" => {
+                let token = v["reason"]
+                    .as_str()
+                    .and_then(|r| r.strip_prefix("crash t"))
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("round {round}: a request nobody made: {v}"));
+                assert!(
+                    escalates(seed, token),
+                    "round {round}: t{token} asked for no escalation, yet: {v}"
+                );
+                let was = a.requests.insert(
+                    id.clone(),
+                    (
+                        v["session"].as_str().unwrap_or("").to_owned(),
+                        v["agent"].as_str().unwrap_or("").to_owned(),
+                        token,
+                    ),
+                );
+                assert!(was.is_none(), "round {round}: request {id} audited twice");
+            }
+            "decision-refused" => a.refused.push(v.clone()),
+            _ => {}
+        }
+        if event == "decision" {
+            a.decisions
+                .entry(id.clone())
+                .or_default()
+                .push(v["verdict"].as_str().unwrap_or("").to_owned());
+        }
+        if ["decision", "expired", "withdrawn", "denied", "broker-gone"].contains(&event) {
+            a.ended.entry(id).or_default().push(event.to_owned());
+        }
+    }
+    a
 }
 
 /// (session name, agent name) → what is on disk.
@@ -471,6 +719,7 @@ fn read_state(state: &Path) -> BTreeMap<(String, String), OnDisk> {
                     plan,
                     ctx: if mounted { "yes" } else { "no" }.to_owned(),
                     user,
+                    id: dir.file_name().unwrap().to_string_lossy().into_owned(),
                     dir,
                 },
             );
@@ -479,10 +728,18 @@ fn read_state(state: &Path) -> BTreeMap<(String, String), OnDisk> {
     out
 }
 
+/// What the after-restart checks need from [`check_stopped`].
+struct Stopped {
+    /// The agents whose turn was in flight, with its prompt.
+    in_flight: Vec<(PathBuf, String)>,
+    /// The requests with no end in the audit log (pending when the server died).
+    open: BTreeSet<String>,
+}
+
 /// Checks the stopped server's state against the ledger and settles the ledger (what was in
-/// flight and landed is acknowledged from now on). Returns the agents whose turn was in
-/// flight, with its prompt, for the after-restart check.
-fn check_stopped(w: &World, round: u64) -> Vec<(PathBuf, String)> {
+/// flight and landed is acknowledged from now on). Returns what the after-restart checks
+/// need.
+fn check_stopped(w: &World, round: u64) -> Stopped {
     let state = w.srv.state_dir();
     let out = run(
         std::process::Command::new(bin("olliesrv"))
@@ -591,7 +848,126 @@ fn check_stopped(w: &World, round: u64) -> Vec<(PathBuf, String)> {
         );
         assert!(tokens.insert(n), "round {round}: tool call t{n} ran twice");
     }
-    in_flight
+    // The approvals. Every decision in the audit log is a verdict the operator wrote, on a
+    // request audited before it, taken once (ids are single use).
+    let audit = read_audit(&state, round, w.seed);
+    for (id, taken) in &audit.decisions {
+        let v = l
+            .verdicts
+            .get(id)
+            .unwrap_or_else(|| panic!("round {round}: a decision on {id} nobody wrote: {taken:?}"));
+        let want = if v.approved { "approved" } else { "denied" };
+        assert!(
+            taken == &[want],
+            "round {round}: request {id} (t{}): decisions {taken:?}, written {want}",
+            v.token
+        );
+        assert!(
+            audit.requests.contains_key(id),
+            "round {round}: a decision on {id} without its request"
+        );
+    }
+    // Every acknowledged verdict is in the audit log (fdatasync'd before the reply), one in
+    // flight at the kill at most once, a refused one never as taken but as refused, once.
+    let mut answered = BTreeSet::new();
+    for (id, v) in &mut l.verdicts {
+        assert!(
+            answered.insert(v.token),
+            "round {round}: the call of t{} was asked about twice",
+            v.token
+        );
+        let taken = audit.decisions.get(id).map_or(0, Vec::len);
+        match v.answer {
+            Answer::Acked => assert!(
+                taken == 1,
+                "round {round}: the acknowledged verdict on {id} (t{}, approved: {}) is not in the audit log",
+                v.token,
+                v.approved
+            ),
+            Answer::InFlight if taken == 1 => v.answer = Answer::Acked,
+            Answer::InFlight => v.answer = Answer::Unrecorded,
+            Answer::Refused | Answer::Unrecorded => {
+                assert!(
+                    taken == 0,
+                    "round {round}: the verdict on {id} was refused, yet taken"
+                );
+            }
+        }
+        if v.answer == Answer::Refused {
+            let n = audit
+                .refused
+                .iter()
+                .filter(|r| r["id"] == id.as_str())
+                .count();
+            assert!(
+                n == 1,
+                "round {round}: the refused verdict on {id} is audited {n} times as refused"
+            );
+        }
+    }
+    // An escalated call runs only if approved: never when denied, or asked and unanswered.
+    for n in &tokens {
+        if escalates(w.seed, *n) {
+            let approved = l
+                .verdicts
+                .values()
+                .any(|v| v.token == *n && v.approved && v.answer != Answer::Refused);
+            assert!(
+                approved,
+                "round {round}: t{n} asked for an escalation and ran without an approval; verdicts: {:?}",
+                l.verdicts
+                    .values()
+                    .filter(|v| v.token == *n)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    // A request nobody answered, pending when olliesrv alone was killed, is the call of a
+    // turn in flight (reported as interrupted after the restart: `check_interrupted`).
+    let open = audit.open();
+    if w.mode == Mode::Olliesrv {
+        let by_id: BTreeMap<&str, &OnDisk> = disk.values().map(|d| (d.id.as_str(), d)).collect();
+        for id in &open {
+            if l.verdicts.contains_key(id) {
+                continue;
+            }
+            let (_, agent, token) = &audit.requests[id];
+            let d = by_id.get(agent.as_str()).unwrap_or_else(|| {
+                panic!("round {round}: request {id} (t{token}) of an agent {agent} not on disk")
+            });
+            assert!(
+                d.in_turn.is_some(),
+                "round {round}: request {id} (t{token}) was pending, but {} had no turn in flight",
+                d.dir.display()
+            );
+        }
+    }
+    Stopped { in_flight, open }
+}
+
+/// After a restart: a request pending when the server died is recorded as denied
+/// (`broker-gone`, once) and nothing can approve it any more.
+async fn check_gone(w: &World, root: &Fid, open: &BTreeSet<String>, round: u64) {
+    let audit = read_audit(&w.srv.state_dir(), round, w.seed);
+    for id in open {
+        assert!(
+            audit.gone(id) == 1 && !audit.decisions.contains_key(id),
+            "round {round}: request {id} was pending when olliesrv died; after the restart it ended with {:?} (want one broker-gone)",
+            audit.ended.get(id)
+        );
+        let e = write_text(
+            root,
+            "bypass/resolve",
+            &json!({"id": id, "approved": true}).to_string(),
+        )
+        .await
+        .expect_err("a request pending when olliesrv died was approved after the restart");
+        assert!(
+            e.contains("no request"),
+            "round {round}: approving {id} after the restart: {e}"
+        );
+    }
+    w.ledger.lock().unwrap().gone_at_restart += open.len() as u64;
 }
 
 /// After a restart: each turn that was in flight is reported as interrupted in its chat.
@@ -615,7 +991,11 @@ async fn server_kills(n: u64, both: bool, seed: u64) {
     let mode = if both { "olliesrv+toolsrv" } else { "olliesrv" };
     println!("crash loop ({mode}): seed={seed} kills={n} (OLLIE_CRASH_SEED, OLLIE_CRASH_KILLS)");
     // Each loop its own decisions from the one printed seed.
-    let mut w = World::new(seed ^ if both { 0x9e37_79b9_7f4a_7c15 } else { 0 }).await;
+    let mut w = World::new(
+        seed ^ if both { 0x9e37_79b9_7f4a_7c15 } else { 0 },
+        if both { Mode::Both } else { Mode::Olliesrv },
+    )
+    .await;
     for round in 1..=n {
         let delay = Duration::from_millis(w.rng.below(500));
         let rng = Rng(w.rng.next() | 1);
@@ -626,6 +1006,12 @@ async fn server_kills(n: u64, both: bool, seed: u64) {
             Instant::now() + UP_TIMEOUT,
             20,
         ));
+        let op = tokio::spawn(operator(
+            w.srv.p9addr(),
+            Arc::clone(&w.ledger),
+            Rng(w.rng.next() | 1),
+            both,
+        ));
         tokio::time::sleep(delay).await;
         let toolsrv = w.toolsrv_pids();
         if both {
@@ -634,23 +1020,47 @@ async fn server_kills(n: u64, both: bool, seed: u64) {
             }
         }
         w.srv.kill9();
-        let _ = within("the workload to notice the kill", load).await;
+        // A failed assertion in either task fails the test here.
+        within("the workload to notice the kill", load)
+            .await
+            .unwrap();
+        within("the operator to notice the kill", op).await.unwrap();
         wait_ended(&toolsrv, &format!("round {round}"));
-        let in_flight = check_stopped(&w, round);
+        let stopped = check_stopped(&w, round);
         w.srv.relaunch(|_| {});
         // Restore has run once the server answers.
         let (_c, root) = attach(&w.srv, &me()).await;
         read_text(&root, "aliases").await.unwrap();
-        check_interrupted(&in_flight, round);
+        check_interrupted(&stopped.in_flight, round);
+        check_gone(&w, &root, &stopped.open, round).await;
     }
     let l = w.ledger.lock().unwrap();
     let prompts: usize = l.agents.values().map(|a| a.acked.len()).sum();
     let interrupted: usize = l.agents.values().map(|a| a.interrupted.len()).sum();
     println!(
-        "crash loop ({mode}): {n} kills survived; {} agents, {prompts} prompts acknowledged, {interrupted} turns interrupted, {} tool calls issued",
+        "crash loop ({mode}): {n} kills survived; {} agents, {prompts} prompts acknowledged, {interrupted} turns interrupted, {} tool calls issued; {}",
         l.agents.len(),
-        w.model.issued()
+        w.model.issued(),
+        verdicts(&l)
     );
+}
+
+/// The verdicts' figures for the summary line.
+fn verdicts(l: &Ledger) -> String {
+    let count = |approved: bool, answer: Answer| {
+        l.verdicts
+            .values()
+            .filter(|v| v.approved == approved && v.answer == answer)
+            .count()
+    };
+    format!(
+        "{} approvals and {} denials acknowledged, {} verdicts lost in flight, {} refused, {} requests pending at a kill recorded as broker-gone at the restart",
+        count(true, Answer::Acked),
+        count(false, Answer::Acked),
+        count(true, Answer::Unrecorded) + count(false, Answer::Unrecorded),
+        count(true, Answer::Refused) + count(false, Answer::Refused),
+        l.gone_at_restart
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -673,7 +1083,7 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
     // kill past the sixth of a session costs 5 s: 16 by default.
     let n = kills(16);
     println!("crash loop (toolsrv): seed={seed} kills={n} (OLLIE_CRASH_SEED, OLLIE_CRASH_KILLS)");
-    let mut w = World::new(seed ^ 0xc2b2_ae3d_27d4_eb4f).await;
+    let mut w = World::new(seed ^ 0xc2b2_ae3d_27d4_eb4f, Mode::Toolsrv).await;
     let rng = Rng(w.rng.next() | 1);
     let load = tokio::spawn(workload(
         w.srv.p9addr(),
@@ -682,6 +1092,12 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
         Instant::now() + Duration::from_secs(3600),
         // Slower than the turns go, so that the queues stay short.
         100,
+    ));
+    let op = tokio::spawn(operator(
+        w.srv.p9addr(),
+        Arc::clone(&w.ledger),
+        Rng(w.rng.next() | 1),
+        true,
     ));
     let (_c, root) = attach(&w.srv, &me()).await;
     for round in 1..=n {
@@ -703,10 +1119,12 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
         kill(Pid::from_raw(victim), Signal::SIGKILL).unwrap();
         wait_ended(&[victim], &format!("round {round}"));
         assert!(!load.is_finished(), "round {round}: the workload stopped");
+        assert!(!op.is_finished(), "round {round}: the operator stopped");
     }
     load.abort();
     let _ = load.await;
-    // Every queue drains: each acknowledged prompt's turn ends, with or without its tool.
+    // Every queue drains: each acknowledged prompt's turn ends, with or without its tool
+    // (the operator answering what asks), and every request has an end in the audit log.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let mut busy = Vec::new();
@@ -726,12 +1144,19 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
                 busy.push(format!("{k:?}: queued {:?}", d.queue));
             }
         }
+        let open = read_audit(&w.srv.state_dir(), n, w.seed).open();
+        if !open.is_empty() {
+            busy.push(format!("requests with no end in the audit log: {open:?}"));
+        }
         if busy.is_empty() {
             break;
         }
         assert!(Instant::now() < deadline, "turns never ended: {busy:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(!op.is_finished(), "the operator stopped");
+    op.abort();
+    let _ = op.await;
     w.srv.kill9();
     check_stopped(&w, n);
     let issued = w.model.issued();
@@ -739,5 +1164,8 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
         .unwrap_or_default()
         .lines()
         .count();
-    println!("crash loop (toolsrv): {n} kills survived; {issued} tool calls issued, {ran} ran");
+    println!(
+        "crash loop (toolsrv): {n} kills survived; {issued} tool calls issued, {ran} ran; {}",
+        verdicts(&w.ledger.lock().unwrap())
+    );
 }

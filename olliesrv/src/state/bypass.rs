@@ -14,6 +14,10 @@
 //!   flood bounds, joined, withdrawn, expired, voided at the re-check, run — with the
 //!   binding digests), read as the operator like `pending`; and when a toolsrv's link goes
 //!   down, its requests still pending are recorded as denied (`broker-gone`).
+//! - at start, before any toolsrv runs, [`Bypass::recover`] repairs what a crash of olliesrv
+//!   leaves in the log: a torn last line is cut (its cause was never acknowledged), and each
+//!   request with no end (pending when olliesrv stopped; its toolsrv went with it) is
+//!   recorded as denied (`broker-gone`), as the link going down would have.
 //!
 //! The requests themselves, their deadlines and the decisions stay in toolsrv: the mirror only
 //! shows and forwards. A request whose `expires` has passed is no longer shown. toolsrv shows
@@ -33,8 +37,8 @@
 //!
 //! Each request gets exactly one of the ending events, the first that happens.
 
-use std::collections::HashSet;
-use std::io::Write;
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -55,6 +59,61 @@ const MAX_KEPT: usize = 1024;
 const MAX_AUDIT_SHOWN: u64 = 1 << 20;
 /// The audit log's file name in the state directory.
 pub const AUDIT_FILE: &str = "audit.jsonl";
+/// The audit events that end a request: a verdict toolsrv took (`decision`), and how toolsrv
+/// (`expired`, `withdrawn`, `denied` on its way out) or olliesrv (`broker-gone`) ended one
+/// without a verdict.
+const ENDINGS: [&str; 5] = ["decision", "expired", "withdrawn", "denied", "broker-gone"];
+
+/// What a read of the audit log found ([`scan_audit`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AuditScan {
+    /// Lines that are audit events.
+    pub events: usize,
+    /// Whole lines that are not an event (not a JSON object with a string `event`): their
+    /// line numbers (from 1).
+    pub bad: Vec<usize>,
+    /// The length of the whole lines: less than the file's when its last line is torn.
+    pub whole: u64,
+    /// Requests with no end, in the order they were asked: (session id, request id).
+    pub open: Vec<(String, String)>,
+}
+
+/// Reads an audit log line by line (never all of it at once).
+pub fn scan_audit(mut r: impl BufRead) -> std::io::Result<AuditScan> {
+    let mut scan = AuditScan::default();
+    // (session, id) → the line of its request.
+    let mut open: HashMap<(String, String), usize> = HashMap::new();
+    let mut line = Vec::new();
+    for n in 1.. {
+        line.clear();
+        if r.read_until(b'\n', &mut line)? == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        scan.whole += line.len() as u64;
+        let v: Option<Value> = serde_json::from_slice(&line).ok();
+        let Some(event) = v.as_ref().and_then(|v| v.get("event")?.as_str()) else {
+            scan.bad.push(n);
+            continue;
+        };
+        scan.events += 1;
+        let field = |k: &str| {
+            v.as_ref()
+                .and_then(|v| v.get(k)?.as_str())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let key = (field("session"), field("id"));
+        if event == "request" && !key.1.is_empty() {
+            open.insert(key, n);
+        } else if ENDINGS.contains(&event) {
+            open.remove(&key);
+        }
+    }
+    let mut open: Vec<_> = open.into_iter().collect();
+    open.sort_by_key(|(_, n)| *n);
+    scan.open = open.into_iter().map(|(k, _)| k).collect();
+    Ok(scan)
+}
 
 struct Req {
     seq: u64,
@@ -208,6 +267,61 @@ impl Bypass {
             "escalation: {kind}"
         );
         self.events.emit(kind, f);
+    }
+
+    /// Repairs the audit log after a crash (see the module doc); run at start, before any
+    /// toolsrv, so that no request it names can still be pending. What cannot be read or
+    /// repaired is logged, never fatal.
+    pub fn recover(&self) {
+        let scan = match self.cut_torn_line() {
+            Ok(Some(scan)) => scan,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(path = %self.audit_path.display(), error = %e, "cannot repair the audit log");
+                return;
+            }
+        };
+        if !scan.bad.is_empty() {
+            tracing::warn!(path = %self.audit_path.display(), lines = ?scan.bad, "audit log lines that are not events");
+        }
+        for (session, id) in scan.open {
+            let mut fields = serde_json::Map::new();
+            fields.insert("session".into(), Value::from(session));
+            fields.insert("id".into(), Value::from(id));
+            fields.insert("verdict".into(), json!("denied"));
+            fields.insert(
+                "why".into(),
+                json!("olliesrv stopped before an answer; the session's toolsrv went with it"),
+            );
+            self.audit("broker-gone", fields);
+        }
+    }
+
+    /// Reads the audit log ([`scan_audit`]) and cuts a torn last line, durably: it is an
+    /// append a crash stopped, and the next append must not continue it. `None`: no log yet.
+    fn cut_torn_line(&self) -> std::io::Result<Option<AuditScan>> {
+        let _g = lock(&self.audit);
+        let f = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.audit_path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let scan = scan_audit(std::io::BufReader::new(&f))?;
+        let len = f.metadata()?.len();
+        if scan.whole < len {
+            f.set_len(scan.whole)?;
+            f.sync_data()?;
+            tracing::warn!(
+                path = %self.audit_path.display(),
+                bytes = len - scan.whole,
+                "cut the audit log's torn last line (an append a crash interrupted)"
+            );
+        }
+        Ok(Some(scan))
     }
 
     /// Appends one event to the audit log, durably.
@@ -658,14 +772,15 @@ impl Bypass {
             self.refused_input(None, data, by, &e);
             return Err(e);
         };
-        let s = sessions.iter().find(|s| s.id == sid).ok_or_else(|| {
-            format!(
-                "resolve: request {} belonged to a session that is gone",
-                r.id
-            )
-        })?;
-        let conn = s.link.conn(Duration::from_secs(5)).await?;
+        // Every way it can fail from here on is audited as refused.
         let result = async {
+            let s = sessions.iter().find(|s| s.id == sid).ok_or_else(|| {
+                format!(
+                    "resolve: request {} belonged to a session that is gone",
+                    r.id
+                )
+            })?;
+            let conn = s.link.conn(Duration::from_secs(5)).await?;
             let mut f = conn
                 .operator
                 .walk(&["bypass", "resolve"])
@@ -702,6 +817,57 @@ mod tests {
         ] {
             assert_eq!(parse_time(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn recover_cuts_a_torn_line_and_ends_what_a_crash_left_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(AUDIT_FILE);
+        let req = |s: &str, id: &str| json!({"event": "request", "session": s, "id": id});
+        let mut text = String::new();
+        for v in [
+            req("s1", "a"),
+            req("s1", "b"),
+            json!({"event": "decision", "session": "s1", "id": "a", "verdict": "approved"}),
+            req("s2", "c"),
+            req("s2", "d"),
+            json!({"event": "expired", "session": "s2", "id": "d"}),
+        ] {
+            text.push_str(&format!("{v}\n"));
+        }
+        text.push_str("not an event\n{\"event\": \"requ");
+        std::fs::write(&path, &text).unwrap();
+        let b = Bypass::new(dir.path(), Arc::new(crate::state::events::Events::new()));
+        b.recover();
+        let after = std::fs::read_to_string(&path).unwrap();
+        let whole = text.rsplit_once('\n').unwrap().0;
+        // The torn append is cut, nothing whole is touched (not even the line that is no
+        // event), and b and c, in the order asked, are denied.
+        let added = after.strip_prefix(&format!("{whole}\n")).expect(&after);
+        let added: Vec<Value> = added
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(added.len(), 2, "{after}");
+        for (v, (s, id)) in added.iter().zip([("s1", "b"), ("s2", "c")]) {
+            assert_eq!(
+                (&v["event"], &v["session"], &v["id"], &v["verdict"]),
+                (
+                    &json!("broker-gone"),
+                    &json!(s),
+                    &json!(id),
+                    &json!("denied")
+                ),
+                "{v}"
+            );
+        }
+        let scan =
+            scan_audit(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+        assert_eq!(scan.open, [], "{after}");
+        assert_eq!(scan.bad, [7]);
+        // A second start finds nothing to do.
+        b.recover();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), after);
     }
 
     #[tokio::test]

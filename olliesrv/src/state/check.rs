@@ -6,8 +6,9 @@
 //! directory, a history line that is not a message, a file the layout has no place for, a
 //! file others may read) or a *leftover* that a crash leaves by design and the server repairs
 //! by itself (a temp file of an atomic replace, a staged or tombstoned directory, deleted at
-//! start; a torn last history line, cut before the next append). Problems make the check
-//! fail; leftovers are listed and do not.
+//! start; a torn last history line, cut before the next append; in the escalation audit log,
+//! a torn last line and requests with no end, cut and denied at start). Problems make the
+//! check fail; leftovers are listed and do not.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::bypass::{AUDIT_FILE, scan_audit};
 use super::store::{
     AGENT_FILE, AGENTS, AgentRecord, CHAT_FILE, HISTORY_FILE, Hidden, PLAN_FILE, SESSION_FILE,
     SESSIONS, SessionRecord, hidden_kind, is_valid_id, parse_history, read_record,
@@ -109,6 +111,7 @@ pub fn check(dir: &Path) -> Report {
         }
     }
     r.server_running = lock_held(&dir.join("lock"));
+    check_audit(&dir.join(AUDIT_FILE), &mut r);
     let key = dir.join("tcp.key");
     if let Ok(m) = fs::symlink_metadata(&key)
         && m.mode() & 0o077 != 0
@@ -139,6 +142,51 @@ pub fn check(dir: &Path) -> Report {
         }
     }
     r
+}
+
+/// The escalation audit log ([`crate::state::bypass`]): every whole line an event; a torn
+/// last line and requests with no end are what a crash leaves, repaired at start.
+fn check_audit(path: &Path, r: &mut Report) {
+    let f = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return,
+        Err(e) => {
+            r.problem(path, format!("cannot open: {e}"));
+            return;
+        }
+    };
+    private_file(path, r);
+    let scan = match scan_audit(std::io::BufReader::new(&f)) {
+        Ok(s) => s,
+        Err(e) => {
+            r.problem(path, format!("cannot read: {e}"));
+            return;
+        }
+    };
+    for n in &scan.bad {
+        r.problem(path, format!("line {n} is not an audit event"));
+    }
+    let len = f.metadata().map_or(scan.whole, |m| m.len());
+    if scan.whole < len {
+        r.leftover(
+            path,
+            format!(
+                "torn last line ({} bytes after line {}), cut at start",
+                len - scan.whole,
+                scan.events + scan.bad.len()
+            ),
+        );
+    }
+    // While a server runs, a request with no end is simply pending.
+    if !r.server_running && !scan.open.is_empty() {
+        r.leftover(
+            path,
+            format!(
+                "{} requests with no end (pending when the server stopped), recorded as denied (broker-gone) at start",
+                scan.open.len()
+            ),
+        );
+    }
 }
 
 /// Whether another process holds `path`'s flock (the running server's lock).
@@ -472,6 +520,47 @@ mod tests {
         );
         // The check changed nothing.
         assert!(staged.is_dir() && a.join(".agent.json.tmp-1x0-3").is_file());
+    }
+
+    #[test]
+    fn the_audit_log_is_checked_line_by_line() {
+        let (_d, s) = store_with_one_agent();
+        let path = s.dir().join("audit.jsonl");
+        let good = "{\"event\":\"request\",\"session\":\"s\",\"id\":\"a\"}\n";
+        fs::write(&path, good).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        // Pending when the server stopped: repaired at start.
+        let r = check(s.dir());
+        assert_eq!(r.problems(), 0, "{}", r.text());
+        assert!(r.text().contains("1 requests with no end"), "{}", r.text());
+        // A torn append is a leftover too; a whole line that is no event is a problem.
+        fs::write(&path, format!("{good}[1]\n{good}{{\"ev")).unwrap();
+        let r = check(s.dir());
+        assert_eq!(r.problems(), 1, "{}", r.text());
+        let text = r.text();
+        assert!(
+            text.contains("audit.jsonl: line 2 is not an audit event"),
+            "{text}"
+        );
+        assert!(
+            text.contains("torn last line (4 bytes after line 3)"),
+            "{text}"
+        );
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            format!("{good}[1]\n{good}{{\"ev"),
+            "the check changed the log"
+        );
+        // Others may read it: a problem.
+        fs::write(&path, good).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(
+            check(s.dir())
+                .text()
+                .contains("mode 0644 lets others read it"),
+            "{}",
+            check(s.dir()).text()
+        );
     }
 
     #[test]

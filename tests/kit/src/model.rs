@@ -1,8 +1,9 @@
 //! A model stand-in speaking Ollama's API on 127.0.0.1, for suites and benches that need turns
 //! with real tool calls: a request whose last message is the user's prompt gets one
-//! `execute_code` call, with the shell code the caller makes from a fresh token (1, 2, …);
-//! a request whose last message is a tool result gets the answer `done`. `GET /api/tags`
-//! lists the one model `m`. Every reply is one NDJSON line and the connection closes.
+//! `execute_code` call, with the shell code (or the whole arguments, `escalate` included:
+//! [`Model::start_with_args`]) the caller makes from a fresh token (1, 2, …); a request
+//! whose last message is a tool result gets the answer `done`. `GET /api/tags` lists the one
+//! model `m`. Every reply is one NDJSON line and the connection closes.
 //! Only loopback, only this process's server.
 
 use std::sync::Arc;
@@ -15,6 +16,9 @@ use tokio::net::{TcpListener, TcpStream};
 /// The shell code of the tool call carrying token `n`.
 pub type Code = dyn Fn(u64) -> String + Send + Sync;
 
+/// The `execute_code` arguments of the tool call carrying token `n`.
+pub type Args = dyn Fn(u64) -> Value + Send + Sync;
+
 /// A running stand-in: its base URL (an Ollama `base_url`) and the tokens handed out.
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -23,12 +27,22 @@ pub struct Model {
 }
 
 impl Model {
-    /// Starts the stand-in on a free loopback port (in the current tokio runtime).
+    /// Starts the stand-in on a free loopback port (in the current tokio runtime): each call
+    /// runs `code(token)` in bash.
     pub async fn start(code: Box<Code>) -> Model {
+        Model::start_with_args(Box::new(
+            move |token| json!({"language": "bash", "code": code(token)}),
+        ))
+        .await
+    }
+
+    /// [`Model::start`] with the whole `execute_code` arguments made from the token (to ask
+    /// for an escalation, say).
+    pub async fn start_with_args(args: Box<Args>) -> Model {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", l.local_addr().expect("local_addr"));
         let issued = Arc::new(AtomicU64::new(0));
-        let code: Arc<Code> = Arc::from(code);
+        let code: Arc<Args> = Arc::from(args);
         let (i, c) = (Arc::clone(&issued), Arc::clone(&code));
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
@@ -94,7 +108,7 @@ async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
-fn answer(issued: &AtomicU64, code: &Code, head: &str, body: &[u8]) -> String {
+fn answer(issued: &AtomicU64, args: &Args, head: &str, body: &[u8]) -> String {
     let ok = |ct: &str, b: String| {
         format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nConnection: close\r\n\r\n{b}")
     };
@@ -118,7 +132,7 @@ fn answer(issued: &AtomicU64, code: &Code, head: &str, body: &[u8]) -> String {
         let token = issued.fetch_add(1, Ordering::SeqCst) + 1;
         json!({"role": "assistant", "content": "",
                "tool_calls": [{"function": {"name": "execute_code",
-                                            "arguments": {"language": "bash", "code": code(token)}}}]})
+                                            "arguments": args(token)}}]})
     } else {
         json!({"role": "assistant", "content": "done"})
     };
