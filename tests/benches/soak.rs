@@ -4,11 +4,14 @@
 //! `ollie_testkit::model`), while SOAK_READERS blocked readers (200) sit on statewait, feed and
 //! chat, other readers come and go (open, block, flushed, clunked), and a sampler reads an
 //! agent's `stats` every 100 ms. It runs SOAK_SECONDS (default 600): a warm-up (a tenth of the
-//! run, at most 60 s), then the rest; after each, every task finishes its turn and a second
-//! passes before RSS and open descriptors are sampled, so nothing is in flight. It prints
-//! olliesrv's and every toolsrv's RSS and descriptor counts, their growth over the run (a
-//! leak: goal ≤ 5 % RSS beyond what the chats hold, no descriptor), the bytes of the agents'
-//! chats (olliesrv keeps them in memory), and the p50/p99 of the `stats` reads.
+//! run, at most 60 s), then the rest in SOAK_SAMPLES equal parts (default 1); after each,
+//! every task finishes its turn and a second passes before RSS and open descriptors are
+//! sampled, so nothing is in flight. It prints olliesrv's and every toolsrv's RSS and
+//! descriptor counts, their growth over the run (a leak: goal ≤ 5 % RSS, no descriptor),
+//! the RSS after each part (a plateau or a climb), the bytes of the agents' chats on disk,
+//! and the p50/p99 of the `stats` reads. SOAK_CLEAR_EVERY=N clears each agent's history
+//! every N turns, as compaction bounds it with a real model's context (this model reports
+//! no usage, so nothing is ever compacted and every request grows with its history).
 //!
 //! ```text
 //! cargo build --release --bins && cargo bench -p ollie-tests --bench soak
@@ -69,6 +72,7 @@ fn growth(a: u64, b: u64) -> String {
 /// One agent's turns, back to back, until `stop`: a prompt, then its `statewait` until the
 /// agent is idle again. Counts the turns that ended.
 async fn turns(root: Fid, path: String, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) {
+    let clear_every = env_count("SOAK_CLEAR_EVERY", 0);
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let mut sw = root.walk_path(&format!("{path}/statewait")).await.unwrap();
@@ -86,6 +90,11 @@ async fn turns(root: Fid, path: String, stop: Arc<AtomicBool>, done: Arc<AtomicU
         }
         done.fetch_add(1, Ordering::Relaxed);
         let _ = sw.clunk().await;
+        if clear_every > 0 && n.is_multiple_of(clear_every) {
+            write_text(&root, &format!("{path}/ctl"), "clear")
+                .await
+                .unwrap();
+        }
     }
 }
 
@@ -228,8 +237,10 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
     let mut lat = Vec::new();
     let w = phase(&root, &roots, &paths, warm, &mut lat).await;
     let warm_s = quiet_sample(pid, &state).await;
-    let r = phase(&root, &roots, &paths, total - warm, &mut lat).await;
-    let end = quiet_sample(pid, &state).await;
+    let parts = env_count("SOAK_SAMPLES", 1).clamp(1, 100) as u32;
+    let len = (total - warm) / parts;
+    let (r, along) = parts_of(&root, &roots, &paths, (len, parts), (pid, &state), &mut lat).await;
+    let end = along.last().cloned().unwrap_or_default();
     drop(parked);
     report(&Report {
         secs,
@@ -239,6 +250,7 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
         first,
         warm: warm_s,
         end,
+        along,
         turns: r.turns,
         all_turns: w.turns + r.turns,
         came: w.came + r.came,
@@ -251,6 +263,26 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = tokio::task::spawn_blocking(move || srv.wait()).await;
+}
+
+/// The measured run: `n` phases of `len`, each followed by a quiet sample of `pid`.
+async fn parts_of(
+    root: &Fid,
+    roots: &[Fid],
+    paths: &[String],
+    (len, n): (Duration, u32),
+    (pid, state): (u32, &Path),
+    lat: &mut Vec<Duration>,
+) -> (Phase, Vec<Sample>) {
+    let mut r = Phase { turns: 0, came: 0 };
+    let mut along = Vec::new();
+    for _ in 0..n {
+        let p = phase(root, roots, paths, len, lat).await;
+        r.turns += p.turns;
+        r.came += p.came;
+        along.push(quiet_sample(pid, state).await);
+    }
+    (r, along)
 }
 
 /// What a phase did.
@@ -347,6 +379,8 @@ struct Report {
     first: Sample,
     warm: Sample,
     end: Sample,
+    /// After each part of the run (the last is `end`).
+    along: Vec<Sample>,
     turns: u64,
     all_turns: u64,
     came: u64,
@@ -392,6 +426,21 @@ fn report(r: &Report) {
         max(&r.warm.tool_rss),
         max(&r.end.tool_rss)
     );
+    if r.along.len() > 1 {
+        let line = |f: &dyn Fn(&Sample) -> u64| {
+            std::iter::once(&r.warm)
+                .chain(&r.along)
+                .map(|s| f(s).to_string())
+                .collect::<Vec<_>>()
+                .join(" → ")
+        };
+        println!(
+            "RSS KiB after the warm-up and each of {} parts: olliesrv {}; toolsrv sum {}",
+            r.along.len(),
+            line(&|s| s.srv_rss),
+            line(&|s| sum(&s.tool_rss))
+        );
+    }
     println!(
         "toolsrv fds, sum: {}",
         growth(sum(&r.warm.tool_fds), sum(&r.end.tool_fds))

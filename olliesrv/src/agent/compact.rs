@@ -103,8 +103,9 @@ pub async fn compact(
     context_limit: Option<u64>,
     why: &str,
 ) -> Result<Compacted, String> {
-    let (history, _) = reg.store.read_history(&a.session_id, &a.id);
-    let msgs: Vec<Message> = history.iter().filter_map(message_of).collect();
+    let (msgs, _) = reg
+        .store
+        .read_history(&a.session_id, &a.id, |v| message_of(&v));
     let mut cut = tail_start(&msgs, KEEP_TAIL);
     if cut == 0 && !msgs.is_empty() {
         // Everything would be kept: summarize all but the last message instead.

@@ -1144,11 +1144,12 @@ async fn run_calls(
 
 /// The request for the next model call (with the plan shown again when `show_plan`).
 fn request(reg: &Registry, a: &Agent, ctx: &TurnCtx, show_plan: bool) -> ModelRequest {
-    let (history, problems) = reg.store.read_history(&a.session_id, &a.id);
+    let (mut messages, problems) = reg
+        .store
+        .read_history(&a.session_id, &a.id, |v| message_of(&v));
     for p in problems {
         tracing::warn!(agent = %a.id, problem = %p, "history");
     }
-    let mut messages: Vec<Message> = history.iter().filter_map(message_of).collect();
     if show_plan {
         let plan = a.plan();
         let plan = String::from_utf8_lossy(&plan);

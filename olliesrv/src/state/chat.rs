@@ -17,7 +17,10 @@ use crate::util::lock;
 /// At least this much of the raw stream stays in memory (`log` serves the last 64 KiB).
 const KEEP: usize = 64 * 1024;
 /// Memory is trimmed back to about [`KEEP`] once the raw stream in memory passes this.
-const HIGH: usize = 2 * KEEP;
+const HIGH: usize = KEEP + 16 * 1024;
+/// What each stream's buffer grows to at most while appends are small: [`HIGH`] and the
+/// append that passes it (a buffer that doubled past it would keep the extra for good).
+const ROOM: usize = HIGH + 16 * 1024;
 
 /// Reads up to `len` bytes of `chat.raw` at an offset (shorter only at the end of the file).
 pub type Reader = Box<dyn Fn(u64, usize) -> Result<Vec<u8>, String> + Send + Sync>;
@@ -53,8 +56,8 @@ impl ChatInner {
     }
 
     fn push(&mut self, raw: &[u8], text: &[u8]) {
-        self.raw.extend_from_slice(raw);
-        self.text.extend_from_slice(text);
+        append(&mut self.raw, raw);
+        append(&mut self.text, text);
     }
 
     /// Drops the oldest bytes from memory once there are too many, keeping [`KEEP`] and
@@ -77,10 +80,24 @@ impl ChatInner {
         let text_cut = stripped_len(&self.raw[..cut]).min(self.text.len());
         self.raw.drain(..cut);
         self.text.drain(..text_cut);
+        // After a large append (or a restore) the buffers may have grown past what is kept.
+        self.raw.shrink_to(ROOM);
+        self.text.shrink_to(ROOM);
         self.raw_base += cut as u64;
         self.text_base += text_cut as u64;
         self.cuts.push((self.raw_base, self.text_base));
     }
+}
+
+/// Appends `b` to `v`, growing it by doubling but not past [`ROOM`] (unless `b` needs more):
+/// trimmed back below [`HIGH`], a chat never needs more.
+fn append(v: &mut Vec<u8>, b: &[u8]) {
+    let need = v.len() + b.len();
+    if need > v.capacity() {
+        let want = (v.capacity() * 2).clamp(need, ROOM.max(need));
+        v.reserve_exact(want - v.len());
+    }
+    v.extend_from_slice(b);
 }
 
 /// An agent's conversation as two append-only streams: `chat.raw` (with block markers) and
@@ -459,7 +476,7 @@ mod tests {
 
     fn in_memory(chat: &Chat) -> usize {
         let c = chat.inner.lock().unwrap();
-        c.raw.len() + c.text.len()
+        c.raw.capacity() + c.text.capacity()
     }
 
     /// The old `tail`: over the whole raw stream.
@@ -499,7 +516,7 @@ mod tests {
         let d = disk.lock().unwrap().clone();
         assert!(d.len() > 1 << 20, "{}", d.len());
         assert!(
-            in_memory(&c) <= 2 * HIGH,
+            in_memory(&c) <= 2 * ROOM,
             "{} bytes in memory",
             in_memory(&c)
         );
@@ -525,7 +542,7 @@ mod tests {
         rdisk.lock().unwrap().extend_from_slice(&d);
         r.restore(d.len() as u64).unwrap();
         assert!(
-            in_memory(&r) <= 2 * HIGH,
+            in_memory(&r) <= 2 * ROOM,
             "{} bytes in memory",
             in_memory(&r)
         );

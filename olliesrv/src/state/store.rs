@@ -823,14 +823,17 @@ impl Store {
         self.append(&dir, HISTORY_FILE, &data, sync)
     }
 
-    /// The agent's history, one value a line. A line that is not JSON is a [`Problem`] and
-    /// skipped; so is an unterminated last line (an append cut short by a crash, never
-    /// acknowledged). A missing file is an empty history.
-    pub fn read_history(
+    /// The agent's history, one value a line, each turned into a `T` by `each` as it is
+    /// decoded (so that the whole history is never held as JSON values; `None` leaves a line
+    /// out). A line that is not JSON is a [`Problem`] and skipped; so is an unterminated last
+    /// line (an append cut short by a crash, never acknowledged). A missing file is an empty
+    /// history.
+    pub fn read_history<T>(
         &self,
         session: &str,
         agent: &str,
-    ) -> (Vec<serde_json::Value>, Vec<Problem>) {
+        each: impl FnMut(serde_json::Value) -> Option<T>,
+    ) -> (Vec<T>, Vec<Problem>) {
         let dir = match self.agent_dir(session, agent) {
             Ok(d) => d,
             Err(e) => {
@@ -841,7 +844,7 @@ impl Store {
             }
         };
         let path = dir.join(HISTORY_FILE);
-        let data = match fs::read(&path) {
+        let data = match blocking(|| fs::read(&path)) {
             Ok(d) => d,
             Err(e) if e.kind() == ErrorKind::NotFound => return (Vec::new(), Vec::new()),
             Err(e) => {
@@ -851,7 +854,7 @@ impl Store {
                 );
             }
         };
-        parse_history(&path, &data)
+        parse_history_as(&path, &data, each)
     }
 
     /// Empties `history.jsonl` durably (for `clear`). The agent must exist.
@@ -1028,6 +1031,14 @@ fn cut_torn_tail(file: &File, path: &Path) -> Result<(), StoreError> {
 }
 
 pub(super) fn parse_history(path: &Path, data: &[u8]) -> (Vec<serde_json::Value>, Vec<Problem>) {
+    parse_history_as(path, data, Some)
+}
+
+fn parse_history_as<T>(
+    path: &Path,
+    data: &[u8],
+    mut each: impl FnMut(serde_json::Value) -> Option<T>,
+) -> (Vec<T>, Vec<Problem>) {
     let mut values = Vec::new();
     let mut problems = Vec::new();
     let mut lines = data.split(|b| *b == b'\n').peekable();
@@ -1051,7 +1062,7 @@ pub(super) fn parse_history(path: &Path, data: &[u8]) -> (Vec<serde_json::Value>
             continue;
         }
         match serde_json::from_slice(line) {
-            Ok(v) => values.push(v),
+            Ok(v) => values.extend(each(v)),
             Err(e) => problems.push(Problem::new(path, format!("line {n}: {e}; skipped"))),
         }
     }
@@ -1659,7 +1670,7 @@ mod tests {
         );
         assert!(s.remove_session("/").is_err());
         assert!(s.read_chat("..", A1, 0, 1).is_err());
-        let (v, p) = s.read_history(S1, "../../x");
+        let (v, p) = s.read_history(S1, "../../x", Some);
         assert!(v.is_empty());
         assert_eq!(p.len(), 1);
         assert!(p[0].reason.contains("invalid agent id"));
@@ -1915,7 +1926,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let (v, p) = s.read_history(S1, A1);
+        let (v, p) = s.read_history(S1, A1, Some);
         assert_eq!(p, vec![]);
         assert_eq!(v.len(), 100);
     }
@@ -1925,13 +1936,13 @@ mod tests {
         let (_t, s) = store();
         s.save_session(&session(S1, 1)).unwrap();
         s.save_agent(&agent(S1, A1, 1)).unwrap();
-        assert_eq!(s.read_history(S1, A1), (vec![], vec![]));
+        assert_eq!(s.read_history(S1, A1, Some), (vec![], vec![]));
         let v1 = json!({"role": "user", "content": "line\nbreak"});
         let v2 = json!([1, 2, 3]);
         s.append_history(S1, A1, &v1, Sync::Now).unwrap();
         s.append_history(S1, A1, &v2, Sync::Now).unwrap();
         assert_eq!(
-            s.read_history(S1, A1),
+            s.read_history(S1, A1, Some),
             (vec![v1.clone(), v2.clone()], vec![])
         );
 
@@ -1940,7 +1951,7 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"role\": \"assis").unwrap();
         drop(f);
-        let (v, p) = s.read_history(S1, A1);
+        let (v, p) = s.read_history(S1, A1, Some);
         assert_eq!(v, [v1.clone(), v2.clone()]);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].path, path);
@@ -1950,7 +1961,7 @@ mod tests {
         let s2 = Store::open(s.dir()).unwrap();
         let v3 = json!("after");
         s2.append_history(S1, A1, &v3, Sync::Now).unwrap();
-        assert_eq!(s2.read_history(S1, A1), (vec![v1, v2, v3], vec![]));
+        assert_eq!(s2.read_history(S1, A1, Some), (vec![v1, v2, v3], vec![]));
     }
 
     #[test]
@@ -1988,9 +1999,9 @@ mod tests {
         s.append_history(S1, A1, &json!(1), Sync::Now).unwrap();
         s.append_history(S1, A1, &json!(2), Sync::Now).unwrap();
         s.truncate_history(S1, A1).unwrap();
-        assert_eq!(s.read_history(S1, A1), (vec![], vec![]));
+        assert_eq!(s.read_history(S1, A1, Some), (vec![], vec![]));
         s.append_history(S1, A1, &json!(3), Sync::Now).unwrap();
-        assert_eq!(s.read_history(S1, A1), (vec![json!(3)], vec![]));
+        assert_eq!(s.read_history(S1, A1, Some), (vec![json!(3)], vec![]));
         let path = adir(&s, S1, A1).join(HISTORY_FILE);
         assert_eq!(fs::read(&path).unwrap(), b"3\n");
     }
