@@ -31,7 +31,8 @@ use serde::Deserialize;
 /// Why the configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}")]
+    /// The path may be a name in `agents/` or `policy/`, shown escaped.
+    #[error("cannot read config {}", shown(.path))]
     Read {
         path: PathBuf,
         #[source]
@@ -2215,6 +2216,15 @@ context_limit = 128000
             ("agents/p.toml", "system_prompt_file = \"d\\u001b[2J\""),
         ]);
         assert!(e.contains("d\\u{1B}[2J is not a regular file"), "{e}");
+        // A name in agents/ that cannot be read (a dangling link).
+        let d = dir_with(&[]);
+        std::fs::create_dir(d.path().join("agents")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", d.path().join("agents/a\nb.toml")).unwrap();
+        let e = load(&d).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cannot read config ") && e.ends_with("agents/a\\u{A}b.toml"),
+            "{e}"
+        );
         // The decoder quoting a key.
         let e = parse("\"x\\u001b]0;t\\u0007\" = 1")
             .unwrap_err()
