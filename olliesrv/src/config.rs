@@ -3,7 +3,9 @@
 //! main file.
 //!
 //! Parsed strictly (unknown keys are errors) from raw serde types into validated ones; every
-//! error names the file and the key path and fits on one line.
+//! error names the file and the key path and fits on one line, with the text the file chose
+//! (keys, file names, what the decoder quotes) display-escaped. The `config` fuzz target
+//! (`fuzz/fuzz_targets/config.rs`) drives the parsers through [`fuzzing`].
 //!
 //! Top-level keys of `config.toml`: `default_backend`, `[backends.NAME]`, `[remotes.NAME]`,
 //! `[prices."MODEL"]`, `cost_cap_usd`, `compact_at`, `bypass_timeout_s`, `toolsrv_liveness_s`
@@ -29,13 +31,16 @@ use serde::Deserialize;
 /// Why the configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}")]
+    /// The path may be a name in `agents/` or `policy/`, shown escaped.
+    #[error("cannot read config {}", shown(.path))]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("config {path}: line {line}: {message}")]
+    /// The message is display-escaped: the decoder quotes the file's text in it (an unknown
+    /// key, a bad character), and this line reaches a terminal.
+    #[error("config {path}: line {line}: {}", ollie_link::bypass::display_escape(.message))]
     Syntax {
         path: PathBuf,
         line: usize,
@@ -49,8 +54,9 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
-    /// A file a key refers to (e.g. `system_prompt_file`) could not be read.
-    #[error("config {path}: {key}: cannot read {file}")]
+    /// A file a key refers to (e.g. `system_prompt_file`) could not be read. Its name is
+    /// shown escaped, as the file chose it.
+    #[error("config {path}: {key}: cannot read {}", shown(.file))]
     ReadReferenced {
         path: PathBuf,
         key: String,
@@ -58,6 +64,12 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A file name from a config file as an error shows it: display-escaped, so that it stays on
+/// the error's line and cannot drive the terminal.
+fn shown(file: &Path) -> String {
+    ollie_link::bypass::display_escape(&file.display().to_string())
 }
 
 /// The kinds of LLM backend.
@@ -682,44 +694,56 @@ fn toml_files(dir: &Path, what: &str) -> Result<Vec<(String, PathBuf)>, ConfigEr
     Ok(files)
 }
 
+/// How a file a key refers to is read: at most `limit` bytes of it, `Ok(None)` if it is not a
+/// regular file. [`Config::load_dir`] reads the file system ([`read_file`]); the fuzz target
+/// passes a stand-in ([`fuzzing`]).
+type ReadFile = fn(file: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>>;
+
+/// [`ReadFile`] on the file system (following symlinks).
+fn read_file(file: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    if !std::fs::metadata(file)?.is_file() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)?
+        .take(limit)
+        .read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
+}
+
 /// Reads a referenced text file: a regular file, UTF-8, at most [`MAX_PROMPT_FILE_BYTES`].
-fn read_prompt_file(profile: &Path, key: &str, file: &Path) -> Result<String, ConfigError> {
+fn read_prompt_file(
+    profile: &Path,
+    key: &str,
+    file: &Path,
+    read: ReadFile,
+) -> Result<String, ConfigError> {
     let unreadable = |source| ConfigError::ReadReferenced {
         path: profile.to_owned(),
         key: key.to_owned(),
         file: file.to_owned(),
         source,
     };
-    let meta = std::fs::metadata(file).map_err(unreadable)?;
-    if !meta.is_file() {
+    let Some(bytes) = read(file, MAX_PROMPT_FILE_BYTES + 1).map_err(unreadable)? else {
         return Err(invalid_at(
             profile,
             key,
-            format!("{} is not a regular file", file.display()),
+            format!("{} is not a regular file", shown(file)),
         ));
-    }
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_PROMPT_FILE_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(unreadable)?;
+    };
     if bytes.len() as u64 > MAX_PROMPT_FILE_BYTES {
         return Err(invalid_at(
             profile,
             key,
             format!(
                 "{} is larger than {} KiB",
-                file.display(),
+                shown(file),
                 MAX_PROMPT_FILE_BYTES / 1024
             ),
         ));
     }
-    String::from_utf8(bytes).map_err(|_| {
-        invalid_at(
-            profile,
-            key,
-            format!("{} is not utf-8 text", file.display()),
-        )
-    })
+    String::from_utf8(bytes)
+        .map_err(|_| invalid_at(profile, key, format!("{} is not utf-8 text", shown(file))))
 }
 
 /// Checks that every entry of a list is one of `valid` and appears once.
@@ -852,7 +876,7 @@ impl Config {
         let agents = dir.join("agents");
         for (name, path) in toml_files(&agents, "profile")? {
             let text = std::fs::read_to_string(&path).map_err(|e| read_error(&path, e))?;
-            let profile = self.parse_profile(&name, &text, &path, &agents)?;
+            let profile = self.parse_profile(&name, &text, &path, &agents, read_file)?;
             self.profiles.insert(name, profile);
         }
         Ok(self)
@@ -860,13 +884,14 @@ impl Config {
 
     /// Validates one profile's text against this configuration's backends and policies.
     /// `name` was checked by the caller; `path` is for messages; a relative
-    /// `system_prompt_file` is read from `agents_dir`.
+    /// `system_prompt_file` is read from `agents_dir`, with `read`.
     fn parse_profile(
         &self,
         name: &str,
         text: &str,
         path: &Path,
         agents_dir: &Path,
+        read: ReadFile,
     ) -> Result<Profile, ConfigError> {
         let raw: RawProfile = toml::from_str(text).map_err(|e| syntax_error(text, path, &e))?;
         if let Some(b) = &raw.backend
@@ -901,6 +926,7 @@ impl Config {
                     path,
                     "system_prompt_file",
                     &agents_dir.join(f),
+                    read,
                 )?)
             }
             (None, None) => None,
@@ -1405,6 +1431,58 @@ pub mod hook_limits {
     pub const MAX_PER_EVENT: usize = 16;
     /// Bytes per command.
     pub const MAX_COMMAND: usize = 16 * 1024;
+}
+
+/// For the `config` fuzz target (`fuzz/fuzz_targets/config.rs`) only, not an API: the parsers
+/// of `config.toml`, a user policy and an agent profile on text, as [`Config::load_file`] runs
+/// them, without reading any file. Errors are their `Display`.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::path::Path;
+
+    use super::parse_user_policy;
+    pub use super::{Config, Profile, Timeouts};
+
+    /// `config.toml`'s text, parsed as [`Config::parse`] does for `config.toml`.
+    pub fn parse_config(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("config.toml")).map_err(|e| e.to_string())
+    }
+
+    /// `config` with `policy/user.toml` of `text` added, as [`Config::load_dir`] adds it.
+    pub fn add_policy(mut config: Config, text: &str) -> Result<Config, String> {
+        let t = parse_user_policy("user", text, Path::new("policy/user.toml"))
+            .map_err(|e| e.to_string())?;
+        config.policies.insert("user".to_owned(), t);
+        Ok(config)
+    }
+
+    /// `agents/p.toml` of `text`, validated against `config`. No file is read: a
+    /// `system_prompt_file` is [`stand_in`].
+    pub fn parse_profile(config: &Config, text: &str) -> Result<Profile, String> {
+        config
+            .parse_profile(
+                "p",
+                text,
+                Path::new("agents/p.toml"),
+                Path::new("agents"),
+                stand_in,
+            )
+            .map_err(|e| e.to_string())
+    }
+
+    /// What a referenced file holds, by its extension: `.md` its own path, `.big` one byte
+    /// more than the limit, `.bin` invalid UTF-8; `.dir` is a directory and anything else
+    /// does not exist.
+    fn stand_in(file: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+        let ext = file.extension().and_then(|e| e.to_str());
+        Ok(Some(match ext {
+            Some("md") => file.as_os_str().as_encoded_bytes().to_vec(),
+            Some("big") => vec![b'x'; usize::try_from(limit).unwrap_or(usize::MAX)],
+            Some("bin") => vec![0xff, 0xfe],
+            Some("dir") => return Ok(None),
+            _ => return Err(std::io::ErrorKind::NotFound.into()),
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -2125,6 +2203,34 @@ context_limit = 128000
             e.contains("backends.x\\u{1B}]0;title\\u{7}: backend names use"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn text_the_file_chose_is_shown_escaped_in_every_error() {
+        // A file name: a prompt file that cannot be read, and one that is not a regular file.
+        let e = load_err(&[("agents/p.toml", "system_prompt_file = \"a\\nb\\t.md\"")]);
+        assert!(e.contains("system_prompt_file: cannot read "), "{e}");
+        assert!(e.contains("a\\u{A}b\\u{9}.md"), "{e}");
+        let e = load_err(&[
+            ("agents/d\u{1b}[2J/x", ""),
+            ("agents/p.toml", "system_prompt_file = \"d\\u001b[2J\""),
+        ]);
+        assert!(e.contains("d\\u{1B}[2J is not a regular file"), "{e}");
+        // A name in agents/ that cannot be read (a dangling link).
+        let d = dir_with(&[]);
+        std::fs::create_dir(d.path().join("agents")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", d.path().join("agents/a\nb.toml")).unwrap();
+        let e = load(&d).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cannot read config ") && e.ends_with("agents/a\\u{A}b.toml"),
+            "{e}"
+        );
+        // The decoder quoting a key.
+        let e = parse("\"x\\u001b]0;t\\u0007\" = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(e.contains("unknown field `x\\u{1B}]0;t\\u{7}`"), "{e}");
     }
 
     #[test]

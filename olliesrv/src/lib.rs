@@ -25,7 +25,8 @@
 //! checked by `tests/tests/floors.rs`); ARCHITECTURE.md maps every file.
 //!
 //! Tested by unit tests here, and by cross-process tests in `tests/` that start the real
-//! binary and drive it with our client, the `ninep` crate's client and py9p.
+//! binary and drive it with our client, the `ninep` crate's client and py9p; the parsers of
+//! the configuration are fuzzed (`fuzz/fuzz_targets/config.rs`, through [`fuzzing`]).
 #![forbid(unsafe_code)]
 
 // Floors, top to bottom: each module imports only the ones declared after it
@@ -146,6 +147,11 @@ pub enum RunError {
 
 /// An error and its causes on one line, for logs and 9P errors.
 pub use ollie_link::error_chain;
+
+/// For the `config` fuzz target only (fuzz/ is its own workspace and needs the parsers of a
+/// private module); not an API.
+#[doc(hidden)]
+pub use config::fuzzing;
 
 /// `olliesrv --check-config`.
 pub use check::{Report as ConfigReport, check as check_config};
