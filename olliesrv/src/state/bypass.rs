@@ -285,16 +285,22 @@ impl Bypass {
             tracing::warn!(path = %self.audit_path.display(), lines = ?scan.bad, "audit log lines that are not events");
         }
         for (session, id) in scan.open {
-            let mut fields = serde_json::Map::new();
-            fields.insert("session".into(), Value::from(session));
-            fields.insert("id".into(), Value::from(id));
-            fields.insert("verdict".into(), json!("denied"));
-            fields.insert(
-                "why".into(),
-                json!("olliesrv stopped before an answer; the session's toolsrv went with it"),
+            self.audit_gone(
+                &session,
+                id,
+                "olliesrv stopped before an answer; the session's toolsrv went with it",
             );
-            self.audit("broker-gone", fields);
         }
+    }
+
+    /// Audits request `id` of `session` as denied because its broker is gone (`why`).
+    fn audit_gone(&self, session: &str, id: String, why: &str) {
+        let mut fields = serde_json::Map::new();
+        fields.insert("session".into(), Value::from(session));
+        fields.insert("id".into(), Value::from(id));
+        fields.insert("verdict".into(), json!("denied"));
+        fields.insert("why".into(), json!(why));
+        self.audit("broker-gone", fields);
     }
 
     /// Reads the audit log ([`scan_audit`]) and cuts a torn last line, durably: it is an
@@ -520,15 +526,11 @@ impl Bypass {
         };
         for id in ids {
             self.emit("bypass-gone", session, &id, &[]);
-            let mut fields = serde_json::Map::new();
-            fields.insert("session".into(), Value::from(session));
-            fields.insert("id".into(), Value::from(id));
-            fields.insert("verdict".into(), json!("denied"));
-            fields.insert(
-                "why".into(),
-                json!("the session's toolsrv went away before an answer"),
+            self.audit_gone(
+                session,
+                id,
+                "the session's toolsrv went away before an answer",
             );
-            self.audit("broker-gone", fields);
         }
         self.tick.send_modify(|s| *s += 1);
     }
