@@ -9,9 +9,10 @@
 //! sampled, so nothing is in flight. It prints olliesrv's and every toolsrv's RSS and
 //! descriptor counts, their growth over the run (a leak: goal ≤ 5 % RSS, no descriptor),
 //! the RSS after each part (a plateau or a climb), the bytes of the agents' chats on disk,
-//! and the p50/p99 of the `stats` reads. SOAK_CLEAR_EVERY=N clears each agent's history
-//! every N turns, as compaction bounds it with a real model's context (this model reports
-//! no usage, so nothing is ever compacted and every request grows with its history).
+//! and the p50/p99 of the `stats` reads. The backend's `context_limit` is SOAK_CONTEXT
+//! tokens (default 4000; the model reports about four bytes a token), so histories are
+//! compacted as with a real model; SOAK_CONTEXT=0 leaves the limit unset (128k tokens
+//! assumed) and every request then grows with its history for the whole run.
 //!
 //! ```text
 //! cargo build --release --bins && cargo bench -p ollie-tests --bench soak
@@ -72,7 +73,6 @@ fn growth(a: u64, b: u64) -> String {
 /// One agent's turns, back to back, until `stop`: a prompt, then its `statewait` until the
 /// agent is idle again. Counts the turns that ended.
 async fn turns(root: Fid, path: String, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) {
-    let clear_every = env_count("SOAK_CLEAR_EVERY", 0);
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let mut sw = root.walk_path(&format!("{path}/statewait")).await.unwrap();
@@ -90,11 +90,6 @@ async fn turns(root: Fid, path: String, stop: Arc<AtomicBool>, done: Arc<AtomicU
         }
         done.fetch_add(1, Ordering::Relaxed);
         let _ = sw.clunk().await;
-        if clear_every > 0 && n.is_multiple_of(clear_every) {
-            write_text(&root, &format!("{path}/ctl"), "clear")
-                .await
-                .unwrap();
-        }
     }
 }
 
@@ -148,7 +143,12 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
     }))
     .await;
     let cfg = tmp.join("config.toml");
-    std::fs::write(&cfg, model.config()).unwrap();
+    let mut config = model.config();
+    match env_count("SOAK_CONTEXT", 4000) {
+        0 => {}
+        n => config.push_str(&format!("context_limit = {n}\n")),
+    }
+    std::fs::write(&cfg, config).unwrap();
     let sock = tmp.join("ns").join("ollie");
     let mut srv = olliesrv_command(&sock, &tmp.join("state"))
         .arg("--config")
@@ -255,6 +255,7 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
         all_turns: w.turns + r.turns,
         came: w.came + r.came,
         tool_calls: model.issued(),
+        compactions: model.summaries(),
         lat,
         measured: total - warm,
     });
@@ -385,6 +386,7 @@ struct Report {
     all_turns: u64,
     came: u64,
     tool_calls: u64,
+    compactions: u64,
     lat: Vec<Duration>,
     measured: Duration,
 }
@@ -393,7 +395,7 @@ fn report(r: &Report) {
     let sum = |v: &[u64]| v.iter().sum::<u64>();
     let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
     println!(
-        "soak: {} s, {} sessions, {} agents, {} blocked readers; {} turns ({} after warm-up, {:.1}/s), {} tool calls, {} readers came and went",
+        "soak: {} s, {} sessions, {} agents, {} blocked readers; {} turns ({} after warm-up, {:.1}/s), {} tool calls, {} compactions, {} readers came and went",
         r.secs,
         r.sessions,
         r.agents,
@@ -402,6 +404,7 @@ fn report(r: &Report) {
         r.turns,
         r.turns as f64 / r.measured.as_secs_f64().max(1e-9),
         r.tool_calls,
+        r.compactions,
         r.came
     );
     println!(

@@ -632,6 +632,60 @@ async fn a_context_overflow_compacts_and_retries() {
     );
 }
 
+/// A context that overflows in the middle of a turn, when the tool result is not answered
+/// yet: the compaction keeps the call and its result, so the model answers the result and
+/// does not make the call again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflow_after_a_tool_result_keeps_the_call_and_its_result() {
+    let script = vec![
+        Reply::ndjson(&[
+            calls(&[("execute_code", json!({"language": "bash", "code": "echo ran >> runs"}))]),
+            done(20, 5),
+        ]),
+        Reply::json(
+            400,
+            &json!({"error": "the input length exceeds the context length"}),
+        ),
+        Reply::ndjson(&[delta("- the user asked for a run", ""), done(100, 10)]),
+        answer("it ran"),
+    ];
+    let (fake, _srv, work, _c, root, ev) = setup(script, "").await;
+    let states = turn(&root, &ev, "run it").await;
+    assert_eq!(
+        states,
+        [
+            "thinking",
+            "calling: execute_code",
+            "thinking",
+            "compacting",
+            "thinking",
+            "idle"
+        ]
+    );
+    // The call ran once: it was not made again after the compaction.
+    assert_eq!(std::fs::read_to_string(work.join("runs")).unwrap(), "ran\n");
+    let posts = fake.posts();
+    assert_eq!(posts.len(), 4);
+    let b = check_chat_request(&posts[3], "m");
+    let msgs = b["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 4, "{b}");
+    assert!(
+        msgs[1]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("<conversation-summary>\n- the user asked for a run"),
+        "{b}"
+    );
+    assert_eq!(msgs[2]["role"], "assistant", "{b}");
+    assert_eq!(msgs[2]["tool_calls"][0]["function"]["name"], "execute_code");
+    assert_eq!(msgs[3]["role"], "tool", "{b}");
+    assert_eq!(msgs[3]["tool_name"], "execute_code", "{b}");
+    let (raw, bs) = log(&root).await;
+    assert_eq!(bs.last().unwrap().body.trim_end(), "it ran", "{raw}");
+    let stats = read(&root, "session/s/agent/a/stats").await;
+    assert_kv(&stats, &[("tool_calls", "1"), ("requests", "4")]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_call_written_as_text_is_sent_back() {
     let text = r#"I will read it: {"name": "file_read", "arguments": {"path": "x"}}"#;

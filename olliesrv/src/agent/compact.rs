@@ -25,7 +25,8 @@ use crate::backend::{Backend, BackendError, Message, ModelRequest, Role};
 use crate::state::{Agent, Registry};
 use crate::util::lock;
 
-/// Messages kept verbatim after the summary (at most).
+/// Messages kept verbatim after the summary (a few more when the tail would otherwise begin
+/// with tool results: their call is kept with them).
 pub const KEEP_TAIL: usize = 6;
 /// The longest transcript sent for summarizing, in characters, when the context limit is
 /// unknown (about 100k tokens).
@@ -46,12 +47,14 @@ pub struct Compacted {
     pub kept: usize,
 }
 
-/// Where the kept tail starts: at most [`KEEP_TAIL`] messages, never starting with a tool
-/// result (its call would be gone).
+/// Where the kept tail starts: the last `keep` messages, and never at a tool result: the
+/// tail then starts at the assistant message that made the call, so that a result the
+/// model has not answered yet (a compaction in the middle of a turn) stays whole, with its
+/// call, instead of being summarized away (the model would make the call again).
 fn tail_start(msgs: &[Message], keep: usize) -> usize {
     let mut i = msgs.len().saturating_sub(keep);
-    while i < msgs.len() && msgs[i].role == Role::Tool {
-        i += 1;
+    while i > 0 && i < msgs.len() && msgs[i].role == Role::Tool {
+        i -= 1;
     }
     i
 }
@@ -239,10 +242,20 @@ mod tests {
             m(Role::Tool, "d"),
             m(Role::Assistant, "e"),
         ];
-        assert_eq!(tail_start(&msgs, 3), 4);
+        // The results' call is kept with them.
+        assert_eq!(tail_start(&msgs, 3), 1);
         assert_eq!(tail_start(&msgs, 4), 1);
+        assert_eq!(tail_start(&msgs, 1), 4);
         assert_eq!(tail_start(&msgs, 10), 0);
         assert_eq!(tail_start(&msgs, 0), 5);
+        // A turn's call and its result not yet answered: both kept, whatever `keep` says.
+        let turn = [
+            m(Role::User, "p"),
+            m(Role::Assistant, "call"),
+            m(Role::Tool, "r"),
+        ];
+        assert_eq!(tail_start(&turn, 1), 1);
+        assert_eq!(tail_start(&turn, 2), 1);
     }
 
     #[test]

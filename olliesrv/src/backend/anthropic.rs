@@ -64,7 +64,8 @@ use std::fmt;
 
 use ollie_link::text::{clip, one_line};
 use reqwest::{RequestBuilder, Url};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Value, json};
 
 use super::http::{
     self, ApiKey, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, SSE, SseReply, generated_id,
@@ -189,67 +190,116 @@ impl HttpApi for Anthropic {
 }
 
 /// The JSON body of a streamed Messages request.
-fn request_body(model: &str, req: &ModelRequest) -> Value {
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert(
-        "max_tokens".into(),
-        json!(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
-    );
-    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
-        body.insert("system".into(), json!(system));
+fn request_body(model: &str, req: &ModelRequest) -> serde_json::Result<Vec<u8>> {
+    let object = json!({"type": "object"});
+    let tools = req
+        .tools
+        .iter()
+        .map(|t| Tool {
+            name: &t.name,
+            description: &t.description,
+            // The API insists on an object schema.
+            input_schema: if t.parameters.is_object() {
+                &t.parameters
+            } else {
+                &object
+            },
+        })
+        .collect();
+    serde_json::to_vec(&Body {
+        model,
+        max_tokens: req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        system: req.system.as_deref().filter(|s| !s.is_empty()),
+        messages: turns(&req.messages),
+        tools,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        stream: true,
+    })
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a str>,
+    messages: Vec<Turn<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+/// One message of the API: a role and its blocks, a single text block sent as a plain
+/// string.
+struct Turn<'a> {
+    role: &'static str,
+    blocks: Vec<Part<'a>>,
+}
+
+impl Serialize for Turn<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut t = s.serialize_struct("Turn", 2)?;
+        t.serialize_field("role", self.role)?;
+        match self.blocks.as_slice() {
+            [Part::Text { text }] => t.serialize_field("content", text)?,
+            blocks => t.serialize_field("content", blocks)?,
+        }
+        t.end()
     }
-    body.insert("messages".into(), messages_json(&req.messages));
-    if !req.tools.is_empty() {
-        let tools = req
-            .tools
-            .iter()
-            .map(|t| {
-                // The API insists on an object schema.
-                let schema = if t.parameters.is_object() {
-                    t.parameters.clone()
-                } else {
-                    json!({"type": "object"})
-                };
-                json!({"name": t.name, "description": t.description, "input_schema": schema})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(t) = req.temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = req.top_p {
-        body.insert("top_p".into(), json!(p));
-    }
-    body.insert("stream".into(), Value::Bool(true));
-    Value::Object(body)
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        /// Optional; an empty string is better left out.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<&'a str>,
+    },
 }
 
 /// Our messages as the API's alternating `user`/`assistant` messages of content blocks (see
 /// the module comment).
-fn messages_json(messages: &[Message]) -> Value {
-    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
+fn turns(messages: &[Message]) -> Vec<Turn<'_>> {
+    let mut out: Vec<Turn<'_>> = Vec::new();
     for m in messages {
         let (role, blocks) = match m.role {
             Role::User => ("user", text_block(&m.content).into_iter().collect()),
-            Role::Tool => {
-                let mut block = Map::new();
-                block.insert("type".into(), json!("tool_result"));
-                block.insert(
-                    "tool_use_id".into(),
-                    json!(m.tool_call_id.as_deref().unwrap_or_default()),
-                );
-                // `content` is optional; an empty string is better left out.
-                if !m.content.is_empty() {
-                    block.insert("content".into(), json!(m.content));
-                }
-                ("user", vec![Value::Object(block)])
-            }
+            Role::Tool => (
+                "user",
+                vec![Part::ToolResult {
+                    tool_use_id: m.tool_call_id.as_deref().unwrap_or_default(),
+                    content: Some(m.content.as_str()).filter(|c| !c.is_empty()),
+                }],
+            ),
             Role::Assistant => {
-                let mut blocks: Vec<Value> = text_block(&m.content).into_iter().collect();
-                blocks.extend(m.tool_calls.iter().map(|c| {
-                    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments})
+                let mut blocks: Vec<Part<'_>> = text_block(&m.content).into_iter().collect();
+                blocks.extend(m.tool_calls.iter().map(|c| Part::ToolUse {
+                    id: &c.id,
+                    name: &c.name,
+                    input: &c.arguments,
                 }));
                 ("assistant", blocks)
             }
@@ -258,42 +308,30 @@ fn messages_json(messages: &[Message]) -> Value {
             continue;
         }
         match out.last_mut() {
-            Some((last_role, last)) if *last_role == role => {
+            Some(last) if last.role == role => {
                 for b in blocks {
-                    if is_tool_result(&b) {
+                    if matches!(b, Part::ToolResult { .. }) {
                         // Tool results go before any text of the merged message.
-                        let at = last.iter().take_while(|x| is_tool_result(x)).count();
-                        last.insert(at, b);
+                        let at = last
+                            .blocks
+                            .iter()
+                            .take_while(|x| matches!(x, Part::ToolResult { .. }))
+                            .count();
+                        last.blocks.insert(at, b);
                     } else {
-                        last.push(b);
+                        last.blocks.push(b);
                     }
                 }
             }
-            _ => out.push((role, blocks)),
+            _ => out.push(Turn { role, blocks }),
         }
     }
-    Value::Array(
-        out.into_iter()
-            .map(|(role, blocks)| {
-                let content = match blocks.as_slice() {
-                    [b] if b.get("type").and_then(Value::as_str) == Some("text") => {
-                        b.get("text").cloned().unwrap_or_default()
-                    }
-                    _ => Value::Array(blocks),
-                };
-                json!({"role": role, "content": content})
-            })
-            .collect(),
-    )
+    out
 }
 
 /// A text block, unless `text` is empty (the API refuses empty text blocks).
-fn text_block(text: &str) -> Option<Value> {
-    (!text.is_empty()).then(|| json!({"type": "text", "text": text}))
-}
-
-fn is_tool_result(block: &Value) -> bool {
-    block.get("type").and_then(Value::as_str) == Some("tool_result")
+fn text_block(text: &str) -> Option<Part<'_>> {
+    (!text.is_empty()).then_some(Part::Text { text })
 }
 
 /// An `error` event's `error` object as a [`BackendError`].
@@ -1197,7 +1235,7 @@ mod tests {
             },
         ];
         assert_eq!(
-            messages_json(&messages),
+            serde_json::to_value(turns(&messages)).unwrap(),
             json!([
                 {"role": "user", "content": [
                     {"type": "text", "text": "one"},
@@ -1222,7 +1260,8 @@ mod tests {
             ..request()
         };
         assert_eq!(
-            request_body("m", &req)["tools"][0]["input_schema"],
+            serde_json::from_slice::<Value>(&request_body("m", &req).unwrap()).unwrap()["tools"][0]
+                ["input_schema"],
             json!({"type": "object"})
         );
     }

@@ -12,13 +12,16 @@ use std::time::Duration;
 use ollie_link::text::{clip, one_line};
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Response, Url};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use std::future::Future;
 use std::pin::Pin;
 
 pub(super) use super::framing::{Frame, Framer, MAX_EVENT, SseParser};
-use super::{Backend, BackendError, Event, ModelReply, ModelRequest, Sink, ToolCall, Usage};
+use super::{
+    Backend, BackendError, Event, ModelReply, ModelRequest, Sink, ToolCall, ToolSpec, Usage,
+};
 use crate::config::Timeouts;
 
 /// The media type of server-sent events (the `Accept` of a streamed request).
@@ -336,7 +339,7 @@ impl Conn {
     }
 
     /// A streamed JSON `POST {base_url}{path}` of `body`, accepting `accept`.
-    pub fn post(&self, path: &str, accept: &str, body: String) -> reqwest::RequestBuilder {
+    pub fn post(&self, path: &str, accept: &str, body: Vec<u8>) -> reqwest::RequestBuilder {
         self.client
             .post(format!("{}{path}", self.base_url))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -398,20 +401,26 @@ impl Conn {
         .await
     }
 
-    /// A chat request for `req`: the body `body` makes for its model, posted to `path`
+    /// A chat request for `req`: the body `body` encodes for its model, posted to `path`
     /// accepting `accept` and logged as `what`, with the key for this call. The key is not
     /// yet in the request: each API sends it in a header of its own.
+    ///
+    /// Bodies are encoded straight from the request's messages (borrowed, see
+    /// [`FunctionTool`]), not through a `serde_json::Value` copy of the whole history: a
+    /// request's memory is its messages and its bytes, nothing more.
     pub fn chat_request(
         &self,
         req: &ModelRequest,
         what: &str,
         path: &str,
         accept: &str,
-        body: fn(&str, &ModelRequest) -> Value,
+        body: fn(&str, &ModelRequest) -> serde_json::Result<Vec<u8>>,
     ) -> Result<(reqwest::RequestBuilder, Option<ApiKey>), BackendError> {
         let model = self.start(req, what)?;
         let key = self.api_key()?;
-        let body = body(model, req).to_string();
+        let body = body(model, req).map_err(|e| {
+            BackendError::Fatal(format!("{}: the request cannot be encoded: {e}", self.name))
+        })?;
         Ok((self.post(path, accept, body), key))
     }
 
@@ -443,6 +452,36 @@ impl Conn {
             BackendError::Fatal(format!("{}: {what} reply has no {field} array", self.name))
         })
     }
+}
+
+/// A tool as the OpenAI and Ollama chat APIs take it:
+/// `{"type": "function", "function": {name, description, parameters}}`.
+#[derive(Serialize)]
+pub(super) struct FunctionTool<'a> {
+    r#type: &'static str,
+    function: FunctionSpec<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionSpec<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// The request's tools as [`FunctionTool`]s.
+pub(super) fn function_tools(tools: &[ToolSpec]) -> Vec<FunctionTool<'_>> {
+    tools
+        .iter()
+        .map(|t| FunctionTool {
+            r#type: "function",
+            function: FunctionSpec {
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.parameters,
+            },
+        })
+        .collect()
 }
 
 /// The reply of a finished stream; the usage the server reported, if it did, goes to `sink`

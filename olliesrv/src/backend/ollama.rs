@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use ollie_link::text::{clip, one_line};
 use reqwest::{Response, Url};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::framing::LineSplitter;
@@ -213,78 +214,107 @@ fn exceeds_context(text: &str) -> bool {
 }
 
 /// The JSON body of a streamed chat request.
-fn request_body(model: &str, req: &ModelRequest) -> Value {
+fn request_body(model: &str, req: &ModelRequest) -> serde_json::Result<Vec<u8>> {
+    let system = req.system.as_deref().filter(|s| !s.is_empty());
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
-        messages.push(json!({"role": "system", "content": system}));
-    }
+    messages.extend(system.map(|content| Msg {
+        role: "system",
+        content,
+        tool_name: None,
+        tool_calls: Vec::new(),
+    }));
     for (i, m) in req.messages.iter().enumerate() {
-        messages.push(message_json(m, &req.messages[..i]));
+        messages.push(Msg::of(m, &req.messages[..i]));
     }
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools = req
-            .tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                }})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    let mut options = Map::new();
-    if let Some(t) = req.temperature {
-        options.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = req.top_p {
-        options.insert("top_p".into(), json!(p));
-    }
-    if let Some(m) = req.max_tokens {
-        options.insert("num_predict".into(), json!(m));
-    }
-    if !options.is_empty() {
-        body.insert("options".into(), Value::Object(options));
-    }
-    body.insert("stream".into(), Value::Bool(true));
-    Value::Object(body)
+    let options = Options {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        num_predict: req.max_tokens,
+    };
+    let sampling = options.temperature.is_some()
+        || options.top_p.is_some()
+        || options.num_predict.is_some();
+    serde_json::to_vec(&Body {
+        model,
+        messages,
+        tools: http::function_tools(&req.tools),
+        options: sampling.then_some(options),
+        stream: true,
+    })
 }
 
-/// One message; `earlier` are the messages before it (where a tool result's call is found).
-fn message_json(m: &Message, earlier: &[Message]) -> Value {
-    match m.role {
-        Role::User => json!({"role": "user", "content": m.content}),
-        Role::Tool => {
-            let mut o = Map::new();
-            o.insert("role".into(), json!("tool"));
-            o.insert("content".into(), json!(m.content));
-            if let Some(name) = m
-                .tool_call_id
-                .as_deref()
-                .and_then(|id| tool_name(id, earlier))
-            {
-                o.insert("tool_name".into(), json!(name));
-            }
-            Value::Object(o)
-        }
-        Role::Assistant => {
-            let mut o = Map::new();
-            o.insert("role".into(), json!("assistant"));
-            o.insert("content".into(), json!(m.content));
-            if !m.tool_calls.is_empty() {
-                let calls = m
-                    .tool_calls
-                    .iter()
-                    .map(|c| json!({"function": {"name": c.name, "arguments": c.arguments}}))
-                    .collect();
-                o.insert("tool_calls".into(), Value::Array(calls));
-            }
-            Value::Object(o)
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Vec<Msg<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<http::FunctionTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    options: Option<Options>,
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct Options {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    num_predict: Option<u32>,
+}
+
+/// One message as Ollama takes it.
+#[derive(Serialize)]
+struct Msg<'a> {
+    role: &'static str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Call<'a>>,
+}
+
+#[derive(Serialize)]
+struct Call<'a> {
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    arguments: &'a Value,
+}
+
+impl<'a> Msg<'a> {
+    /// `m`; `earlier` are the messages before it (where a tool result's call is found).
+    fn of(m: &'a Message, earlier: &'a [Message]) -> Msg<'a> {
+        let (role, tool_name) = match m.role {
+            Role::User => ("user", None),
+            Role::Tool => (
+                "tool",
+                m.tool_call_id
+                    .as_deref()
+                    .and_then(|id| tool_name(id, earlier)),
+            ),
+            Role::Assistant => ("assistant", None),
+        };
+        let tool_calls = m
+            .tool_calls
+            .iter()
+            .filter(|_| m.role == Role::Assistant)
+            .map(|c| Call {
+                function: CallFunction {
+                    name: &c.name,
+                    arguments: &c.arguments,
+                },
+            })
+            .collect();
+        Msg {
+            role,
+            content: &m.content,
+            tool_name,
+            tool_calls,
         }
     }
 }

@@ -45,7 +45,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use ollie_link::text::{clip, one_line};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::http::{
     self, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, SSE, SseReply, classify_stream_error,
@@ -181,76 +182,116 @@ fn listed_window(m: &Value) -> Option<u64> {
 }
 
 /// The JSON body of a streamed chat request.
-fn request_body(model: &str, req: &ModelRequest) -> Value {
+fn request_body(model: &str, req: &ModelRequest) -> serde_json::Result<Vec<u8>> {
+    let system = req.system.as_deref().filter(|s| !s.is_empty());
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
-        messages.push(json!({"role": "system", "content": system}));
-    }
-    messages.extend(req.messages.iter().map(message_json));
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools = req
-            .tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                }})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(t) = req.temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    if let Some(p) = req.top_p {
-        body.insert("top_p".into(), json!(p));
-    }
-    if let Some(m) = req.max_tokens {
-        body.insert("max_tokens".into(), json!(m));
-    }
-    body.insert("stream".into(), Value::Bool(true));
-    body.insert("stream_options".into(), json!({"include_usage": true}));
-    Value::Object(body)
+    messages.extend(system.map(|s| Msg {
+        role: "system",
+        content: Some(s),
+        tool_call_id: None,
+        tool_calls: Vec::new(),
+    }));
+    messages.extend(req.messages.iter().map(Msg::of));
+    serde_json::to_vec(&Body {
+        model,
+        messages,
+        tools: http::function_tools(&req.tools),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        max_tokens: req.max_tokens,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+    })
 }
 
-fn message_json(m: &Message) -> Value {
-    match m.role {
-        Role::User => json!({"role": "user", "content": m.content}),
-        Role::Tool => json!({
-            "role": "tool",
-            "tool_call_id": m.tool_call_id.as_deref().unwrap_or_default(),
-            "content": m.content,
-        }),
-        Role::Assistant => {
-            let mut o = Map::new();
-            o.insert("role".into(), json!("assistant"));
-            // `null` content is how the API spells "only tool calls".
-            let content = if m.content.is_empty() && !m.tool_calls.is_empty() {
-                Value::Null
-            } else {
-                json!(m.content)
-            };
-            o.insert("content".into(), content);
-            if !m.tool_calls.is_empty() {
-                let calls = m
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Vec<Msg<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<http::FunctionTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    stream: bool,
+    stream_options: StreamOptions,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// One message as the API takes it.
+#[derive(Serialize)]
+struct Msg<'a> {
+    role: &'static str,
+    /// `None` (JSON `null`) is how the API spells "only tool calls".
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Call<'a>>,
+}
+
+#[derive(Serialize)]
+struct Call<'a> {
+    id: &'a str,
+    r#type: &'static str,
+    function: CallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    name: &'a str,
+    /// The arguments object as JSON text, as the API wants them.
+    #[serde(serialize_with = "as_json_text")]
+    arguments: &'a Value,
+}
+
+fn as_json_text<S: serde::Serializer>(v: &&Value, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(*v)
+}
+
+impl<'a> Msg<'a> {
+    fn of(m: &'a Message) -> Msg<'a> {
+        let mut msg = Msg {
+            role: "user",
+            content: Some(&m.content),
+            tool_call_id: None,
+            tool_calls: Vec::new(),
+        };
+        match m.role {
+            Role::User => {}
+            Role::Tool => {
+                msg.role = "tool";
+                msg.tool_call_id = Some(m.tool_call_id.as_deref().unwrap_or_default());
+            }
+            Role::Assistant => {
+                msg.role = "assistant";
+                if m.content.is_empty() && !m.tool_calls.is_empty() {
+                    msg.content = None;
+                }
+                msg.tool_calls = m
                     .tool_calls
                     .iter()
-                    .map(|c| {
-                        json!({"id": c.id, "type": "function", "function": {
-                            "name": c.name,
-                            "arguments": c.arguments.to_string(),
-                        }})
+                    .map(|c| Call {
+                        id: &c.id,
+                        r#type: "function",
+                        function: CallFunction {
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        },
                     })
                     .collect();
-                o.insert("tool_calls".into(), Value::Array(calls));
             }
-            Value::Object(o)
         }
+        msg
     }
 }
 
@@ -423,6 +464,7 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::backend::ToolSpec;
+    use serde_json::json;
     use crate::backend::http::{ApiKey, retry_after};
     use crate::config::{Backend as BackendCfg, BackendKind};
     use reqwest::header::{HeaderMap, HeaderValue};

@@ -2,8 +2,12 @@
 //! with real tool calls: a request whose last message is the user's prompt gets one
 //! `execute_code` call, with the shell code (or the whole arguments, `escalate` included:
 //! [`Model::start_with_args`]) the caller makes from a fresh token (1, 2, …); a request
-//! whose last message is a tool result gets the answer `done`. `GET /api/tags` lists the one
-//! model `m`. Every reply is one NDJSON line and the connection closes.
+//! whose last message is a tool result gets the answer `done`; a request offering no tools
+//! (a compaction's request to summarize) gets a short summary. Each reply reports its usage
+//! as about four bytes a token (`prompt_eval_count` from the request body, `eval_count` from
+//! the reply), so a configured `context_limit` makes olliesrv compact as with a real model.
+//! `GET /api/tags` lists the one model `m`. Every reply is one NDJSON line and the
+//! connection closes.
 //! Only loopback, only this process's server.
 
 use std::sync::Arc;
@@ -19,11 +23,13 @@ pub type Code = dyn Fn(u64) -> String + Send + Sync;
 /// The `execute_code` arguments of the tool call carrying token `n`.
 pub type Args = dyn Fn(u64) -> Value + Send + Sync;
 
-/// A running stand-in: its base URL (an Ollama `base_url`) and the tokens handed out.
+/// A running stand-in: its base URL (an Ollama `base_url`), the tokens handed out and the
+/// summaries written.
 #[derive(Debug, Clone)]
 pub struct Model {
     pub url: String,
     issued: Arc<AtomicU64>,
+    summaries: Arc<AtomicU64>,
 }
 
 impl Model {
@@ -42,27 +48,41 @@ impl Model {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", l.local_addr().expect("local_addr"));
         let issued = Arc::new(AtomicU64::new(0));
+        let summaries = Arc::new(AtomicU64::new(0));
         let code: Arc<Args> = Arc::from(args);
-        let (i, c) = (Arc::clone(&issued), Arc::clone(&code));
+        let (i, n, c) = (
+            Arc::clone(&issued),
+            Arc::clone(&summaries),
+            Arc::clone(&code),
+        );
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
-                let (i, c) = (Arc::clone(&i), Arc::clone(&c));
+                let (i, n, c) = (Arc::clone(&i), Arc::clone(&n), Arc::clone(&c));
                 tokio::spawn(async move {
                     let Some((head, body)) = read_request(&mut s).await else {
                         return;
                     };
-                    let reply = answer(&i, &*c, &head, &body);
+                    let reply = answer((&i, &n), &*c, &head, &body);
                     let _ = s.write_all(reply.as_bytes()).await;
                     let _ = s.shutdown().await;
                 });
             }
         });
-        Model { url, issued }
+        Model {
+            url,
+            issued,
+            summaries,
+        }
     }
 
     /// How many tool calls (tokens) were handed out so far.
     pub fn issued(&self) -> u64 {
         self.issued.load(Ordering::SeqCst)
+    }
+
+    /// How many summaries (compactions) were written so far.
+    pub fn summaries(&self) -> u64 {
+        self.summaries.load(Ordering::SeqCst)
     }
 
     /// The `config.toml` that makes this the default backend `fake`.
@@ -108,7 +128,12 @@ async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
-fn answer(issued: &AtomicU64, args: &Args, head: &str, body: &[u8]) -> String {
+fn answer(
+    (issued, summaries): (&AtomicU64, &AtomicU64),
+    args: &Args,
+    head: &str,
+    body: &[u8],
+) -> String {
     let ok = |ct: &str, b: String| {
         format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nConnection: close\r\n\r\n{b}")
     };
@@ -128,7 +153,11 @@ fn answer(issued: &AtomicU64, args: &Args, head: &str, body: &[u8]) -> String {
         .and_then(|m| m["role"].as_str())
         .unwrap_or("")
         .to_owned();
-    let message = if last_role == "user" {
+    let offers_tools = req["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let message = if !offers_tools {
+        summaries.fetch_add(1, Ordering::SeqCst);
+        json!({"role": "assistant", "content": "- the agent ran one tool call per prompt"})
+    } else if last_role == "user" {
         let token = issued.fetch_add(1, Ordering::SeqCst) + 1;
         json!({"role": "assistant", "content": "",
                "tool_calls": [{"function": {"name": "execute_code",
@@ -136,7 +165,10 @@ fn answer(issued: &AtomicU64, args: &Args, head: &str, body: &[u8]) -> String {
     } else {
         json!({"role": "assistant", "content": "done"})
     };
-    let line = json!({"model": "m", "message": message, "done": true, "done_reason": "stop",
-                      "prompt_eval_count": 1, "eval_count": 1});
+    let tokens = |bytes: usize| bytes.div_ceil(4).max(1);
+    let line = json!({"model": "m", "done": true, "done_reason": "stop",
+                      "prompt_eval_count": tokens(body.len()),
+                      "eval_count": tokens(message.to_string().len()),
+                      "message": message});
     ok("application/x-ndjson", format!("{line}\n"))
 }
