@@ -136,6 +136,16 @@ fn main() {
     rt.block_on(soak(tmp.path(), &work, secs, sessions, agents, readers));
 }
 
+/// The stand-in as the default backend, its `context_limit` SOAK_CONTEXT tokens (none: 0).
+fn config_for(model: &Model) -> String {
+    let mut config = model.config();
+    match env_count("SOAK_CONTEXT", 4000) {
+        0 => {}
+        n => config.push_str(&format!("context_limit = {n}\n")),
+    }
+    config
+}
+
 async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, readers: u64) {
     let out = work.to_path_buf();
     let model = Model::start(Box::new(move |token| {
@@ -143,12 +153,7 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
     }))
     .await;
     let cfg = tmp.join("config.toml");
-    let mut config = model.config();
-    match env_count("SOAK_CONTEXT", 4000) {
-        0 => {}
-        n => config.push_str(&format!("context_limit = {n}\n")),
-    }
-    std::fs::write(&cfg, config).unwrap();
+    std::fs::write(&cfg, config_for(&model)).unwrap();
     let sock = tmp.join("ns").join("ollie");
     let mut srv = olliesrv_command(&sock, &tmp.join("state"))
         .arg("--config")

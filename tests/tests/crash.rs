@@ -15,7 +15,8 @@
 //!   (`ollie_testkit::model`), to a canary file in the workspace;
 //! - an escalated call ran only if a verdict approving it was written; every acknowledged
 //!   verdict is in the audit log once as taken, one lost in flight at most once, a refused
-//!   one never; a request pending when olliesrv alone died belongs to a turn in flight;
+//!   one never (once as refused), one whose toolsrv was killed under the write once as
+//!   unknown (it may have been taken, and its call run); a request pending when olliesrv alone died belongs to a turn in flight;
 //! - a turn in flight at the kill is reported as interrupted in the agent's chat, and a
 //!   request left pending is recorded as denied (`broker-gone`) once and cannot be approved;
 //! - `olliesrv --check-state` finds no problem;
@@ -97,8 +98,11 @@ enum Answer {
     InFlight,
     /// Acknowledged.
     Acked,
-    /// Refused with an error reply (its toolsrv was killed under it).
+    /// Refused with an error reply (its toolsrv was killed before it got there).
     Refused,
+    /// Its toolsrv was killed under the write: olliesrv says it may have been taken (and
+    /// audits it as `decision-unknown`).
+    Unknown,
     /// Was in flight at a kill and is not in the audit log: never recorded, so it ended as
     /// a request pending when the server died.
     Unrecorded,
@@ -542,7 +546,11 @@ async fn operator(
             Err(e) if mode != Mode::Toolsrv && lost(&e) => return,
             Err(e) => {
                 assert!(mode != Mode::Olliesrv, "a verdict was refused: {e}");
-                Answer::Refused
+                if e.contains("the verdict may have been taken") {
+                    Answer::Unknown
+                } else {
+                    Answer::Refused
+                }
             }
         };
         ledger.lock().unwrap().verdicts.get_mut(&id).unwrap().answer = answer;
@@ -577,6 +585,8 @@ struct Audit {
     decisions: BTreeMap<String, Vec<String>>,
     /// Every `decision-refused` line.
     refused: Vec<Value>,
+    /// Every `decision-unknown` line.
+    unknown: Vec<Value>,
     /// Request id → the events that ended it (`decision`, `expired`, `withdrawn`,
     /// `denied`, `broker-gone`), in order.
     ended: BTreeMap<String, Vec<String>>,
@@ -641,6 +651,7 @@ fn read_audit(state: &Path, round: u64, seed: u64) -> Audit {
                 assert!(was.is_none(), "round {round}: request {id} audited twice");
             }
             "decision-refused" => a.refused.push(v.clone()),
+            "decision-unknown" => a.unknown.push(v.clone()),
             _ => {}
         }
         if event == "decision" {
@@ -888,24 +899,24 @@ fn check_stopped(w: &World, round: u64) -> Stopped {
             ),
             Answer::InFlight if taken == 1 => v.answer = Answer::Acked,
             Answer::InFlight => v.answer = Answer::Unrecorded,
-            Answer::Refused | Answer::Unrecorded => {
+            Answer::Refused | Answer::Unrecorded | Answer::Unknown => {
                 assert!(
                     taken == 0,
-                    "round {round}: the verdict on {id} was refused, yet taken"
+                    "round {round}: the verdict on {id} was {:?}, yet audited as taken",
+                    v.answer
                 );
             }
         }
-        if v.answer == Answer::Refused {
-            let n = audit
-                .refused
-                .iter()
-                .filter(|r| r["id"] == id.as_str())
-                .count();
-            assert!(
-                n == 1,
-                "round {round}: the refused verdict on {id} is audited {n} times as refused"
-            );
-        }
+        let (lines, kind) = match v.answer {
+            Answer::Refused => (&audit.refused, "refused"),
+            Answer::Unknown => (&audit.unknown, "unknown"),
+            _ => continue,
+        };
+        let n = lines.iter().filter(|r| r["id"] == id.as_str()).count();
+        assert!(
+            n == 1,
+            "round {round}: the {kind} verdict on {id} is audited {n} times as {kind}"
+        );
     }
     // An escalated call runs only if approved: never when denied, or asked and unanswered.
     for n in &tokens {
@@ -1056,11 +1067,12 @@ fn verdicts(l: &Ledger) -> String {
             .count()
     };
     format!(
-        "{} approvals and {} denials acknowledged, {} verdicts lost in flight, {} refused, {} requests pending at a kill recorded as broker-gone at the restart",
+        "{} approvals and {} denials acknowledged, {} verdicts lost in flight, {} refused, {} unknown, {} requests pending at a kill recorded as broker-gone at the restart",
         count(true, Answer::Acked),
         count(false, Answer::Acked),
         count(true, Answer::Unrecorded) + count(false, Answer::Unrecorded),
         count(true, Answer::Refused) + count(false, Answer::Refused),
+        count(true, Answer::Unknown) + count(false, Answer::Unknown),
         l.gone_at_restart
     )
 }

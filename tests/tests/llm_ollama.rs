@@ -639,7 +639,10 @@ async fn a_context_overflow_compacts_and_retries() {
 async fn an_overflow_after_a_tool_result_keeps_the_call_and_its_result() {
     let script = vec![
         Reply::ndjson(&[
-            calls(&[("execute_code", json!({"language": "bash", "code": "echo ran >> runs"}))]),
+            calls(&[(
+                "execute_code",
+                json!({"language": "bash", "code": "echo ran >> runs"}),
+            )]),
             done(20, 5),
         ]),
         Reply::json(

@@ -231,9 +231,8 @@ fn request_body(model: &str, req: &ModelRequest) -> serde_json::Result<Vec<u8>> 
         top_p: req.top_p,
         num_predict: req.max_tokens,
     };
-    let sampling = options.temperature.is_some()
-        || options.top_p.is_some()
-        || options.num_predict.is_some();
+    let sampling =
+        options.temperature.is_some() || options.top_p.is_some() || options.num_predict.is_some();
     serde_json::to_vec(&Body {
         model,
         messages,

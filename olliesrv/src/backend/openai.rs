@@ -464,10 +464,10 @@ mod tests {
     use super::*;
     use crate::backend::Backend;
     use crate::backend::ToolSpec;
-    use serde_json::json;
     use crate::backend::http::{ApiKey, retry_after};
     use crate::config::{Backend as BackendCfg, BackendKind};
     use reqwest::header::{HeaderMap, HeaderValue};
+    use serde_json::json;
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 

@@ -53,6 +53,48 @@ use crate::link::Conn;
 use crate::state::events::Events;
 use crate::state::session::Session;
 
+/// Why a verdict written through to toolsrv was not acknowledged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undelivered {
+    pub error: String,
+    /// The write reached toolsrv and the link went down before it answered: the verdict may
+    /// have been taken (and an approved call run).
+    pub maybe_taken: bool,
+}
+
+impl Undelivered {
+    pub fn refused(error: impl Into<String>) -> Undelivered {
+        Undelivered {
+            error: error.into(),
+            maybe_taken: false,
+        }
+    }
+
+    /// The failure of the write of a verdict to toolsrv's `bypass/resolve`: an error reply
+    /// is a refusal; a connection lost under the write leaves the verdict's fate unknown.
+    pub fn of_write(e: &ollie_p9::client::ClientError) -> Undelivered {
+        use ollie_p9::client::ClientError as E;
+        Undelivered {
+            error: e.to_string(),
+            maybe_taken: matches!(e, E::Io(_) | E::Closed | E::Protocol(_)),
+        }
+    }
+}
+
+impl std::fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.maybe_taken {
+            write!(
+                f,
+                "resolve: the link to toolsrv went down before it answered ({}): the verdict may have been taken, see bypass/audit",
+                self.error
+            )
+        } else {
+            f.write_str(&self.error)
+        }
+    }
+}
+
 /// Requests remembered by the mirror.
 const MAX_KEPT: usize = 1024;
 /// The most of the audit log `bypass/audit` shows (its end).
@@ -635,8 +677,10 @@ impl Bypass {
     }
 
     /// Records a verdict written for `session` (through the root file or the session's own)
-    /// and its outcome; marks the request answered when toolsrv took it.
-    pub fn decided(&self, session: &str, data: &[u8], by: &str, result: &Result<(), String>) {
+    /// and its outcome; marks the request answered when toolsrv took it. A verdict whose
+    /// write reached toolsrv but whose answer was lost with the link is audited as
+    /// `decision-unknown`: toolsrv may have taken it.
+    pub fn decided(&self, session: &str, data: &[u8], by: &str, result: &Result<(), Undelivered>) {
         let r = match ollie_link::bypass::parse_resolve(data) {
             Ok(r) => r,
             Err(e) => {
@@ -690,8 +734,12 @@ impl Bypass {
                 }
                 self.audit("decision", fields);
             }
+            Err(e) if e.maybe_taken => {
+                fields.insert("error".into(), Value::from(e.error.clone()));
+                self.audit("decision-unknown", fields);
+            }
             Err(e) => {
-                fields.insert("refused".into(), Value::from(e.clone()));
+                fields.insert("refused".into(), Value::from(e.error.clone()));
                 self.audit("decision-refused", fields);
             }
         }
@@ -774,29 +822,36 @@ impl Bypass {
             self.refused_input(None, data, by, &e);
             return Err(e);
         };
-        // Every way it can fail from here on is audited as refused.
+        // Every way it can fail from here on is audited: as refused, or as unknown when the
+        // verdict reached toolsrv and its answer was lost.
         let result = async {
             let s = sessions.iter().find(|s| s.id == sid).ok_or_else(|| {
-                format!(
+                Undelivered::refused(format!(
                     "resolve: request {} belonged to a session that is gone",
                     r.id
-                )
+                ))
             })?;
-            let conn = s.link.conn(Duration::from_secs(5)).await?;
+            let conn = s
+                .link
+                .conn(Duration::from_secs(5))
+                .await
+                .map_err(Undelivered::refused)?;
             let mut f = conn
                 .operator
                 .walk(&["bypass", "resolve"])
                 .await
-                .map_err(|e| e.to_string())?;
-            f.open(om::OWRITE).await.map_err(|e| e.to_string())?;
+                .map_err(|e| Undelivered::refused(e.to_string()))?;
+            f.open(om::OWRITE)
+                .await
+                .map_err(|e| Undelivered::refused(e.to_string()))?;
             f.write(0, Bytes::copy_from_slice(data))
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string())
+                .map_err(|e| Undelivered::of_write(&e))
         }
         .await;
         self.decided(&sid, data, by, &result);
-        result
+        result.map_err(|e| e.to_string())
     }
 }
 
@@ -1041,6 +1096,61 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// A verdict whose write reached toolsrv and whose answer was lost with the link is
+    /// audited as unknown (it may have been taken), not as refused; an error reply is a
+    /// refusal. Neither ends the request: the link going down does (broker-gone).
+    #[test]
+    fn a_verdict_lost_with_the_link_is_audited_as_unknown() {
+        use ollie_p9::client::ClientError;
+        let dir = tempfile::tempdir().unwrap();
+        let b = Bypass::new(dir.path(), Arc::new(crate::state::events::Events::new()));
+        let id = "0123456789abcdef0123456789abcdef";
+        let v = json!({"id": id, "expires": "2999-01-01T00:00:00Z"});
+        b.add("s1", v.clone(), format!("{v}\n"));
+        let verdict = format!(r#"{{"id":"{id}","approved":true}}"#);
+        let lost = Undelivered::of_write(&ClientError::Closed);
+        assert!(lost.maybe_taken);
+        assert!(
+            lost.to_string().contains("the verdict may have been taken"),
+            "{lost}"
+        );
+        b.decided("s1", verdict.as_bytes(), "op", &Err(lost));
+        let answered = Undelivered::of_write(&ClientError::Server("resolve: no request".into()));
+        assert!(!answered.maybe_taken);
+        assert_eq!(answered.to_string(), "resolve: no request");
+        b.decided("s1", verdict.as_bytes(), "op", &Err(answered));
+        b.gone("s1");
+        let audit = String::from_utf8(b.audit_text().to_vec()).unwrap();
+        let events: Vec<(String, String)> = audit
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                let why = v.get("error").or(v.get("refused")).cloned();
+                (
+                    v["event"].as_str().unwrap().to_owned(),
+                    why.and_then(|w| w.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("request".to_owned(), String::new()),
+                (
+                    "decision-unknown".to_owned(),
+                    "connection closed".to_owned()
+                ),
+                (
+                    "decision-refused".to_owned(),
+                    "resolve: no request".to_owned()
+                ),
+                ("broker-gone".to_owned(), String::new()),
+            ],
+            "{audit}"
+        );
     }
 
     /// A verdict toolsrv took before the mirror read the request (written through the

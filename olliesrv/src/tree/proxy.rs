@@ -10,6 +10,7 @@ use ollie_p9::util::DirSnapshot;
 use ollie_p9::wire::{Qid, dm, om};
 use ollie_p9::{Error, Fid as RemoteFid, Result};
 
+use crate::state::bypass::Undelivered;
 use crate::state::{Agent, Session};
 
 use super::node::{Class, Node, OllieFid, Proxy};
@@ -248,16 +249,16 @@ impl OllieFs {
     ) -> Result<u32> {
         let p = fid.proxy.as_ref().ok_or_else(Error::not_found)?;
         let r = p.remote.as_ref().ok_or_else(Error::not_found)?;
-        let result = r
-            .write(offset, data.clone())
-            .await
-            .map_err(|e| err(e.to_string()));
+        let sent = r.write(offset, data.clone()).await;
         if p.agent.is_none() && p.path == ["bypass", "resolve"] {
-            let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            let outcome = sent.as_ref().map(|_| ()).map_err(Undelivered::of_write);
             self.reg()
                 .bypass
                 .decided(&p.session.id, &data, &fid.user, &outcome);
+            if let Err(e) = outcome {
+                return Err(err(e.to_string()));
+            }
         }
-        result
+        sent.map_err(|e| err(e.to_string()))
     }
 }
