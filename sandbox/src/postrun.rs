@@ -42,6 +42,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -202,9 +203,25 @@ fn open_dir(root: &OwnedFd, rel: &Path) -> Option<OwnedFd> {
 /// Entries of a directory opened beneath the root, sorted: `(name, is_dir, is_symlink)`.
 /// Read from the fd itself (each directory is opened once and read once).
 fn entries(dir: &OwnedFd) -> Vec<(std::ffi::OsString, bool, bool)> {
-    let mut out = sys::dir_entries(dir).unwrap_or_default();
+    entries_where(dir, &mut |_, _, _| true)
+}
+
+/// The entries of `dir` that `keep` accepts, sorted (see [`entries`]). Only those are copied:
+/// the workspace walk keeps directories and `.git`, so a directory of many files costs no
+/// memory per file.
+fn entries_where(
+    dir: &OwnedFd,
+    keep: &mut dyn FnMut(&std::ffi::OsStr, bool, bool) -> bool,
+) -> Vec<(std::ffi::OsString, bool, bool)> {
+    let mut out = sys::dir_entries_where(dir, keep).unwrap_or_default();
     out.sort();
     out
+}
+
+/// What the workspace walk of [`Snapshot::take`] looks at: repository markers (`.git`, of any
+/// type) and directories it may descend into (not symlinks).
+fn walked(name: &std::ffi::OsStr, is_dir: bool, is_link: bool) -> bool {
+    name == ".git" || (is_dir && !is_link)
 }
 
 /// Fingerprint of `rel` (no symlink followed; FIFOs and devices by type only).
@@ -376,12 +393,12 @@ impl Snapshot {
             }
             // The root is read once, here (its fd is otherwise only used with `*at` calls).
             let listed = if rel.as_os_str().is_empty() {
-                entries(&root)
+                entries_where(&root, &mut walked)
             } else {
                 let Some(dir) = open_dir(&root, &rel) else {
                     continue;
                 };
-                entries(&dir)
+                entries_where(&dir, &mut walked)
             };
             for (name, is_dir, is_link) in listed {
                 let child = rel.join(&name);
@@ -620,20 +637,22 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
             let Some(dir) = open_dir(&root, &rel) else {
                 continue;
             };
-            for (name, is_dir, is_link) in entries(&dir) {
+            // Streamed, not listed: a directory of many files costs no memory per file.
+            let mut cut = false;
+            let _ = sys::visit_dir_entries(&dir, &mut |name, is_dir, is_link| {
                 seen += 1;
                 if seen > MAX_SETID_ENTRIES {
-                    return (flags, true);
+                    cut = true;
+                    return ControlFlow::Break(());
                 }
                 if is_link {
-                    continue;
+                    return ControlFlow::Continue(());
                 }
-                let child = rel.join(&name);
-                let Ok(mode) = sys::mode_at(dir.as_raw_fd(), Path::new(&name)) else {
-                    continue;
+                let Ok(mode) = sys::mode_at(dir.as_raw_fd(), Path::new(name)) else {
+                    return ControlFlow::Continue(());
                 };
                 if is_setid(mode) {
-                    let abs = tree.join(&child);
+                    let abs = tree.join(&rel).join(name);
                     flags.push(PostRunFlag {
                         kind: FlagKind::SetId,
                         path: abs
@@ -643,8 +662,12 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
                     });
                 }
                 if is_dir && !SKIPPED_DIRS.iter().any(|d| name == *d) {
-                    queue.push_back(child);
+                    queue.push_back(rel.join(name));
                 }
+                ControlFlow::Continue(())
+            });
+            if cut {
+                return (flags, true);
             }
         }
     }
@@ -797,6 +820,36 @@ mod tests {
         assert_eq!(r.flags[0].path, Path::new(".vscode/tasks.json"));
         assert_eq!(r.flags[0].detail, "changed during the run");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn scans_of_a_directory_of_many_files() {
+        // The post-run scans run around every call: in a directory of many files they find
+        // what they look for (a nested repository, a set-id file) as in a small one.
+        let d = std::env::temp_dir().join(format!("ollie-postrun-m-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        for i in 0..9_000 {
+            std::fs::write(d.join(format!("last-{i:05}")), "").unwrap();
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(d.join("sub/x"), "x").unwrap();
+        std::fs::set_permissions(d.join("sub/x"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let before = Snapshot::take(&d);
+        std::fs::create_dir_all(d.join("sub/.git/hooks")).unwrap();
+        let r = before.diff(&Snapshot::take(&d));
+        let (flags, cut) = setid_flags(std::slice::from_ref(&d), &d);
+        let _ = std::fs::remove_dir_all(&d);
+        assert!(
+            r.flags
+                .iter()
+                .any(|f| f.kind == FlagKind::NewRepository && f.path == Path::new("sub/.git")),
+            "{:?}",
+            r.flags
+        );
+        assert!(!cut);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].path, Path::new("sub/x"));
     }
 
     #[test]

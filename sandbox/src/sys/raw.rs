@@ -698,13 +698,18 @@ pub(crate) fn mode_at(dir: RawFd, name: &Path) -> io::Result<u32> {
     Ok(st.st_mode)
 }
 
-/// The entries of an open directory (`.` and `..` left out), read with `getdents64` from the
-/// fd's current offset (a freshly opened directory: from the start; no `/proc` round trip):
-/// `(name, is_dir, is_symlink)`. Entries whose type the file system does not report are
-/// looked up with [`lstat_at`]; ones that vanish in between are left out.
-pub(crate) fn dir_entries(dir: &OwnedFd) -> io::Result<Vec<(std::ffi::OsString, bool, bool)>> {
+/// Visits the entries of an open directory (`.` and `..` left out), read with `getdents64`
+/// from the fd's current offset (a freshly opened directory: from the start; no `/proc` round
+/// trip), one 4 KiB buffer at a time: `visit(name, is_dir, is_symlink)`, until the end or
+/// until it returns `Break`. Nothing is collected, so memory does not grow with the
+/// directory (the post-run scans read the workspace around every call, and a workspace
+/// directory may hold tens of thousands of files). Entries whose type the file system does
+/// not report are looked up with [`lstat_at`]; ones that vanish in between are left out.
+pub(crate) fn visit_dir_entries(
+    dir: &OwnedFd,
+    visit: &mut dyn FnMut(&std::ffi::OsStr, bool, bool) -> std::ops::ControlFlow<()>,
+) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let mut out = Vec::new();
     // Small on purpose: most directories read here hold a handful of entries.
     let mut buf = [0u8; 4096];
     loop {
@@ -721,7 +726,7 @@ pub(crate) fn dir_entries(dir: &OwnedFd) -> io::Result<Vec<(std::ffi::OsString, 
             return Err(io::Error::last_os_error());
         }
         if n == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let n = n as usize;
         let mut off = 0usize;
@@ -748,9 +753,27 @@ pub(crate) fn dir_entries(dir: &OwnedFd) -> io::Result<Vec<(std::ffi::OsString, 
                 },
                 _ => (false, false),
             };
-            out.push((name.to_os_string(), is_dir, is_link));
+            if visit(name, is_dir, is_link).is_break() {
+                return Ok(());
+            }
         }
     }
+}
+
+/// The entries of an open directory that `keep(name, is_dir, is_symlink)` accepts, as
+/// `(name, is_dir, is_symlink)` (see [`visit_dir_entries`]; only the kept ones are copied).
+pub(crate) fn dir_entries_where(
+    dir: &OwnedFd,
+    keep: &mut dyn FnMut(&std::ffi::OsStr, bool, bool) -> bool,
+) -> io::Result<Vec<(std::ffi::OsString, bool, bool)>> {
+    let mut out = Vec::new();
+    visit_dir_entries(dir, &mut |name, is_dir, is_link| {
+        if keep(name, is_dir, is_link) {
+            out.push((name.to_os_string(), is_dir, is_link));
+        }
+        std::ops::ControlFlow::Continue(())
+    })?;
+    Ok(out)
 }
 
 /// Reopens an fd's file through `/proc/self/fd` as a new, non-blocking, read-only open file
