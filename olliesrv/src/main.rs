@@ -99,6 +99,12 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::from(report.problems() > 0));
     }
     raise_open_files();
+    // Two arenas for two worker threads: the threads tokio's blocking pool adds (each fsync
+    // hands its worker's tasks to another thread) would otherwise get arenas of their own and
+    // keep the peak of every one resident (the soak: −22 % RSS).
+    if let Err(e) = ollie_malloc::limit_arenas(2) {
+        tracing::debug!(error = %e, "malloc arenas not limited");
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -192,14 +192,22 @@ impl Protected {
                     else {
                         return Ok(Step::Retry);
                     };
+                    // The unit tests widen the window the check below is for.
+                    #[cfg(test)]
+                    std::thread::sleep(std::time::Duration::from_micros(200));
                     sys::flock(&fd, libc::LOCK_SH)?;
+                    // Between our mkdir and our lock, a concurrent run that found the new
+                    // placeholder may have used it, let go last and removed it.
+                    let (dev, ino, nlink, _) = sys::fstat_ids(&fd)?;
+                    if nlink == 0 {
+                        return Ok(Step::Retry);
+                    }
                     {
                         // The exact mark, whatever the umask.
                         use std::os::unix::fs::PermissionsExt;
                         std::fs::File::from(fd.try_clone()?)
                             .set_permissions(std::fs::Permissions::from_mode(PLACEHOLDER_MODE))?;
                     }
-                    let (dev, ino, _, _) = sys::fstat_ids(&fd)?;
                     self.placeholders.push(here.clone());
                     self.push(here);
                     self.created.push(Created {
@@ -285,5 +293,51 @@ impl Drop for Protected {
                 let _ = sys::unlinkat(c.parent.as_raw_fd(), &c.name, libc::AT_REMOVEDIR);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Runs preparing and dropping the same protected paths at once on one tree: whatever
+    /// interleaving, every path a run is given to bind exists until that run lets go, and the
+    /// last run to let go leaves no placeholder behind.
+    #[test]
+    fn a_placeholder_outlives_every_run_that_binds_it() {
+        let tmp = std::env::temp_dir().join(format!("ollie-placeholders-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir(&tmp).unwrap();
+        let tree = std::fs::canonicalize(&tmp).unwrap();
+        let protected = vec![tree.join(".envrc"), tree.join(".git").join("hooks")];
+        let writable = vec![tree.clone()];
+        let threads: Vec<_> = (0..6)
+            .map(|t| {
+                let (protected, writable) = (protected.clone(), writable.clone());
+                std::thread::spawn(move || {
+                    for i in 0..400 {
+                        let held = Protected::prepare(&protected, &writable).unwrap();
+                        assert_eq!(held.paths.len(), 2);
+                        for p in &held.paths {
+                            let m = std::fs::symlink_metadata(p).unwrap_or_else(|e| {
+                                panic!("thread {t}, run {i}: {} is gone: {e}", p.display())
+                            });
+                            assert!(m.is_dir(), "{} is not the placeholder", p.display());
+                        }
+                        drop(held);
+                        // Gaps of different lengths, so that every run sometimes finds the
+                        // placeholders held by others and sometimes has to make them.
+                        std::thread::sleep(Duration::from_micros((i + t) % 5 * 40));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let left: Vec<_> = std::fs::read_dir(&tree).unwrap().flatten().collect();
+        assert!(left.is_empty(), "placeholders left behind: {left:?}");
+        std::fs::remove_dir(&tree).unwrap();
     }
 }

@@ -4,7 +4,9 @@
 //! `ollie_testkit::model`), while SOAK_READERS blocked readers (200) sit on statewait, feed and
 //! chat, other readers come and go (open, block, flushed, clunked), and a sampler reads an
 //! agent's `stats` every 100 ms. It runs SOAK_SECONDS (default 600): a warm-up (a tenth of the
-//! run, at most 60 s), then the rest in SOAK_SAMPLES equal parts (default 1); after each,
+//! run, at most 60 s, and then on until there have been as many compactions as agents, so
+//! that the histories have reached their working size, but at most a quarter of the run),
+//! then the rest in SOAK_SAMPLES equal parts (default 1); after each,
 //! every task finishes its turn and a second passes before RSS and open descriptors are
 //! sampled, so nothing is in flight. It prints olliesrv's and every toolsrv's RSS and
 //! descriptor counts, their growth over the run (a leak: goal ≤ 5 % RSS, no descriptor),
@@ -31,7 +33,7 @@ use ollie_p9::wire::om;
 use ollie_testkit::client::{dial_attach, rdwr_text, read_text, write_text};
 use ollie_testkit::model::Model;
 use ollie_testkit::server::{
-    bin_dir, children_named, fd_count, olliesrv_command, percentile as pct, vm_rss_kib,
+    bin_dir, children_named, fd_count, olliesrv_command, percentile as pct, status_kib, vm_rss_kib,
 };
 
 fn env_count(name: &str, default: u64) -> u64 {
@@ -45,6 +47,9 @@ fn env_count(name: &str, default: u64) -> u64 {
 #[derive(Debug, Clone, Default)]
 struct Sample {
     srv_rss: u64,
+    /// olliesrv's anonymous memory (heap, arenas, stacks), KiB, and its threads.
+    srv_anon: u64,
+    srv_threads: u64,
     srv_fds: u64,
     tool_rss: Vec<u64>,
     tool_fds: Vec<u64>,
@@ -56,6 +61,8 @@ fn sample(pid: u32) -> Sample {
     let tools = children_named(pid, "toolsrv");
     Sample {
         srv_rss: vm_rss_kib(pid).unwrap_or(0),
+        srv_anon: status_kib(pid, "RssAnon").unwrap_or(0),
+        srv_threads: status_kib(pid, "Threads").unwrap_or(0),
         srv_fds: fd_count(pid).unwrap_or(0),
         tool_rss: tools.iter().filter_map(|p| vm_rss_kib(*p)).collect(),
         tool_fds: tools.iter().filter_map(|p| fd_count(*p)).collect(),
@@ -173,37 +180,7 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
     let (_c, root) = dial_attach(&addr, &user).await;
     let first = sample(pid);
 
-    // Sessions and agents, spread evenly.
-    let mut paths = Vec::new();
-    for s in 0..sessions {
-        rdwr_text(
-            &root,
-            "session/new",
-            &format!("name=s{s} cwd={}", work.display()),
-        )
-        .await
-        .unwrap();
-    }
-    for a in 0..agents {
-        let s = a % sessions;
-        rdwr_text(
-            &root,
-            &format!("session/s{s}/agent/new"),
-            &format!("name=a{a}"),
-        )
-        .await
-        .unwrap();
-        paths.push(format!("session/s{s}/agent/a{a}"));
-    }
-    let up_by = Instant::now() + Duration::from_secs(300);
-    loop {
-        let idx = read_text(&root, "session/idx").await.unwrap();
-        if idx.lines().filter(|l| l.contains("\tup\t")).count() as u64 >= sessions {
-            break;
-        }
-        assert!(Instant::now() < up_by, "not every toolsrv came up:\n{idx}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let paths = populate(&root, work, sessions, agents).await;
 
     // The blocked readers, on four connections of their own.
     let mut parked = Vec::new();
@@ -237,13 +214,23 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
         v
     };
     let total = Duration::from_secs(secs);
-    let warm = (total / 10).min(Duration::from_secs(60));
+    let (least, most) = ((total / 10).min(Duration::from_secs(60)), total / 4);
+    // With a context limit, the warm-up waits for about one compaction per agent.
+    let wanted = if env_count("SOAK_CONTEXT", 4000) > 0 {
+        agents
+    } else {
+        0
+    };
+    let warm_until = |t: Duration| t < least || (t < most && model.summaries() < wanted);
     let state = tmp.join("state");
     let mut lat = Vec::new();
-    let w = phase(&root, &roots, &paths, warm, &mut lat).await;
+    let started = Instant::now();
+    let w = phase(&root, &roots, &paths, &warm_until, &mut lat).await;
+    let warm = started.elapsed();
+    let warm_compactions = model.summaries();
     let warm_s = quiet_sample(pid, &state).await;
     let parts = env_count("SOAK_SAMPLES", 1).clamp(1, 100) as u32;
-    let len = (total - warm) / parts;
+    let len = total.saturating_sub(warm) / parts;
     let (r, along) = parts_of(&root, &roots, &paths, (len, parts), (pid, &state), &mut lat).await;
     let end = along.last().cloned().unwrap_or_default();
     drop(parked);
@@ -261,14 +248,52 @@ async fn soak(tmp: &Path, work: &Path, secs: u64, sessions: u64, agents: u64, re
         came: w.came + r.came,
         tool_calls: model.issued(),
         compactions: model.summaries(),
+        warm_compactions,
         lat,
-        measured: total - warm,
+        warm_len: warm,
+        measured: len * parts,
     });
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = tokio::task::spawn_blocking(move || srv.wait()).await;
+}
+
+/// Makes `sessions` sessions and `agents` agents spread evenly over them, and waits until
+/// every session's toolsrv is up; returns the agents' paths.
+async fn populate(root: &Fid, work: &Path, sessions: u64, agents: u64) -> Vec<String> {
+    let mut paths = Vec::new();
+    for s in 0..sessions {
+        rdwr_text(
+            root,
+            "session/new",
+            &format!("name=s{s} cwd={}", work.display()),
+        )
+        .await
+        .unwrap();
+    }
+    for a in 0..agents {
+        let s = a % sessions;
+        rdwr_text(
+            root,
+            &format!("session/s{s}/agent/new"),
+            &format!("name=a{a}"),
+        )
+        .await
+        .unwrap();
+        paths.push(format!("session/s{s}/agent/a{a}"));
+    }
+    let up_by = Instant::now() + Duration::from_secs(300);
+    loop {
+        let idx = read_text(root, "session/idx").await.unwrap();
+        if idx.lines().filter(|l| l.contains("\tup\t")).count() as u64 >= sessions {
+            break;
+        }
+        assert!(Instant::now() < up_by, "not every toolsrv came up:\n{idx}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    paths
 }
 
 /// The measured run: `n` phases of `len`, each followed by a quiet sample of `pid`.
@@ -283,7 +308,7 @@ async fn parts_of(
     let mut r = Phase { turns: 0, came: 0 };
     let mut along = Vec::new();
     for _ in 0..n {
-        let p = phase(root, roots, paths, len, lat).await;
+        let p = phase(root, roots, paths, &|t| t < len, lat).await;
         r.turns += p.turns;
         r.came += p.came;
         along.push(quiet_sample(pid, state).await);
@@ -297,13 +322,13 @@ struct Phase {
     came: u64,
 }
 
-/// Runs every agent's turns and two comers for `len` (then lets each finish its turn),
-/// reading a `stats` every 100 ms into `lat`.
+/// Runs every agent's turns and two comers while `go(time since the start)` holds (then
+/// lets each finish its turn), reading a `stats` every 100 ms into `lat`.
 async fn phase(
     root: &Fid,
     roots: &[Fid],
     paths: &[String],
-    len: Duration,
+    go: &dyn Fn(Duration) -> bool,
     lat: &mut Vec<Duration>,
 ) -> Phase {
     let stop = Arc::new(AtomicBool::new(false));
@@ -330,7 +355,7 @@ async fn phase(
     }
     let started = Instant::now();
     let mut i = 0usize;
-    while started.elapsed() < len {
+    while go(started.elapsed()) {
         let t = Instant::now();
         let st = read_text(root, &format!("{}/stats", paths[i % paths.len()]))
             .await
@@ -392,7 +417,9 @@ struct Report {
     came: u64,
     tool_calls: u64,
     compactions: u64,
+    warm_compactions: u64,
     lat: Vec<Duration>,
+    warm_len: Duration,
     measured: Duration,
 }
 
@@ -413,9 +440,17 @@ fn report(r: &Report) {
         r.came
     );
     println!(
-        "olliesrv RSS KiB: start {}, after warm-up → end {}",
+        "warm-up: {:.0} s, {} compactions",
+        r.warm_len.as_secs_f64(),
+        r.warm_compactions
+    );
+    println!(
+        "olliesrv RSS KiB: start {}, after warm-up → end {}; anonymous {}; threads {} → {}",
         r.first.srv_rss,
-        growth(r.warm.srv_rss, r.end.srv_rss)
+        growth(r.warm.srv_rss, r.end.srv_rss),
+        growth(r.warm.srv_anon, r.end.srv_anon),
+        r.warm.srv_threads,
+        r.end.srv_threads
     );
     println!(
         "agents' chats on disk (olliesrv keeps only their ends in memory), KiB: {}",

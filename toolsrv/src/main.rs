@@ -121,6 +121,18 @@ fn fail(code: u8, what: &str, e: &dyn std::error::Error) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The single-threaded runtime, with malloc held to one arena first: the runtime is one
+/// thread and the few threads beside it (blocking work) allocate little, so every session's
+/// process keeps one arena resident instead of one per thread that ever allocated.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    if let Err(e) = ollie_malloc::limit_arenas(1) {
+        tracing::debug!(error = %e, "malloc arenas not limited");
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
 fn main() -> ExitCode {
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(Parsed::Run(a)) => a,
@@ -205,10 +217,7 @@ fn main() -> ExitCode {
         false,
     );
     tracing::debug!(hardening = ?record, session = %session.id, "hardened");
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime() {
         Ok(rt) => rt,
         Err(e) => return fail(1, "runtime", &e),
     };
