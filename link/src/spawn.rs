@@ -258,11 +258,36 @@ impl Toolsrv {
         self.closer.take()
     }
 
-    /// The child process (to wait for or kill it).
+    /// The child process (to kill it, or to reap it without waiting).
     pub fn child(&mut self) -> &mut Child {
         &mut self.child
     }
+
+    /// Waits for the child to exit and reaps it, without holding a thread: it looks again
+    /// at every SIGCHLD the process receives (each listener hears each one), and at least
+    /// every [`EXIT_POLL`] should no signal stream be had. Cancel-safe: dropped before the
+    /// child exits, nothing is reaped and a later call waits again. Needs a Tokio runtime
+    /// with its signal and time drivers.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Listening before the first look: an exit between the two is still heard.
+        let mut sigchld = signal(SignalKind::child()).ok();
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            match &mut sigchld {
+                Some(s) => {
+                    let _ = tokio::time::timeout(EXIT_POLL, s.recv()).await;
+                }
+                None => tokio::time::sleep(EXIT_POLL).await,
+            }
+        }
+    }
 }
+
+/// The longest [`Toolsrv::wait`] goes without looking for the child's exit.
+pub const EXIT_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Authenticates as `id` on a toolsrv connection and attaches: Tauth, write the secret,
 /// read the token, Tattach with the afid. Returns the root fid.
@@ -279,4 +304,53 @@ pub async fn attach(
     let root = client.attach(Some(&afid), uname, id.aname()).await;
     let _ = afid.clunk().await;
     root
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A [`Toolsrv`] around any child (the waiting does not care what runs).
+    fn around(child: Child) -> Toolsrv {
+        Toolsrv {
+            child,
+            key: MasterKey::generate().unwrap(),
+            link: None,
+            closer: None,
+            first: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wait_reaps_the_child_and_a_cancelled_wait_reaps_nothing() {
+        // A child that runs until its stdin closes.
+        let child = Command::new("sh")
+            .args(["-c", "read x; exit 7"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut t = around(child);
+        let pid = nix::unistd::Pid::from_raw(t.child().id() as i32);
+        // Given up on while the child runs: nothing is reaped, the child lives on.
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), t.wait()).await;
+        assert!(
+            early.is_err(),
+            "the wait ended while the child ran: {early:?}"
+        );
+        assert!(t.child().try_wait().unwrap().is_none());
+        assert!(
+            nix::sys::signal::kill(pid, None).is_ok(),
+            "the child is gone"
+        );
+        // Its stdin closed, it exits; the wait hears it and reaps it.
+        drop(t.child().stdin.take());
+        let st = t.wait().await.unwrap();
+        assert_eq!(st.code(), Some(7));
+        // Reaped: the pid no longer names a child of ours (not even a zombie).
+        let again = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        assert_eq!(again, Err(nix::errno::Errno::ECHILD));
+        // Waiting again returns the same status at once.
+        assert_eq!(t.wait().await.unwrap().code(), Some(7));
+    }
 }

@@ -413,7 +413,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
             Ok(c) => Arc::new(c),
             Err(e) => {
                 kill_child(pid, remote.is_some());
-                let _ = tokio::task::spawn_blocking(move || t.child().wait()).await;
+                let _ = t.wait().await;
                 let said = StderrTail::note(&mut stderr).await;
                 let reason = match &remote {
                     None => format!("toolsrv did not answer: {e}"),
@@ -428,10 +428,9 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
         };
         publish(&s, &reg, &conn, pid, remote.as_deref()).await;
         let closer = t.take_closer();
-        let mut waiter = tokio::task::spawn_blocking(move || {
-            let st = t.child().wait();
-            (t, st)
-        });
+        // The exit, heard without a thread of its own (SIGCHLD, see [`Toolsrv::wait`]).
+        let waiter = t.wait();
+        tokio::pin!(waiter);
         let end = tokio::select! {
             r = &mut waiter => End::Exited(r),
             () = conn.client.closed() => End::LinkClosed,
@@ -479,8 +478,7 @@ async fn supervise(s: Arc<Session>, reg: Arc<Registry>) {
             }
         };
         let how = match r {
-            Ok((_, Ok(st))) => st.to_string(),
-            Ok((_, Err(e))) => e.to_string(),
+            Ok(st) => st.to_string(),
             Err(e) => e.to_string(),
         };
         // Whoever still holds the connection fails now, not at their next request.

@@ -22,6 +22,11 @@ const HIGH: usize = KEEP + 16 * 1024;
 /// append that passes it (a buffer that doubled past it would keep the extra for good).
 const ROOM: usize = HIGH + 16 * 1024;
 
+/// At most this many cut points are kept (16 bytes each). Past it every second one is
+/// dropped, so the segments read back from `chat.raw` double in length instead of the list
+/// growing with the chat: a 1 GiB chat costs 32 KiB of cuts and reads back 1 MiB at a time.
+const MAX_CUTS: usize = 2048;
+
 /// Reads up to `len` bytes of `chat.raw` at an offset (shorter only at the end of the file).
 pub type Reader = Box<dyn Fn(u64, usize) -> Result<Vec<u8>, String> + Send + Sync>;
 
@@ -38,8 +43,8 @@ struct ChatInner {
     /// Set when memory and `chat.raw` disagree (an append to disk failed): nothing after
     /// `durable` can be read back from disk, so nothing more is dropped from memory.
     diverged: bool,
-    /// `(raw offset, text offset)` of every point memory was cut at, from `(0, 0)` to
-    /// `(raw_base, text_base)`; each lies at the start of a line.
+    /// `(raw offset, text offset)` of points memory was cut at, from `(0, 0)` to
+    /// `(raw_base, text_base)`, at most [`MAX_CUTS`]; each lies at the start of a line.
     cuts: Vec<(u64, u64)>,
     /// The text of the last segment between two cuts that was read back: its index and bytes.
     decoded: Option<(usize, Bytes)>,
@@ -86,6 +91,21 @@ impl ChatInner {
         self.raw_base += cut as u64;
         self.text_base += text_cut as u64;
         self.cuts.push((self.raw_base, self.text_base));
+        if self.cuts.len() > MAX_CUTS {
+            self.coarsen();
+        }
+    }
+
+    /// Halves the cut points: keeps the first, every second one and the last (memory's
+    /// start). Segment indexes change, so the decoded one is forgotten.
+    fn coarsen(&mut self) {
+        let last = self.cuts.last().copied();
+        let mut kept: Vec<(u64, u64)> = self.cuts.iter().step_by(2).copied().collect();
+        if kept.last().copied() != last {
+            kept.extend(last);
+        }
+        self.cuts = kept;
+        self.decoded = None;
     }
 }
 
@@ -527,6 +547,40 @@ mod tests {
             assert_eq!(read_all(&c, ChatKind::Text, count), strip_markers(&d));
         }
         assert_eq!(&c.tail(64 * 1024)[..], tail_of(&d, 64 * 1024));
+    }
+
+    #[test]
+    fn the_cut_points_stay_bounded_and_old_text_still_reads_back() {
+        let (c, disk) = chat();
+        // Enough trims to halve the cut points several times (about 16 KiB a trim).
+        let block = "x".repeat(4000) + "\n";
+        let mut i = 0;
+        while c.inner.lock().unwrap().raw_base < (MAX_CUTS as u64 * 4) << 14 {
+            say(&c, &disk, &format!("{i}\n{block}"));
+            i += 1;
+        }
+        let cuts = c.inner.lock().unwrap().cuts.clone();
+        assert!(cuts.len() <= MAX_CUTS, "{} cut points", cuts.len());
+        assert!(cuts.len() > MAX_CUTS / 4, "{} cut points", cuts.len());
+        assert_eq!(cuts[0], (0, 0));
+        let inner = c.inner.lock().unwrap();
+        assert_eq!(cuts.last(), Some(&(inner.raw_base, inner.text_base)));
+        drop(inner);
+        assert!(cuts.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+        // Old text is still right, from the first byte, across segments, to memory's start.
+        let d = disk.lock().unwrap().clone();
+        let text = strip_markers(&d);
+        let rt = rt();
+        for &(_, at) in [cuts[0], cuts[1], cuts[cuts.len() / 2], cuts[cuts.len() - 2]].iter() {
+            for off in [at, at + 1, at.saturating_sub(3)] {
+                let got = rt.block_on(c.read(ChatKind::Text, off, 8192)).unwrap();
+                let off = off as usize;
+                assert!(!got.is_empty());
+                assert_eq!(&got[..], &text[off..off + got.len()], "text at {off}");
+            }
+        }
+        let got = rt.block_on(c.read(ChatKind::Raw, 12345, 8192)).unwrap();
+        assert_eq!(&got[..], &d[12345..12345 + got.len()]);
     }
 
     #[test]

@@ -211,7 +211,8 @@ pub fn fd_count(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
 }
 
-/// The direct children of `pid` whose command name is `name`.
+/// The direct children of `pid` whose command name is `name`, not counting those that have
+/// exited and wait to be reaped (zombies).
 pub fn children_named(pid: u32, name: &str) -> Vec<u32> {
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
@@ -229,12 +230,10 @@ pub fn children_named(pid: u32, name: &str) -> Vec<u32> {
             continue;
         };
         let comm = stat[..close].split_once('(').map_or("", |x| x.1);
-        let ppid: u32 = stat[close + 2..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        if ppid == pid && comm == name {
+        let mut fields = stat[close + 2..].split_whitespace();
+        let state = fields.next().unwrap_or("");
+        let ppid: u32 = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        if ppid == pid && comm == name && !matches!(state, "Z" | "X") {
             out.push(p);
         }
     }
