@@ -5,6 +5,7 @@
 #   scripts/local-model.sh                 build or reuse, start, print the backend table
 #   scripts/local-model.sh --config FILE   also append the table to FILE (once)
 #   scripts/local-model.sh --stop          stop the server this script started
+#   scripts/local-model.sh --prepare       only build and download (CI, before the tests)
 #
 # docs/local-model.md says what it does and what a 135M model can and cannot do.
 set -euo pipefail
@@ -32,7 +33,7 @@ ACTION=start
 usage() {
 	cat <<EOF
 usage: scripts/local-model.sh [--port N] [--ctx N] [--name NAME] [--config FILE] [--print-only]
-       scripts/local-model.sh --stop | --status
+       scripts/local-model.sh --prepare | --stop | --status
 Builds (or reuses, from $CACHE) llama-server and the SmolLM2-135M model, starts the server on
 127.0.0.1 and prints the olliesrv backend for it.
   --port N       listen on port N (default: a free one)
@@ -40,6 +41,8 @@ Builds (or reuses, from $CACHE) llama-server and the SmolLM2-135M model, starts 
   --name NAME    the backend's name in config.toml (default $NAME)
   --config FILE  append the [backends.NAME] table to FILE unless it has one already
   --print-only   print the table of the running server, start nothing
+  --prepare      build and download what is missing, start nothing (the test suite
+                 starts its own servers from the cache)
   --stop         stop the server this script started
   --status       say whether it runs, and where
 EOF
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
 	--print-only) PRINT_ONLY=1; shift ;;
 	--stop) ACTION=stop; shift ;;
 	--status) ACTION=status; shift ;;
+	--prepare) ACTION=prepare; shift ;;
 	-h | --help) usage; exit 0 ;;
 	*) usage >&2; die "unknown argument: $1" ;;
 	esac
@@ -152,7 +156,8 @@ answers() {
 	python3 - "$1" <<'EOF'
 import sys, urllib.request
 try:
-    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v1/models", timeout=2).read()
+    # /health answers 200 once the model is loaded (/v1/models answers before that).
+    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read()
 except Exception:
     sys.exit(1)
 EOF
@@ -169,10 +174,22 @@ kind = "openai"
 base_url = "http://127.0.0.1:$1/v1"
 model = "$MODEL_ALIAS"
 context_limit = $2
+# A 135M model calls a tool only when made to: the first model call of each turn must be a
+# tool call, and its reply starts inside the template's <tool_call> block.
+tool_choice = "required_first"
+tool_prefill = "<tool_call>\n"
 EOF
 }
 
 case $ACTION in
+prepare)
+	if [ ! -x "$BIN" ] || [ ! -f "$TEMPLATE_FILE" ]; then
+		build_server
+	fi
+	[ -f "$MODEL" ] || fetch_model
+	echo "local-model: llama-server, model and template are in $CACHE" >&2
+	exit 0
+	;;
 stop)
 	if pid=$(running_pid); then
 		kill "$pid"

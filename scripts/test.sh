@@ -11,7 +11,7 @@ scripts/deps.sh
 
 # Every test runner's output also goes to a log, to sum the results at the end.
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "${llama_log:-}"' EXIT
 
 # Each stage's wall time, printed at the end (where CI's time goes).
 times="" stage_name="" stage_start=$SECONDS
@@ -21,12 +21,27 @@ stage() {
   [ -z "$1" ] || echo "== $1"
 }
 
+# llama-server and its model for the real-model suite (tests/tests/llama.rs), built once into
+# the cache outside the repository (about 6 minutes cold, nothing warm); in the background,
+# where the lint and build stages leave a core idle.
+llama_log=$(mktemp)
+scripts/local-model.sh --prepare >"$llama_log" 2>&1 &
+llama_pid=$!
+
 stage fmt
 cargo fmt --all -- --check
 stage clippy
 cargo clippy --workspace --all-targets -- -D warnings
 stage build
 cargo build --workspace --bins
+stage "llama-server (scripts/local-model.sh --prepare)"
+if ! wait "$llama_pid"; then
+  cat "$llama_log" >&2
+  if [ "${OLLIE_TEST_REQUIRE:-}" = all ]; then
+    echo "test.sh: llama-server could not be prepared" >&2
+    exit 1
+  fi
+fi
 stage "test (as $(id -un))"
 cargo test --workspace 2>&1 | tee -a "$log"
 if [ "$(id -u)" = 0 ]; then

@@ -20,7 +20,8 @@
 //! `afids_per_connection`, `requests_per_connection`, `connections`, `connections_per_peer`,
 //! `attach_timeout_s`; read at start, [`ollie_p9::server::Limits`]). A `[backends.NAME]` of an
 //! HTTP kind also takes `connect_timeout_s`, `first_byte_timeout_s` and `idle_timeout_s`
-//! ([`Timeouts`]).
+//! ([`Timeouts`]); an `openai` or `anthropic` one `tool_choice` (`auto`, `required_first`),
+//! and an `openai` one forcing calls `tool_prefill` ([`Backend::tool_prefill`]).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -123,6 +124,13 @@ pub struct Backend {
     pub context_limit: Option<u64>,
     /// How long its HTTP requests may wait (HTTP backends only).
     pub timeouts: Timeouts,
+    /// `tool_choice = "required_first"`: the first model call of every turn must be a tool
+    /// call (later ones are free, so the turn can end). `openai` and `anthropic` kinds.
+    pub force_first_tool: bool,
+    /// `tool_prefill`: what a forced reply starts with, sent as an unfinished assistant
+    /// message (llama-server with a Hermes-style template needs `"<tool_call>\n"`; see
+    /// docs/local-model.md). `openai` kind, with `tool_choice = "required_first"`.
+    pub tool_prefill: Option<String>,
 }
 
 /// How long an HTTP backend's requests may wait, each a `[backends.NAME]` key in seconds.
@@ -182,6 +190,52 @@ pub const DEFAULT_COMPACT_AT: f64 = 0.8;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
     pub command: Vec<String>,
+}
+
+/// `tool_choice` and `tool_prefill` of `[backends.NAME]` (`key`): whether the first call of a
+/// turn is forced to be a tool call, and what its reply starts with.
+fn forced_calls(
+    key: &str,
+    kind: BackendKind,
+    b: &RawBackend,
+) -> Result<(bool, Option<String>), (String, String)> {
+    let force_first_tool = match b.tool_choice.as_deref() {
+        None | Some("auto") => false,
+        Some("required_first") => true,
+        Some(v) => {
+            return Err((
+                format!("{key}.tool_choice"),
+                format!("unknown value {v:?} (valid: auto, required_first)"),
+            ));
+        }
+    };
+    if force_first_tool && !matches!(kind, BackendKind::OpenAi | BackendKind::Anthropic) {
+        return Err((
+            format!("{key}.tool_choice"),
+            format!(
+                "only openai and anthropic backends can force a tool call (this one is {})",
+                kind.name()
+            ),
+        ));
+    }
+    if let Some(p) = &b.tool_prefill {
+        let why = if kind != BackendKind::OpenAi {
+            Some(format!(
+                "only openai backends take a prefill (this one is {})",
+                kind.name()
+            ))
+        } else if !force_first_tool {
+            Some("a prefill starts forced tool calls: set tool_choice = \"required_first\"".into())
+        } else if p.is_empty() {
+            Some("empty (leave the key out for none)".into())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err((format!("{key}.tool_prefill"), why));
+        }
+    }
+    Ok((force_first_tool, b.tool_prefill.clone()))
 }
 
 impl Remote {
@@ -498,6 +552,8 @@ struct RawBackend {
     connect_timeout_s: Option<i64>,
     first_byte_timeout_s: Option<i64>,
     idle_timeout_s: Option<i64>,
+    tool_choice: Option<String>,
+    tool_prefill: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1335,6 +1391,7 @@ impl Backend {
                 }
             }
         }
+        let (force_first_tool, tool_prefill) = forced_calls(&key, kind, &b)?;
         Ok(Backend {
             kind,
             base_url: b.base_url,
@@ -1344,6 +1401,8 @@ impl Backend {
             file: b.file,
             context_limit,
             timeouts,
+            force_first_tool,
+            tool_prefill,
         })
     }
 }
@@ -1685,6 +1744,54 @@ mod tests {
             (
                 "[backends.x]\nkind = \"openai\"\nread_timeout_s = 5",
                 "read_timeout_s",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn tool_choice_and_prefill_parse_and_are_refused_where_they_do_nothing() {
+        let c = parse(
+            "[backends.l]\nkind = \"openai\"\ntool_choice = \"required_first\"\ntool_prefill = \"<tool_call>\\n\"\n\n[backends.a]\nkind = \"anthropic\"\ntool_choice = \"required_first\"\n\n[backends.o]\nkind = \"openai\"\ntool_choice = \"auto\"\n",
+        )
+        .unwrap();
+        let l = &c.backends["l"];
+        assert!(l.force_first_tool);
+        assert_eq!(l.tool_prefill.as_deref(), Some("<tool_call>\n"));
+        assert!(c.backends["a"].force_first_tool);
+        assert!(!c.backends["o"].force_first_tool);
+        assert_eq!(c.backends["o"].tool_prefill, None);
+        for (text, want) in [
+            (
+                "[backends.x]\nkind = \"openai\"\ntool_choice = \"required\"",
+                "backends.x.tool_choice: unknown value \"required\" (valid: auto, required_first)",
+            ),
+            (
+                "[backends.x]\nkind = \"ollama\"\ntool_choice = \"required_first\"",
+                "backends.x.tool_choice: only openai and anthropic backends can force a tool call (this one is ollama)",
+            ),
+            (
+                "[backends.r]\nkind = \"replay\"\nfile = \"/t.jsonl\"\ntool_choice = \"required_first\"",
+                "backends.r.tool_choice: only openai and anthropic backends",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\ntool_prefill = \"<tool_call>\"",
+                "backends.x.tool_prefill: a prefill starts forced tool calls: set tool_choice = \"required_first\"",
+            ),
+            (
+                "[backends.x]\nkind = \"anthropic\"\ntool_choice = \"required_first\"\ntool_prefill = \"{\"",
+                "backends.x.tool_prefill: only openai backends take a prefill (this one is anthropic)",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\ntool_choice = \"required_first\"\ntool_prefill = \"\"",
+                "backends.x.tool_prefill: empty",
+            ),
+            (
+                "[backends.x]\nkind = \"openai\"\ntool_choice = true",
+                "invalid type",
             ),
         ] {
             let e = parse(text).unwrap_err().to_string();

@@ -240,7 +240,7 @@ fn states(s: &[&str]) -> Vec<String> {
 }
 
 /// Checks what every Messages request carries: the path, the key, the version, the JSON
-/// body with `stream`, `max_tokens`, the model, the system prompt as a top-level string
+/// body with `stream`, `max_tokens` (the default, or a summary's bound), the model, the system prompt as a top-level string
 /// (never a message) and the tools with `input_schema`.
 fn check_request(g: &Got) -> Value {
     assert_eq!(g.method, "POST");
@@ -261,7 +261,12 @@ fn check_request(g: &Got) -> Value {
     let b = g.json();
     assert_eq!(b["model"], "m", "{b}");
     assert_eq!(b["stream"], true, "{b}");
-    assert_eq!(b["max_tokens"], 8192, "{b}");
+    // The default, but for a compaction's summary: at most an eighth of the window, here
+    // the 4096-token cap.
+    let summary = b["system"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("You compress"));
+    assert_eq!(b["max_tokens"], if summary { 4096 } else { 8192 }, "{b}");
     assert!(b["system"].is_string(), "{b}");
     for m in b["messages"].as_array().unwrap() {
         let role = m["role"].as_str().unwrap();

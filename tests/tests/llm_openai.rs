@@ -144,8 +144,18 @@ struct H {
 }
 
 async fn start(script: Vec<Reply>, extra: &str) -> H {
+    start_with(script, extra, "").await
+}
+
+/// `start` with more keys for `[backends.fake]`.
+async fn start_with(script: Vec<Reply>, extra: &str, backend_extra: &str) -> H {
     let fake = FakeLlm::start(script).await;
-    let (srv, work) = olliesrv("openai", &format!("{}/v1", fake.url()), extra);
+    let (srv, work) = olliesrv_with(
+        "openai",
+        &format!("{}/v1", fake.url()),
+        extra,
+        backend_extra,
+    );
     let (c, root) = attach(&srv, &me()).await;
     H {
         fake,
@@ -1342,4 +1352,135 @@ async fn the_plan_is_shown_again_every_eighth_step() {
         last_message(p),
         json!({"role": "user", "content": "anything else?"})
     );
+}
+
+/// `tool_choice = "required_first"` with a `tool_prefill`: the turn's first request requires
+/// a tool call and ends with the unfinished assistant message; the request after the tool's
+/// result requires nothing and has no prefill, so the model ends the turn in text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_tool_call_is_asked_for_on_the_first_step_only() {
+    let h = start_with(
+        vec![
+            exec("c1", "echo forced"),
+            answer("Done."),
+            exec("c2", "echo again"),
+            answer("Done again."),
+        ],
+        "",
+        "tool_choice = \"required_first\"\ntool_prefill = \"<tool_call>\\n\"",
+    )
+    .await;
+    session_with_agent(&h.root, &h.work).await;
+    let st = turn(&h.root, "say something").await;
+    assert_eq!(
+        st,
+        states(&["thinking", "calling: execute_code", "thinking", "idle"])
+    );
+    let posts = h.fake.posts();
+    assert_eq!(posts.len(), 2);
+    let first = posts[0].json();
+    assert_eq!(first["tool_choice"], "required", "{first}");
+    assert_eq!(
+        last_message(&posts[0]),
+        json!({"role": "assistant", "content": "<tool_call>\n"})
+    );
+    let second = posts[1].json();
+    assert!(second.get("tool_choice").is_none(), "{second}");
+    let last = last_message(&posts[1]);
+    assert_eq!(last["role"], "tool", "{second}");
+    assert_eq!(last["tool_call_id"], "c1");
+    assert!(
+        messages(&posts[1])
+            .iter()
+            .all(|m| m["content"] != "<tool_call>\n"),
+        "the prefill stayed in the history: {second}"
+    );
+    let bs = chat_blocks(&h.root).await;
+    assert_eq!(
+        kinds(&bs),
+        ["user", "tool_call", "tool_result", "assistant"],
+        "{bs:?}"
+    );
+    assert!(bs[2].body.contains("forced"), "{bs:?}");
+    // The next turn is forced again, from its first step only.
+    turn(&h.root, "once more").await;
+    let posts = h.fake.posts();
+    assert_eq!(posts.len(), 4);
+    assert_eq!(posts[2].json()["tool_choice"], "required");
+    assert_eq!(last_message(&posts[2])["content"], "<tool_call>\n");
+    assert!(posts[3].json().get("tool_choice").is_none());
+    assert_eq!(last_message(&posts[3])["role"], "tool");
+}
+
+/// A backend without `tool_choice` never sends one, nor a prefill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tool_choice_no_call_is_forced() {
+    let h = start_agent(vec![answer("Hi.")], "").await;
+    turn(&h.root, "hi").await;
+    let body = h.fake.posts()[0].json();
+    assert!(body.get("tool_choice").is_none(), "{body}");
+    assert_eq!(last_message(&h.fake.posts()[0])["role"], "user", "{body}");
+}
+
+/// A reply the server stopped at its token limit (`finish_reason: "length"`) is kept, and an
+/// `info` block after it says that it may be incomplete; a tool call cut that way gets a tool error
+/// (its arguments are not JSON) and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_cut_at_the_token_limit_is_marked_and_a_cut_call_runs_nothing() {
+    let mut cut_text = reply_events("", "The answer is", &[], (10, 3));
+    let mut cut_call = vec![
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "t1", "type": "function",
+                "function": {"name": "execute_code", "arguments": "{\"language\": \"ba"}}]}),
+            None,
+        ),
+    ];
+    for ev in [&mut cut_text, &mut cut_call] {
+        ev.retain(|e| !e.contains("\"finish_reason\":\"stop\""));
+        ev.retain(|e| e != DONE && !e.contains("\"usage\""));
+        ev.push(chunk(json!({}), Some("length")));
+        ev.push(usage_chunk(10, 3));
+        ev.push(DONE.to_owned());
+    }
+    let h = start_agent(
+        vec![
+            Reply::sse(&cut_text),
+            Reply::sse(&cut_call),
+            answer("Sorry."),
+        ],
+        "",
+    )
+    .await;
+    write(&h.root, &format!("{A}/cfg"), "max_tokens=3")
+        .await
+        .unwrap();
+    let st = turn(&h.root, "what is it").await;
+    assert_eq!(st, states(&["thinking", "idle"]));
+    let bs = chat_blocks(&h.root).await;
+    assert_eq!(kinds(&bs), ["user", "assistant", "info"], "{bs:?}");
+    assert_eq!(bs[1].body, "The answer is\n");
+    assert_eq!(bs[2].attrs, "truncated");
+    assert_eq!(
+        bs[2].body,
+        "the reply stopped at the model's token limit (max_tokens 3); it may be incomplete\n"
+    );
+
+    let st = turn(&h.root, "run it").await;
+    assert_eq!(
+        st,
+        states(&["thinking", "calling: execute_code", "thinking", "idle"])
+    );
+    let bs = chat_blocks(&h.root).await;
+    let k = kinds(&bs);
+    assert_eq!(
+        &k[3..],
+        ["user", "info", "tool_call", "tool_result", "assistant"],
+        "{bs:?}"
+    );
+    assert_eq!(
+        bs[6].body,
+        "error: the arguments of execute_code are not a JSON object: {\"language\": \"ba; call it again with an object of its parameters\n"
+    );
+    nothing_ran(&h.root).await;
 }

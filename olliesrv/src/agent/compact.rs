@@ -4,7 +4,8 @@
 //! It runs automatically before a model call once the last request used
 //! `compact_at` × `context_limit` tokens, when the backend says the context overflowed
 //! (then the call is retried once), and on `ctl compact`. The last few messages are kept
-//! verbatim (cut where no tool result would lose its call); everything before them goes to
+//! verbatim (cut where no tool result would lose its call; fewer when they would fill more
+//! than a quarter of the context window); everything before them goes to
 //! the model as a transcript with the instruction to summarize, and the history becomes one
 //! user message holding the summary followed by the kept messages. The plan is not part of
 //! the history: it stays in the `plan` file and is shown to the model again after a
@@ -31,6 +32,8 @@ pub const KEEP_TAIL: usize = 6;
 /// The longest transcript sent for summarizing, in characters, when the context limit is
 /// unknown (about 100k tokens).
 const MAX_TRANSCRIPT: usize = 400_000;
+/// The most tokens a summary may take (within every API's output limit).
+const MAX_SUMMARY_TOKENS: u32 = 4096;
 /// Each message in the transcript is cut to this many characters.
 const MAX_MESSAGE: usize = 8_000;
 
@@ -57,6 +60,49 @@ fn tail_start(msgs: &[Message], keep: usize) -> usize {
         i -= 1;
     }
     i
+}
+
+/// The longest summary asked for, in tokens: an eighth of the window (so that the summary,
+/// the kept tail and the system prompt fit a small one), at most [`MAX_SUMMARY_TOKENS`].
+fn summary_tokens(context_limit: Option<u64>) -> u32 {
+    context_limit
+        .map_or(MAX_SUMMARY_TOKENS, |l| {
+            u32::try_from(l / 8).unwrap_or(u32::MAX)
+        })
+        .clamp(64, MAX_SUMMARY_TOKENS)
+}
+
+/// Where the summarized part of `msgs` ends and the kept tail starts: the last
+/// [`KEEP_TAIL`] messages (all but the last when that would keep everything), fewer when they
+/// hold more than a quarter of a `context_limit`-token window (at about four characters a
+/// token: as many characters as the window has tokens), down to the last one; never at a
+/// tool result ([`tail_start`]).
+fn cut_point(msgs: &[Message], context_limit: Option<u64>) -> usize {
+    let mut cut = tail_start(msgs, KEEP_TAIL);
+    if cut == 0 && !msgs.is_empty() {
+        cut = tail_start(msgs, 1);
+    }
+    if let Some(limit) = context_limit {
+        let mut keep = msgs.len() - cut;
+        while keep > 1 && chars(&msgs[cut..]) as u64 > limit {
+            keep -= 1;
+            cut = cut.max(tail_start(msgs, keep));
+        }
+    }
+    cut
+}
+
+/// The characters of `msgs`' texts and call arguments.
+fn chars(msgs: &[Message]) -> usize {
+    msgs.iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.to_string().len())
+                    .sum::<usize>()
+        })
+        .sum()
 }
 
 /// The messages as a plain-text transcript (no tool-call structure, so any backend can
@@ -109,11 +155,7 @@ pub async fn compact(
     let (msgs, _) = reg
         .store
         .read_history(&a.session_id, &a.id, |v| message_of(&v));
-    let mut cut = tail_start(&msgs, KEEP_TAIL);
-    if cut == 0 && !msgs.is_empty() {
-        // Everything would be kept: summarize all but the last message instead.
-        cut = tail_start(&msgs, 1);
-    }
+    let cut = cut_point(&msgs, context_limit);
     if msgs.is_empty() {
         return Err("nothing to compact: the history is empty".to_owned());
     }
@@ -149,6 +191,7 @@ pub async fn compact(
                 .map(|c| format!("\n\nAlso follow these instructions for the summary:\n{c}"))
                 .unwrap_or_default()
         ))],
+        max_tokens: Some(summary_tokens(context_limit)),
         ..ModelRequest::default()
     };
     let mut attempt = 0;
@@ -256,6 +299,52 @@ mod tests {
         ];
         assert_eq!(tail_start(&turn, 1), 1);
         assert_eq!(tail_start(&turn, 2), 1);
+    }
+
+    #[test]
+    fn the_tail_shrinks_to_a_quarter_of_the_window() {
+        let big = "x".repeat(400);
+        let msgs: Vec<Message> = (0..10)
+            .map(|i| {
+                m(
+                    if i % 2 == 0 {
+                        Role::User
+                    } else {
+                        Role::Assistant
+                    },
+                    &big,
+                )
+            })
+            .collect();
+        // No window, or a large one: the last six.
+        assert_eq!(cut_point(&msgs, None), 4);
+        assert_eq!(cut_point(&msgs, Some(128_000)), 4);
+        // 2048 tokens: a quarter is about 2048 characters, five messages of 400.
+        assert_eq!(cut_point(&msgs, Some(2048)), 5);
+        assert_eq!(cut_point(&msgs, Some(1000)), 8);
+        // Never fewer than the last message, however small the window.
+        assert_eq!(cut_point(&msgs, Some(10)), 9);
+        // A tool result keeps its call, also when that is over the budget.
+        let mut call = m(Role::Assistant, "");
+        call.tool_calls.push(ToolCall {
+            id: "c".into(),
+            name: "file_read".into(),
+            arguments: serde_json::json!({"path": big}),
+        });
+        let turn = [m(Role::User, &big), call, m(Role::Tool, &big)];
+        assert_eq!(cut_point(&turn, Some(10)), 1);
+        // Everything would be kept: all but the last is summarized.
+        assert_eq!(cut_point(&msgs[..3], None), 2);
+        assert_eq!(cut_point(&[], Some(10)), 0);
+    }
+
+    #[test]
+    fn summaries_take_an_eighth_of_the_window_within_bounds() {
+        assert_eq!(summary_tokens(Some(2048)), 256);
+        assert_eq!(summary_tokens(Some(128_000)), MAX_SUMMARY_TOKENS);
+        assert_eq!(summary_tokens(None), MAX_SUMMARY_TOKENS);
+        assert_eq!(summary_tokens(Some(100)), 64);
+        assert_eq!(summary_tokens(Some(u64::MAX)), MAX_SUMMARY_TOKENS);
     }
 
     #[test]

@@ -46,8 +46,8 @@ use serde_json::Value;
 use crate::agent::RETRIES;
 use crate::agent::history::{message_of, remember, remember_sync};
 use crate::backend::{
-    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, ToolCall, ToolSpec,
-    select,
+    Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, ToolCall, ToolChoice,
+    ToolSpec, select,
 };
 use crate::config::Config;
 use crate::state::store::Sync;
@@ -756,6 +756,10 @@ struct TurnCtx {
     temperature: Option<f64>,
     top_p: Option<f64>,
     max_tokens: Option<u32>,
+    /// The backend forces a tool call on a turn's first step (`tool_choice`).
+    force_first_tool: bool,
+    /// What a forced reply starts with (`tool_prefill`).
+    tool_prefill: Option<String>,
 }
 
 fn turn_ctx(
@@ -790,6 +794,8 @@ fn turn_ctx(
             .get("max_tokens")
             .and_then(|v| v.parse().ok())
             .or(p.and_then(|p| p.max_tokens)),
+        force_first_tool: cfg.force_first_tool,
+        tool_prefill: cfg.tool_prefill.clone(),
     }
 }
 
@@ -903,17 +909,27 @@ async fn model_reply(
     a: &Arc<Agent>,
     config: &Arc<Config>,
     backend: &Arc<dyn Backend>,
-    ctx: &TurnCtx,
+    ctx: &mut TurnCtx,
     show_plan: &mut bool,
+    force_tool: bool,
 ) -> Result<ModelReply, String> {
     let mut overflowed = false;
     loop {
-        let req = request(reg, a, ctx, std::mem::take(show_plan));
+        let req = request(reg, a, ctx, std::mem::take(show_plan), force_tool);
         match call_model(reg, a, config, backend, &req).await {
             Ok(r) => return Ok(r),
             Err(CallError::Overflow(m)) if !overflowed => {
                 overflowed = true;
                 a.say("info", "", &format!("context overflow: {m}"))?;
+                // A server that names its window smaller than the limit assumed (configured
+                // too large, or not known) is believed for the rest of the turn, so that
+                // the compaction fits it.
+                if let Some(w) = crate::backend::overflow_window(&m)
+                    && ctx.context_limit.is_none_or(|l| w < l)
+                {
+                    ctx.context_limit = Some(w);
+                    lock(&a.stats).context_limit = w;
+                }
                 run_compaction(reg, a, backend, ctx, "the model's context overflowed")
                     .await
                     .map_err(|e| {
@@ -1014,7 +1030,31 @@ async fn steps(
         if step > 0 && step % PLAN_EVERY == 0 {
             show_plan = true;
         }
-        let reply = model_reply(reg, a, config, backend, &ctx, &mut show_plan).await?;
+        // A backend set to force a tool call does so on the first step only, so that the
+        // model can still end the turn with text after the results.
+        let force_tool = ctx.force_first_tool && step == 0;
+        let reply = model_reply(
+            reg,
+            a,
+            config,
+            backend,
+            &mut ctx,
+            &mut show_plan,
+            force_tool,
+        )
+        .await?;
+        if reply.truncated {
+            a.say(
+                "info",
+                "truncated",
+                &format!(
+                    "the reply stopped at the model's token limit{}; it may be incomplete",
+                    ctx.max_tokens
+                        .map(|n| format!(" (max_tokens {n})"))
+                        .unwrap_or_default()
+                ),
+            )?;
+        }
         let assistant = Message {
             role: Role::Assistant,
             content: reply.text.clone(),
@@ -1107,20 +1147,40 @@ async fn run_calls(
                 .join(", ")
         ))
     };
+    // The backends wrap arguments that are not a JSON object as {"_raw": text}.
+    let malformed = |c: &ToolCall| {
+        let raw = c
+            .arguments
+            .as_object()
+            .filter(|o| o.len() == 1)?
+            .get("_raw")?;
+        let raw = raw.as_str().unwrap_or_default();
+        Some(Outcome::error(format!(
+            "the arguments of {} are not a JSON object: {}; call it again with an object of its parameters",
+            c.name,
+            ollie_link::text::clip(&ollie_link::text::one_line(raw), 200)
+        )))
+    };
+    let refused = |c: &ToolCall| {
+        if known(c) {
+            malformed(c)
+        } else {
+            Some(unknown(c))
+        }
+    };
     if run.len() == 1 {
         let c = &run[0];
-        return vec![if known(c) {
-            run_tool(reg, a, c, config).await
-        } else {
-            unknown(c)
+        return vec![match refused(c) {
+            Some(o) => o,
+            None => run_tool(reg, a, c, config).await,
         }];
     }
     // Dropping the set (on stop) aborts the tasks, which flushes their reads in toolsrv.
     let mut set = tokio::task::JoinSet::new();
     let mut out: Vec<Option<Outcome>> = vec![None; run.len()];
     for (i, c) in run.iter().enumerate() {
-        if !known(c) {
-            out[i] = Some(unknown(c));
+        if let Some(o) = refused(c) {
+            out[i] = Some(o);
             continue;
         }
         let (reg, a, config, c) = (
@@ -1142,8 +1202,15 @@ async fn run_calls(
         .collect()
 }
 
-/// The request for the next model call (with the plan shown again when `show_plan`).
-fn request(reg: &Registry, a: &Agent, ctx: &TurnCtx, show_plan: bool) -> ModelRequest {
+/// The request for the next model call (with the plan shown again when `show_plan`, and a
+/// tool call required when `force_tool`).
+fn request(
+    reg: &Registry,
+    a: &Agent,
+    ctx: &TurnCtx,
+    show_plan: bool,
+    force_tool: bool,
+) -> ModelRequest {
     let (mut messages, problems) = reg
         .store
         .read_history(&a.session_id, &a.id, |v| message_of(&v));
@@ -1168,6 +1235,12 @@ fn request(reg: &Registry, a: &Agent, ctx: &TurnCtx, show_plan: bool) -> ModelRe
         temperature: ctx.temperature,
         top_p: ctx.top_p,
         max_tokens: ctx.max_tokens,
+        tool_choice: if force_tool {
+            ToolChoice::Required
+        } else {
+            ToolChoice::Auto
+        },
+        prefill: ctx.tool_prefill.clone().filter(|_| force_tool),
     }
 }
 

@@ -71,7 +71,9 @@ use super::http::{
     self, ApiKey, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, SSE, SseReply, generated_id,
     mentions_context, parse_arguments,
 };
-use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
+use super::{
+    BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, ToolChoice, Usage,
+};
 
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
@@ -211,6 +213,8 @@ fn request_body(model: &str, req: &ModelRequest) -> serde_json::Result<Vec<u8>> 
         max_tokens: req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         system: req.system.as_deref().filter(|s| !s.is_empty()),
         messages: turns(&req.messages),
+        tool_choice: (req.tool_choice == ToolChoice::Required && !req.tools.is_empty())
+            .then(|| json!({"type": "any"})),
         tools,
         temperature: req.temperature,
         top_p: req.top_p,
@@ -227,6 +231,8 @@ struct Body<'a> {
     messages: Vec<Turn<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -523,6 +529,7 @@ impl SseReply for StreamState {
             self.reasoning,
             self.tool_calls,
             reported,
+            self.stop_reason.as_deref() == Some("max_tokens"),
             sink,
         ))
     }
@@ -625,6 +632,8 @@ mod tests {
             api_key_file: None,
             context_limit: None,
             timeouts: Default::default(),
+            force_first_tool: false,
+            tool_prefill: None,
         }
     }
 
@@ -743,6 +752,7 @@ mod tests {
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
                 usage,
+                truncated: false,
             }
         );
         assert_eq!(
@@ -770,6 +780,44 @@ mod tests {
                 "stream": true,
             })
         );
+    }
+
+    #[tokio::test]
+    async fn stop_reason_max_tokens_marks_the_reply_truncated() {
+        let whole = [
+            message_start(25),
+            block_start(0, json!({"type": "text", "text": ""})),
+            text(0, "The answer is"),
+            block_stop(0),
+            message_delta("max_tokens", 3),
+            STOP.to_owned(),
+        ]
+        .concat();
+        let (url, _rx) = serve(vec![Reply::sse(&[&whole])]).await;
+        let b = backend(&url, Some("OLLIE_TEST_KEY_CUT"));
+        let r = run(&b, &request()).await.0.unwrap();
+        assert_eq!((r.text.as_str(), r.truncated), ("The answer is", true));
+    }
+
+    #[test]
+    fn a_forced_call_sends_tool_choice_any() {
+        let req = ModelRequest {
+            tools: vec![ToolSpec {
+                name: "t".into(),
+                description: String::new(),
+                parameters: json!({"type": "object"}),
+            }],
+            tool_choice: ToolChoice::Required,
+            ..request()
+        };
+        let body: Value = serde_json::from_slice(&request_body("m", &req).unwrap()).unwrap();
+        assert_eq!(body["tool_choice"], json!({"type": "any"}), "{body}");
+        let free = ModelRequest {
+            tool_choice: ToolChoice::Auto,
+            ..req
+        };
+        let body: Value = serde_json::from_slice(&request_body("m", &free).unwrap()).unwrap();
+        assert!(body.get("tool_choice").is_none(), "{body}");
     }
 
     #[tokio::test]
@@ -1168,6 +1216,8 @@ mod tests {
             temperature: Some(0.5),
             top_p: Some(0.9),
             max_tokens: Some(100),
+            tool_choice: ToolChoice::Auto,
+            prefill: None,
         };
         let (r, events) = run(&b, &req).await;
         assert_eq!(r.unwrap().text, "");

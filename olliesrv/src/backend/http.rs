@@ -394,8 +394,8 @@ impl Conn {
         key: Option<&ApiKey>,
         mut on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
     ) -> Result<(), BackendError> {
-        let mut resp = self.send_stream(rb, key).await?;
-        read_sse(&self.name, &mut resp, |f| {
+        let resp = self.send_stream(rb, key).await?;
+        read_sse(&self.name, resp, |f| {
             on_frame(f).map_err(|e| scrubbed(e, key))
         })
         .await
@@ -491,6 +491,7 @@ pub(super) fn finished_reply(
     reasoning: String,
     tool_calls: Vec<ToolCall>,
     reported: Option<Usage>,
+    truncated: bool,
     sink: Sink<'_>,
 ) -> ModelReply {
     let usage = reported.unwrap_or_default();
@@ -502,6 +503,7 @@ pub(super) fn finished_reply(
         reasoning,
         tool_calls,
         usage,
+        truncated,
     }
 }
 
@@ -563,9 +565,11 @@ impl<T: HttpApi> Backend for T {
 /// Reads `resp` to its end through `framer`, handing each item to `on_item` until it says
 /// the reply is done (`Ok(true)`). Read errors are classified as by [`transport`], framing
 /// errors (over-long lines or events) are transient; `on_item`'s errors are returned as is.
+/// What follows a done reply is read in the background ([`Stream::release`]), so that the
+/// connection can serve the next request.
 pub(super) async fn read_stream<F: Framer>(
     name: &str,
-    resp: &mut Stream,
+    mut resp: Stream,
     mut framer: F,
     mut on_item: impl FnMut(F::Item) -> Result<bool, BackendError>,
 ) -> Result<(), BackendError> {
@@ -580,6 +584,9 @@ pub(super) async fn read_stream<F: Framer>(
         .map_err(|e| BackendError::Transient(format!("{name}: {e}")))?;
         for item in items.drain(..) {
             if on_item(item)? {
+                if !end {
+                    resp.release();
+                }
                 return Ok(());
             }
         }
@@ -592,11 +599,16 @@ pub(super) async fn read_stream<F: Framer>(
 /// Reads a server-sent event reply (see [`read_stream`]).
 pub(super) async fn read_sse(
     name: &str,
-    resp: &mut Stream,
+    resp: Stream,
     on_frame: impl FnMut(Frame) -> Result<bool, BackendError>,
 ) -> Result<(), BackendError> {
     read_stream(name, resp, SseParser::default(), on_frame).await
 }
+
+/// How much of a done reply's remainder [`Stream::release`] reads, and for how long, before
+/// it gives the connection up.
+const RELEASE_LIMIT: usize = 64 << 10;
+const RELEASE_TIME: Duration = Duration::from_secs(5);
 
 /// A streamed reply, read under the backend's timeouts.
 #[derive(Debug)]
@@ -616,6 +628,26 @@ impl Stream {
             first_by: Some(tokio::time::Instant::now() + timeouts.first_byte),
             timeouts,
         }
+    }
+
+    /// Reads what is left of a reply whose content is complete (an SSE stream's end after
+    /// `[DONE]`, the last chunk's terminator) in a task of its own, then drops it: an HTTP/1.1
+    /// connection goes back to the pool only once its body has been read to the end. A body
+    /// that goes on for more than [`RELEASE_LIMIT`] bytes or [`RELEASE_TIME`] is dropped
+    /// with its connection, as before.
+    pub fn release(mut self) {
+        tokio::spawn(async move {
+            let mut left = RELEASE_LIMIT;
+            let drain = async {
+                while let Ok(Some(b)) = self.resp.chunk().await {
+                    left = left.saturating_sub(b.len());
+                    if left == 0 {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(RELEASE_TIME, drain).await;
+        });
     }
 
     /// The next piece of the reply (`None` at its end): the first within
@@ -942,9 +974,9 @@ mod tests {
         };
         let (url, _rx) = testserver::serve(vec![reply]).await;
         let ep = Endpoint::new("t", Some(&url), &url, Timeouts::default()).unwrap();
-        let mut resp = Stream::new(ep.client.get(&url).send().await.unwrap(), ep.timeouts);
+        let resp = Stream::new(ep.client.get(&url).send().await.unwrap(), ep.timeouts);
         let mut got = Vec::new();
-        let r = read_sse("t", &mut resp, |f| {
+        let r = read_sse("t", resp, |f| {
             let done = f == Frame::Data("[DONE]".into());
             got.push(f);
             Ok(done)
@@ -987,8 +1019,8 @@ mod tests {
         let reply = Reply::sse(&["data: 1\n\n"]);
         let (url, _rx) = testserver::serve(vec![reply]).await;
         let ep = Endpoint::new("t", Some(&url), &url, Timeouts::default()).unwrap();
-        let mut resp = Stream::new(ep.client.get(&url).send().await.unwrap(), ep.timeouts);
-        let r = read_sse("t", &mut resp, |_| Err(BackendError::Fatal("no".into()))).await;
+        let resp = Stream::new(ep.client.get(&url).send().await.unwrap(), ep.timeouts);
+        let r = read_sse("t", resp, |_| Err(BackendError::Fatal("no".into()))).await;
         assert!(matches!(r, Err(BackendError::Fatal(m)) if m == "no"));
     }
 
@@ -1015,6 +1047,8 @@ mod tests {
             file: None,
             context_limit: None,
             timeouts: t,
+            force_first_tool: false,
+            tool_prefill: None,
         };
         Conn::new("t", &cfg, Endpoint::new("t", Some(url), url, t).unwrap())
     }

@@ -83,6 +83,44 @@ pub struct ModelRequest {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub max_tokens: Option<u32>,
+    /// Whether the model must call a tool in this reply (see [`ToolChoice`]).
+    pub tool_choice: ToolChoice,
+    /// Text the reply is to start with, sent as a last, unfinished assistant message that
+    /// the server continues (llama-server does; the `openai` kind only).
+    pub prefill: Option<String>,
+}
+
+/// Whether the model may answer in text or must call one of the tools.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides (every API's default).
+    #[default]
+    Auto,
+    /// The reply must be a tool call: OpenAI's `tool_choice: "required"`, Anthropic's
+    /// `{"type": "any"}`. Ignored when the request offers no tools.
+    Required,
+}
+
+/// The context window, in tokens, that a server's overflow message states, if it states
+/// one: llama.cpp's "exceeds the available context size (2048 tokens)", OpenAI's "maximum
+/// context length is 8192 tokens", Anthropic's "210000 tokens > 200000 maximum". The agent
+/// loop compacts to fit it when it is smaller than the limit it assumed.
+pub fn overflow_window(message: &str) -> Option<u64> {
+    const AROUND: [(&str, &str); 3] = [
+        ("context size (", " tokens"),
+        ("maximum context length is ", " tokens"),
+        (" tokens > ", " maximum"),
+    ];
+    let lower = message.to_lowercase();
+    AROUND.iter().find_map(|(before, after)| {
+        let at = lower.find(before)? + before.len();
+        let rest = &lower[at..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if !rest[digits..].starts_with(after) {
+            return None;
+        }
+        rest[..digits].parse().ok().filter(|n| *n > 0)
+    })
 }
 
 /// Token counts a backend reports.
@@ -110,6 +148,9 @@ pub struct ModelReply {
     pub reasoning: String,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
+    /// The server stopped the reply at its token limit (`max_tokens`, or the context's end),
+    /// so the text may end mid-sentence and a tool call may lack its arguments.
+    pub truncated: bool,
 }
 
 /// Why a call failed.
@@ -155,5 +196,40 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ) -> Pin<Box<dyn Future<Output = Option<u64>> + Send + 'a>> {
         let _ = model;
         Box::pin(async { None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overflow_window;
+
+    #[test]
+    fn the_window_an_overflow_message_states() {
+        for (message, want) in [
+            (
+                "local: http 400: request (2138 tokens) exceeds the available context size (2048 tokens), try increasing it",
+                Some(2048),
+            ),
+            (
+                "openai: http 400: This model's maximum context length is 8192 tokens. However, your messages resulted in 9001 tokens.",
+                Some(8192),
+            ),
+            (
+                "claude: http 400: prompt is too long: 210000 tokens > 200000 maximum",
+                Some(200_000),
+            ),
+            // Named without a number, or a number that is not the window.
+            ("ollama: the input length exceeds the context length", None),
+            (
+                "request (2138 tokens) exceeds the available context size",
+                None,
+            ),
+            ("context size (lots of tokens)", None),
+            ("context size (0 tokens)", None),
+            ("context size (99999999999999999999999 tokens)", None),
+            ("", None),
+        ] {
+            assert_eq!(overflow_window(message), want, "{message}");
+        }
     }
 }

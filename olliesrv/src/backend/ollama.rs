@@ -186,13 +186,13 @@ impl HttpApi for Ollama {
         let c = &self.http;
         let (rb, key) = c.chat_request(req, "chat request", "/api/chat", NDJSON, request_body)?;
         let rb = c.bearer(rb, key.as_ref())?;
-        let mut resp = c.send(rb).await?;
+        let resp = c.send(rb).await?;
         if !resp.resp.status().is_success() {
             // Ollama's own context wording, on top of the shared classification.
             return Err(self.status_error(resp.resp, key.as_ref()).await);
         }
         let mut state = StreamState::default();
-        http::read_stream(&c.name, &mut resp, LineSplitter::default(), |line| {
+        http::read_stream(&c.name, resp, LineSplitter::default(), |line| {
             state.line(&c.name, &line, sink)?;
             Ok(state.done)
         })
@@ -459,6 +459,7 @@ impl StreamState {
             self.reasoning,
             self.calls,
             self.usage,
+            self.done_reason.as_deref() == Some("length"),
             sink,
         ))
     }
@@ -485,6 +486,8 @@ mod tests {
             api_key_file: None,
             context_limit: None,
             timeouts: Default::default(),
+            force_first_tool: false,
+            tool_prefill: None,
         }
     }
 
@@ -599,6 +602,20 @@ mod tests {
                 "stream": true,
             })
         );
+    }
+
+    #[tokio::test]
+    async fn done_reason_length_marks_the_reply_truncated() {
+        let (url, _rx) = serve(vec![
+            Reply::ndjson(&[&text("The answer is"), &done("length")]),
+            Reply::ndjson(&[&text("42."), &done("stop")]),
+        ])
+        .await;
+        let b = backend(&url, None);
+        let r = run(&b, &request()).await.0.unwrap();
+        assert_eq!((r.text.as_str(), r.truncated), ("The answer is", true));
+        let r = run(&b, &request()).await.0.unwrap();
+        assert_eq!((r.text.as_str(), r.truncated), ("42.", false));
     }
 
     #[tokio::test]
@@ -962,6 +979,8 @@ mod tests {
             temperature: Some(0.2),
             top_p: Some(0.9),
             max_tokens: Some(512),
+            tool_choice: crate::backend::ToolChoice::Auto,
+            prefill: None,
         };
         let (r, events) = run(&b, &req).await;
         assert_eq!(
@@ -1192,5 +1211,370 @@ mod tests {
             "model \"x\" not found, try pulling it first"
         ));
         assert!(!exceeds_context("file size exceeds limit"));
+    }
+
+    // Conformance: whole replies in `fixtures/ollama/`, shaped as Ollama writes them (one
+    // compact JSON object a line, the fields in Ollama's order). What the backend must make of
+    // each lives here, not in the file.
+
+    /// The id of a tool call the backend must generate: the reply's id is checked for the
+    /// generated shape (`call_` and 16 hex digits, unique in the reply), then compared as this.
+    const GENERATED: &str = "<generated>";
+
+    /// One fixture and everything that must come of it.
+    struct Case {
+        name: &'static str,
+        body: &'static str,
+        /// The whole reply, or the error.
+        want: Result<ModelReply, BackendError>,
+        /// What the sink is handed, in order.
+        events: Vec<Event>,
+        /// Where else to cut the body: `k` bytes into the first `needle`.
+        cuts: &'static [(&'static str, usize)],
+    }
+
+    fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    fn usage(input_tokens: u64, output_tokens: u64) -> Usage {
+        Usage {
+            input_tokens,
+            output_tokens,
+            cost_usd: None,
+        }
+    }
+
+    fn texts(parts: &[&str]) -> Vec<Event> {
+        parts.iter().map(|p| Event::Text((*p).into())).collect()
+    }
+
+    fn reasonings(parts: &[&str]) -> Vec<Event> {
+        parts
+            .iter()
+            .map(|p| Event::Reasoning((*p).into()))
+            .collect()
+    }
+
+    /// The byte offsets of `cuts` in `body`.
+    fn cut_points(body: &str, cuts: &[(&str, usize)]) -> Vec<usize> {
+        cuts.iter()
+            .map(|(needle, k)| {
+                let at = body.find(needle);
+                assert!(at.is_some() && *k < needle.len(), "cut {needle:?}+{k}");
+                at.unwrap() + k
+            })
+            .collect()
+    }
+
+    /// The ways `body` is written to the socket, each a list of separate writes: whole; one
+    /// write a line (as Ollama flushes); every 7 bytes (cuts inside keys, strings, escapes
+    /// and multi-byte characters); and at the case's own cut points.
+    fn writes(body: &str, cuts: &[(&str, usize)]) -> Vec<Vec<Vec<u8>>> {
+        let bytes = body.as_bytes();
+        let pieces = |mut at: Vec<usize>| -> Vec<Vec<u8>> {
+            at.extend([0, bytes.len()]);
+            at.sort_unstable();
+            at.dedup();
+            at.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).collect()
+        };
+        let lines = body.match_indices('\n').map(|(i, _)| i + 1).collect();
+        let ways = vec![
+            pieces(Vec::new()),
+            pieces(lines),
+            pieces((7..bytes.len()).step_by(7).collect()),
+            pieces(cut_points(body, cuts)),
+        ];
+        for w in &ways {
+            assert_eq!(w.concat(), bytes);
+        }
+        ways
+    }
+
+    /// In `got` and its tool call events, each id that `want` marks [`GENERATED`] becomes the
+    /// marker, once it is seen to have the generated shape and to be unique in the reply.
+    fn mark_generated(want: &[ToolCall], got: &mut ModelReply, events: &mut [Event]) {
+        let ids: Vec<String> = got.tool_calls.iter().map(|c| c.id.clone()).collect();
+        for (i, c) in got.tool_calls.iter_mut().enumerate() {
+            if want.get(i).is_none_or(|w| w.id != GENERATED) {
+                continue;
+            }
+            let hex = c.id.strip_prefix("call_").unwrap_or_default();
+            assert!(
+                hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+                "call {i}: {:?} is not a generated id",
+                c.id
+            );
+            assert_eq!(ids.iter().filter(|id| **id == c.id).count(), 1, "{ids:?}");
+            for e in events.iter_mut() {
+                if let Event::ToolCall(ec) = e
+                    && ec.id == c.id
+                {
+                    ec.id = GENERATED.into();
+                }
+            }
+            c.id = GENERATED.into();
+        }
+    }
+
+    /// Serves `case.body` once per way of [`writes`], and checks each time the whole reply (or
+    /// error) and the events, and that the request went to `/api/chat`.
+    async fn conform(case: Case) {
+        let ways = writes(case.body, case.cuts);
+        let n = ways.len();
+        let replies = ways
+            .into_iter()
+            .map(|chunks| Reply {
+                chunks,
+                ..Reply::ndjson(&[])
+            })
+            .collect();
+        let (url, mut rx) = serve(replies).await;
+        let b = backend(&url, None);
+        for way in 0..n {
+            let (mut got, mut events) = run(&b, &request()).await;
+            if let (Ok(reply), Ok(want)) = (&mut got, &case.want) {
+                mark_generated(&want.tool_calls, reply, &mut events);
+            }
+            assert_eq!(got, case.want, "{}: reply, writes {way}", case.name);
+            assert_eq!(events, case.events, "{}: events, writes {way}", case.name);
+            let head = rx.recv().await.unwrap().head;
+            assert!(head.starts_with("POST /api/chat HTTP/1.1\r\n"), "{head}");
+        }
+    }
+
+    #[tokio::test]
+    async fn fixture_text_over_many_chunks() {
+        let parts = [
+            "Hello", "!", " How", " can", " I", " help", "?", "\n\n", "Ask", " away", ".",
+        ];
+        let mut events = texts(&parts);
+        events.push(Event::Usage(usage(12, 11)));
+        conform(Case {
+            name: "text",
+            body: include_str!("fixtures/ollama/text.ndjson"),
+            want: Ok(ModelReply {
+                text: "Hello! How can I help?\n\nAsk away.".into(),
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
+                usage: usage(12, 11),
+                truncated: false,
+            }),
+            events,
+            // Inside a content string, inside the `\n` escape, inside the `done` key.
+            cuts: &[("\"Hello", 3), ("\\n\\n", 1), ("\"done\":true", 4)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_thinking_then_content() {
+        let think = ["17", "×20", " is", " 340", ",", " plus", " 51", "."];
+        let answer = ["17", " × ", "23", " = ", "391"];
+        let mut events = reasonings(&think);
+        events.extend(texts(&answer));
+        events.push(Event::Usage(usage(18, 15)));
+        conform(Case {
+            name: "thinking",
+            body: include_str!("fixtures/ollama/thinking.ndjson"),
+            want: Ok(ModelReply {
+                text: "17 × 23 = 391".into(),
+                reasoning: "17×20 is 340, plus 51.".into(),
+                tool_calls: Vec::new(),
+                usage: usage(18, 15),
+                truncated: false,
+            }),
+            events,
+            // Inside the two bytes of the first '×'; inside the `thinking` key.
+            cuts: &[("×20", 1), ("\"thinking\":\" plus", 5)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_one_tool_call() {
+        let ls = call(
+            GENERATED,
+            "execute_code",
+            json!({"code": "ls -la src", "language": "sh"}),
+        );
+        let mut events = reasonings(&["List", " src", " with", " ls", "."]);
+        events.extend([Event::ToolCall(ls.clone()), Event::Usage(usage(241, 29))]);
+        conform(Case {
+            name: "tool_call",
+            body: include_str!("fixtures/ollama/tool_call.ndjson"),
+            want: Ok(ModelReply {
+                text: String::new(),
+                reasoning: "List src with ls.".into(),
+                tool_calls: vec![ls],
+                usage: usage(241, 29),
+                truncated: false,
+            }),
+            events,
+            cuts: &[("\"tool_calls\"", 6), ("\"arguments\":{\"code", 13)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_two_tool_calls_with_ids_and_indexes() {
+        // The newer shape: an `id` (kept) and `function.index`, one call a line.
+        let calls = vec![
+            call("call_k2x9q0ra", "file_read", json!({"path": "Cargo.toml"})),
+            call(
+                "call_7tn4wd1e",
+                "file_read",
+                json!({"limit": 200, "offset": 1, "path": "src/main.rs"}),
+            ),
+        ];
+        let mut events = texts(&["Reading", " both", "."]);
+        events.extend(calls.iter().cloned().map(Event::ToolCall));
+        events.push(Event::Usage(usage(310, 44)));
+        conform(Case {
+            name: "tool_calls_indexed",
+            body: include_str!("fixtures/ollama/tool_calls_indexed.ndjson"),
+            want: Ok(ModelReply {
+                text: "Reading both.".into(),
+                reasoning: String::new(),
+                tool_calls: calls,
+                usage: usage(310, 44),
+                truncated: false,
+            }),
+            events,
+            cuts: &[("\"id\":\"call_7t", 9), ("\"index\":1", 8)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_two_tool_calls_without_ids() {
+        // The older shape: no `id`, no `index`, both calls in one line's array.
+        let calls = vec![
+            call(
+                GENERATED,
+                "execute_code",
+                json!({"code": "print(2**10)", "language": "python"}),
+            ),
+            call(
+                GENERATED,
+                "file_write",
+                json!({"content": "1024\n", "create_dirs": true, "path": "out/result.txt",
+                    "tags": ["calc", "pow"]}),
+            ),
+        ];
+        let mut events: Vec<Event> = calls.iter().cloned().map(Event::ToolCall).collect();
+        events.push(Event::Usage(usage(287, 58)));
+        conform(Case {
+            name: "tool_calls_legacy",
+            body: include_str!("fixtures/ollama/tool_calls_legacy.ndjson"),
+            want: Ok(ModelReply {
+                text: String::new(),
+                reasoning: String::new(),
+                tool_calls: calls,
+                usage: usage(287, 58),
+                truncated: false,
+            }),
+            events,
+            cuts: &[("},{\"function\"", 2), ("1024\\n", 5)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_done_reason_length_is_truncated() {
+        let parts = ["The", " quick", " brown", " fox", " jumps"];
+        let mut events = texts(&parts);
+        events.push(Event::Usage(usage(14, 5)));
+        conform(Case {
+            name: "length",
+            body: include_str!("fixtures/ollama/length.ndjson"),
+            want: Ok(ModelReply {
+                text: "The quick brown fox jumps".into(),
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
+                usage: usage(14, 5),
+                truncated: true,
+            }),
+            events,
+            cuts: &[("\"done_reason\":\"length\"", 17)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_done_reason_load_is_an_empty_reply() {
+        // What Ollama answers to an empty `messages` array. Taken today as a complete reply
+        // with nothing in it (no text, no calls, no counts, so no usage event), like any
+        // other `done: true`.
+        conform(Case {
+            name: "load",
+            body: include_str!("fixtures/ollama/load.ndjson"),
+            want: Ok(ModelReply::default()),
+            events: Vec::new(),
+            cuts: &[("\"done_reason\":\"load\"", 16)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_error_line_mid_stream() {
+        conform(Case {
+            name: "error_midstream",
+            body: include_str!("fixtures/ollama/error_midstream.ndjson"),
+            want: Err(BackendError::Transient(
+                "local: error in stream: an error was encountered while running the model: CUDA error: out of memory"
+                    .into(),
+            )),
+            events: texts(&["Sure", ",", " here"]),
+            cuts: &[("{\"error\"", 1), ("out of memory", 4)],
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_utf8_split_across_writes() {
+        let body = include_str!("fixtures/ollama/utf8_split.ndjson");
+        // Inside 'ü' (2 bytes), '🦀' (4 bytes, after 2), '東' (3 bytes) and '。'.
+        let cuts: &[(&str, usize)] = &[("ü", 1), ("🦀", 2), ("東", 1), ("。", 2)];
+        for at in cut_points(body, cuts) {
+            assert!(!body.is_char_boundary(at), "{at}");
+        }
+        let parts = ["Grüße", " aus", " Köln", " 🦀", " 東京", "。"];
+        let mut events = texts(&parts);
+        events.push(Event::Usage(usage(16, 6)));
+        conform(Case {
+            name: "utf8_split",
+            body,
+            want: Ok(ModelReply {
+                text: "Grüße aus Köln 🦀 東京。".into(),
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
+                usage: usage(16, 6),
+                truncated: false,
+            }),
+            events,
+            cuts,
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn fixture_api_tags_lists_models() {
+        let (url, mut rx) = serve(vec![Reply::json(
+            200,
+            include_str!("fixtures/ollama/tags.json"),
+        )])
+        .await;
+        let b = backend(&url, None);
+        assert_eq!(
+            Backend::list_models(&b).await.unwrap(),
+            ["qwen3:0.6b", "llama3.2:latest"]
+        );
+        let head = rx.recv().await.unwrap().head;
+        assert!(head.starts_with("GET /api/tags HTTP/1.1\r\n"), "{head}");
     }
 }

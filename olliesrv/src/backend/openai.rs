@@ -52,7 +52,9 @@ use super::http::{
     self, Conn, Endpoint, Frame, HttpApi, MAX_MESSAGE_CHARS, SSE, SseReply, classify_stream_error,
     generated_id, parse_arguments,
 };
-use super::{BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, Usage};
+use super::{
+    BackendError, Event, Message, ModelReply, ModelRequest, Role, Sink, ToolCall, ToolChoice, Usage,
+};
 
 /// The base URL when the configuration names none.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -192,10 +194,18 @@ fn request_body(model: &str, req: &ModelRequest) -> serde_json::Result<Vec<u8>> 
         tool_calls: Vec::new(),
     }));
     messages.extend(req.messages.iter().map(Msg::of));
+    messages.extend(req.prefill.as_deref().map(|p| Msg {
+        role: "assistant",
+        content: Some(p),
+        tool_call_id: None,
+        tool_calls: Vec::new(),
+    }));
+    let forced = req.tool_choice == ToolChoice::Required && !req.tools.is_empty();
     serde_json::to_vec(&Body {
         model,
         messages,
         tools: http::function_tools(&req.tools),
+        tool_choice: forced.then_some("required"),
         temperature: req.temperature,
         top_p: req.top_p,
         max_tokens: req.max_tokens,
@@ -212,6 +222,8 @@ struct Body<'a> {
     messages: Vec<Msg<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<http::FunctionTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -401,6 +413,7 @@ impl SseReply for StreamState {
             self.reasoning,
             tool_calls,
             self.usage,
+            self.finish_reason.as_deref() == Some("length"),
             sink,
         ))
     }
@@ -489,6 +502,8 @@ mod tests {
             api_key_file: None,
             context_limit: None,
             timeouts: Default::default(),
+            force_first_tool: false,
+            tool_prefill: None,
         };
         let mut b = OpenAi::new("local", &cfg).unwrap();
         b.http.keys.lookup = fake_env;
@@ -858,6 +873,100 @@ mod tests {
         assert_eq!(r.unwrap().text, "ok");
     }
 
+    /// A server that keeps connections open gets the next request on the first one's
+    /// connection (the pool reuses it), and every stream, sent chunked, reads whole: also
+    /// when the body's end comes after `[DONE]` in a write of its own, which the reply does
+    /// not wait for (it is read in the background, and the connection then goes back to the
+    /// pool).
+    #[tokio::test]
+    async fn a_kept_alive_connection_is_reused() {
+        for late_end in [false, true] {
+            let (url, mut rx) = crate::backend::testserver::serve_kept(
+                vec![
+                    Reply::sse(&[
+                        &delta(json!({"content": "one"})),
+                        &finish("stop"),
+                        USAGE,
+                        DONE,
+                    ]),
+                    Reply::sse(&[&delta(json!({"content": "two"})), &finish("stop"), DONE]),
+                ],
+                late_end,
+            )
+            .await;
+            let b = backend(&url, None);
+            let r = run(&b, &request()).await.0.unwrap();
+            assert_eq!((r.text.as_str(), r.usage.output_tokens), ("one", 5));
+            if late_end {
+                // The server's end of the body, then ample time for the background read.
+                tokio::time::sleep(crate::backend::testserver::LATE_END * 5).await;
+            }
+            let r = run(&b, &request()).await.0.unwrap();
+            assert_eq!(r.text, "two");
+            let (first, second) = (rx.recv().await.unwrap(), rx.recv().await.unwrap());
+            assert_eq!(
+                (first.conn, second.conn),
+                (0, 0),
+                "late_end {late_end}: a new connection was opened"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn finish_reason_length_marks_the_reply_truncated() {
+        let (url, _rx) = serve(vec![
+            Reply::sse(&[
+                &delta(json!({"content": "The answer is"})),
+                &finish("length"),
+                DONE,
+            ]),
+            Reply::sse(&[&delta(json!({"content": "42."})), &finish("stop"), DONE]),
+        ])
+        .await;
+        let b = backend(&url, None);
+        let r = run(&b, &request()).await.0.unwrap();
+        assert_eq!((r.text.as_str(), r.truncated), ("The answer is", true));
+        let r = run(&b, &request()).await.0.unwrap();
+        assert_eq!((r.text.as_str(), r.truncated), ("42.", false));
+    }
+
+    #[test]
+    fn a_forced_call_sends_tool_choice_required_and_the_prefill_last() {
+        let tool = ToolSpec {
+            name: "file_read".into(),
+            description: "Read a file.".into(),
+            parameters: json!({"type": "object"}),
+        };
+        let body = |req: &ModelRequest| -> Value {
+            serde_json::from_slice(&request_body("m", req).unwrap()).unwrap()
+        };
+        let forced = ModelRequest {
+            tools: vec![tool.clone()],
+            tool_choice: ToolChoice::Required,
+            prefill: Some("<tool_call>\n".into()),
+            ..request()
+        };
+        let b = body(&forced);
+        assert_eq!(b["tool_choice"], "required", "{b}");
+        assert_eq!(
+            b["messages"],
+            json!([{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "<tool_call>\n"}])
+        );
+        // Auto: no tool_choice at all (the API's default), whatever the tools.
+        let free = ModelRequest {
+            tools: vec![tool],
+            ..request()
+        };
+        assert!(body(&free).get("tool_choice").is_none());
+        // Nothing to call: nothing is forced.
+        let toolless = ModelRequest {
+            tool_choice: ToolChoice::Required,
+            ..request()
+        };
+        assert!(body(&toolless).get("tool_choice").is_none());
+    }
+
     #[tokio::test]
     async fn context_overflow() {
         let (url, _rx) = serve(vec![
@@ -1003,6 +1112,8 @@ mod tests {
             temperature: None,
             top_p: Some(0.9),
             max_tokens: None,
+            tool_choice: ToolChoice::Auto,
+            prefill: None,
         };
         let (r, events) = run(&b, &req).await;
         assert_eq!(r.unwrap(), ModelReply::default());
@@ -1098,6 +1209,8 @@ mod tests {
             api_key_file: None,
             context_limit: None,
             timeouts: Default::default(),
+            force_first_tool: false,
+            tool_prefill: None,
         };
         let b = OpenAi::new("remote", &cfg).unwrap();
         let req = ModelRequest {
@@ -1144,6 +1257,8 @@ mod tests {
             api_key_file: None,
             context_limit: None,
             timeouts: Default::default(),
+            force_first_tool: false,
+            tool_prefill: None,
         };
         assert_eq!(
             OpenAi::new("x", &cfg(None)).unwrap().http.base_url,

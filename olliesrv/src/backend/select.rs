@@ -129,6 +129,8 @@ fn entry(
         file: None,
         context_limit: None,
         timeouts: Default::default(),
+        force_first_tool: false,
+        tool_prefill: None,
     }
 }
 

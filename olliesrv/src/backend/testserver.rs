@@ -1,6 +1,7 @@
 //! A hand-written HTTP/1.1 server on 127.0.0.1 for the backends' unit tests: canned replies
-//! in order, one per connection, each body written in separate pieces; what each request
-//! carried comes back on a channel.
+//! in order, each body written in separate pieces; what each request carried comes back on
+//! a channel. [`serve`] answers one request per connection and closes it; [`serve_kept`]
+//! keeps connections open (chunked bodies) and answers any number on each.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -56,6 +57,8 @@ impl Reply {
 pub struct Got {
     pub head: String,
     pub body: Vec<u8>,
+    /// Which connection it came on, counted from 0 in the order they were accepted.
+    pub conn: usize,
 }
 
 impl Got {
@@ -78,35 +81,10 @@ pub async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
-        for reply in replies {
+        for (conn, reply) in replies.into_iter().enumerate() {
             let (mut sock, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            let head_end = loop {
-                let mut b = [0u8; 4096];
-                let n = sock.read(&mut b).await.unwrap();
-                assert!(n > 0, "client closed before sending a request");
-                buf.extend_from_slice(&b[..n]);
-                if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break p + 4;
-                }
-            };
-            let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().unwrap())
-                })
-                .unwrap_or(0);
-            let mut body = buf[head_end..].to_vec();
-            while body.len() < len {
-                let mut b = [0u8; 4096];
-                let n = sock.read(&mut b).await.unwrap();
-                assert!(n > 0);
-                body.extend_from_slice(&b[..n]);
-            }
-            tx.send(Got { head, body }).unwrap();
+            let (head, body) = read_request(&mut sock).await.unwrap();
+            tx.send(Got { head, body, conn }).unwrap();
             let mut out = format!("HTTP/1.1 {} X\r\n", reply.status);
             for (k, v) in &reply.headers {
                 out.push_str(&format!("{k}: {v}\r\n"));
@@ -119,6 +97,98 @@ pub async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let _ = sock.shutdown().await;
+        }
+    });
+    (format!("http://{addr}"), rx)
+}
+
+/// How long after a reply's last piece [`serve_kept`] with `late_end` ends its body.
+pub const LATE_END: Duration = Duration::from_millis(100);
+
+/// Reads one request: its head and its body (by `Content-Length`); `None` when the client
+/// closes the connection before another request.
+async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let head_end = loop {
+        let mut b = [0u8; 4096];
+        // A reset (the client dropped the connection) ends it like a close.
+        let n = sock.read(&mut b).await.unwrap_or(0);
+        if n == 0 {
+            assert!(
+                buf.is_empty(),
+                "the client closed in the middle of a request"
+            );
+            return None;
+        }
+        buf.extend_from_slice(&b[..n]);
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+    };
+    let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let mut b = [0u8; 4096];
+        let n = sock.read(&mut b).await.unwrap();
+        assert!(n > 0);
+        body.extend_from_slice(&b[..n]);
+    }
+    Some((head, body))
+}
+
+/// Serves `replies` in order on 127.0.0.1 like [`serve`], but keeps each connection open
+/// after a reply (its body sent chunked, one HTTP chunk per piece), so that a client may
+/// send its next request on it. With `late_end`, the body's terminating chunk follows its
+/// last piece after [`LATE_END`], as from a server that flushes it separately. Returns the
+/// server root URL.
+pub async fn serve_kept(
+    replies: Vec<Reply>,
+    late_end: bool,
+) -> (String, mpsc::UnboundedReceiver<Got>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let replies = std::sync::Arc::new(std::sync::Mutex::new(
+        replies
+            .into_iter()
+            .collect::<std::collections::VecDeque<_>>(),
+    ));
+    tokio::spawn(async move {
+        for conn in 0.. {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let (tx, replies) = (tx.clone(), replies.clone());
+            tokio::spawn(async move {
+                while let Some((head, body)) = read_request(&mut sock).await {
+                    tx.send(Got { head, body, conn }).unwrap();
+                    let reply = replies.lock().unwrap().pop_front().expect("no reply left");
+                    let mut out = format!("HTTP/1.1 {} X\r\n", reply.status);
+                    for (k, v) in &reply.headers {
+                        out.push_str(&format!("{k}: {v}\r\n"));
+                    }
+                    out.push_str("Transfer-Encoding: chunked\r\n\r\n");
+                    sock.write_all(out.as_bytes()).await.unwrap();
+                    for c in reply.chunks.iter().filter(|c| !c.is_empty()) {
+                        sock.write_all(format!("{:x}\r\n", c.len()).as_bytes())
+                            .await
+                            .unwrap();
+                        sock.write_all(c).await.unwrap();
+                        sock.write_all(b"\r\n").await.unwrap();
+                        sock.flush().await.unwrap();
+                    }
+                    if late_end {
+                        tokio::time::sleep(LATE_END).await;
+                    }
+                    sock.write_all(b"0\r\n\r\n").await.unwrap();
+                }
+            });
         }
     });
     (format!("http://{addr}"), rx)

@@ -9,6 +9,7 @@
 //! - [`server`]: the built binaries, bounded client runs, servers that listen, free ports;
 //! - [`client`]: a small 9P client helper (attach, walk, read a file, write a string);
 //! - [`model`]: a model stand-in (Ollama's API) whose every turn makes one tool call;
+//! - [`llama`]: a real model server (llama.cpp's llama-server, SmolLM2-135M) from the cache;
 //! - [`toolsrv`]: the real toolsrv over a socketpair, clients attached with Tauth.
 //!
 //! It guarantees nothing to production code and is tested by the suites that use it: a helper
@@ -17,6 +18,7 @@
 
 pub mod cases;
 pub mod client;
+pub mod llama;
 pub mod model;
 pub mod probe;
 pub mod server;

@@ -273,6 +273,16 @@ pub const KEY: &str = "sk-fake-0123456789abcdef-secret";
 /// `OLLIE_FAKE_KEY`) as the default, plus `extra` TOML appended to config.toml. Returns the
 /// server and a work directory for sessions.
 pub fn olliesrv(kind: &str, base_url: &str, extra: &str) -> (Srv, std::path::PathBuf) {
+    olliesrv_with(kind, base_url, extra, "")
+}
+
+/// [`olliesrv`] with `backend_extra`: more keys of the `[backends.fake]` table.
+pub fn olliesrv_with(
+    kind: &str,
+    base_url: &str,
+    extra: &str,
+    backend_extra: &str,
+) -> (Srv, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
@@ -282,7 +292,7 @@ pub fn olliesrv(kind: &str, base_url: &str, extra: &str) -> (Srv, std::path::Pat
         "api_key_env = \"OLLIE_FAKE_KEY\"\n".to_owned()
     };
     let config = format!(
-        "default_backend = \"fake\"\n{extra}\n\n[backends.fake]\nkind = \"{kind}\"\nbase_url = \"{base_url}\"\nmodel = \"m\"\n{key}"
+        "default_backend = \"fake\"\n{extra}\n\n[backends.fake]\nkind = \"{kind}\"\nbase_url = \"{base_url}\"\nmodel = \"m\"\n{key}{backend_extra}\n"
     );
     let srv = crate::common::Srv::start_with(dir, &config, |c| {
         c.env("OLLIE_FAKE_KEY", KEY);
