@@ -500,8 +500,8 @@ async fn tools_leave_no_set_id_file_and_cannot_see_hidden_paths() {
         &code(
             "bash",
             &format!(
-                "cp /bin/true x; chmod 4755 x; echo \"suid $?\"; chmod 2755 x; echo \"sgid $?\"; \
-                 mkdir d; chmod 2777 d; echo \"dir $?\"; \
+                "cp /bin/true x; chmod 4755 x 2>/dev/null; echo \"suid $?\"; chmod 2755 x 2>/dev/null; echo \"sgid $?\"; \
+                 mkdir d; chmod 2777 d 2>/dev/null; echo \"dir $?\"; \
                  python3 -c \"import os; os.open('y', os.O_CREAT | os.O_WRONLY, 0o4755)\" 2>/dev/null; echo \"open $?\"; \
                  stat {k} >/dev/null 2>&1; echo \"stat $?\"; ls {s} >/dev/null 2>&1; echo \"ls $?\"",
                 k = key.display(),
