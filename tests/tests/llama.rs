@@ -9,7 +9,8 @@
 //! answered with a tool error; `ctl stop` mid-generation freeing the server's slot; the
 //! server killed mid-stream (retries, a clear error, then a restart and a working prompt); a
 //! context overflow on a small window compacted to the window the server names; `generate`
-//! on two fids at once. The model's temperature is 0, so its choices repeat from run to run.
+//! on two fids at once. The model's temperature is 0, so its choices repeat from run to run on
+//! one machine; its words may differ on another CPU, so the tests check shapes, not words.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -157,7 +158,15 @@ async fn a_reply_streams_into_chat_and_stats_show_the_servers_counts() {
     let st = turn(&h.root, "Tell me about the sea in three sentences.").await;
     assert_eq!(st.last().map(String::as_str), Some("idle"), "{st:?}");
     let bs = chat_blocks(&h.root).await;
-    assert_eq!(kinds(&bs), ["user", "assistant"], "{bs:?}");
+    // The words differ between CPUs even at temperature 0, so the reply may or may not end
+    // before `max_tokens`; cut there, it carries the truncation note.
+    let k = kinds(&bs);
+    assert_eq!(&k[..2], ["user", "assistant"], "{bs:?}");
+    match &bs[2..] {
+        [] => {}
+        [note] => assert!(note.kind == "info" && note.attrs == "truncated", "{bs:?}"),
+        _ => panic!("more than one block after the reply: {bs:?}"),
+    }
     let reply = bs[1].body.trim_end().to_owned();
     assert!(!reply.is_empty(), "{bs:?}");
     // Collect the reader's pieces until the whole reply has come through it.
