@@ -82,6 +82,8 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
         // Whether the last attempt to start a turn could not be recorded (said once).
         let mut refused = false;
         while reg.next_prompt(&a).await.is_some() {
+            let config = reg.config();
+            let tools = Prefetch::start(&a, &config);
             // A compaction by `ctl compact` finishes first (it holds the history).
             let history = a.history_lock.lock().await;
             let prompt = match reg.take_prompt(&a) {
@@ -100,7 +102,7 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
                 tracing::info!(agent = %a.id, "the next turn could be recorded again: it starts");
             }
             reg.state_changed(&a, AgentState::Running);
-            let result = run_turn(&reg, &a, &prompt).await;
+            let result = run_turn(&reg, &a, &config, tools, &prompt).await;
             if let Err(e) = &result {
                 if let Err(w) = a.say("error", "", e) {
                     tracing::warn!(agent = %a.id, error = %w, "cannot record the turn's error");
@@ -268,6 +270,30 @@ async fn tool_specs(a: &Agent, config: &Config) -> Result<Vec<ToolSpec>, String>
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// The agent's tool list, asked of toolsrv in the background as a turn starts, so that it
+/// arrives while the prompt is made durable; dropped unused (a blocked or stopped turn), the
+/// question is given up.
+struct Prefetch(tokio::task::JoinHandle<Result<Vec<ToolSpec>, String>>);
+
+impl Prefetch {
+    fn start(a: &Arc<Agent>, config: &Arc<Config>) -> Prefetch {
+        let (a, config) = (Arc::clone(a), Arc::clone(config));
+        Prefetch(tokio::spawn(async move { tool_specs(&a, &config).await }))
+    }
+
+    async fn get(mut self) -> Result<Vec<ToolSpec>, String> {
+        (&mut self.0)
+            .await
+            .map_err(|e| format!("the tool list could not be had: {e}"))?
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What one tool call came to.
@@ -670,23 +696,28 @@ async fn countdown(a: &Agent, wait: Duration) -> Result<(), String> {
     }
 }
 
-/// One turn.
 /// One turn; the caller holds `a.history_lock`.
-async fn run_turn(reg: &Arc<Registry>, a: &Arc<Agent>, prompt: &str) -> Result<String, String> {
+async fn run_turn(
+    reg: &Arc<Registry>,
+    a: &Arc<Agent>,
+    config: &Arc<Config>,
+    tools: Prefetch,
+    prompt: &str,
+) -> Result<String, String> {
     a.say("user", "", prompt)?;
     let user = Message::user(prompt);
     remember(reg, a, &user)?;
     if let Some(why) = a.blocked() {
         return Err(format!("blocked by agent_spawn hook: {why}"));
     }
-    let config = reg.config();
     let mut stop = reg.stop_signal(a);
     stop.borrow_and_update();
     let pending = Arc::new(std::sync::Mutex::new(Vec::<ToolCall>::new()));
     let body = async {
-        pre_turn(reg, a, &config, prompt).await?;
-        let (backend, cfg) = backend_for(a, &config).await?;
-        steps(reg, a, &config, &backend, &cfg, &pending, prompt).await
+        pre_turn(reg, a, config, prompt).await?;
+        let (backend, cfg) = backend_for(a, config).await?;
+        let ctx = turn_ctx(a, config, &cfg, tools.get().await?);
+        steps(reg, a, config, &backend, ctx, &pending, prompt).await
     };
     let r = tokio::select! {
         r = body => r,
@@ -1008,12 +1039,10 @@ async fn steps(
     a: &Arc<Agent>,
     config: &Arc<Config>,
     backend: &Arc<dyn Backend>,
-    cfg: &crate::config::Backend,
+    mut ctx: TurnCtx,
     pending: &Arc<std::sync::Mutex<Vec<ToolCall>>>,
     prompt: &str,
 ) -> Result<String, String> {
-    let tools = tool_specs(a, config).await?;
-    let mut ctx = turn_ctx(a, config, cfg, tools);
     learn_context_limit(a, backend, &mut ctx).await;
     let mut failing_rounds = 0;
     let mut text_nudges = 0;

@@ -184,6 +184,7 @@ impl Registry {
             stats: Mutex::new(Stats::from_map(&r.stats)),
             queue: Mutex::new(r.queue.iter().cloned().collect()),
             in_turn: Mutex::new(r.in_turn.clone()),
+            handoff: Mutex::new(Default::default()),
             blocked: Mutex::new(r.blocked.clone()),
             detail: Mutex::new(String::new()),
             streaming: Mutex::new(None),
@@ -369,8 +370,8 @@ impl Registry {
         out
     }
 
-    /// Waits for the next queued prompt of `a` (or its death); honours `paused`.
-    pub async fn next_prompt(&self, a: &Agent) -> Option<String> {
+    /// Waits until `a` has a prompt to start (or dies); honours `paused`.
+    pub async fn next_prompt(&self, a: &Agent) -> Option<()> {
         let mut killed = a.killed.subscribe();
         loop {
             let notified = a.queue_bell.notified();
@@ -378,8 +379,8 @@ impl Registry {
                 return None;
             }
             let paused = a.session.upgrade().is_none_or(|s| s.paused());
-            if !paused && let Some(p) = lock(&a.queue).front().cloned() {
-                return Some(p);
+            if a.has_prompt(paused) {
+                return Some(());
             }
             tokio::select! {
                 _ = notified => {}
@@ -388,19 +389,18 @@ impl Registry {
         }
     }
 
-    /// Takes the prompt `next_prompt` returned out of the queue and marks its turn as in
-    /// flight, durably (a crash from here on reports the turn as interrupted on restart
-    /// instead of running it twice). If that cannot be recorded (a full or read-only state
-    /// directory) the prompt goes back to the head of the queue and the error is returned:
-    /// a turn the disk still shows as queued must not run, or a crash would run it again.
+    /// Takes the prompt `next_prompt` found and marks its turn as in flight, durably (a
+    /// crash from here on reports the turn as interrupted on restart instead of running it
+    /// twice); a prompt handed over by its write is so already. If that cannot be recorded
+    /// (a full or read-only state directory) the prompt goes back to the head of the queue
+    /// and the error is returned: a turn the disk still shows as queued must not run, or a
+    /// crash would run it again.
     pub fn take_prompt(&self, a: &Agent) -> Result<Option<String>, String> {
-        let Some(p) = lock(&a.queue).pop_front() else {
+        let Some((p, unsaved)) = a.start_prompt() else {
             return Ok(None);
         };
-        *lock(&a.in_turn) = Some(p.clone());
-        if let Err(e) = a.save() {
-            *lock(&a.in_turn) = None;
-            lock(&a.queue).push_front(p);
+        if unsaved && let Err(e) = a.save() {
+            a.unstart_prompt(p);
             return Err(e);
         }
         Ok(Some(p))
@@ -420,5 +420,141 @@ impl Registry {
     /// A subscription that fires when `stop` is written.
     pub fn stop_signal(&self, a: &Agent) -> watch::Receiver<u64> {
         a.stop.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::store::{AgentRecord, SessionRecord};
+
+    const S: &str = "11111111-1111-4111-8111-111111111111";
+    const A: &str = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa";
+
+    /// A registry over a fresh state directory with one session and one agent, built as a
+    /// restart builds them: no toolsrv, no worker (the test plays the worker).
+    fn one_agent() -> (tempfile::TempDir, Registry, Arc<Session>, Arc<Agent>) {
+        let t = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&t.path().join("state")).unwrap());
+        let reg = Registry::new(
+            Arc::new(Events::new()),
+            Arc::clone(&store),
+            Arc::new(RwLock::new(Arc::new(Config::default()))),
+            PathBuf::from("/nonexistent/toolsrv"),
+        );
+        let sr = SessionRecord {
+            id: S.into(),
+            name: "s".into(),
+            cwd: t.path().into(),
+            backend: None,
+            model: None,
+            profile: None,
+            remote: None,
+            paused: false,
+            created: 1,
+            order: 1,
+            cost_cap_usd: None,
+        };
+        store.save_session(&sr).unwrap();
+        let s = reg.build_session(
+            sr.id.clone(),
+            sr.name.clone(),
+            sr.cwd.clone(),
+            (None, None, None),
+            None,
+            1,
+            1,
+            false,
+        );
+        let ar = AgentRecord {
+            id: A.into(),
+            session: S.into(),
+            name: "a".into(),
+            cwd: t.path().into(),
+            backend: None,
+            model: None,
+            profile: None,
+            cfg: Default::default(),
+            created: 1,
+            order: 2,
+            stats: Default::default(),
+            tools: None,
+            queue: Vec::new(),
+            in_turn: None,
+            blocked: None,
+        };
+        let a = reg.build_agent(&s, &ar);
+        a.save().unwrap();
+        (t, reg, s, a)
+    }
+
+    /// The agent's queue and turn in flight as the state directory has them.
+    fn on_disk(reg: &Registry) -> (Vec<String>, Option<String>) {
+        let l = reg.store.load();
+        let r = &l.sessions[0].agents[0].record;
+        (r.queue.clone(), r.in_turn.clone())
+    }
+
+    /// A prompt written to an idle agent is its turn in flight as soon as the write is
+    /// acknowledged (one save); one written while a turn runs is queued, and taken (saved)
+    /// when that turn has finished.
+    #[test]
+    fn a_prompt_to_an_idle_agent_is_handed_to_its_turn_and_later_ones_queue() {
+        let (_t, reg, _s, a) = one_agent();
+        a.enqueue("first".into()).unwrap();
+        assert_eq!(on_disk(&reg), (vec![], Some("first".into())));
+        assert!(a.has_prompt(false));
+        assert_eq!(reg.take_prompt(&a).unwrap().as_deref(), Some("first"));
+        // Taken once: nothing more to start.
+        assert!(!a.has_prompt(false));
+        assert_eq!(reg.take_prompt(&a).unwrap(), None);
+
+        a.enqueue("second".into()).unwrap();
+        assert_eq!(
+            on_disk(&reg),
+            (vec!["second".to_owned()], Some("first".into()))
+        );
+        reg.finish_turn(&a);
+        assert_eq!(on_disk(&reg), (vec!["second".to_owned()], None));
+        assert_eq!(reg.take_prompt(&a).unwrap().as_deref(), Some("second"));
+        assert_eq!(on_disk(&reg), (vec![], Some("second".into())));
+    }
+
+    /// In a paused session a prompt is queued, not handed over: `fifo` can still take it,
+    /// and no turn starts until the session resumes. A handed-over prompt waits for a pause
+    /// to end too.
+    #[test]
+    fn a_paused_session_queues_and_holds_back_a_handed_prompt() {
+        let (_t, reg, s, a) = one_agent();
+        s.set_paused(true).unwrap();
+        a.enqueue("while paused".into()).unwrap();
+        assert_eq!(on_disk(&reg), (vec!["while paused".to_owned()], None));
+        assert!(!a.has_prompt(true));
+        assert_eq!(a.dequeue().unwrap().as_deref(), Some("while paused"));
+        s.set_paused(false).unwrap();
+
+        a.enqueue("handed".into()).unwrap();
+        assert!(a.has_prompt(false));
+        assert!(!a.has_prompt(true));
+    }
+
+    /// A hand-over whose save fails is refused and leaves nothing behind: no turn to start,
+    /// nothing queued, and the next prompt is handed over normally.
+    #[test]
+    fn a_hand_over_that_cannot_be_saved_is_refused_and_undone() {
+        let (_t, reg, _s, a) = one_agent();
+        let dir = reg.store.dir().join("sessions").join(S);
+        let aside = dir.with_extension("aside");
+        std::fs::rename(&dir, &aside).unwrap();
+        let e = a.enqueue("lost".into()).unwrap_err();
+        assert!(!e.is_empty());
+        assert!(!a.has_prompt(false));
+        assert_eq!(reg.take_prompt(&a).unwrap(), None);
+        assert!(lock(&a.queue).is_empty());
+        assert_eq!(*lock(&a.in_turn), None);
+        std::fs::rename(&aside, &dir).unwrap();
+        a.enqueue("kept".into()).unwrap();
+        assert_eq!(on_disk(&reg), (vec![], Some("kept".into())));
+        assert_eq!(reg.take_prompt(&a).unwrap().as_deref(), Some("kept"));
     }
 }

@@ -58,6 +58,21 @@ pub struct Block {
     pub(crate) ends_line: bool,
 }
 
+/// A prompt written to an idle agent is recorded as the turn in flight at once (`in_turn`,
+/// in the same durable save that acknowledges the write) instead of being queued and then
+/// taken in a second save: one fsync'd write less before the model is asked. A crash after
+/// the acknowledgement reports that turn as interrupted, as for any turn in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Handoff {
+    /// No prompt is being handed over.
+    #[default]
+    None,
+    /// `in_turn` holds a prompt whose save has not finished: the worker waits.
+    Saving,
+    /// `in_turn` holds a durable prompt the worker has not started yet.
+    Ready,
+}
+
 /// How a turn ended (for `agent/new … prompt=`).
 #[derive(Debug, Clone)]
 pub struct TurnEnd {
@@ -79,8 +94,10 @@ pub struct Agent {
     pub(crate) settings: Mutex<AgentSettings>,
     pub stats: Mutex<Stats>,
     pub(crate) queue: Mutex<VecDeque<String>>,
-    /// The prompt of the turn in flight.
+    /// The prompt of the turn in flight (or handed to it, see [`Handoff`]).
     pub(crate) in_turn: Mutex<Option<String>>,
+    /// A prompt written to an idle agent goes straight to its turn (locked after `queue`).
+    pub(crate) handoff: Mutex<Handoff>,
     /// Why the `agent_spawn` hook blocked the agent: every turn fails with it.
     pub(crate) blocked: Mutex<Option<String>>,
     /// While running: what the turn is doing (`thinking`, `calling: TOOL`, `limitretry`, …).
@@ -372,23 +389,84 @@ impl Agent {
         if self.is_killed() {
             return Err("file does not exist: the agent was killed".into());
         }
-        {
+        let handed = {
             let mut q = lock(&self.queue);
             if q.len() >= MAX_QUEUE {
                 return Err(format!("too many queued prompts (limit {MAX_QUEUE})"));
             }
-            q.push_back(prompt.clone());
-        }
-        if let Err(e) = self.save() {
-            // This prompt, not whatever a concurrent write queued after it.
-            let mut q = lock(&self.queue);
-            if let Some(i) = q.iter().rposition(|x| *x == prompt) {
-                q.remove(i);
+            let mut h = lock(&self.handoff);
+            let mut t = lock(&self.in_turn);
+            let paused = self.session.upgrade().is_none_or(|s| s.paused());
+            if q.is_empty() && t.is_none() && *h == Handoff::None && !paused {
+                *t = Some(prompt.clone());
+                *h = Handoff::Saving;
+                true
+            } else {
+                q.push_back(prompt.clone());
+                false
             }
-            return Err(e);
+        };
+        let saved = self.save();
+        {
+            let mut q = lock(&self.queue);
+            let mut h = lock(&self.handoff);
+            match (&saved, handed) {
+                (Ok(()), true) => *h = Handoff::Ready,
+                (Ok(()), false) => {}
+                (Err(_), true) => {
+                    *h = Handoff::None;
+                    *lock(&self.in_turn) = None;
+                }
+                (Err(_), false) => {
+                    // This prompt, not whatever a concurrent write queued after it.
+                    if let Some(i) = q.iter().rposition(|x| *x == prompt) {
+                        q.remove(i);
+                    }
+                }
+            }
         }
+        // Also after a failed hand-over: a worker that waited for it looks at the queue.
         self.queue_bell.notify_one();
-        Ok(())
+        saved
+    }
+
+    /// Whether the worker has a prompt to start: one handed over, or (unless `paused`) the
+    /// head of the queue. While a hand-over is being saved, none.
+    pub(crate) fn has_prompt(&self, paused: bool) -> bool {
+        let q = lock(&self.queue);
+        match *lock(&self.handoff) {
+            Handoff::Ready => !paused,
+            Handoff::Saving => false,
+            Handoff::None => !paused && !q.is_empty(),
+        }
+    }
+
+    /// The prompt of the next turn, marked as in flight, and whether that still needs to be
+    /// saved (a handed-over prompt is durable already; one from the queue is not).
+    pub(crate) fn start_prompt(&self) -> Option<(String, bool)> {
+        let mut q = lock(&self.queue);
+        let mut h = lock(&self.handoff);
+        let mut t = lock(&self.in_turn);
+        match *h {
+            Handoff::Ready => {
+                *h = Handoff::None;
+                t.clone().map(|p| (p, false))
+            }
+            Handoff::Saving => None,
+            Handoff::None => {
+                let p = q.pop_front()?;
+                *t = Some(p.clone());
+                Some((p, true))
+            }
+        }
+    }
+
+    /// Undoes [`Agent::start_prompt`] of a queued prompt whose start could not be saved: it
+    /// is the head of the queue again.
+    pub(crate) fn unstart_prompt(&self, p: String) {
+        let mut q = lock(&self.queue);
+        *lock(&self.in_turn) = None;
+        q.push_front(p);
     }
 
     /// `fifo` read: takes the next queued prompt out of the queue (empty when none).
