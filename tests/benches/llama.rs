@@ -28,7 +28,10 @@
 //! ```
 //!
 //! `OLLIE_BENCH_RUNS` sets the rounds (default 30), `OLLIE_BENCH_MAX_TOKENS` the reply length
-//! (default 96). Without the server in the cache it prints `SKIP llama: <reason>` (with
+//! (default 96), `OLLIE_BENCH_LLAMA_THREADS` the server's `-t` (default: one per core). On a
+//! 2-core machine the server's threads keep both cores busy while it computes, so every
+//! process a token passes through may wait a scheduler slice (a few ms) to run: with `-t 1`
+//! the figure shows olliesrv's own cost rather than that contention. Without the server in the cache it prints `SKIP llama: <reason>` (with
 //! `OLLIE_TEST_REQUIRE=all` it fails).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -196,7 +199,10 @@ async fn main() {
     };
     let runs = env_usize("OLLIE_BENCH_RUNS", 30);
     let max_tokens = env_usize("OLLIE_BENCH_MAX_TOKENS", 96);
-    let l = Llama::start(&files, 4096, 1).await;
+    let threads = std::env::var("OLLIE_BENCH_LLAMA_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let l = Llama::start_with_threads(&files, 4096, 1, threads).await;
     let (proxy, captured) = capture_proxy(l.port).await;
 
     let dir = tempfile::tempdir().unwrap();

@@ -102,6 +102,8 @@ pub struct Llama {
     pub ctx: u32,
     /// `-np`: how many requests it serves at once.
     pub slots: u32,
+    /// `-t`: its compute threads (unset: llama-server's default, one per core).
+    threads: Option<u32>,
     log: PathBuf,
     _dir: tempfile::TempDir,
     _turn: tokio::sync::MutexGuard<'static, ()>,
@@ -111,6 +113,16 @@ impl Llama {
     /// Starts a server with context `ctx` and `slots` slots on a free port (after the one
     /// this process runs, if any, is dropped); waits until it answers.
     pub async fn start(files: &Files, ctx: u32, slots: u32) -> Llama {
+        Llama::start_with_threads(files, ctx, slots, None).await
+    }
+
+    /// [`Llama::start`] with `threads` compute threads (`-t`).
+    pub async fn start_with_threads(
+        files: &Files,
+        ctx: u32,
+        slots: u32,
+        threads: Option<u32>,
+    ) -> Llama {
         let turn = ONE.lock().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let mut l = Llama {
@@ -119,6 +131,7 @@ impl Llama {
             port: crate::server::free_port(),
             ctx,
             slots,
+            threads,
             log: dir.path().join("llama-server.log"),
             _dir: dir,
             _turn: turn,
@@ -162,6 +175,11 @@ impl Llama {
             .args(["-c", &self.ctx.to_string(), "-np", &self.slots.to_string()])
             .args(["--metrics", "--jinja", "--chat-template-file"])
             .arg(&self.files.template)
+            .args(
+                self.threads
+                    .iter()
+                    .flat_map(|t| ["-t".to_owned(), t.to_string()]),
+            )
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -299,9 +317,11 @@ pub async fn stream(port: u16, mut body: Value) -> std::io::Result<Streamed> {
     body["stream"] = Value::Bool(true);
     body["stream_options"] = serde_json::json!({"include_usage": true});
     let body = body.to_string();
+    // From before the connection, as for any client (olliesrv connects for each request:
+    // llama-server closes a streamed reply's connection).
+    let start = Instant::now();
     let mut s = TcpStream::connect(("127.0.0.1", port)).await?;
     s.set_nodelay(true)?;
-    let start = Instant::now();
     s.write_all(
         format!(
             "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
