@@ -82,8 +82,6 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
         // Whether the last attempt to start a turn could not be recorded (said once).
         let mut refused = false;
         while reg.next_prompt(&a).await.is_some() {
-            let config = reg.config();
-            let tools = Prefetch::start(&a, &config);
             // A compaction by `ctl compact` finishes first (it holds the history).
             let history = a.history_lock.lock().await;
             let prompt = match reg.take_prompt(&a) {
@@ -98,6 +96,8 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
                     continue;
                 }
             };
+            let config = reg.config();
+            let tools = Prefetch::start(&a, &config);
             if std::mem::replace(&mut refused, false) {
                 tracing::info!(agent = %a.id, "the next turn could be recorded again: it starts");
             }
