@@ -81,7 +81,7 @@ pub fn start_worker(a: Arc<Agent>, reg: Arc<Registry>, spawned: bool) {
         }
         // Whether the last attempt to start a turn could not be recorded (said once).
         let mut refused = false;
-        while reg.next_prompt(&a).await.is_some() {
+        while reg.next_prompt(&a).await {
             // A compaction by `ctl compact` finishes first (it holds the history).
             let history = a.history_lock.lock().await;
             let prompt = match reg.take_prompt(&a) {

@@ -370,21 +370,21 @@ impl Registry {
         out
     }
 
-    /// Waits until `a` has a prompt to start (or dies); honours `paused`.
-    pub async fn next_prompt(&self, a: &Agent) -> Option<()> {
+    /// Waits until `a` has a prompt to start (true) or dies (false); honours `paused`.
+    pub async fn next_prompt(&self, a: &Agent) -> bool {
         let mut killed = a.killed.subscribe();
         loop {
             let notified = a.queue_bell.notified();
             if a.is_killed() {
-                return None;
+                return false;
             }
             let paused = a.session.upgrade().is_none_or(|s| s.paused());
             if a.has_prompt(paused) {
-                return Some(());
+                return true;
             }
             tokio::select! {
                 _ = notified => {}
-                r = killed.changed() => if r.is_err() { return None; },
+                r = killed.changed() => if r.is_err() { return false; },
             }
         }
     }
