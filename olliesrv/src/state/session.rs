@@ -45,6 +45,11 @@ impl AgentState {
     }
 }
 
+/// The chat's block markers at the start of a line; a streamed body line that begins with
+/// one is indented by a space (as [`Chat::block_bytes`] does for whole blocks).
+const OPEN_MARK: &str = "[[[";
+const CLOSE_MARK: &str = "]]]";
+
 /// A chat block being streamed.
 #[derive(Debug)]
 pub struct Block {
@@ -231,15 +236,16 @@ impl Agent {
             }
             b.line.push(c);
             if c == '\n' {
-                let l = std::mem::take(&mut b.line);
-                if l == "]]]\n" {
-                    out.push(' ');
-                }
-                out.push_str(&l);
-            } else if b.line.chars().count() == 3 {
-                if b.line == "[[[" || b.line == "]]]" {
-                    out.push(' ');
-                }
+                out.push_str(&std::mem::take(&mut b.line));
+            } else if !OPEN_MARK.starts_with(b.line.as_str())
+                && !CLOSE_MARK.starts_with(b.line.as_str())
+            {
+                // Not a marker: shown at once (a reply's first word is not kept back
+                // until the next piece).
+                out.push_str(&std::mem::take(&mut b.line));
+                b.decided = true;
+            } else if b.line.len() == OPEN_MARK.len() {
+                out.push(' ');
                 out.push_str(&std::mem::take(&mut b.line));
                 b.decided = true;
             }
@@ -262,10 +268,8 @@ impl Agent {
     pub(crate) fn close_block(&self, mut b: Block) -> Result<(), String> {
         let rest = b.redact.finish();
         Self::stream_into(&self.chat, &mut b, &rest);
+        // What is held is shorter than a marker (see `stream_into`): it goes out as it is.
         let mut out = std::mem::take(&mut b.line);
-        if out == "]]]" || out == "[[[" {
-            out.insert(0, ' ');
-        }
         if !out.is_empty() {
             b.ends_line = out.ends_with('\n');
         }
@@ -1019,6 +1023,50 @@ mod tests {
                 .contains("twice")
         );
         assert!(parse_spec("junk", valid).is_err());
+    }
+
+    /// The live chat's text after streaming `pieces` into a fresh block, piece by piece.
+    fn streamed(pieces: &[&str]) -> Vec<String> {
+        let chat = Chat::new(Box::new(|_, _| Ok(Vec::new())));
+        let mut b = Block {
+            kind: "assistant".to_owned(),
+            raw: Vec::new(),
+            redact: crate::redact::Stream::default(),
+            line: String::new(),
+            decided: false,
+            ends_line: true,
+        };
+        pieces
+            .iter()
+            .map(|p| {
+                Agent::stream_into(&chat, &mut b, p);
+                let n = chat.len(crate::state::chat::ChatKind::Raw);
+                let now = chat.tail(usize::try_from(n).unwrap());
+                String::from_utf8(now.to_vec()).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_streamed_word_shows_at_once_unless_it_could_begin_a_marker() {
+        // A first word shorter than a marker is not kept back for the next piece.
+        assert_eq!(streamed(&["In", " a", "\nI"]), ["In", "In a", "In a\nI"]);
+        // What could still begin a marker waits; a marker line is indented.
+        assert_eq!(
+            streamed(&["[", "[", "[x\n", "]]", "]\n", "]", "!"]),
+            [
+                "",
+                "",
+                " [[[x\n",
+                " [[[x\n",
+                " [[[x\n ]]]\n",
+                " [[[x\n ]]]\n",
+                " [[[x\n ]]]\n]!"
+            ]
+        );
+        // A held start that turns out not to be a marker goes out with what follows.
+        assert_eq!(streamed(&["[[", "a"]), ["", "[[a"]);
+        assert_eq!(streamed(&["]]\n"]), ["]]\n"]);
     }
 
     #[test]

@@ -340,7 +340,7 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "chat.raw",
         AFile::ChatRaw,
         0o444,
-        "the conversation with [[[kind … ]]] block markers (user, assistant, reasoning, tool_call, tool_result, error, info)",
+        "the conversation with [[[kind … ]]] block markers (user, assistant, reasoning, tool_call, tool_result, error, info); a body line that begins like a marker is indented by one space; a streamed reply shows each piece as it comes",
     ),
     f(
         "statewait",
