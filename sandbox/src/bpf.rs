@@ -1,16 +1,18 @@
 //! The default seccomp profile compiled as a binary search over syscall-number ranges instead
-//! of seccompiler's linear chain, for the prepared (per-call) spawn path.
+//! of seccompiler's linear chain, for the prepared (per-call) and one-shot spawn paths.
 //!
 //! Same rules, same actions: the allowed numbers are `seccomp.rs`'s groups, and the
 //! argument-filtered calls (ioctl, clone, unshare, personality, the set-id mode rules, the
 //! send flags and addresses, socketpair, bind, socket: TCP for `Network::Tcp`, TCP and UDP for
 //! `Network::All`) and the other errnos (clone3 and openat2: ENOSYS; allocating fallocate:
 //! EOPNOTSUPP) are re-expressed here. [`equivalent`] runs both programs through a small classic-BPF
-//! interpreter over every syscall number (and argument probes for the filtered calls), and
-//! the prepared path falls back to the reference programs if they ever disagree. A filter of
-//! ~210 instructions whose every path is at most ~20 instructions long costs the kernel a
-//! fraction of the ~1280-instruction chain to attach (JIT and the per-syscall action cache
-//! both scale with the instructions walked).
+//! interpreter over every syscall number (and argument probes for the filtered calls); the
+//! test suite does so for every shipped profile and pins the result ([`PROVEN`]), a prepared
+//! sandbox does so once per process for any other policy, and the reference programs are
+//! attached whenever a pair is not shown equivalent ([`programs`]). A filter of ~310
+//! instructions whose every path is at most ~20 instructions long costs the kernel a fraction
+//! of the ~1365-instruction chain to attach (JIT and the per-syscall action cache both scale
+//! with the instructions walked): about 0.5 ms of a one-shot run.
 
 use crate::seccomp::{
     self, CLONE_NEWTIME, CLONE_NS_FLAGS, CREATE_FLAGS, FALLOCATE_FREEING, INET_ADDR_LENS,
@@ -18,7 +20,8 @@ use crate::seccomp::{
 };
 use libc::sock_filter;
 use ollie_policy::Network;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
@@ -313,6 +316,91 @@ fn is_special(c: Class) -> bool {
     !matches!(c, Class::Allow | Class::Deny)
 }
 
+/// SHA-256 ([`seccomp::program_hash`]) of a range-tree program followed by the reference
+/// programs it stands for: the key of an equivalence verdict.
+fn pair_digest(fast: &[sock_filter], reference: &[Vec<sock_filter>]) -> String {
+    let mut all = Vec::with_capacity(reference.len() + 1);
+    all.push(fast.to_vec());
+    all.extend(reference.iter().cloned());
+    seccomp::program_hash(&all)
+}
+
+/// The pairs (range tree, reference) that `tests::proven_pairs_are_equivalent_and_listed`
+/// proves with [`equivalent`] on every test run: each network shape with no denied calls,
+/// which is every shipped profile. A listed pair skips the check at run time (about 60 ms,
+/// too much for a one-shot run); a change to either compiler changes the digests, so the pair
+/// is checked again (or the reference used) until the test proves it and the list is updated.
+const PROVEN: [&str; 4] = [
+    // Network::Off
+    "734c60356c96e66d08ab1c41c58be271e76e3e426e0f977f1e16fd7511bf8e3d",
+    // Network::Tcp, connect only
+    "6d6432207dfa3449e5ab5d80082032de014ba7a88229aa868569aa6b7ccf9c39",
+    // Network::Tcp, connect and bind
+    "a26cf32a3b8172039c9ebe17027a58389fd87f9b21775d6f342c4fddd4301ffb",
+    // Network::All
+    "be63344a100eff25f82c6012ede60dd3d5de42afca9ac0d14d7cdfea3d022095",
+];
+
+/// What to do with a pair neither proven nor checked before in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unproven {
+    /// Check it (once per process; a prepared sandbox lives for a session).
+    Check,
+    /// Install the reference programs (a one-shot run does not wait for the check).
+    Reference,
+}
+
+/// The seccomp programs to install for `network` and the denied calls `deny`, with their run
+/// record and layout (`"range-tree"` or `"reference"`): the range tree when its pair is
+/// proven or was checked equivalent in this process, else the reference programs.
+pub(crate) fn programs(
+    network: &Network,
+    deny: &BTreeSet<String>,
+    unproven: Unproven,
+) -> Result<(Vec<Vec<sock_filter>>, seccomp::SeccompRecord, &'static str), seccomp::SeccompError> {
+    static CHECKED: Mutex<BTreeMap<String, bool>> = Mutex::new(BTreeMap::new());
+    let reference = seccomp::filters(network, deny)?;
+    let reference_programs: Vec<Vec<sock_filter>> = reference
+        .programs
+        .iter()
+        .map(seccomp::to_sock_filters)
+        .collect();
+    let fast = seccomp::denied_numbers(deny)
+        .ok()
+        .and_then(|nrs| compile(network, &nrs));
+    let verdict = fast.as_ref().and_then(|f| {
+        let key = pair_digest(f, &reference_programs);
+        if PROVEN.contains(&key.as_str()) {
+            return Some(true);
+        }
+        if let Some(v) = CHECKED.lock().ok()?.get(&key) {
+            return Some(*v);
+        }
+        if unproven == Unproven::Reference {
+            return None;
+        }
+        let v = equivalent(f, &reference_programs);
+        if let Ok(mut m) = CHECKED.lock()
+            && m.len() < 64
+        {
+            // Bounded: a process sees a handful of policies.
+            m.insert(key, v);
+        }
+        Some(v)
+    });
+    let (programs, layout) = match (fast, verdict) {
+        (Some(f), Some(true)) => (vec![f], "range-tree"),
+        _ => (reference_programs, "reference"),
+    };
+    let record = seccomp::SeccompRecord {
+        hash: seccomp::program_hash(&programs),
+        filters: programs.len(),
+        instructions: programs.iter().map(Vec::len).sum(),
+        ..reference.record
+    };
+    Ok((programs, record, layout))
+}
+
 /// Runs a classic-BPF seccomp program on `data` (the 64-byte `seccomp_data`), and says
 /// whether it read a syscall argument. `None` for an instruction this interpreter does not
 /// know or a jump out of the program.
@@ -570,9 +658,9 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn tree_filter_matches_the_reference_for_every_network_mode() {
-        for network in [
+    /// Every network shape, with no denied calls (the shipped profiles).
+    fn shapes() -> [Network; 4] {
+        [
             Network::Off,
             Network::Tcp {
                 connect: [80].into(),
@@ -583,7 +671,13 @@ mod tests {
                 bind: [8080].into(),
             },
             Network::All,
-        ] {
+        ]
+    }
+
+    #[test]
+    fn proven_pairs_are_equivalent_and_listed() {
+        let mut digests = Vec::new();
+        for network in shapes() {
             let fast = compile(&network, &BTreeSet::new()).unwrap();
             let reference = reference(&network);
             let ref_len: usize = reference.iter().map(Vec::len).sum();
@@ -593,7 +687,38 @@ mod tests {
                 fast.len()
             );
             assert!(equivalent(&fast, &reference), "{network:?}");
+            digests.push(pair_digest(&fast, &reference));
         }
+        // Exactly the proven pairs, in order: a compiler change makes this fail until the
+        // list holds the new digests (printed here), which the check above has just proven.
+        assert_eq!(
+            digests, PROVEN,
+            "update bpf::PROVEN to the digests on the left"
+        );
+    }
+
+    #[test]
+    fn a_one_shot_run_installs_the_tree_only_when_proven() {
+        // Every shipped profile: the range tree, described by the record.
+        for network in shapes() {
+            let (p, record, layout) =
+                programs(&network, &BTreeSet::new(), Unproven::Reference).unwrap();
+            assert_eq!((layout, p.len(), record.filters), ("range-tree", 1, 1));
+            assert_eq!(record.instructions, p[0].len());
+            assert_eq!(record.hash, seccomp::program_hash(&p));
+        }
+        // A deny list no test checks: the reference programs, unchecked.
+        let deny: BTreeSet<String> = ["mincore".to_owned(), "madvise".to_owned()].into();
+        let (p, record, layout) = programs(&Network::Off, &deny, Unproven::Reference).unwrap();
+        assert_eq!(layout, "reference");
+        let reference = seccomp::filters(&Network::Off, &deny).unwrap();
+        assert_eq!(p.len(), reference.programs.len());
+        assert_eq!(record.denied, ["madvise", "mincore"]);
+        // Checked once (as a prepared sandbox does), it is the tree from then on.
+        let (_, _, layout) = programs(&Network::Off, &deny, Unproven::Check).unwrap();
+        assert_eq!(layout, "range-tree");
+        let (_, _, layout) = programs(&Network::Off, &deny, Unproven::Reference).unwrap();
+        assert_eq!(layout, "range-tree");
     }
 
     #[test]

@@ -39,8 +39,9 @@
 //! clone and the tool's execve is raw syscalls on prepared data (see `sys/zygote.rs`).
 //!
 //! seccomp: the same profile as [`crate::seccomp`], compiled as a binary search over
-//! syscall-number ranges (`bpf.rs`), checked equivalent to the reference programs
-//! once per process; if the check ever fails, the reference programs are attached instead.
+//! syscall-number ranges (`bpf.rs`), proven equivalent to the reference programs by the test
+//! suite for the shipped profiles and checked once per process for any other; if the check
+//! ever fails, the reference programs are attached instead.
 
 use crate::bpf;
 use crate::cgroup::{MemoryRecord, MemoryScope, RunCgroups};
@@ -49,13 +50,12 @@ use crate::landlock::{self, LandlockRecord};
 use crate::mounts::{self, MountPlan};
 use crate::record::{Layers, LimitsRecord, MountRecord, RunOutput, RusageRecord};
 use crate::request::{self, RunRequest, Stream};
-use crate::seccomp::{self, SeccompRecord, program_hash, to_sock_filters};
+use crate::seccomp::SeccompRecord;
 use crate::spawn;
 use crate::supervise::{self, Capture, DiskWatch, Finished, Watch, read_report, stage_error};
 use crate::sys::{self, ZygotePlan};
-use ollie_policy::{Network, Policy, ResolveContext, ResolvedPolicy};
+use ollie_policy::{Policy, ResolveContext, ResolvedPolicy};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -132,31 +132,6 @@ pub struct Prepared {
     reaped: bool,
 }
 
-/// The fast program for a network mode and a policy's denied calls, if it is equivalent to the
-/// reference (checked once per process, mode shape and deny list).
-fn fast_filter(
-    network: &Network,
-    deny: &BTreeSet<String>,
-    reference: &[Vec<libc::sock_filter>],
-) -> Option<Vec<libc::sock_filter>> {
-    type Key = (seccomp::NetFilter, BTreeSet<String>);
-    static CHECKED: Mutex<BTreeMap<Key, Option<Vec<libc::sock_filter>>>> =
-        Mutex::new(BTreeMap::new());
-    let key = (seccomp::NetFilter::of(network), deny.clone());
-    if let Some(f) = CHECKED.lock().ok()?.get(&key) {
-        return f.clone();
-    }
-    let nrs = seccomp::denied_numbers(deny).ok()?;
-    let fast = bpf::compile(network, &nrs).filter(|f| bpf::equivalent(f, reference));
-    if let Ok(mut m) = CHECKED.lock() {
-        // Bounded: a session has a handful of policies.
-        if m.len() < 64 {
-            m.insert(key, fast.clone());
-        }
-    }
-    fast
-}
-
 impl Prepared {
     /// Sets up the session's sandbox for `policy` in the workspace `workdir` (absolute) with
     /// the user's `home`: resolves the policy, builds the Landlock ruleset and the seccomp
@@ -189,24 +164,11 @@ impl Prepared {
             })
             .map_err(|source| SandboxError::Policy { source })?;
         let ruleset = landlock::build(&resolved, None)?;
-        let deny = &resolved.policy.syscalls.deny;
-        let reference = seccomp::filters(&resolved.network, deny)?;
-        let reference_programs: Vec<Vec<libc::sock_filter>> =
-            reference.programs.iter().map(to_sock_filters).collect();
-        let (programs, seccomp_layout) =
-            match fast_filter(&resolved.network, deny, &reference_programs) {
-                Some(f) => (vec![f], "range-tree"),
-                None => (reference_programs, "reference"),
-            };
-        let seccomp = SeccompRecord {
-            profile: reference.record.profile,
-            hash: program_hash(&programs),
-            filters: programs.len(),
-            instructions: programs.iter().map(Vec::len).sum(),
-            allowed_syscalls: reference.record.allowed_syscalls,
-            default_action: reference.record.default_action,
-            denied: reference.record.denied.clone(),
-        };
+        let (programs, seccomp, seccomp_layout) = bpf::programs(
+            &resolved.network,
+            &resolved.policy.syscalls.deny,
+            bpf::Unproven::Check,
+        )?;
         let MountPlan {
             steps,
             record: mounts,

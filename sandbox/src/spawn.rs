@@ -12,7 +12,6 @@ use crate::request::{
     effective_limits, open_devnull, rlimits, simulated_abi, tool_command, tool_cwd, tool_stdin,
     watch_cancel,
 };
-use crate::seccomp::{self, to_sock_filters};
 use crate::supervise::{
     Capture, DiskWatch, Finished, Watch, exit_of, read_report, run_output, stage_error, supervise,
 };
@@ -97,7 +96,7 @@ pub fn run_streaming(
         shot.ruleset.fd.as_ref().map(AsRawFd::as_raw_fd),
         shot.mounts,
         rlimits(&l),
-        shot.filters.programs.iter().map(to_sock_filters).collect(),
+        shot.filters,
     )?;
     plan.stdin = stdin_child.as_raw_fd();
     plan.stdout = out_w.as_raw_fd();
@@ -189,7 +188,7 @@ pub fn run_streaming(
             policy_hash: policy_hash(&shot.resolved),
             layers: Layers::enforced(
                 shot.ruleset.record,
-                shot.filters.record,
+                shot.seccomp,
                 sys::namespace_names(),
                 shot.mount_record,
                 cgroup,
@@ -216,7 +215,10 @@ struct OneShot {
     resolved: ResolvedPolicy,
     /// The Landlock ruleset (`fd` is `None` for an approved unsandboxed run).
     ruleset: landlock::Ruleset,
-    filters: seccomp::Filters,
+    /// The seccomp programs to install ([`crate::bpf::programs`]: the range tree for the
+    /// shipped profiles) and their record.
+    filters: Vec<Vec<libc::sock_filter>>,
+    seccomp: crate::seccomp::SeccompRecord,
     /// The tool's working directory.
     cwd: PathBuf,
     /// The policy's limits, narrowed by the request.
@@ -255,7 +257,11 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
     // Landlock ruleset (parent side).
     // (None for an approved unsandboxed run: no Landlock, recorded.)
     let ruleset = landlock::build(&resolved, simulated_abi(req.fault))?;
-    let filters = seccomp::filters(&resolved.network, &resolved.policy.syscalls.deny)?;
+    let (filters, seccomp, _) = crate::bpf::programs(
+        &resolved.network,
+        &resolved.policy.syscalls.deny,
+        crate::bpf::Unproven::Reference,
+    )?;
 
     let cwd = tool_cwd(&workdir, req.cwd.as_deref())?;
     let limits = effective_limits(&resolved.policy.limits, req)?;
@@ -299,6 +305,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
         resolved,
         ruleset,
         filters,
+        seccomp,
         cwd,
         limits,
         env,

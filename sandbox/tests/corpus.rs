@@ -51,7 +51,10 @@ fn run_in(policy: &Policy, ws: &Path, script: &str) -> RunOutput {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.record.layers.landlock.abi >= 7);
-    assert_eq!(out.record.layers.seccomp.filters, 3);
+    // The shipped profile as one program: the range tree that bpf.rs proves equivalent to
+    // the reference chain (three programs), installed by one-shot runs since it is proven.
+    assert_eq!(out.record.layers.seccomp.filters, 1);
+    assert!(out.record.layers.seccomp.instructions < 400);
     out
 }
 

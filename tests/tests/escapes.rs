@@ -197,7 +197,10 @@ impl Ctx {
             "{}",
             self.name
         );
-        assert_eq!(r.layers.seccomp.filters, 3, "{}", self.name);
+        // One program: the range tree proven equivalent to the reference chain (bpf.rs), not
+        // the three-program chain of ~1365 instructions.
+        assert_eq!(r.layers.seccomp.filters, 1, "{}", self.name);
+        assert!(r.layers.seccomp.instructions < 400, "{}", self.name);
         assert!(r.layers.no_new_privs);
         assert_eq!(r.layers.capabilities.bounding, 0);
         assert_eq!(r.layers.namespaces, vec!["user", "pid", "mount", "ipc"]);
