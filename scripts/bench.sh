@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The speed goals in one table: runs the benchmarks of docs/benchmarks.md that the goals come
+# from, plus a whole-process `o sandbox` against bwrap timed here, and prints
+#   measure | ours | baseline | ratio | goal | met?
+# Each ratio is taken within one run on this machine. Figures, not a test: nothing here fails
+# on time. Each benchmark's full output is kept in a directory named at the end.
+#
+#   scripts/bench.sh            the speed rows, the tool round trip and, when
+#                               scripts/local-model.sh --prepare has run, the real model
+#                               (about five minutes on 2 cores)
+#   scripts/bench.sh --all      also the load and soak benchmarks (SOAK_SECONDS, default 600)
+#   BENCH_SANDBOX_RUNS=N        runs per batch for the o sandbox / bwrap row (default 100)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+all=0
+case ${1:-} in
+--all) all=1 ;;
+"") ;;
+*) echo "usage: scripts/bench.sh [--all]" >&2; exit 2 ;;
+esac
+
+out=$(mktemp -d "${TMPDIR:-/tmp}/ollie-bench.XXXXXX")
+runs=${BENCH_SANDBOX_RUNS:-100}
+
+echo "== building (release)" >&2
+cargo build --release --bins --quiet
+
+rows=()
+# row MEASURE OURS BASELINE RATIO GOAL MET
+row() { rows+=("$(printf '%s\t%s\t%s\t%s\t%s\t%s' "$@")"); }
+# The first number (digits and one dot) on the first line of FILE matching REGEX.
+num() { grep -m1 -E "$2" "$1" | sed -E "s#^.*$2##" | grep -oE '[0-9]+(\.[0-9]+)?' | head -1; }
+# awk arithmetic: calc EXPR
+calc() { awk "BEGIN { printf \"%.2f\", $1 }"; }
+# met when A <= B (or A >= B with "ge")
+met() { awk -v a="$1" -v b="$2" -v ge="${3:-}" 'BEGIN { ok = ge ? a >= b : a <= b; print ok ? "met" : "not met" }'; }
+
+# 1. The one-shot sandbox as a whole process against bwrap, in alternating batches in a
+#    scratch workspace; the best batch of each (the least disturbed by the machine).
+echo "== o sandbox vs bwrap ($runs runs a batch, 5 batches each)" >&2
+ws=$(mktemp -d "${TMPDIR:-/tmp}/ollie-bench-ws.XXXXXX")
+o=$PWD/target/release/o
+batch() { # batch CMD... : microseconds per run of CMD, run $runs times
+  local t0 t1 i
+  t0=$(date +%s%N)
+  for ((i = 0; i < runs; i++)); do "$@" >/dev/null 2>&1 || return 1; done
+  t1=$(date +%s%N)
+  echo $(((t1 - t0) / runs / 1000))
+}
+best_o="" best_b="" best_t=""
+if command -v bwrap >/dev/null; then
+  for _ in 1 2 3 4 5; do
+    a=$(cd "$ws" && batch "$o" sandbox --profile workspace -- /bin/true) || { echo "o sandbox failed in $ws" >&2; exit 1; }
+    b=$(batch bwrap --unshare-all --ro-bind / / --dev /dev /bin/true) || { echo "bwrap failed" >&2; exit 1; }
+    t=$(batch /bin/true)
+    if [ -z "$best_o" ] || [ "$a" -lt "$best_o" ]; then best_o=$a; fi
+    if [ -z "$best_b" ] || [ "$b" -lt "$best_b" ]; then best_b=$b; fi
+    if [ -z "$best_t" ] || [ "$t" -lt "$best_t" ]; then best_t=$t; fi
+  done
+  echo "o sandbox $best_o us, bwrap $best_b us, /bin/true $best_t us (best batch of $runs)" >"$out/sandbox.txt"
+  r=$(calc "$best_o / $best_b")
+  row "o sandbox -- /bin/true, whole process" "$(calc "$best_o / 1000") ms" "$(calc "$best_b / 1000") ms (bwrap)" "${r}x" "<= 0.50x" "$(met "$r" 0.5)"
+else
+  row "o sandbox -- /bin/true, whole process" "-" "bwrap not installed" "-" "<= 0.50x" "not measured"
+fi
+rm -rf "$ws"
+
+# 1b. The sandboxed spawn in process (one-shot and prepared) against bwrap as a process.
+echo "== cargo bench -p ollie-sandbox --bench spawn" >&2
+cargo bench -q -p ollie-sandbox --bench spawn >"$out/spawn.txt" 2>&1
+r=$(num "$out/spawn.txt" 'prepared vs bwrap speed-up:')
+row "prepared sandboxed spawn vs bwrap, speed-up" "${r}x" "1.00x (bwrap)" "${r}x" ">= 5x" "$(met "$r" 5 ge)"
+
+# 2. One Tread round trip through our 9P server against a raw socketpair ping-pong, both
+#    pinned to one CPU (the p9 bench's first section).
+echo "== cargo bench -p ollie-p9 --bench p9" >&2
+cargo bench -q -p ollie-p9 --bench p9 >"$out/p9.txt" 2>&1
+raw=$(num "$out/p9.txt" '1\. raw socketpair ping-pong \([^)]*\)')
+tread=$(num "$out/p9.txt" '2a\. Tread, blocking raw client -> Server')
+r=$(calc "$tread / $raw")
+row "9P Tread round trip, pinned" "$tread us" "$raw us (raw socketpair)" "${r}x" "<= 1.30x" "$(met "$r" 1.3)"
+
+# 3. toolsrv's RSS, idle right after start, read from /proc by the bench.
+echo "== cargo bench -p ollie-toolsrv --bench toolsrv" >&2
+OLLIE_BENCH_RUNS=${OLLIE_BENCH_RUNS:-100} cargo bench -q -p ollie-toolsrv --bench toolsrv >"$out/toolsrv.txt" 2>&1
+rss=$(num "$out/toolsrv.txt" 'toolsrv VmRSS:')
+row "toolsrv RSS, idle after start" "$rss KiB" "-" "-" "<= 4096 KiB" "$(met "$rss" 4096)"
+
+# 4. cat of a 64 MiB file: through o mount, through ollie-9p, through a raw socket.
+echo "== cargo bench -p ollie-cli --bench mount" >&2
+cargo bench -q -p ollie-cli --bench mount >"$out/mount.txt" 2>&1
+m_raw=$(num "$out/mount.txt" '1\. raw unix socketpair[^M]*B writes')
+m_9p=$(num "$out/mount.txt" '2\. ollie-9p read big > /dev/null')
+m_fuse=$(num "$out/mount.txt" '3\. o mount: cat big > /dev/null')
+r=$(calc "$m_fuse / $m_9p")
+row "cat 64 MiB: o mount vs ollie-9p" "$m_fuse MiB/s" "$m_9p MiB/s (ollie-9p)" "${r}x" ">= 0.90x" "$(met "$r" 0.9 ge)"
+r=$(calc "$m_9p / $m_raw")
+row "cat 64 MiB: ollie-9p vs raw socket" "$m_9p MiB/s" "$m_raw MiB/s (raw)" "${r}x" ">= 0.80x" "$(met "$r" 0.8 ge)"
+
+# 5. A tool call of an agent with a bead namespace against one without, at the sandbox: an
+#    agent without one runs in toolsrv's prepared sandbox (the toolsrv bench's in-process
+#    Prepared::run of /usr/bin/true), one with a namespace gets a one-shot run with its union
+#    (the unions bench). The 9P and agent-loop costs around them are the same for both.
+echo "== cargo bench -p ollie-sandbox --bench unions" >&2
+cargo bench -q -p ollie-sandbox --bench unions >"$out/unions.txt" 2>&1
+prepared=$(num "$out/toolsrv.txt" 'Prepared::run in process \(/usr/bin/true\) +median')
+union=$(num "$out/unions.txt" 'with a union at /ctx')
+added=$(calc "($union - $prepared) / 1000")
+row "a run with a bead namespace vs without" "$(calc "$union / 1000") ms" "$(calc "$prepared / 1000") ms (prepared)" "+$added ms" "<= +1 ms" "$(met "$added" 1)"
+
+# 6. One tool call through the whole stack (agent loop, link, toolsrv) against the prepared
+#    spawn alone.
+echo "== cargo bench -p ollie-tests --bench roundtrip" >&2
+cargo bench -q -p ollie-tests --bench roundtrip >"$out/roundtrip.txt" 2>&1
+rt=$(num "$out/roundtrip.txt" 'tool round trip through the stack \(\(a - b\) / K\) +median')
+sp=$(num "$out/roundtrip.txt" '  Prepared::run in process +median')
+r=$(num "$out/roundtrip.txt" 'roundtrip/spawn ratio:')
+row "a tool call through the stack" "$(calc "$rt / 1000") ms" "$(calc "$sp / 1000") ms (prepared spawn)" "${r}x" "<= 2.00x" "$(met "$r" 2)"
+
+# 7. A real model (llama-server) through olliesrv against a direct HTTP client.
+echo "== cargo bench -p ollie-tests --bench llama" >&2
+cargo bench -q -p ollie-tests --bench llama >"$out/llama.txt" 2>&1 || true
+if grep -q '^time to first token (median)' "$out/llama.txt" 2>/dev/null; then
+  read -r ours direct r < <(grep -m1 '^time to first token (median)' "$out/llama.txt" |
+    sed -E 's/^time to first token \(median\) +//' | awk '{print $1, $3, $5}')
+  goal=$(calc "$direct * 1.1 + 2")
+  row "time to first token, real model" "$ours ms" "$direct ms (direct client)" "$r" "<= 1.1x + 2 ms" "$(met "$ours" "$goal")"
+  read -r ours direct r < <(grep -m1 '^tokens/s after the first' "$out/llama.txt" |
+    sed -E 's/^tokens\/s after the first \(median\) +//' | awk '{print $1, $2, $3}')
+  row "tokens/s to a chat reader, real model" "$ours" "$direct (direct client)" "$r" ">= 0.95x" "$(met "${r%x}" 0.95 ge)"
+else
+  row "time to first token, real model" "-" "$(grep -m1 -o 'SKIP llama.*' "$out/llama.txt" || echo "see $out/llama.txt")" "-" "<= 1.1x + 2 ms" "not measured"
+fi
+
+# 8. With --all: the load and soak benchmarks (minutes; memory and latency, not speed ratios).
+if [ "$all" = 1 ]; then
+  echo "== cargo bench -p ollie-tests --bench load" >&2
+  cargo bench -q -p ollie-tests --bench load >"$out/load.txt" 2>&1
+  idle=$(num "$out/load.txt" 'idle p50 [0-9]+ µs p99')
+  busy=$(num "$out/load.txt" 'under load p50 [0-9]+ µs p99')
+  row "stats read p99, 200 sessions + 1000 readers" "$busy us" "$idle us (idle)" "$(calc "$busy / $idle")x" "(info)" "-"
+  echo "== cargo bench -p ollie-tests --bench soak (SOAK_SECONDS=${SOAK_SECONDS:-600})" >&2
+  cargo bench -q -p ollie-tests --bench soak >"$out/soak.txt" 2>&1
+  g=$(grep -m1 '^olliesrv RSS KiB' "$out/soak.txt" | grep -oE '\([+-][0-9.]+ %\)' | head -1 | tr -d '()% +')
+  row "soak: olliesrv RSS growth after warm-up" "${g}%" "-" "-" "<= 5 %" "$(met "$g" 5)"
+fi
+
+echo
+{
+  printf 'measure\tours\tbaseline\tratio\tgoal\tmet?\n'
+  printf '%s\n' "${rows[@]}"
+} | column -t -s $'\t'
+echo
+echo "full outputs: $out"
