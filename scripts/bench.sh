@@ -31,6 +31,11 @@ rows=()
 row() { rows+=("$(printf '%s\t%s\t%s\t%s\t%s\t%s' "$@")"); }
 # The first number (digits and one dot) on the first line of FILE matching REGEX.
 num() { grep -m1 -E "$2" "$1" | sed -E "s#^.*$2##" | grep -oE '[0-9]+(\.[0-9]+)?' | head -1; }
+# bench PACKAGE NAME: runs one benchmark, its whole output kept in $out/NAME.txt.
+bench() {
+  echo "== cargo bench -p $1 --bench $2" >&2
+  cargo bench -q -p "$1" --bench "$2" >"$out/$2.txt" 2>&1
+}
 # awk arithmetic: calc EXPR
 calc() { awk "BEGIN { printf \"%.2f\", $1 }"; }
 # met when A <= B (or A >= B with "ge")
@@ -67,29 +72,25 @@ fi
 rm -rf "$ws"
 
 # 1b. The sandboxed spawn in process (one-shot and prepared) against bwrap as a process.
-echo "== cargo bench -p ollie-sandbox --bench spawn" >&2
-cargo bench -q -p ollie-sandbox --bench spawn >"$out/spawn.txt" 2>&1
+bench ollie-sandbox spawn
 r=$(num "$out/spawn.txt" 'prepared vs bwrap speed-up:')
 row "prepared sandboxed spawn vs bwrap, speed-up" "${r}x" "1.00x (bwrap)" "${r}x" ">= 5x" "$(met "$r" 5 ge)"
 
 # 2. One Tread round trip through our 9P server against a raw socketpair ping-pong, both
 #    pinned to one CPU (the p9 bench's first section).
-echo "== cargo bench -p ollie-p9 --bench p9" >&2
-cargo bench -q -p ollie-p9 --bench p9 >"$out/p9.txt" 2>&1
+bench ollie-p9 p9
 raw=$(num "$out/p9.txt" '1\. raw socketpair ping-pong \([^)]*\)')
 tread=$(num "$out/p9.txt" '2a\. Tread, blocking raw client -> Server')
 r=$(calc "$tread / $raw")
 row "9P Tread round trip, pinned" "$tread us" "$raw us (raw socketpair)" "${r}x" "<= 1.30x" "$(met "$r" 1.3)"
 
 # 3. toolsrv's RSS, idle right after start, read from /proc by the bench.
-echo "== cargo bench -p ollie-toolsrv --bench toolsrv" >&2
-OLLIE_BENCH_RUNS=${OLLIE_BENCH_RUNS:-100} cargo bench -q -p ollie-toolsrv --bench toolsrv >"$out/toolsrv.txt" 2>&1
+OLLIE_BENCH_RUNS=${OLLIE_BENCH_RUNS:-100} bench ollie-toolsrv toolsrv
 rss=$(num "$out/toolsrv.txt" 'toolsrv VmRSS:')
 row "toolsrv RSS, idle after start" "$rss KiB" "-" "-" "<= 4096 KiB" "$(met "$rss" 4096)"
 
 # 4. cat of a 64 MiB file: through o mount, through ollie-9p, through a raw socket.
-echo "== cargo bench -p ollie-cli --bench mount" >&2
-cargo bench -q -p ollie-cli --bench mount >"$out/mount.txt" 2>&1
+bench ollie-cli mount
 m_raw=$(num "$out/mount.txt" '1\. raw unix socketpair[^M]*B writes')
 m_9p=$(num "$out/mount.txt" '2\. ollie-9p read big > /dev/null')
 m_fuse=$(num "$out/mount.txt" '3\. o mount: cat big > /dev/null')
@@ -102,8 +103,7 @@ row "cat 64 MiB: ollie-9p vs raw socket" "$m_9p MiB/s" "$m_raw MiB/s (raw)" "${r
 #    agent without one runs in toolsrv's prepared sandbox (the toolsrv bench's in-process
 #    Prepared::run of /usr/bin/true), one with a namespace gets a one-shot run with its union
 #    (the unions bench). The 9P and agent-loop costs around them are the same for both.
-echo "== cargo bench -p ollie-sandbox --bench unions" >&2
-cargo bench -q -p ollie-sandbox --bench unions >"$out/unions.txt" 2>&1
+bench ollie-sandbox unions
 prepared=$(num "$out/toolsrv.txt" 'Prepared::run in process \(/usr/bin/true\) +median')
 union=$(num "$out/unions.txt" 'with a union at /ctx')
 added=$(calc "($union - $prepared) / 1000")
@@ -111,16 +111,14 @@ row "a run with a bead namespace vs without" "$(calc "$union / 1000") ms" "$(cal
 
 # 6. One tool call through the whole stack (agent loop, link, toolsrv) against the prepared
 #    spawn alone.
-echo "== cargo bench -p ollie-tests --bench roundtrip" >&2
-cargo bench -q -p ollie-tests --bench roundtrip >"$out/roundtrip.txt" 2>&1
+bench ollie-tests roundtrip
 rt=$(num "$out/roundtrip.txt" 'tool round trip through the stack \(\(a - b\) / K\) +median')
 sp=$(num "$out/roundtrip.txt" '  Prepared::run in process +median')
 r=$(num "$out/roundtrip.txt" 'roundtrip/spawn ratio:')
 row "a tool call through the stack" "$(calc "$rt / 1000") ms" "$(calc "$sp / 1000") ms (prepared spawn)" "${r}x" "<= 2.00x" "$(met "$r" 2)"
 
 # 7. A real model (llama-server) through olliesrv against a direct HTTP client.
-echo "== cargo bench -p ollie-tests --bench llama" >&2
-cargo bench -q -p ollie-tests --bench llama >"$out/llama.txt" 2>&1 || true
+bench ollie-tests llama || true
 if grep -q '^time to first token (median)' "$out/llama.txt" 2>/dev/null; then
   read -r ours direct r < <(grep -m1 '^time to first token (median)' "$out/llama.txt" |
     sed -E 's/^time to first token \(median\) +//' | awk '{print $1, $3, $5}')
@@ -135,13 +133,12 @@ fi
 
 # 8. With --all: the load and soak benchmarks (minutes; memory and latency, not speed ratios).
 if [ "$all" = 1 ]; then
-  echo "== cargo bench -p ollie-tests --bench load" >&2
-  cargo bench -q -p ollie-tests --bench load >"$out/load.txt" 2>&1
+  bench ollie-tests load
   idle=$(num "$out/load.txt" 'idle p50 [0-9]+ µs p99')
   busy=$(num "$out/load.txt" 'under load p50 [0-9]+ µs p99')
   row "stats read p99, 200 sessions + 1000 readers" "$busy us" "$idle us (idle)" "$(calc "$busy / $idle")x" "(info)" "-"
-  echo "== cargo bench -p ollie-tests --bench soak (SOAK_SECONDS=${SOAK_SECONDS:-600})" >&2
-  cargo bench -q -p ollie-tests --bench soak >"$out/soak.txt" 2>&1
+  echo "(soak: SOAK_SECONDS=${SOAK_SECONDS:-600})" >&2
+  bench ollie-tests soak
   g=$(grep -m1 '^olliesrv RSS KiB' "$out/soak.txt" | grep -oE '\([+-][0-9.]+ %\)' | head -1 | tr -d '()% +')
   row "soak: olliesrv RSS growth after warm-up" "${g}%" "-" "-" "<= 5 %" "$(met "$g" 5)"
 fi
