@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# The speed goals in one table: runs the benchmarks of docs/benchmarks.md that the goals come
-# from, plus a whole-process `o sandbox` against bwrap timed here, and prints
+# The goals in one table: runs every benchmark of docs/benchmarks.md (load and soak only with
+# --all), plus a whole-process `o sandbox` against bwrap timed here, and prints
 #   measure | ours | baseline | ratio | goal | met?
 # Each ratio is taken within one run on this machine. Figures, not a test: nothing here fails
 # on time. Each benchmark's full output is kept in a directory named at the end.
 #
-#   scripts/bench.sh            the speed rows, the tool round trip and, when
-#                               scripts/local-model.sh --prepare has run, the real model
-#                               (about five minutes on 2 cores)
+#   scripts/bench.sh            every row but load and soak; the real model's rows need
+#                               scripts/local-model.sh --prepare first (a few minutes)
 #   scripts/bench.sh --all      also the load and soak benchmarks (SOAK_SECONDS, default 600)
 #   BENCH_SANDBOX_RUNS=N        runs per batch for the o sandbox / bwrap row (default 100)
 set -euo pipefail
