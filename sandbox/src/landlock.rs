@@ -8,7 +8,9 @@
 use crate::sys;
 use ollie_policy::{Network, ResolvedPolicy};
 use serde::Serialize;
+use std::collections::BTreeSet;
 use std::io;
+use std::ops::Bound;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -250,6 +252,31 @@ impl RuleSink<'_> {
     }
 }
 
+/// Locations excluded from broader grants, in component order: every location inside one
+/// follows it directly, so both questions [`consider`] asks of each path it opens are a
+/// lookup rather than a pass over the list (it opens every entry of /, /etc and the home on
+/// the way to the excluded ones).
+struct Excluded(BTreeSet<PathBuf>);
+
+impl Excluded {
+    fn new(paths: impl IntoIterator<Item = PathBuf>) -> Excluded {
+        Excluded(paths.into_iter().collect())
+    }
+
+    /// Whether `p` is an excluded location or lies inside one.
+    fn covers(&self, p: &Path) -> bool {
+        p.ancestors().any(|a| self.0.contains(a))
+    }
+
+    /// Whether an excluded location is `p` or lies inside it.
+    fn within(&self, p: &Path) -> bool {
+        self.0
+            .range::<Path, _>((Bound::Included(p), Bound::Unbounded))
+            .next()
+            .is_some_and(|s| s.starts_with(p))
+    }
+}
+
 /// Opens the grant `path` and queues it, excluding every location in `excluded` by
 /// construction: the object actually opened is judged (symlinks resolved from the fd); if it
 /// lies inside an excluded location it grants nothing; if an excluded location lies inside it,
@@ -259,7 +286,7 @@ impl RuleSink<'_> {
 fn consider(
     path: &Path,
     access: u64,
-    excluded: &[PathBuf],
+    excluded: &Excluded,
     sink: &mut RuleSink<'_>,
 ) -> Result<(), LandlockError> {
     let (fd, is_dir, real) = match sys::open_rule_path(path) {
@@ -273,11 +300,11 @@ fn consider(
             });
         }
     };
-    if excluded.iter().any(|s| real.starts_with(s)) {
+    if excluded.covers(&real) {
         sink.carved.push(path.to_path_buf());
         return Ok(());
     }
-    if !excluded.iter().any(|s| s.starts_with(&real)) {
+    if !excluded.within(&real) {
         if real == Path::new("/") {
             sink.root_access |= access & sink.handled;
         }
@@ -348,7 +375,7 @@ pub fn build(
     let fd = sys::landlock_create_ruleset(all_fs, handled_net, scoped)
         .map_err(|source| LandlockError::Create { source })?;
 
-    let secrets = ollie_policy::secrets::secret_locations(&policy.ctx.home);
+    let secrets = Excluded::new(ollie_policy::secrets::secret_locations(&policy.ctx.home));
     let mut sink = RuleSink {
         ruleset: &fd,
         handled: all_fs,
@@ -360,8 +387,13 @@ pub fn build(
         // "Everything readable" never includes device nodes (a raw disk would bypass every
         // file-level rule) or the kernel's memory images; devices the policy needs are
         // granted by name.
-        let mut excluded = secrets.clone();
-        excluded.extend(READ_ALL_EXCLUDED.iter().map(PathBuf::from));
+        let excluded = Excluded::new(
+            secrets
+                .0
+                .iter()
+                .cloned()
+                .chain(READ_ALL_EXCLUDED.iter().map(PathBuf::from)),
+        );
         consider(Path::new("/"), READ, &excluded, &mut sink)?;
     }
     for (list, access) in [
@@ -404,4 +436,49 @@ pub fn build(
         },
         root_access,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excluded_answers_like_a_pass_over_the_list() {
+        let list: Vec<PathBuf> = ["/root/.ssh", "/etc/shadow", "/home/u/.aws", "/proc/kcore"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let ex = Excluded::new(list.iter().cloned());
+        for p in [
+            "/",
+            "/root",
+            "/root/.ssh",
+            "/root/.ssh/id_ed25519",
+            "/root/.ssh2",
+            "/root/.ss",
+            "/etc",
+            "/etc/shadow",
+            "/etc/shadow-",
+            "/etc2",
+            "/home",
+            "/home/u",
+            "/home/u/.aws/credentials",
+            "/home/uu",
+            "/proc",
+            "/proc/kcore/x",
+            "/usr/bin",
+        ] {
+            let p = Path::new(p);
+            assert_eq!(
+                ex.covers(p),
+                list.iter().any(|s| p.starts_with(s)),
+                "covers {p:?}"
+            );
+            assert_eq!(
+                ex.within(p),
+                list.iter().any(|s| s.starts_with(p)),
+                "within {p:?}"
+            );
+        }
+    }
 }

@@ -277,11 +277,17 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
             .iter()
             .any(|w| workdir.starts_with(w) || w.starts_with(&workdir)))
     .then(|| crate::postrun::Snapshot::take(&workdir));
-    let unions = crate::unions::validate(
-        &req.unions,
-        &crate::unions::resolved_secrets(&resolved.ctx.home),
-        &writable,
-    )?;
+    // Without unions (most runs) there is nothing to check against the secret locations, so
+    // they are not resolved (a canonicalisation of each, some eighty paths).
+    let unions = if req.unions.is_empty() {
+        Vec::new()
+    } else {
+        crate::unions::validate(
+            &req.unions,
+            &crate::unions::resolved_secrets(&resolved.ctx.home),
+            &writable,
+        )?
+    };
     // The disk watchdog watches the policy's writable trees' filesystems, also when an
     // unsandboxed run mounts none of them, and the filesystems of the unions' upper layers.
     let mut watched = writable.clone();
