@@ -18,7 +18,10 @@ use tracing::callsite::Identifier;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
 
 /// Whether stderr is the journal: `JOURNAL_STREAM` is `DEV:INODE` of stderr. A process whose
 /// stderr was redirected elsewhere keeps logging normally even if it inherited the variable.
@@ -226,9 +229,16 @@ where
 
 /// Installs the global subscriber writing to stderr: journal format when stderr is the
 /// journal, the usual format otherwise. `target` shows the module path of each event.
-pub fn init(filter: tracing_subscriber::EnvFilter, target: bool) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+///
+/// `filter` is any filter layer: olliesrv passes an `EnvFilter` (`OLLIE_LOG` directives),
+/// toolsrv a `LevelFilter`, which keeps `EnvFilter`'s directive parser (a regex engine, about
+/// 300 KB of code) out of the process started for every session.
+pub fn init<F>(filter: F, target: bool)
+where
+    F: Layer<Registry> + Send + Sync + 'static,
+{
+    let filtered = tracing_subscriber::registry().with(filter);
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(target);
     if stderr_is_journal() {
@@ -236,9 +246,12 @@ pub fn init(filter: tracing_subscriber::EnvFilter, target: bool) {
             .without_time()
             .with_ansi(false)
             .with_target(target);
-        builder
-            .with_ansi(false)
-            .event_format(RateLimited::new(JournalPrefix(format), true))
+        filtered
+            .with(
+                layer
+                    .with_ansi(false)
+                    .event_format(RateLimited::new(JournalPrefix(format), true)),
+            )
             .init();
     } else {
         // Colour only for a person at a terminal: not in a file, a pipe or a test's capture.
@@ -247,9 +260,12 @@ pub fn init(filter: tracing_subscriber::EnvFilter, target: bool) {
         let format = tracing_subscriber::fmt::format()
             .with_target(target)
             .with_ansi(ansi);
-        builder
-            .with_ansi(ansi)
-            .event_format(RateLimited::new(format, false))
+        filtered
+            .with(
+                layer
+                    .with_ansi(ansi)
+                    .event_format(RateLimited::new(format, false)),
+            )
             .init();
     }
 }

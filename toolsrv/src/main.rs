@@ -213,7 +213,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(1, "hardening", &e),
     };
     ollie_link::logging::init(
-        tracing_subscriber::EnvFilter::new(log_level().as_str()),
+        tracing_subscriber::filter::LevelFilter::from(log_level()),
         false,
     );
     tracing::debug!(hardening = ?record, session = %session.id, "hardened");
