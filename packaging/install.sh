@@ -20,8 +20,8 @@
 # zsh's fpath) and ~/.config/fish/completions; then
 # `systemctl --user enable --now olliesrv.socket` when your user manager runs.
 #
-# Without --bin-dir the programs are built with `cargo build --release` (honouring
-# CARGO_TARGET_DIR). Everything installed is listed in a manifest
+# Without --bin-dir the programs are built by scripts/build.sh (release, toolsrv linked
+# statically; honouring CARGO_TARGET_DIR). Everything installed is listed in a manifest
 # (/var/lib/ollie-install.manifest, or ~/.local/share/ollie/install.manifest with --user),
 # and --uninstall removes exactly that: the configuration only when unchanged, the state
 # (/var/lib/ollie, /etc/ollie, an empty /srv/ollie; with --user ~/.local/state/ollie) only
@@ -193,12 +193,11 @@ version=$(awk '
 
 if [ -z "$bin_dir" ]; then
 	command -v cargo >/dev/null 2>&1 ||
-		die "cargo not found: build first (cargo build --release) and pass --bin-dir target/release"
+		die "cargo not found: build first (scripts/build.sh) and pass --bin-dir target/release"
 	target_dir=${CARGO_TARGET_DIR:-$root/target}
 	case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
-	say "building (cargo build --release, target dir $target_dir)"
-	(cd "$root" && cargo build --release --locked -p ollie-olliesrv -p ollie-toolsrv -p ollie-cli --bins) ||
-		die "cargo build failed"
+	say "building (scripts/build.sh --locked: release, toolsrv static; target dir $target_dir)"
+	"$root/scripts/build.sh" --locked || die "cargo build failed"
 	bin_dir=$target_dir/release
 fi
 for b in "${bins[@]}"; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# run.sh: builds every binary once (olliesrv, toolsrv, o, ollie-9p; release) and starts
-# olliesrv in the foreground with its toolsrv found next to it.
+# run.sh: builds every binary once (olliesrv, toolsrv, o, ollie-9p; release, by scripts/build.sh,
+# which links toolsrv statically) and starts olliesrv in the foreground with its toolsrv found
+# next to it.
 #
 #   scripts/run.sh [--demo] [OLLIESRV-ARGS…]
 #
@@ -18,7 +19,7 @@ if [ "${1:-}" = --demo ]; then
 fi
 
 cd "$root"
-cargo build --release --workspace --bins
+scripts/build.sh
 target=${CARGO_TARGET_DIR:-$root/target}
 case $target in /*) ;; *) target=$root/$target ;; esac
 bin=$target/release

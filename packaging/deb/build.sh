@@ -93,11 +93,10 @@ if [ -n "$bin_dir" ]; then
 		[ -x "$bin_dir/$b" ] || die "--bin-dir $bin_dir has no executable $b"
 	done
 else
-	cargo_profile=()
-	[ "$profile" = release ] && cargo_profile=(--release)
-	say "cargo build ${cargo_profile[*]} (target dir $target_dir)"
-	(cd "$root" && cargo build "${cargo_profile[@]}" --locked \
-		-p ollie-olliesrv -p ollie-toolsrv -p ollie-cli --bins) >&2 ||
+	build_profile=()
+	[ "$profile" = debug ] && build_profile=(--debug)
+	say "scripts/build.sh ${build_profile[*]} --locked (target dir $target_dir; toolsrv static)"
+	"$root/scripts/build.sh" "${build_profile[@]}" --locked >&2 ||
 		die "cargo build failed"
 	bin_dir=$target_dir/$profile
 fi
