@@ -276,6 +276,14 @@ fn probe_main(args: &[String]) -> ExitCode {
         Ok(nnp) => {
             // Not dropped (that would remove it): the harness owns the directory.
             let d = std::mem::ManuallyDrop::new(Dirs(PathBuf::from(base)));
+            // Under `noipc`, a one-shot run before anything asks about IPC namespaces: its
+            // clone is the probe (refused with CLONE_NEWIPC, done without).
+            let first = (variant == "noipc").then(|| {
+                outcome(ollie_sandbox::run(
+                    &workspace_policy(),
+                    &d.req(&["readlink", "/proc/self/ns/ipc"]),
+                ))
+            });
             let mut v = json!({
                 "variant": variant,
                 "no_new_privs_set": nnp,
@@ -284,7 +292,10 @@ fn probe_main(args: &[String]) -> ExitCode {
             match variant.as_str() {
                 "capset" => capset_probe(&d, &mut v),
                 "capget-too" => capget_probe(&d, &mut v),
-                "noipc" => noipc_probe(&d, &mut v),
+                "noipc" => {
+                    v["first_oneshot_ns"] = first.unwrap_or_default();
+                    noipc_probe(&d, &mut v);
+                }
                 _ => unit_probe(&d, &mut v),
             }
             v
@@ -687,7 +698,15 @@ fn ipc_namespaces_forbidden_runs_without_one_and_the_filter_still_denies_sysv() 
     assert_eq!(v["self"]["capset_errno"], 0, "{v:#}");
     // The probe shares this process's (the host's) IPC namespace.
     assert_eq!(v["self"]["ipc_ns"], me["ipc_ns"], "{v:#}");
-    // Runs succeed without an IPC namespace, and the record says so.
+    // Runs succeed without an IPC namespace, and the record says so: also the first, whose
+    // clone found out that IPC namespaces are refused.
+    let first = &v["first_oneshot_ns"];
+    assert_eq!(first["status"], 0, "{v:#}");
+    assert!(!has_ipc(first), "{v:#}");
+    assert_eq!(
+        first["stdout"].as_str().unwrap().trim(),
+        v["self"]["ipc_ns"]
+    );
     let ns = &v["oneshot_ns"];
     assert_eq!(ns["status"], 0, "{v:#}");
     assert!(!has_ipc(ns), "{v:#}");

@@ -250,16 +250,6 @@ pub(crate) struct ChildPlan {
 const BASE_NAMESPACE_FLAGS: libc::c_ulong =
     (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) as libc::c_ulong;
 
-/// Namespaces the init stage is created in: user, pid and mount, plus IPC where this process
-/// may create IPC namespaces ([`ipc_namespaces`]).
-pub(crate) fn namespace_flags() -> libc::c_ulong {
-    if ipc_namespaces() {
-        BASE_NAMESPACE_FLAGS | libc::CLONE_NEWIPC as libc::c_ulong
-    } else {
-        BASE_NAMESPACE_FLAGS
-    }
-}
-
 /// The namespaces a run's init stage gets, as recorded.
 pub(crate) fn namespace_names() -> Vec<&'static str> {
     if ipc_namespaces() {
@@ -318,8 +308,8 @@ pub(super) fn clone_namespaced<T>(
             "too many writable paths",
         ));
     }
-    // (Probed before the signal mask changes: the first call forks a probe child.)
-    let flags = namespace_flags() | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong;
+    let flags = BASE_NAMESPACE_FLAGS | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong;
+    let ipc = libc::CLONE_NEWIPC as libc::c_ulong;
     let mut pidfd: RawFd = -1;
     // SAFETY: plain sigset manipulation on stack values; pthread_sigmask only affects this
     // thread and is restored right after the clone.
@@ -331,23 +321,45 @@ pub(super) fn clone_namespaced<T>(
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut saved);
     }
-    // SAFETY: a fork-style clone (no new stack, no CLONE_VM): the child gets a copy of the
-    // address space and only runs `child_main`, which uses async-signal-safe syscalls on data
-    // prepared before this call and never returns.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            flags,
-            0usize,
-            &mut pidfd as *mut RawFd,
-            0usize,
-            0usize,
-        )
+    let mut clone = |flags: libc::c_ulong| {
+        // SAFETY: a fork-style clone (no new stack, no CLONE_VM): the child gets a copy of the
+        // address space and only runs `child_main`, which uses async-signal-safe syscalls on
+        // data prepared before this call and never returns.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                flags,
+                0usize,
+                &mut pidfd as *mut RawFd,
+                0usize,
+                0usize,
+            )
+        };
+        if pid == 0 {
+            child_main(arg);
+        }
+        (pid, io::Error::last_os_error())
     };
-    if pid == 0 {
-        child_main(arg);
-    }
-    let err = io::Error::last_os_error();
+    // A new IPC namespace too, unless this process knows it may not create one. Not knowing,
+    // the clone is the probe: refused (EPERM) with IPC and done without it, the answer is no.
+    let (pid, err) = match ipc_namespaces_known() {
+        Some(false) => clone(flags),
+        Some(true) => clone(flags | ipc),
+        None => match clone(flags | ipc) {
+            (pid, _) if pid > 0 => {
+                learn_ipc_namespaces(true);
+                (pid, io::Error::from_raw_os_error(0))
+            }
+            (_, e) if e.raw_os_error() == Some(libc::EPERM) => {
+                let (pid, err) = clone(flags);
+                if pid > 0 {
+                    learn_ipc_namespaces(false);
+                }
+                (pid, err)
+            }
+            failed => failed,
+        },
+    };
     // SAFETY: restores this thread's mask saved above.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &saved, std::ptr::null_mut());

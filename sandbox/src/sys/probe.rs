@@ -4,6 +4,7 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::raw::*;
 
@@ -62,16 +63,43 @@ fn can_unshare(flags: libc::c_int) -> bool {
     }
 }
 
-/// Whether new IPC namespaces can be created here (probed once: a forked child tries
-/// `unshare(CLONE_NEWUSER | CLONE_NEWIPC)`). A service manager may forbid them (systemd's
-/// `RestrictNamespaces=` without `ipc`: each allowed kind counts against the unit's exposure).
-/// Runs then share the runner's IPC namespace, which loses nothing a tool could reach: the
-/// tool filter allows none of the SysV IPC or POSIX message-queue calls (`shmget`, `shmat`,
-/// `semget`, `semop`, `msgget`, `msgsnd`, `mq_open`, …), and POSIX shared memory is files
-/// under Landlock.
+/// Whether new IPC namespaces can be created here. A service manager may forbid them
+/// (systemd's `RestrictNamespaces=` without `ipc`: each allowed kind counts against the unit's
+/// exposure). Runs then share the runner's IPC namespace, which loses nothing a tool could
+/// reach: the tool filter allows none of the SysV IPC or POSIX message-queue calls (`shmget`,
+/// `shmat`, `semget`, `semop`, `msgget`, `msgsnd`, `mq_open`, …), and POSIX shared memory is
+/// files under Landlock.
+///
+/// Known once either a sandbox's clone answered it ([`learn_ipc_namespaces`]: a one-shot run
+/// asks no more than that) or this probed it (a forked child tries
+/// `unshare(CLONE_NEWUSER | CLONE_NEWIPC)`).
 pub fn ipc_namespaces() -> bool {
-    static PROBED: OnceLock<bool> = OnceLock::new();
-    *PROBED.get_or_init(|| can_unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC))
+    if let Some(known) = ipc_namespaces_known() {
+        return known;
+    }
+    let allowed = can_unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC);
+    learn_ipc_namespaces(allowed);
+    allowed
+}
+
+const IPC_UNKNOWN: u8 = 0;
+const IPC_ALLOWED: u8 = 1;
+const IPC_REFUSED: u8 = 2;
+static IPC_NAMESPACES: AtomicU8 = AtomicU8::new(IPC_UNKNOWN);
+
+/// What [`ipc_namespaces`] would answer, if it is known without a probe.
+pub(crate) fn ipc_namespaces_known() -> Option<bool> {
+    match IPC_NAMESPACES.load(Ordering::Relaxed) {
+        IPC_ALLOWED => Some(true),
+        IPC_REFUSED => Some(false),
+        _ => None,
+    }
+}
+
+/// Records what a clone found out about IPC namespaces.
+pub(crate) fn learn_ipc_namespaces(allowed: bool) {
+    let v = if allowed { IPC_ALLOWED } else { IPC_REFUSED };
+    IPC_NAMESPACES.store(v, Ordering::Relaxed);
 }
 
 /// Probes whether `ptrace` reaches the kernel, without side effects: an unknown request for
