@@ -143,8 +143,12 @@ impl MountPlan {
             protect: islands,
             protected,
             pinned,
+            secrets,
         } = if per_call_islands {
-            Islands::default()
+            Islands {
+                secrets: existing_secrets(&resolved.ctx.home),
+                ..Islands::default()
+            }
         } else {
             Islands::plan(resolved, &writable)?
         };
@@ -189,7 +193,7 @@ impl MountPlan {
                 steps.push(MountStep::Attach { slot, path: c(w)? });
             }
         }
-        let hide = hidden_paths(resolved, hidden, &writable, unions);
+        let hide = hidden_paths(resolved, &secrets, hidden, &writable, unions);
         for (path, dir) in &hide {
             steps.push(MountStep::Hide {
                 path: c(path)?,
@@ -259,6 +263,8 @@ pub(crate) struct Islands {
     pub(crate) protect: Protected,
     pub(crate) protected: Vec<PathBuf>,
     pub(crate) pinned: Vec<PathBuf>,
+    /// The [`existing_secrets`] as the placeholders left them, for the run's hidden paths.
+    pub(crate) secrets: Vec<PathBuf>,
 }
 
 impl Islands {
@@ -269,12 +275,14 @@ impl Islands {
         writable: &[PathBuf],
     ) -> Result<Islands, SandboxError> {
         let protect = Protected::prepare(&resolved.fs.protected, writable)?;
-        let protected = protected_paths(&protect, resolved, writable);
+        let secrets = existing_secrets(&resolved.ctx.home);
+        let protected = protected_paths(&protect, &secrets, writable);
         let pinned = pinned_ancestors(&protected, writable);
         Ok(Islands {
             protect,
             protected,
             pinned,
+            secrets,
         })
     }
 
@@ -317,23 +325,26 @@ impl Islands {
     }
 }
 
+/// The secret locations of `home` ([`ollie_policy::secrets::secret_locations`]) that exist,
+/// canonical. Each canonicalisation costs a readlink per path component, so a run makes this
+/// list once for its islands and its hidden paths.
+pub(crate) fn existing_secrets(home: &Path) -> Vec<PathBuf> {
+    ollie_policy::secrets::secret_locations(home)
+        .iter()
+        .filter_map(|s| std::fs::canonicalize(s).ok())
+        .collect()
+}
+
 /// The paths bound read-only over the writable trees: the islands, the secret locations inside
 /// a writable tree, and the directories that protected `.git` pointer files point at.
-fn protected_paths(
-    islands: &Protected,
-    resolved: &ResolvedPolicy,
-    writable: &[PathBuf],
-) -> Vec<PathBuf> {
+fn protected_paths(islands: &Protected, secrets: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf> {
     let mut protected: Vec<PathBuf> = islands.paths.clone();
     // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved
     // out of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh)
     // is safe.
-    for s in ollie_policy::secrets::secret_locations(&resolved.ctx.home) {
-        if let Ok(real) = std::fs::canonicalize(&s)
-            && writable.iter().any(|w| real.starts_with(w) && &real != w)
-            && !protected.contains(&real)
-        {
-            protected.push(real);
+    for real in secrets {
+        if writable.iter().any(|w| real.starts_with(w) && real != w) && !protected.contains(real) {
+            protected.push(real.clone());
         }
     }
     // A protected `.git` that is a gitdir pointer file (a linked worktree, a separate git
@@ -355,7 +366,7 @@ fn protected_paths(
 }
 
 /// What a run hides, canonical, each once, with whether it is a directory: every existing
-/// secret location ([`ollie_policy::secrets::secret_locations`] of the home), the runner's
+/// secret location (`secrets`, the [`existing_secrets`] of the home), the runner's
 /// `extra` paths, and every home directory (the user's, `/root`, each entry of `/home`) and
 /// `/run/user` that holds none of the policy's paths, the writable trees or the unions'
 /// points (all homes stay under `read_all`). Nothing
@@ -364,6 +375,7 @@ fn protected_paths(
 /// Landlock: without this a tool could see the names and sizes in these trees.
 pub(crate) fn hidden_paths(
     resolved: &ResolvedPolicy,
+    secrets: &[PathBuf],
     extra: &[PathBuf],
     writable: &[PathBuf],
     unions: &[UnionMount],
@@ -381,8 +393,6 @@ pub(crate) fn hidden_paths(
         .collect();
     granted.extend(unions.iter().map(|u| u.point.clone()));
     let holds_grant = |p: &Path| granted.iter().any(|g| g.starts_with(p));
-    let mut candidates: Vec<PathBuf> = ollie_policy::secrets::secret_locations(&resolved.ctx.home);
-    candidates.extend(extra.iter().cloned());
     let mut homes: Vec<PathBuf> = vec![
         resolved.ctx.home.clone(),
         "/root".into(),
@@ -396,10 +406,11 @@ pub(crate) fn hidden_paths(
         homes.clear();
     }
     let mut out: Vec<(PathBuf, bool)> = Vec::new();
-    for p in candidates.into_iter().chain(homes) {
-        let Ok(real) = std::fs::canonicalize(&p) else {
-            continue;
-        };
+    let others = extra
+        .iter()
+        .chain(&homes)
+        .filter_map(|p| std::fs::canonicalize(p).ok());
+    for real in secrets.iter().cloned().chain(others) {
         let Ok(md) = std::fs::metadata(&real) else {
             continue;
         };
