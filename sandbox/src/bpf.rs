@@ -319,10 +319,7 @@ fn is_special(c: Class) -> bool {
 /// SHA-256 ([`seccomp::program_hash`]) of a range-tree program followed by the reference
 /// programs it stands for: the key of an equivalence verdict.
 fn pair_digest(fast: &[sock_filter], reference: &[Vec<sock_filter>]) -> String {
-    let mut all = Vec::with_capacity(reference.len() + 1);
-    all.push(fast.to_vec());
-    all.extend(reference.iter().cloned());
-    seccomp::program_hash(&all)
+    seccomp::program_hash(std::iter::once(fast).chain(reference.iter().map(Vec::as_slice)))
 }
 
 /// The pairs (range tree, reference) that `tests::proven_pairs_are_equivalent_and_listed`

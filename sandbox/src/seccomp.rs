@@ -789,13 +789,18 @@ pub(crate) fn to_sock_filters(p: &seccompiler::BpfProgram) -> Vec<libc::sock_fil
 
 /// SHA-256 over programs in the kernel's form (each instruction's code, jumps and operand,
 /// a newline after each program), for the records.
-pub(crate) fn program_hash(programs: &[Vec<libc::sock_filter>]) -> String {
+pub(crate) fn program_hash<P: AsRef<[libc::sock_filter]>>(
+    programs: impl IntoIterator<Item = P>,
+) -> String {
     let mut h = Sha256::new();
     for p in programs {
-        for ins in p {
-            h.update(ins.code.to_le_bytes());
-            h.update([ins.jt, ins.jf]);
-            h.update(ins.k.to_le_bytes());
+        for ins in p.as_ref() {
+            let mut b = [0u8; 8];
+            b[..2].copy_from_slice(&ins.code.to_le_bytes());
+            b[2] = ins.jt;
+            b[3] = ins.jf;
+            b[4..].copy_from_slice(&ins.k.to_le_bytes());
+            h.update(b);
         }
         h.update(b"\n");
     }
