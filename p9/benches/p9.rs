@@ -2,7 +2,8 @@
 //! Latency and throughput of the 9P core against the bare socket it runs on.
 //!
 //! `cargo bench -p ollie-p9 --bench p9` prints one table:
-//! 1. raw socketpair ping-pong (23-byte request, 11+N-byte reply, like Tread/Rread);
+//! 1. raw socketpair ping-pong (23-byte request, 11+N-byte reply, like Tread/Rread), and the
+//!    same with the server waiting in `epoll_wait` before each read (an event loop's floor);
 //! 2. Tread on an open fid, from a blocking raw client (server cost only) and from our async
 //!    `Client`, pinned to one CPU and unpinned; plus an experiment with the sockets registered
 //!    READABLE-only;
@@ -505,6 +506,64 @@ fn raw_pingpong(pinned: bool) -> Lat {
         while s.read_exact(&mut req).is_ok() {
             if s.write_all(&reply).is_err() {
                 break;
+            }
+        }
+    });
+    let us = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        let mut req = [0u8; TREAD_LEN];
+        req[..4].copy_from_slice(&(TREAD_LEN as u32).to_le_bytes());
+        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
+        per_iter_us!(n(3_000), ROUNDS, n(10_000), {
+            c.write_all(&req).unwrap();
+            c.read_exact(&mut reply).unwrap();
+        })
+    })
+    .join()
+    .unwrap();
+    srv.join().unwrap();
+    us
+}
+
+/// 1'. As 1, but the server side waits in `epoll_wait` (edge-triggered) before each read and
+/// takes a short read as a drained socket, as a reactor does at best: epoll_wait + read + write
+/// per round trip, and no runtime. The floor of any event-driven server on this kernel.
+fn epoll_pingpong(pinned: bool) -> Lat {
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+    let (mut c, mut s) = pair();
+    let srv = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        s.set_nonblocking(true).unwrap();
+        let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap();
+        let on = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+        ep.add(&s, EpollEvent::new(on, 0)).unwrap();
+        let mut events = [EpollEvent::empty(); 4];
+        let mut req = [0u8; 512];
+        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
+        let len = reply.len() as u32;
+        reply[..4].copy_from_slice(&len.to_le_bytes());
+        reply[4] = RREAD;
+        'serve: loop {
+            ep.wait(&mut events, EpollTimeout::NONE).unwrap();
+            // Whole requests only come here (23 bytes, written at once): answer each.
+            loop {
+                match s.read(&mut req) {
+                    Ok(0) => break 'serve,
+                    Ok(n) => {
+                        for _ in 0..n / TREAD_LEN {
+                            s.write_all(&reply).unwrap();
+                        }
+                        if n < req.len() {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) => break 'serve,
+                }
             }
         }
     });
@@ -1066,6 +1125,7 @@ fn profile_one(fs: &Arc<BenchFs>, spec: &str) {
     let r = match case {
         "pingpong" => format!("{:?}", raw_pingpong(true)),
         "pingpong-unpinned" => format!("{:?}", raw_pingpong(false)),
+        "epoll-pingpong" => format!("{:?}", epoll_pingpong(true)),
         "raw-tread" => format!("{:?}", raw_client_tread(fs, Rt::Pinned)),
         "raw-tread-ro" => format!(
             "{:?}",
@@ -1119,6 +1179,7 @@ fn measure(fs: &Arc<BenchFs>) -> ([Vec<LatPass>; 2], [Vec<BulkPass>; 2]) {
         for (k, pinned) in [true, false].into_iter().enumerate() {
             let rt = if pinned { Rt::Pinned } else { Rt::Single };
             let raw = raw_pingpong(pinned);
+            let ep = epoll_pingpong(pinned);
             let rawc = raw_client_tread(fs, rt);
             let a = async_client_lat(fs, rt, rt);
             let (rseq, rpipe) = raw_client_wocr(fs, rt);
@@ -1128,6 +1189,7 @@ fn measure(fs: &Arc<BenchFs>) -> ([Vec<LatPass>; 2], [Vec<BulkPass>; 2]) {
             let a_ro = async_client_lat_opt(fs, rt, rt, true, ro).tread;
             lat[k].push(LatPass {
                 raw,
+                ep,
                 rawc,
                 a,
                 rseq,
@@ -1181,6 +1243,8 @@ fn latency_section(t: &mut Table, pinned: bool, p: &[LatPass]) {
     ));
     let what = "1. raw socketpair ping-pong (23 B / 74 B)";
     lat_row(t, p, what, &|x| x.raw, "", &|_| None);
+    let what = "1'. as 1, server waits in epoll_wait (a reactor's floor)";
+    lat_row(t, p, what, &|x| x.ep, "(info)", &|_| None);
     let target = if pinned { "<= 1.30x" } else { "(info)" };
     let ok = |r: f64| pinned.then_some(r <= 1.3);
     let rows: [(&str, LatOf); 4] = [
@@ -1372,6 +1436,8 @@ fn main() {
 #[derive(Debug, Default)]
 struct LatPass {
     raw: Lat,
+    /// The raw ping-pong with the server waiting in `epoll_wait` ([`epoll_pingpong`]).
+    ep: Lat,
     rawc: Lat,
     a: AsyncLat,
     rseq: Lat,
