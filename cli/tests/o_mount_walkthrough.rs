@@ -315,7 +315,12 @@ fn readme_walkthrough_runs_through_o_mount() {
             .find_map(|l| l.strip_prefix(line.as_str()))
             .unwrap_or_else(|| panic!("{}", fail(&format!("no start line for {agent}"))));
         if agent != "obs" {
-            assert_ne!(started, "idle", "{}", fail("a gated turn's start read idle"));
+            assert_ne!(
+                started,
+                "idle",
+                "{}",
+                fail("a gated turn's start read idle")
+            );
         }
     }
     // Every agent got the prompt (its conversation, through `o logs`).

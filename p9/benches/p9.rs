@@ -493,21 +493,35 @@ const PASSES: usize = 3;
 // 1. Raw socketpair ping-pong.
 
 fn raw_pingpong(pinned: bool) -> Lat {
-    let (mut c, mut s) = pair();
-    let srv = std::thread::spawn(move || {
-        if pinned {
-            pin_to(PIN_CPU);
-        }
+    pingpong(pinned, |mut s| {
         let mut req = [0u8; TREAD_LEN];
-        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
-        let len = reply.len() as u32;
-        reply[..4].copy_from_slice(&len.to_le_bytes());
-        reply[4] = RREAD;
+        let reply = rread_reply();
         while s.read_exact(&mut req).is_ok() {
             if s.write_all(&reply).is_err() {
                 break;
             }
         }
+    })
+}
+
+/// An Rread frame of [`SMALL`]'s length (the bytes after its type do not matter here).
+fn rread_reply() -> Vec<u8> {
+    let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
+    let len = reply.len() as u32;
+    reply[..4].copy_from_slice(&len.to_le_bytes());
+    reply[4] = RREAD;
+    reply
+}
+
+/// Round trips of a blocking client against `server` (run on a thread of its own, both
+/// pinned to [`PIN_CPU`] if `pinned`): a Tread-sized request, an Rread-sized reply.
+fn pingpong(pinned: bool, server: impl FnOnce(UnixStream) + Send + 'static) -> Lat {
+    let (mut c, s) = pair();
+    let srv = std::thread::spawn(move || {
+        if pinned {
+            pin_to(PIN_CPU);
+        }
+        server(s);
     });
     let us = std::thread::spawn(move || {
         if pinned {
@@ -532,21 +546,14 @@ fn raw_pingpong(pinned: bool) -> Lat {
 /// per round trip, and no runtime. The floor of any event-driven server on this kernel.
 fn epoll_pingpong(pinned: bool) -> Lat {
     use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-    let (mut c, mut s) = pair();
-    let srv = std::thread::spawn(move || {
-        if pinned {
-            pin_to(PIN_CPU);
-        }
+    pingpong(pinned, |mut s| {
         s.set_nonblocking(true).unwrap();
         let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap();
         let on = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
         ep.add(&s, EpollEvent::new(on, 0)).unwrap();
         let mut events = [EpollEvent::empty(); 4];
         let mut req = [0u8; 512];
-        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
-        let len = reply.len() as u32;
-        reply[..4].copy_from_slice(&len.to_le_bytes());
-        reply[4] = RREAD;
+        let reply = rread_reply();
         'serve: loop {
             ep.wait(&mut events, EpollTimeout::NONE).unwrap();
             // Whole requests only come here (23 bytes, written at once): answer each.
@@ -566,23 +573,7 @@ fn epoll_pingpong(pinned: bool) -> Lat {
                 }
             }
         }
-    });
-    let us = std::thread::spawn(move || {
-        if pinned {
-            pin_to(PIN_CPU);
-        }
-        let mut req = [0u8; TREAD_LEN];
-        req[..4].copy_from_slice(&(TREAD_LEN as u32).to_le_bytes());
-        let mut reply = vec![0u8; RREAD_HDR + SMALL.len()];
-        per_iter_us!(n(3_000), ROUNDS, n(10_000), {
-            c.write_all(&req).unwrap();
-            c.read_exact(&mut reply).unwrap();
-        })
     })
-    .join()
-    .unwrap();
-    srv.join().unwrap();
-    us
 }
 
 // ---------------------------------------------------------------------------------------------
