@@ -316,7 +316,14 @@ impl Registry {
         if shown == d {
             return;
         }
-        a.state.send_modify(|(seq, _)| *seq += 1);
+        // statewait shows the detail only while a turn runs: otherwise it has nothing new.
+        a.state.send_if_modified(|(seq, st)| {
+            if *st != AgentState::Running {
+                return false;
+            }
+            *seq += 1;
+            true
+        });
         self.events.emit(
             "agent-state",
             ev(&[
@@ -556,5 +563,26 @@ mod tests {
         a.enqueue("kept".into()).unwrap();
         assert_eq!(on_disk(&reg), (vec![], Some("kept".into())));
         assert_eq!(reg.take_prompt(&a).unwrap().as_deref(), Some("kept"));
+    }
+
+    /// A detail (a hook, a compaction) of an agent that is not running changes nothing a
+    /// statewait reader sees, so it wakes none; while a turn runs, each new detail does.
+    #[test]
+    fn a_detail_wakes_statewait_only_while_running() {
+        let (_t, reg, _s, a) = one_agent();
+        let (idle, _) = a.state();
+        reg.detail(&a, "hook: agent_spawn");
+        assert_eq!(a.state().0, idle);
+        assert_eq!(a.state_text(), "idle");
+        reg.state_changed(&a, AgentState::Running);
+        reg.detail(&a, "thinking");
+        assert_eq!(
+            a.state().0,
+            idle + 1,
+            "thinking is what a running turn shows already"
+        );
+        reg.detail(&a, "calling: bash");
+        assert_eq!(a.state().0, idle + 2);
+        assert_eq!(a.state_text(), "calling: bash");
     }
 }
