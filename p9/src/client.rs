@@ -333,15 +333,73 @@ impl Drop for Call {
 struct FrameReader<R> {
     r: R,
     buf: BytesMut,
+    /// The size of the allocation `buf` is a view of.
+    buf_cap: usize,
     max: u32,
+    /// Large buffers given up while frames sliced from them were still held, with their sizes:
+    /// taken again once those frames are all dropped (see [`FrameReader::room`]).
+    spare: Vec<(BytesMut, usize)>,
+    /// How many buffers [`FrameReader::room`] allocated.
+    #[cfg(test)]
+    allocated: usize,
 }
+
+/// The smallest buffer the reader allocates.
+const MIN_BUFFER: usize = 64 * 1024;
+/// How many given-up buffers a connection keeps.
+const SPARE_BUFFERS: usize = 2;
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     fn new(r: R, max: u32) -> FrameReader<R> {
         FrameReader {
             r,
             buf: BytesMut::with_capacity(16 * 1024),
+            buf_cap: 16 * 1024,
             max,
+            spare: Vec::new(),
+            #[cfg(test)]
+            allocated: 0,
+        }
+    }
+
+    /// Makes `buf` able to hold `total` bytes from its start.
+    ///
+    /// A large reply (a Tread of a bulk read) usually arrives while the caller still holds
+    /// the one before it, which shares `buf`'s memory. Allocating afresh each time costs more
+    /// than the allocation: the allocator hands large freed blocks back to the system, so the
+    /// kernel's copy into the new one faults on every page. So a large buffer given up here is
+    /// kept, and taken again once every frame sliced from it has been dropped.
+    fn room(&mut self, total: usize) {
+        let len = self.buf.len();
+        if self.buf.capacity() >= total || self.buf.try_reclaim(total - len) {
+            return;
+        }
+        let want = total.max(MIN_BUFFER);
+        let (mut fresh, cap) = match self
+            .spare
+            .iter_mut()
+            .position(|(b, cap)| *cap >= want && b.try_reclaim(want))
+        {
+            Some(i) => self.spare.swap_remove(i),
+            None => {
+                #[cfg(test)]
+                {
+                    self.allocated += 1;
+                }
+                let b = BytesMut::with_capacity(want);
+                let cap = b.capacity();
+                (b, cap)
+            }
+        };
+        fresh.extend_from_slice(&self.buf);
+        let mut old = std::mem::replace(&mut self.buf, fresh);
+        let old_cap = std::mem::replace(&mut self.buf_cap, cap);
+        if old_cap >= MIN_BUFFER {
+            old.clear();
+            if self.spare.len() == SPARE_BUFFERS {
+                self.spare.remove(0);
+            }
+            self.spare.push((old, old_cap));
         }
     }
 
@@ -360,9 +418,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 if self.buf.len() >= size {
                     return Ok(Some(self.buf.split_to(size).freeze()));
                 }
-                self.buf.reserve(size - self.buf.len());
+                self.room(size);
             } else if self.buf.capacity() - self.buf.len() < 4096 {
-                self.buf.reserve(64 * 1024);
+                self.room(self.buf.len() + MIN_BUFFER);
             }
             if self.r.read_buf(&mut self.buf).await? == 0 {
                 return if self.buf.is_empty() {
@@ -944,3 +1002,91 @@ impl Fid {
 
 /// Open-mode constants re-exported for callers.
 pub use om::{OEXEC, ORDWR, OREAD, OTRUNC, OWRITE};
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    /// A stream that gives at most `chunk` bytes per read, as a socket with a small buffer
+    /// does.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        chunk: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let n = self
+                .chunk
+                .min(self.data.len() - self.at)
+                .min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A frame of `size` bytes whose every byte after the size says which frame it is.
+    fn frame(i: u8, size: usize) -> Vec<u8> {
+        let mut f = vec![i; size];
+        f[..4].copy_from_slice(&(size as u32).to_le_bytes());
+        f
+    }
+
+    #[test]
+    fn large_frames_reuse_buffers_only_once_their_frames_are_dropped() {
+        let sizes: Vec<usize> = (0..40)
+            .map(|i| match i % 5 {
+                0 => 11,
+                1 => 300_000,
+                2 => 524_311,
+                3 => 70_001,
+                _ => 1 << 20,
+            })
+            .collect();
+        let mut data = Vec::new();
+        for (i, s) in sizes.iter().enumerate() {
+            data.extend_from_slice(&frame(i as u8, *s));
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut r = FrameReader::new(
+                Trickle {
+                    data,
+                    at: 0,
+                    chunk: 200_000,
+                },
+                1 << 21,
+            );
+            // Each frame is held until two more have arrived (a bulk reader's read ahead).
+            let mut held = std::collections::VecDeque::new();
+            for (i, s) in sizes.iter().enumerate() {
+                let f = r.next().await.unwrap().unwrap();
+                assert_eq!(f.len(), *s, "frame {i}");
+                held.push_back((i, f));
+                if held.len() > 2 {
+                    held.pop_front();
+                }
+                // Nothing held was written over by a later frame.
+                for (j, h) in &held {
+                    assert!(h[4..].iter().all(|b| *b == *j as u8), "frame {j} changed");
+                }
+                assert!(r.spare.len() <= SPARE_BUFFERS);
+            }
+            assert!(r.next().await.unwrap().is_none());
+            // 32 large frames, two held while a third arrives: a handful of buffers (7 here)
+            // serve them all; without the reuse every large frame and most refills took a new
+            // one (64).
+            assert!(r.allocated <= 8, "{} buffers allocated", r.allocated);
+        });
+    }
+}
