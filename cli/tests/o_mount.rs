@@ -6,8 +6,9 @@
 //! request/response on one descriptor (`exec 3<>ctl`), separate descriptors' separate replies,
 //! blocking reads interrupted by SIGINT with the Tflush seen on the wire (a recording proxy sits
 //! between the bridge and the server), `tail -f chat`, errno for refused operations, create,
-//! mkdir, rm and mv in a bead union, `o mount -u`, the mount ending with the server, and `feed`
-//! values (writes separated by a pause are separate values, through a redirect or a pipe).
+//! mkdir, rm and mv in a bead union, `o mount -u`, the mount ending with the server, `feed`
+//! values (writes separated by a pause are separate values, through a redirect or a pipe), and
+//! the read ahead of sequential reads (counted on the wire; a write through the mount voids it).
 //!
 //! Needs the workspace binaries (`cargo build --workspace --bins`). Every wait is an event or a
 //! failure guard; nothing here measures time.
@@ -348,6 +349,95 @@ fn create_mkdir_rm_and_mv_in_a_bead_union() {
     assert!(!ctx.join("sub").exists());
     let listing = nine_read(&srv, "session/proj/ns/ctx");
     assert!(!listing.contains("sub"), "{listing}");
+}
+
+#[test]
+fn sequential_reads_are_read_ahead_and_a_change_through_the_mount_voids_them() {
+    if !fuse_usable("sequential_reads_are_read_ahead_and_a_change_through_the_mount_voids_them") {
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let srv = Srv::start();
+    let rec = Recorder::start(&srv.sock);
+    let m = Mounted::with_addr(&rec.addr);
+    session(&m, &srv);
+    let ns = m.join("session/proj/ns");
+    let reply = sh_ok(
+        &ns,
+        "exec 3<>ctl; printf 'start notes\\n' >&3; cat <&3; exec 3>&-; \
+         exec 3<>ctl; printf 'mount -ac notes /ctx\\n' >&3; cat <&3",
+    );
+    assert!(reply.contains("mounted notes"), "{reply}");
+    const PIECE: usize = 64 * 1024;
+    let file = ns.join("ctx/big.bin");
+    let old: Vec<u8> = (0..5 * PIECE).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&file, &old).unwrap();
+    // Read in pieces (each read ahead of the next), the whole file comes back exactly.
+    let mut whole = Vec::new();
+    let mut f = std::fs::File::open(&file).unwrap();
+    let mut buf = vec![0u8; PIECE];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        whole.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        whole == old,
+        "read back {} bytes, not what was written",
+        whole.len()
+    );
+    drop(f);
+
+    let reads = |t: bool| rec.count(t, if t { TREAD } else { RREAD });
+    let mut a = std::fs::File::open(&file).unwrap();
+    let (t0, r0) = (reads(true), reads(false));
+    // Piece 0: its Tread and, at once, the one for piece 1.
+    a.read_exact(&mut buf).unwrap();
+    assert!(buf == old[..PIECE], "piece 0");
+    rec.wait_until("piece 1 read ahead", |s| count(s, false, RREAD) >= r0 + 2);
+    assert_eq!(reads(true), t0 + 2, "piece 0 and the read ahead of piece 1");
+    // Piece 1 is what was read ahead: its only Tread is the read ahead of piece 2.
+    a.read_exact(&mut buf).unwrap();
+    assert!(buf == old[PIECE..2 * PIECE], "piece 1");
+    rec.wait_until("piece 2 read ahead", |s| count(s, false, RREAD) >= r0 + 3);
+    assert_eq!(reads(true), t0 + 3, "piece 1 came from the read ahead");
+    // Piece 2 changes through another descriptor after it was read ahead: the read gets the
+    // new bytes, not the old ones the read ahead holds.
+    let new = vec![0xA5u8; PIECE];
+    let b = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    b.write_all_at(&new, 2 * PIECE as u64).unwrap();
+    drop(b);
+    a.read_exact(&mut buf).unwrap();
+    assert!(buf == new, "piece 2 after the change is the new bytes");
+    // A shorter read takes the front of what was read ahead, the next one the rest.
+    rec.wait_until("piece 3 read ahead", |s| count(s, false, RREAD) >= r0 + 5);
+    let (t1, r1) = (reads(true), reads(false));
+    let mut small = vec![0u8; 1000];
+    a.read_exact(&mut small).unwrap();
+    assert!(
+        small == old[3 * PIECE..3 * PIECE + 1000],
+        "front of piece 3"
+    );
+    let mut rest = vec![0u8; PIECE - 1000];
+    a.read_exact(&mut rest).unwrap();
+    assert!(rest == old[3 * PIECE + 1000..4 * PIECE], "rest of piece 3");
+    // The rest was all that read asked for, so the next piece is read ahead.
+    rec.wait_until("piece 4 read ahead", |s| count(s, false, RREAD) > r1);
+    assert_eq!(
+        reads(true),
+        t1 + 1,
+        "piece 3 came whole from the read ahead"
+    );
+    drop(a);
+    // Closed with piece 4 read ahead: a new open reads the file as it now is.
+    let mut now = old.clone();
+    now[2 * PIECE..3 * PIECE].copy_from_slice(&new);
+    assert!(
+        std::fs::read(&file).unwrap() == now,
+        "the file after the change"
+    );
 }
 
 /// A unix-socket relay between the bridge and the server that records the type of every

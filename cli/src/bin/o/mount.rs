@@ -15,6 +15,13 @@
 //! - **Direct I/O.** Every file is opened with `FOPEN_DIRECT_IO`, so each read(2) and write(2)
 //!   is one Tread or Twrite at the caller's offset: synthetic files whose stat length is 0 are
 //!   read in full, blocking files block, and `echo cmd > ctl` is one write.
+//! - **Read ahead.** A read that gets all it asked for sends the Tread for the same amount
+//!   right after it at once, so the server sends the next piece while the caller is busy with
+//!   this one. It answers only the next read at that offset on that descriptor, and only if
+//!   nothing was changed through the mount since it was sent; otherwise (and on close) it is
+//!   dropped, and flushed if still unanswered. What it returns is as fresh as if the read
+//!   before had asked for both pieces. Short reads (a line of `statewait`, the end of a file)
+//!   and request/response descriptors start none.
 //! - **Request/response on one descriptor.** After a write to a length-0 file opened
 //!   read-write, a read that continues at the offset the write left (`exec 3<>ctl; printf … >&3;
 //!   cat <&3`) reads the reply from its start; a read at 0 (write, seek, read) is passed as is.
@@ -51,8 +58,8 @@ use bytes::Bytes;
 use fuse3::raw::prelude::*;
 use fuse3::{Errno, MountOptions, Result as FuseResult, Timestamp};
 use futures_util::stream::{self, Stream, StreamExt};
-use ollie_p9::client::{ClientError, Fid};
-use ollie_p9::wire::{Stat, dm, om};
+use ollie_p9::client::{Call, ClientError, Fid};
+use ollie_p9::wire::{Rmsg, Stat, dm, om};
 use tokio::sync::oneshot;
 
 use crate::conn::Conn;
@@ -577,6 +584,10 @@ fn nine_name(name: &OsStr) -> Result<String, Errno> {
 
 #[derive(Debug)]
 struct Handle {
+    /// The read ahead of the caller (before `fid`, so that it is flushed before the clunk).
+    ahead: Mutex<Option<Ahead>>,
+    /// Whether reads of this descriptor may be read ahead (not a request/response descriptor).
+    read_ahead: bool,
     fid: Fid,
     /// `>>`: every write goes to the file's current length.
     append: bool,
@@ -585,6 +596,32 @@ struct Handle {
     cursor: Mutex<Cursor>,
     /// A directory's entries, read when listing starts (offset 0).
     entries: tokio::sync::Mutex<Option<Arc<Vec<Stat>>>>,
+}
+
+/// A Tread sent before the caller asked (see "Read ahead" above).
+#[derive(Debug)]
+struct Ahead {
+    offset: u64,
+    /// [`Bridge::changes`] when it was sent: a change made through the mount since voids it.
+    changes: u64,
+    data: AheadData,
+}
+
+#[derive(Debug)]
+enum AheadData {
+    /// On its way; dropping it unanswered flushes the Tread.
+    Sent(Call),
+    /// What is left of a reply after a shorter read took its front.
+    Got(Bytes),
+}
+
+/// Counts a change through the mount ([`Bridge::changed`]) when dropped.
+struct Changing<'a>(&'a Bridge);
+
+impl Drop for Changing<'_> {
+    fn drop(&mut self) {
+        self.0.changed();
+    }
 }
 
 /// Where replies start on a read-write descriptor ([`Handle::reply_file`]).
@@ -667,6 +704,9 @@ struct Bridge {
     /// power of two one Tread carries.
     blksize: u32,
     verbose: bool,
+    /// Counts changes of file contents made through the mount (writes, truncation, create),
+    /// so that a read ahead sent before one is not used after it.
+    changes: AtomicU64,
 }
 
 impl Bridge {
@@ -681,7 +721,13 @@ impl Bridge {
             ids: Mutex::new(HashMap::new()),
             blksize,
             verbose,
+            changes: AtomicU64::new(0),
         }
+    }
+
+    /// Called once a change of file contents made through the mount has been answered.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A 9P failure as an errno, logged with the server's message: always for a change
@@ -872,10 +918,14 @@ impl Bridge {
         let reply_file = mode & 3 == om::ORDWR
             && !fid.qid().is_dir()
             && fid.stat().await.is_ok_and(|s| s.length == 0);
-        fid.open(mode)
-            .await
-            .map_err(|e| self.fail(op, path, &e, libc::EIO))?;
+        let opened = fid.open(mode).await;
+        if mode & om::OTRUNC != 0 {
+            self.changed();
+        }
+        opened.map_err(|e| self.fail(op, path, &e, libc::EIO))?;
         Ok(Handle {
+            ahead: Mutex::new(None),
+            read_ahead: mode & 3 != om::OWRITE && !reply_file,
             fid,
             append: flags & libc::O_APPEND != 0,
             reply_file,
@@ -1047,9 +1097,9 @@ impl Filesystem for Bridge {
             change = true;
         }
         let st = if change {
-            fid.wstat(&st)
-                .await
-                .map_err(|e| self.fail("setattr", &path, &e, libc::EPERM))?;
+            let changed = fid.wstat(&st).await;
+            self.changed();
+            changed.map_err(|e| self.fail("setattr", &path, &e, libc::EPERM))?;
             fid.stat()
                 .await
                 .map_err(|e| self.fail("setattr", &path, &e, libc::EIO))?
@@ -1145,14 +1195,56 @@ impl Filesystem for Bridge {
         } else {
             offset
         };
+        let ahead = locked(&h.ahead).take();
+        let changes = self.changes.load(Ordering::Acquire);
         let data = self
             .interruptible(req.unique, async {
+                if let Some(a) = ahead
+                    && a.offset == at
+                    && a.changes == changes
+                {
+                    let got = match a.data {
+                        AheadData::Got(d) => Some(d),
+                        AheadData::Sent(call) => match call.await {
+                            Ok(Rmsg::Read { data }) => Some(data),
+                            // Asked again below, which reports the error.
+                            _ => None,
+                        },
+                    };
+                    // An empty reply may be an end of file that has moved since: ask again.
+                    if let Some(d) = got.filter(|d| !d.is_empty()) {
+                        let n = d.len().min(size as usize);
+                        if n < d.len() {
+                            *locked(&h.ahead) = Some(Ahead {
+                                offset: at + n as u64,
+                                data: AheadData::Got(d.slice(n..)),
+                                ..a
+                            });
+                        }
+                        return Ok(d.slice(..n));
+                    }
+                }
                 h.fid.read(at, size).await.map_err(|e| {
                     let path = self.path(inode).unwrap_or_default();
                     self.fail("read", &path, &e, libc::EIO)
                 })
             })
             .await?;
+        let want = size.min(h.fid.iounit());
+        if h.read_ahead && want > 0 && data.len() == want as usize {
+            let next = at + u64::from(want);
+            let mut ahead = locked(&h.ahead);
+            // Not while a rest is left, nor over a concurrent reader's read ahead.
+            if ahead.is_none()
+                && let Ok(call) = h.fid.read_call(next, want)
+            {
+                *ahead = Some(Ahead {
+                    offset: next,
+                    changes,
+                    data: AheadData::Sent(call),
+                });
+            }
+        }
         Ok(ReplyData { data })
     }
 
@@ -1167,6 +1259,8 @@ impl Filesystem for Bridge {
         _flags: u32,
     ) -> FuseResult<ReplyWrite> {
         let h = self.handle(fh)?;
+        // Counted when the write ends, also when it is interrupted (it may have landed).
+        let _changing = Changing(self);
         let data = Bytes::copy_from_slice(data);
         let fail = |op: &str, e: &ClientError, unmatched: i32| {
             let path = self.path(inode).unwrap_or_default();
@@ -1371,11 +1465,15 @@ impl Filesystem for Bridge {
             libc::O_RDONLY => om::OREAD,
             _ => om::OWRITE,
         };
-        let (fid, ino, st) = self
+        let created = self
             .create_in("create", parent, name, mode & 0o777, omode)
-            .await?;
+            .await;
+        self.changed();
+        let (fid, ino, st) = created?;
         let attr = self.attr(ino, &st);
         let fh = self.add_handle(Handle {
+            ahead: Mutex::new(None),
+            read_ahead: omode != om::OWRITE,
             fid,
             append: flags as i32 & libc::O_APPEND != 0,
             reply_file: false,
