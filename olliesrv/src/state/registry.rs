@@ -197,6 +197,7 @@ impl Registry {
             state: watch::Sender::new((0, initial)),
             chat: Chat::new(self.chat_reader(&s.id, &r.id)),
             plan: Mutex::new(Vec::new()),
+            plan_writing: Mutex::new(()),
             killed: watch::Sender::new(false),
             stop: watch::Sender::new(0),
             turns: watch::Sender::new(None),
@@ -584,5 +585,35 @@ mod tests {
         reg.detail(&a, "calling: bash");
         assert_eq!(a.state().0, idle + 2);
         assert_eq!(a.state_text(), "calling: bash");
+    }
+
+    /// A plan write waiting for the disk holds only the writers' turn: the plan can be read
+    /// meanwhile, and a second write waits for its turn and then lands whole.
+    #[test]
+    fn a_plan_write_keeps_readers_off_the_disk_and_writers_in_turn() {
+        let (_t, _reg, _s, a) = one_agent();
+        a.write_plan(0, b"first plan\n", true).unwrap();
+        // As a write in the middle of its fsync.
+        let turn = a.plan_writing.lock().unwrap();
+        assert_eq!(&a.plan()[..], b"first plan\n");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let a2 = Arc::clone(&a);
+        let second = std::thread::spawn(move || {
+            tx.send(a2.write_plan(0, b"second\n", true)).unwrap();
+        });
+        // Still waiting while the first holds the turn (a write that did not wait would be
+        // done in well under a millisecond).
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "a second plan write did not wait for the first"
+        );
+        assert_eq!(&a.plan()[..], b"first plan\n");
+        drop(turn);
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap()
+            .unwrap();
+        second.join().unwrap();
+        assert_eq!(&a.plan()[..], b"second\n");
     }
 }

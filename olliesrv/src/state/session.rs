@@ -121,7 +121,10 @@ pub struct Agent {
     pub(crate) feed: watch::Sender<Option<Bytes>>,
     pub(crate) state: watch::Sender<(u64, AgentState)>,
     pub chat: Chat,
+    /// The plan as last written; held only to copy or swap it, never across the disk.
     pub(crate) plan: Mutex<Vec<u8>>,
+    /// Held by a plan write from reading the plan until the new one is on disk and swapped in.
+    pub(crate) plan_writing: Mutex<()>,
     pub(crate) killed: watch::Sender<bool>,
     /// Bumped by `stop`: the running turn ends.
     pub(crate) stop: watch::Sender<u64>,
@@ -549,26 +552,36 @@ impl Agent {
     }
 
     /// Writes into the plan at `offset` (`truncate` first empties it), durably.
+    ///
+    /// Writes of one plan take turns; readers never wait for the disk. The whole write runs as
+    /// blocking work ([`crate::util::blocking`]), so a writer waiting for another one's
+    /// fsync does not hold up the tasks of its worker thread.
     pub fn write_plan(&self, offset: u64, data: &[u8], truncate: bool) -> Result<(), String> {
-        let mut p = lock(&self.plan);
-        let mut next = if truncate { Vec::new() } else { p.clone() };
-        let off = usize::try_from(offset).map_err(|_| "offset too large".to_owned())?;
-        let end = off
-            .checked_add(data.len())
-            .filter(|e| *e <= MAX_PLAN)
-            .ok_or_else(|| format!("plan may hold at most {MAX_PLAN} bytes"))?;
-        if next.len() < off {
-            next.resize(off, b' ');
-        }
-        if next.len() < end {
-            next.resize(end, 0);
-        }
-        next[off..end].copy_from_slice(data);
-        self.store
-            .save_plan(&self.session_id, &self.id, &next)
-            .map_err(|e| crate::error_chain(&e))?;
-        *p = next;
-        Ok(())
+        crate::util::blocking(|| {
+            let _writing = lock(&self.plan_writing);
+            let mut next = if truncate {
+                Vec::new()
+            } else {
+                lock(&self.plan).clone()
+            };
+            let off = usize::try_from(offset).map_err(|_| "offset too large".to_owned())?;
+            let end = off
+                .checked_add(data.len())
+                .filter(|e| *e <= MAX_PLAN)
+                .ok_or_else(|| format!("plan may hold at most {MAX_PLAN} bytes"))?;
+            if next.len() < off {
+                next.resize(off, b' ');
+            }
+            if next.len() < end {
+                next.resize(end, 0);
+            }
+            next[off..end].copy_from_slice(data);
+            self.store
+                .save_plan(&self.session_id, &self.id, &next)
+                .map_err(|e| crate::error_chain(&e))?;
+            *lock(&self.plan) = next;
+            Ok(())
+        })
     }
 
     /// Empties the plan (truncation on open).
