@@ -297,6 +297,16 @@ impl Future for Call {
     }
 }
 
+impl Call {
+    /// The data of the reply to a Tread sent with [`Fid::read_call`].
+    pub async fn read_data(self) -> Result<Bytes> {
+        match self.await? {
+            Rmsg::Read { data } => Ok(data),
+            other => Err(unexpected("Rread", &other)),
+        }
+    }
+}
+
 impl Drop for Call {
     fn drop(&mut self) {
         if self.done {
@@ -854,10 +864,7 @@ impl Fid {
 
     /// Exactly one Tread: what a stream file returns for one read.
     pub async fn read(&self, offset: u64, count: u32) -> Result<Bytes> {
-        match self.read_call(offset, count)?.await? {
-            Rmsg::Read { data } => Ok(data),
-            other => Err(unexpected("Rread", &other)),
-        }
+        self.read_call(offset, count)?.read_data().await
     }
 
     /// Reads sequentially from 0 until a read returns nothing.

@@ -59,7 +59,7 @@ use fuse3::raw::prelude::*;
 use fuse3::{Errno, MountOptions, Result as FuseResult, Timestamp};
 use futures_util::stream::{self, Stream, StreamExt};
 use ollie_p9::client::{Call, ClientError, Fid};
-use ollie_p9::wire::{Rmsg, Stat, dm, om};
+use ollie_p9::wire::{Stat, dm, om};
 use tokio::sync::oneshot;
 
 use crate::conn::Conn;
@@ -1205,11 +1205,8 @@ impl Filesystem for Bridge {
                 {
                     let got = match a.data {
                         AheadData::Got(d) => Some(d),
-                        AheadData::Sent(call) => match call.await {
-                            Ok(Rmsg::Read { data }) => Some(data),
-                            // Asked again below, which reports the error.
-                            _ => None,
-                        },
+                        // An error is asked again below, which reports it.
+                        AheadData::Sent(call) => call.read_data().await.ok(),
                     };
                     // An empty reply may be an end of file that has moved since: ask again.
                     if let Some(d) = got.filter(|d| !d.is_empty()) {
