@@ -300,14 +300,10 @@ fn errors_are_the_right_errno_and_change_nothing() {
     );
 }
 
-#[test]
-fn create_mkdir_rm_and_mv_in_a_bead_union() {
-    if !fuse_usable("create_mkdir_rm_and_mv_in_a_bead_union") {
-        return;
-    }
-    let srv = Srv::start();
-    let m = Mounted::new(&srv);
-    session(&m, &srv);
+/// The session of [`session`] with a new bead `notes` mounted as the create target at `/ctx`
+/// of its namespace: that directory in the mount.
+fn union_ctx(m: &Mounted, srv: &Srv) -> std::path::PathBuf {
+    session(m, srv);
     let ns = m.join("session/proj/ns");
     let reply = sh_ok(
         &ns,
@@ -315,7 +311,17 @@ fn create_mkdir_rm_and_mv_in_a_bead_union() {
          exec 3<>ctl; printf 'mount -ac notes /ctx\\n' >&3; cat <&3",
     );
     assert!(reply.contains("mounted notes"), "{reply}");
-    let ctx = ns.join("ctx");
+    ns.join("ctx")
+}
+
+#[test]
+fn create_mkdir_rm_and_mv_in_a_bead_union() {
+    if !fuse_usable("create_mkdir_rm_and_mv_in_a_bead_union") {
+        return;
+    }
+    let srv = Srv::start();
+    let m = Mounted::new(&srv);
+    let ctx = union_ctx(&m, &srv);
     // Create, append, read back; the same over 9P.
     sh_ok(&ctx, "echo hello > a.txt && echo more >> a.txt");
     assert_eq!(
@@ -360,16 +366,8 @@ fn sequential_reads_are_read_ahead_and_a_change_through_the_mount_voids_them() {
     let srv = Srv::start();
     let rec = Recorder::start(&srv.sock);
     let m = Mounted::with_addr(&rec.addr);
-    session(&m, &srv);
-    let ns = m.join("session/proj/ns");
-    let reply = sh_ok(
-        &ns,
-        "exec 3<>ctl; printf 'start notes\\n' >&3; cat <&3; exec 3>&-; \
-         exec 3<>ctl; printf 'mount -ac notes /ctx\\n' >&3; cat <&3",
-    );
-    assert!(reply.contains("mounted notes"), "{reply}");
     const PIECE: usize = 64 * 1024;
-    let file = ns.join("ctx/big.bin");
+    let file = union_ctx(&m, &srv).join("big.bin");
     let old: Vec<u8> = (0..5 * PIECE).map(|i| (i % 251) as u8).collect();
     std::fs::write(&file, &old).unwrap();
     // Read in pieces (each read ahead of the next), the whole file comes back exactly.
