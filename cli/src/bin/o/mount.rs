@@ -292,8 +292,11 @@ fn detach(dir: &Path, lazy: bool) -> Result<(), String> {
 
 /// The bridge itself: connect, mount, serve until unmounted or the server goes away.
 fn serve(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: a bulk read's receive and its FUSE reply then run back to back on warm
+    // caches instead of handing each reply between workers (cat of 64 MiB ≈8 % faster, ≈7 %
+    // less CPU). Every handler awaits the server; the only blocking calls are the lookups of
+    // owner names, made once per name.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
