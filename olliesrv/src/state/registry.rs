@@ -599,21 +599,26 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let a2 = Arc::clone(&a);
         let second = std::thread::spawn(move || {
-            tx.send(a2.write_plan(0, b"second\n", true)).unwrap();
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            a2.write_plan(0, b"second\n", true)
         });
-        // Still waiting while the first holds the turn (a write that did not wait would be
-        // done in well under a millisecond).
-        assert!(
-            rx.recv_timeout(std::time::Duration::from_millis(200))
-                .is_err(),
-            "a second plan write did not wait for the first"
-        );
+        // The second write either goes to sleep waiting for its turn (its thread's state
+        // becomes S: nothing before the lock sleeps), or, not waiting, ends and its thread
+        // leaves /proc.
+        let stat = format!("/proc/self/task/{}/stat", rx.recv().unwrap());
+        loop {
+            let Ok(line) = std::fs::read_to_string(&stat) else {
+                panic!("a second plan write did not wait for the first");
+            };
+            let state = line.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+            if state == Some("S") {
+                break;
+            }
+            std::thread::yield_now();
+        }
         assert_eq!(&a.plan()[..], b"first plan\n");
         drop(turn);
-        rx.recv_timeout(std::time::Duration::from_secs(30))
-            .unwrap()
-            .unwrap();
-        second.join().unwrap();
+        second.join().unwrap().unwrap();
         assert_eq!(&a.plan()[..], b"second\n");
     }
 }
