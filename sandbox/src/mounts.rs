@@ -68,6 +68,16 @@ pub(crate) fn writable_trees(resolved: &ResolvedPolicy) -> Vec<PathBuf> {
     writable
 }
 
+/// Where a run or session gets union mounts.
+#[derive(Clone, Copy)]
+pub(crate) enum Unions<'a> {
+    /// The run's own overlays (a one-shot run; none for most).
+    Mounted(&'a [UnionMount]),
+    /// A prepared session's points: its new root holds them, and each call mounts its own
+    /// overlays there (`unions::call_entries`).
+    PerCall(&'a [PathBuf]),
+}
+
 /// The mounts of a run or session, the record of them, and the protected islands'
 /// placeholders (removed when `islands` is dropped, after the namespace is gone).
 pub(crate) struct MountPlan {
@@ -86,10 +96,11 @@ impl MountPlan {
     /// ones) and secret locations inside writable trees bound read-only; a private
     /// `/dev/shm` mounted last. `abi` is the Landlock ABI of the ruleset the tmpfs rule joins.
     ///
-    /// With `unions` (validated, [`unions::validate`]) the root is first replaced by a new one
-    /// holding the points ([`MountStep::NewRoot`]; `root_access` is the ruleset's
-    /// [`landlock::Ruleset::root_access`]); each overlay is created before everything goes
-    /// read-only and attached after, with the read-write rights beneath its point.
+    /// With unions (mounted ones validated, [`unions::validate`]; points checked,
+    /// [`unions::check_point`]) the root is first replaced by a new one holding the points
+    /// ([`MountStep::NewRoot`]; `root_access` is the ruleset's
+    /// [`landlock::Ruleset::root_access`]); each mounted overlay is created before everything
+    /// goes read-only and attached after, with the read-write rights beneath its point.
     ///
     /// A run approved unsandboxed ([`ResolvedPolicy::unsandboxed`]) mounts nothing: its
     /// mount namespace only has its propagation made private, so the tool sees (and may
@@ -108,15 +119,26 @@ impl MountPlan {
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
         abi: u32,
-        unions: &[UnionMount],
+        unions: Unions<'_>,
         root_access: u64,
         hidden: &[PathBuf],
         per_call_islands: bool,
     ) -> Result<MountPlan, SandboxError> {
         let mut steps = vec![MountStep::MakePrivate];
-        if !unions.is_empty() {
-            steps.push(unions::new_root_step(unions, root_access)?);
-        }
+        let (points, unions): (Vec<PathBuf>, &[UnionMount]) = match unions {
+            Unions::Mounted(u) => {
+                if !u.is_empty() {
+                    steps.push(unions::new_root_step(u, root_access)?);
+                }
+                (u.iter().map(|u| u.point.clone()).collect(), u)
+            }
+            Unions::PerCall(p) => {
+                if !p.is_empty() {
+                    steps.push(unions::session_root_step(p, root_access)?);
+                }
+                (p.to_vec(), &[])
+            }
+        };
         if resolved.unsandboxed() {
             // The unions still appear (no Landlock rule: there is no ruleset).
             let (create, attach) = unions::overlay_steps(unions, 0, 0)?;
@@ -193,7 +215,7 @@ impl MountPlan {
                 steps.push(MountStep::Attach { slot, path: c(w)? });
             }
         }
-        let hide = hidden_paths(resolved, &secrets, hidden, &writable, unions);
+        let hide = hidden_paths(resolved, &secrets, hidden, &writable, &points);
         for (path, dir) in &hide {
             steps.push(MountStep::Hide {
                 path: c(path)?,
@@ -378,7 +400,7 @@ pub(crate) fn hidden_paths(
     secrets: &[PathBuf],
     extra: &[PathBuf],
     writable: &[PathBuf],
-    unions: &[UnionMount],
+    points: &[PathBuf],
 ) -> Vec<(PathBuf, bool)> {
     let fs = &resolved.fs;
     let mut granted: Vec<PathBuf> = fs
@@ -391,7 +413,7 @@ pub(crate) fn hidden_paths(
         .chain(std::iter::once(&resolved.ctx.workdir))
         .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
         .collect();
-    granted.extend(unions.iter().map(|u| u.point.clone()));
+    granted.extend(points.iter().cloned());
     let holds_grant = |p: &Path| granted.iter().any(|g| g.starts_with(p));
     let mut homes: Vec<PathBuf> = vec![
         resolved.ctx.home.clone(),

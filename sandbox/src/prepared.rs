@@ -29,6 +29,11 @@
 //! processes), SIGKILL after the grace period; [`crate::Cancel::kill`] sends SIGKILL at once,
 //! and [`crate::Cancel::signal`] one forwarded signal.
 //!
+//! [`Prepared::new_with_points`] prepares for calls with bead unions: the zygote's root is
+//! the new root a one-shot run with unions gets (`unions.rs`), and each call mounts its own
+//! overlays there in a mount namespace of its own (`sys::mount_call_unions`), with a Landlock
+//! ruleset of its own that also grants them (docs/prepared.md says why and how).
+//!
 //! The tool's per-call sequence, the monitoring loop and the run record are the one-shot
 //! path's (`sys::restrict_and_exec`, `supervise::supervise`, `supervise::run_output`).
 //!
@@ -122,6 +127,8 @@ pub struct Prepared {
     seccomp: SeccompRecord,
     /// The session's mounts, as recorded for every call.
     mounts: MountRecord,
+    /// The union points the session's new root holds (none: the host's root).
+    points: Vec<PathBuf>,
     /// Protected islands and placeholders, kept for the session (dropped after the zygote).
     islands: Option<crate::placeholder::Protected>,
     /// The session's pids and memory cgroups (removed after the zygote is gone).
@@ -151,6 +158,24 @@ impl Prepared {
         home: &Path,
         hidden: &[PathBuf],
     ) -> Result<Prepared, SandboxError> {
+        Prepared::new_with_points(policy, workdir, home, hidden, &[])
+    }
+
+    /// [`Prepared::new_hiding`] for calls with union mounts ([`RunRequest::unions`]) at
+    /// exactly `points` (each `/NAME`, not an entry of the host's `/`): the session's root is
+    /// a new one that holds them (as a one-shot run with unions has), and each call mounts
+    /// its own overlays there, in a mount namespace of its own, with a Landlock ruleset of its
+    /// own that grants them. Its calls must give a union for every point and no other.
+    pub fn new_with_points(
+        policy: &Policy,
+        workdir: &Path,
+        home: &Path,
+        hidden: &[PathBuf],
+        points: &[PathBuf],
+    ) -> Result<Prepared, SandboxError> {
+        for (i, p) in points.iter().enumerate() {
+            crate::unions::check_point(p, points[..i].iter().map(PathBuf::as_path))?;
+        }
         if policy.unsandboxed() {
             return Err(SandboxError::InvalidRequest {
                 reason: "an unsandboxed policy is for the one approved run (ollie_sandbox::run), never a prepared session".into(),
@@ -177,8 +202,8 @@ impl Prepared {
             &resolved,
             mounts::writable_trees(&resolved),
             ruleset.record.abi,
-            &[],
-            0,
+            mounts::Unions::PerCall(points),
+            ruleset.root_access,
             hidden,
             true,
         )?;
@@ -214,6 +239,7 @@ impl Prepared {
             landlock: ruleset.record,
             seccomp,
             mounts,
+            points: points.to_vec(),
             islands: Some(islands),
             cgroups: None,
             cgroup_degraded: false,
@@ -388,7 +414,7 @@ impl Prepared {
         sink: &mut dyn FnMut(Stream, &[u8]),
     ) -> Result<RunOutput, SandboxError> {
         let started = Instant::now();
-        check_call(req)?;
+        check_call(req, &self.points)?;
         // From here on the call is started: signals sent to its handle are queued for it.
         let cancel = request::watch_cancel(req)?;
         let workdir = self.call_workdir(req)?;
@@ -397,8 +423,14 @@ impl Prepared {
         // `best_effort`, and then records the degradation). It lacks the session's
         // `/dev/shm` rule (added inside the session's mount namespace), so it is stricter
         // there than a one-shot run at that ABI.
+        //
+        // A call with unions always gets a ruleset of its own: its rules name the call's own
+        // overlays. The per-call init adds what the session's mounts added to the session's
+        // (the new root's rule, the private tmpfs mounts'), so it grants exactly what the
+        // session's does, plus the unions.
         let own_ruleset = match request::simulated_abi(req.fault) {
             Some(abi) => Some(landlock::build(&self.resolved, Some(abi))?),
+            None if !req.unions.is_empty() => Some(landlock::build(&self.resolved, None)?),
             None => None,
         };
         // (Always a ruleset: a prepared session is never unsandboxed.)
@@ -406,6 +438,17 @@ impl Prepared {
             .as_ref()
             .and_then(|r| r.fd.as_ref())
             .map(AsRawFd::as_raw_fd);
+        if !req.unions.is_empty() && own_fd.is_none() {
+            return Err(SandboxError::InvalidRequest {
+                reason:
+                    "union mounts in a prepared sandbox need Landlock (a ruleset of the call's own)"
+                        .into(),
+            });
+        }
+        // The rights beneath each union point, as a one-shot run grants them.
+        let union_access = own_ruleset
+            .as_ref()
+            .map_or(0, |r| landlock::writable_rights(r.record.abi));
         let fault = request::child_fault(req.fault) as u32;
         let cwd = request::tool_cwd(&workdir, req.cwd.as_deref())?;
         let l = request::effective_limits(&self.resolved.policy.limits, req)?;
@@ -423,10 +466,25 @@ impl Prepared {
         // ones exist from here until the call is over (bound read-only in the call's own
         // mount namespace), and are gone before the post-run snapshot.
         let islands = mounts::Islands::plan(&self.resolved, &self.mounts.writable)?;
-        let entries = islands.call_entries(&self.mounts.writable)?;
+        let mut entries = islands.call_entries(&self.mounts.writable)?;
+        let nislands = entries.len();
+        // The call's unions, checked as a one-shot run checks them.
+        let unions = if req.unions.is_empty() {
+            Vec::new()
+        } else {
+            crate::unions::validate(
+                &req.unions,
+                &crate::unions::resolved_secrets(&self.resolved.ctx.home),
+                &self.mounts.writable,
+            )?
+        };
+        entries.extend(crate::unions::call_entries(&unions, &self.mounts.hidden)?);
         let payload = call_payload(&program, &cwd, &req.argv, &env, &entries)?;
-        // The disk watchdog's baseline, taken before the call's tool can write anything.
-        let disk = DiskWatch::start(&self.mounts.writable, &l, Instant::now())?;
+        // The disk watchdog's baseline, taken before the call's tool can write anything; it
+        // watches the writable trees' filesystems and the unions' upper layers'.
+        let mut watched = self.mounts.writable.clone();
+        watched.extend(unions.iter().map(|u| u.upper.clone()));
+        let disk = DiskWatch::start(&watched, &l, Instant::now())?;
         // OOM kills in the session's memory cgroup during this call are this call's (or a
         // concurrent call's: the cgroup is shared).
         let oom_before = self.oom_kills();
@@ -444,7 +502,10 @@ impl Prepared {
             in_memfd: u32::from(memfd.is_some()),
             own_ruleset: u32::from(own_fd.is_some()),
             check_cwd: u32::from(cwd != workdir),
-            islands: entries.len() as u32,
+            islands: nislands as u32,
+            unions: (entries.len() - nislands) as u32,
+            union_access_lo: union_access as u32,
+            union_access_hi: (union_access >> 32) as u32,
         };
         let hdr_bytes = hdr.to_bytes();
 
@@ -511,9 +572,10 @@ impl Prepared {
         let mut mount_record = self.mounts.clone();
         mount_record.protected = islands.protected.clone();
         mount_record.placeholders = islands.protect.placeholders.clone();
+        mount_record.unions = unions;
         drop(islands);
         let mut post_run = snapshot_before.diff(&crate::postrun::Snapshot::take(&workdir));
-        post_run.add(crate::postrun::setid_flags(&self.mounts.writable, &workdir));
+        post_run.add(crate::postrun::setid_flags(&watched, &workdir));
         let shm_bytes = self.mounts.private_shm.as_ref().map_or(0, |_| l.shm_bytes);
         Ok(supervise::run_output(
             req,
@@ -526,7 +588,9 @@ impl Prepared {
                 layers: Layers::enforced(
                     landlock_record,
                     self.seccomp.clone(),
-                    call_namespaces(!mount_record.protected.is_empty()),
+                    call_namespaces(
+                        !mount_record.protected.is_empty() || !mount_record.unions.is_empty(),
+                    ),
                     mount_record,
                     self.pids_cgroup(),
                     self.cgroup_degraded,
@@ -545,17 +609,42 @@ impl Prepared {
     }
 }
 
-/// Refuses what only one-shot runs support (unions, `exec_fd`, `pass_fds`) and an empty
-/// command.
-fn check_call(req: &RunRequest) -> Result<(), SandboxError> {
+/// Refuses what only one-shot runs support (`exec_fd`, `pass_fds`), unions at other points
+/// than the session's `points` (exactly one per point, or none in a session without points),
+/// and an empty command.
+fn check_call(req: &RunRequest, points: &[PathBuf]) -> Result<(), SandboxError> {
     if req.argv.is_empty() {
         return Err(SandboxError::InvalidRequest {
             reason: "no command given".into(),
         });
     }
-    if !req.unions.is_empty() {
+    let mut given: Vec<&Path> = req.unions.iter().map(|u| u.point.as_path()).collect();
+    given.sort();
+    let mut want: Vec<&Path> = points.iter().map(PathBuf::as_path).collect();
+    want.sort();
+    if given != want {
+        let list = |v: &[&Path]| {
+            if v.is_empty() {
+                "none".to_owned()
+            } else {
+                v.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        };
         return Err(SandboxError::InvalidRequest {
-            reason: "union mounts are supported by one-shot runs only".into(),
+            reason: format!(
+                "this sandbox was prepared for unions at {}; the call gives {}",
+                list(&want),
+                list(&given)
+            ),
+        });
+    }
+    if !req.unions.is_empty() && request::simulated_abi(req.fault).is_some() {
+        return Err(SandboxError::InvalidRequest {
+            reason: "a simulated Landlock ABI is not supported with unions in a prepared sandbox"
+                .into(),
         });
     }
     if req.exec_fd.is_some() || !req.pass_fds.is_empty() {

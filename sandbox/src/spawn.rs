@@ -300,7 +300,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
         &resolved,
         writable,
         ruleset.record.abi,
-        &unions,
+        crate::mounts::Unions::Mounted(&unions),
         ruleset.root_access,
         &req.hidden,
         false,

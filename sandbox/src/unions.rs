@@ -92,6 +92,32 @@ fn directory(point: &Path, what: &str, p: &Path) -> Result<Option<PathBuf>, Sand
     Ok(Some(real))
 }
 
+/// Refuses a point that is not `/NAME` (one component), is one of `earlier`, or exists in
+/// the host's `/`.
+pub(crate) fn check_point<'a>(
+    point: &Path,
+    mut earlier: impl Iterator<Item = &'a Path>,
+) -> Result<(), SandboxError> {
+    let comps: Vec<Component<'_>> = point.components().collect();
+    let name = match comps.as_slice() {
+        [Component::RootDir, Component::Normal(n)] => *n,
+        _ => return Err(refuse(point, "a point must be /NAME (one component)")),
+    };
+    if point.as_os_str().as_bytes() != [b"/", name.as_bytes()].concat().as_slice() {
+        return Err(refuse(point, "a point must be /NAME (one component)"));
+    }
+    if earlier.any(|o| o == point) {
+        return Err(refuse(point, "the point is given twice"));
+    }
+    if std::fs::symlink_metadata(point).is_ok() {
+        return Err(refuse(
+            point,
+            "the point exists in the host's /; unions go at new top-level names",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks `unions` against the policy's `secrets` and `writable` trees (both resolved) and
 /// returns them resolved, missing lower layers left out.
 pub(crate) fn validate(
@@ -102,23 +128,7 @@ pub(crate) fn validate(
     let mut out: Vec<UnionMount> = Vec::new();
     for u in unions {
         let point = &u.point;
-        let comps: Vec<Component<'_>> = point.components().collect();
-        let name = match comps.as_slice() {
-            [Component::RootDir, Component::Normal(n)] => *n,
-            _ => return Err(refuse(point, "a point must be /NAME (one component)")),
-        };
-        if point.as_os_str().as_bytes() != [b"/", name.as_bytes()].concat().as_slice() {
-            return Err(refuse(point, "a point must be /NAME (one component)"));
-        }
-        if out.iter().any(|o| &o.point == point) {
-            return Err(refuse(point, "the point is given twice"));
-        }
-        if std::fs::symlink_metadata(point).is_ok() {
-            return Err(refuse(
-                point,
-                "the point exists in the host's /; unions go at new top-level names",
-            ));
-        }
+        check_point(point, out.iter().map(|o| o.point.as_path()))?;
         if u.lowers.len() > MAX_UNION_LOWERS {
             return Err(refuse(
                 point,
@@ -264,9 +274,43 @@ fn merges(lowers: &[PathBuf]) -> Vec<Vec<PathBuf>> {
 }
 
 /// The step that builds the new root for `unions` (validated): the host's `/` as listed now,
-/// plus one empty directory per point. `root_access`: see [`MountStep::NewRoot`].
+/// plus one empty directory per point and per merge. `root_access`: see
+/// [`MountStep::NewRoot`].
 pub(crate) fn new_root_step(
     unions: &[UnionMount],
+    root_access: u64,
+) -> Result<MountStep, SandboxError> {
+    let mut points: Vec<PathBuf> = Vec::new();
+    for (ui, u) in unions.iter().enumerate() {
+        points.push(u.point.clone());
+        for m in 0..merges(&u.lowers).len() {
+            points.push(Path::new("/").join(merge_name(ui, m)));
+        }
+    }
+    if unions.iter().any(|u| !merges(&u.lowers).is_empty()) {
+        points.push(Path::new("/").join(EMPTY_NAME));
+    }
+    root_step(&points, unions.len(), root_access)
+}
+
+/// The new root of a prepared session whose calls mount unions at `points` (checked with
+/// [`check_point`]): the host's `/` as listed now, one empty directory per point, and the
+/// empty directory that pads merges. Each call mounts its own overlays there
+/// ([`call_entries`]).
+pub(crate) fn session_root_step(
+    points: &[PathBuf],
+    root_access: u64,
+) -> Result<MountStep, SandboxError> {
+    let mut all = points.to_vec();
+    all.push(Path::new("/").join(EMPTY_NAME));
+    root_step(&all, points.len(), root_access)
+}
+
+/// The new root: the host's `/` as listed now, plus an empty directory at each of `points`
+/// (`/NAME`, `unions` of which are union points).
+fn root_step(
+    points: &[PathBuf],
+    unions: usize,
     root_access: u64,
 ) -> Result<MountStep, SandboxError> {
     let root = Path::new("/");
@@ -302,26 +346,11 @@ pub(crate) fn new_root_step(
             kind,
         });
     }
-    for (ui, u) in unions.iter().enumerate() {
-        let name = u.point.strip_prefix(root).unwrap_or(&u.point);
+    for p in points {
+        let name = p.strip_prefix(root).unwrap_or(p);
         entries.push(RootEntry {
             name: c(name)?,
-            source: c(&u.point)?,
-            kind: RootKind::Point,
-        });
-        for m in 0..merges(&u.lowers).len() {
-            let name = merge_name(ui, m);
-            entries.push(RootEntry {
-                name: c(Path::new(&name))?,
-                source: c(&root.join(&name))?,
-                kind: RootKind::Point,
-            });
-        }
-    }
-    if unions.iter().any(|u| !merges(&u.lowers).is_empty()) {
-        entries.push(RootEntry {
-            name: c(Path::new(EMPTY_NAME))?,
-            source: c(&root.join(EMPTY_NAME))?,
+            source: c(p)?,
             kind: RootKind::Point,
         });
     }
@@ -329,7 +358,7 @@ pub(crate) fn new_root_step(
         return Err(SandboxError::InvalidRequest {
             reason: format!(
                 "the host's / has more than {} entries: no new root for unions",
-                MAX_ROOT_ENTRIES - unions.len()
+                MAX_ROOT_ENTRIES.saturating_sub(unions)
             ),
         });
     }
@@ -396,6 +425,82 @@ pub(crate) fn overlay_steps(
         });
     }
     Ok((create, attach))
+}
+
+/// The entries of a prepared call that mounts `unions` (validated) in its own mount namespace
+/// (`sys::mount_call_unions` says what each kind does): first every directory of `hidden`
+/// (the session's hidden paths) that holds a layer, then per union its base, upper and work,
+/// its lowers (`m` for those of a merge, see [`merge_runs`]), and its point. The upper and
+/// work layers must lie on the mount of the directory that holds them both.
+pub(crate) fn call_entries(
+    unions: &[UnionMount],
+    hidden: &[PathBuf],
+) -> Result<Vec<Vec<u8>>, SandboxError> {
+    let entry = |kind: u8, p: &Path| {
+        let b = p.as_os_str().as_bytes();
+        let mut v = Vec::with_capacity(b.len() + 1);
+        v.push(kind);
+        v.extend_from_slice(b);
+        v
+    };
+    let layers = || {
+        unions
+            .iter()
+            .flat_map(|u| u.lowers.iter().chain([&u.upper, &u.work]))
+    };
+    let mut out: Vec<Vec<u8>> = hidden
+        .iter()
+        .filter(|h| layers().any(|l| l.starts_with(h)))
+        .map(|h| entry(b'h', h))
+        .collect();
+    if out.len() > crate::sys::MAX_CALL_UNCOVER {
+        return Err(SandboxError::InvalidRequest {
+            reason: format!(
+                "union layers lie in more than {} hidden directories",
+                crate::sys::MAX_CALL_UNCOVER
+            ),
+        });
+    }
+    for u in unions {
+        let base = u
+            .upper
+            .ancestors()
+            .find(|a| u.work.starts_with(a))
+            .unwrap_or(Path::new("/"));
+        let mount = mount_id(base);
+        if mount.is_none() || mount != mount_id(&u.upper) || mount != mount_id(&u.work) {
+            return Err(refuse(
+                &u.point,
+                format!(
+                    "upper and work must lie on the mount of {}, which holds them both",
+                    base.display()
+                ),
+            ));
+        }
+        out.push(entry(b'b', base));
+        for (kind, p) in [(b'u', &u.upper), (b'k', &u.work)] {
+            out.push(entry(kind, p.strip_prefix(base).unwrap_or(p)));
+        }
+        for (l, m) in u.lowers.iter().zip(merge_runs(&u.lowers)) {
+            out.push(entry(if m.is_some() { b'm' } else { b'l' }, l));
+        }
+        out.push(entry(b'U', &u.point));
+    }
+    if out.len() > crate::sys::MAX_UNION_ENTRIES {
+        return Err(SandboxError::InvalidRequest {
+            reason: format!(
+                "the unions have too many layers for a prepared call ({} entries, at most {})",
+                out.len(),
+                crate::sys::MAX_UNION_ENTRIES
+            ),
+        });
+    }
+    Ok(out)
+}
+
+/// The id of the mount `p` is on, if it can be read.
+fn mount_id(p: &Path) -> Option<u64> {
+    crate::sys::mount_id(&c(p).ok()?)
 }
 
 /// Secret locations of `home`, resolved where they exist.

@@ -2253,7 +2253,8 @@ impl Union {
 }
 
 /// Every sandbox mode a tool call can run in, as `(name, output)`: one-shot, prepared (the
-/// session's zygote), with a bead union, escalated but sandboxed (an approved `write:`
+/// session's zygote), with a bead union (one-shot, and in a prepared sandbox whose call
+/// mounts it), escalated but sandboxed (an approved `write:`
 /// grant), and approved unsandboxed. The workspace is emptied (but for the probes) before
 /// each; `after` checks what each left on the host.
 fn in_every_mode(c: &Ctx, policy: &Policy, script: &str, after: &dyn Fn(&str, &RunOutput)) {
@@ -2289,6 +2290,25 @@ fn in_every_mode(c: &Ctx, policy: &Policy, script: &str, after: &dyn Fn(&str, &R
         setid_under(&u.mount.upper)
     );
     after("union", &out);
+
+    reset_workspace(c);
+    let u = Union::new(c);
+    let prepared = ollie_sandbox::Prepared::new_with_points(
+        policy,
+        &c.w,
+        &c.home,
+        &[],
+        std::slice::from_ref(&u.mount.point),
+    )
+    .unwrap();
+    let out = prepared.run(&ureq).unwrap();
+    drop(prepared);
+    assert!(
+        setid_under(&u.mount.upper).is_empty(),
+        "prepared union: set-id file in the upper layer: {:?}",
+        setid_under(&u.mount.upper)
+    );
+    after("prepared union", &out);
 
     reset_workspace(c);
     let esc = policy
@@ -2640,6 +2660,45 @@ case!(j06_state_secrets_and_homes_are_hidden, |c| {
             .unwrap();
     let out = prepared.run(&req).unwrap();
     check("prepared", &out);
+    drop(prepared);
+    // A bead union whose layers lie in the hidden state directory (as olliesrv's do): the
+    // union is there, the state directory stays hidden, one-shot and prepared alike (a
+    // prepared call uncovers it in its own mount namespace only while it mounts the overlay).
+    let layers = state.join("ns");
+    for d in ["lower", "upper", "work"] {
+        std::fs::create_dir_all(layers.join(d)).unwrap();
+    }
+    std::fs::write(layers.join("lower/note"), "from the bead\n").unwrap();
+    let mut ureq = req.clone();
+    ureq.unions = vec![ollie_sandbox::UnionMount {
+        point: "/ctx".into(),
+        lowers: vec![layers.join("lower")],
+        upper: layers.join("upper"),
+        work: layers.join("work"),
+    }];
+    ureq.argv[2] = format!("{script}; cat /ctx/note; echo \"union_read $?\"").into();
+    let union_check = |mode: &str, out: &RunOutput| {
+        check(mode, out);
+        expect(out, "union_read", &["0"]);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("from the bead"),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    union_check("union", &c.run_with(&p_std(), &ureq));
+    let prepared = ollie_sandbox::Prepared::new_with_points(
+        &p_std(),
+        &c.w,
+        &c.home,
+        std::slice::from_ref(&state),
+        &["/ctx".into()],
+    )
+    .unwrap();
+    for _ in 0..2 {
+        union_check("prepared union", &prepared.run(&ureq).unwrap());
+    }
+    drop(prepared);
     // A workspace inside the home keeps the home visible; its secrets stay hidden.
     let w2 = c.home.join("proj");
     std::fs::create_dir_all(&w2).unwrap();

@@ -1,5 +1,5 @@
-//! The session toolsrv serves: its policies, one prepared sandbox per policy, the agents'
-//! tool sets and policies, and the process table.
+//! The session toolsrv serves: its policies, one prepared sandbox per policy (and per policy
+//! and set of union points), the agents' tool sets and policies, and the process table.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -28,9 +28,9 @@ struct AgentCfg {
     /// it ask for; `None`: whatever its policy allows (an agent olliesrv did not configure).
     escalations: Option<BTreeSet<String>>,
     /// The agent's bead namespace as overlay mounts (olliesrv's `unions AGENT JSON`): its
-    /// ordinary runs get them, as one-shot sandboxes (a prepared one cannot change its
-    /// mounts), one at a time per agent (two overlays on one upper layer are undefined; a
-    /// background run holds the agent's next runs until it ends).
+    /// ordinary runs get them, in the prepared sandbox of its policy and points (each call
+    /// mounts its own overlays), one at a time per agent (two overlays on one upper layer
+    /// are undefined; a background run holds the agent's next runs until it ends).
     unions: Vec<ollie_sandbox::UnionMount>,
 }
 
@@ -99,10 +99,14 @@ pub struct Session {
     /// Escalation requests waiting for the operator.
     pub broker: crate::broker::Broker,
     agents: Mutex<HashMap<String, AgentCfg>>,
-    prepared: tokio::sync::Mutex<HashMap<String, Arc<Prepared>>>,
+    /// Prepared sandboxes by policy name and union points (sorted; none for most).
+    prepared: tokio::sync::Mutex<HashMap<PreparedKey, Arc<Prepared>>>,
     /// Per agent, held by its runs with union mounts (see [`AgentCfg::unions`]).
     union_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// A prepared sandbox's key: the policy's name and the union points its calls mount.
+type PreparedKey = (String, Vec<PathBuf>);
 
 /// An escalated call, decided as needing the operator; bound (hashing files, so off the
 /// 9P task) when its run starts.
@@ -446,17 +450,18 @@ impl Session {
         }
     }
 
-    /// The prepared sandbox of a policy, set up on first use, and again when its zygote has
-    /// died (the session's memory cgroup's OOM killer may pick it: the per-call inits share
-    /// its memory).
-    async fn prepared(&self, name: &str) -> Result<Arc<Prepared>, String> {
+    /// The prepared sandbox of a policy whose calls mount unions at `points` (sorted; none
+    /// for most), set up on first use, and again when its zygote has died (the session's
+    /// memory cgroup's OOM killer may pick it: the per-call inits share its memory).
+    async fn prepared(&self, name: &str, points: &[PathBuf]) -> Result<Arc<Prepared>, String> {
+        let key: PreparedKey = (name.to_owned(), points.to_vec());
         let mut map = self.prepared.lock().await;
-        if let Some(p) = map.get(name) {
+        if let Some(p) = map.get(&key) {
             if p.is_alive() {
                 return Ok(Arc::clone(p));
             }
             tracing::warn!(policy = %name, "the prepared sandbox ended (out of memory?); setting up a new one");
-            map.remove(name);
+            map.remove(&key);
         }
         let policy = self
             .policies
@@ -465,22 +470,23 @@ impl Session {
             .ok_or_else(|| format!("unknown policy {name:?}"))?;
         let (workdir, home) = (self.workdir.clone(), self.home.clone());
         let hidden = self.hidden.clone();
+        let pts = points.to_vec();
         let p = tokio::task::spawn_blocking(move || {
-            Prepared::new_hiding(&policy, &workdir, &home, &hidden)
+            Prepared::new_with_points(&policy, &workdir, &home, &hidden, &pts)
         })
         .await
         .map_err(|e| format!("sandbox setup: {e}"))?
         .map_err(|e| crate::error_chain(&e))?;
         let p = Arc::new(p);
-        map.insert(name.to_owned(), Arc::clone(&p));
+        map.insert(key, Arc::clone(&p));
         Ok(p)
     }
 
     /// Forgets a prepared sandbox that stopped answering (the next call sets up a new one).
-    async fn forget(&self, name: &str, p: &Arc<Prepared>) {
+    async fn forget(&self, key: &PreparedKey, p: &Arc<Prepared>) {
         let mut map = self.prepared.lock().await;
-        if map.get(name).is_some_and(|q| Arc::ptr_eq(p, q)) {
-            map.remove(name);
+        if map.get(key).is_some_and(|q| Arc::ptr_eq(p, q)) {
+            map.remove(key);
         }
     }
 
@@ -977,44 +983,32 @@ impl Session {
         cwd: Option<PathBuf>,
     ) {
         let render = inv.render.clone();
-        if !unions.is_empty() {
-            let result = match self.policies.get(&policy).cloned() {
-                None => Err(SandboxError::InvalidRequest {
-                    reason: format!("unknown policy {policy:?}"),
-                }),
-                Some(pol) => {
-                    let mut req = self.request(&proc, inv, cwd);
-                    req.unions = unions;
-                    // One run at a time per agent: its overlays share one upper layer.
-                    let one = Arc::clone(
-                        lock(&self.union_runs)
-                            .entry(proc.owner.clone())
-                            .or_default(),
-                    );
-                    let _one = one.lock().await;
-                    on_runner(&proc, move |sink| {
-                        ollie_sandbox::run_streaming(&pol, &req, sink)
-                    })
-                    .await
-                }
-            };
-            let f = finish_of(&proc, &render, result);
-            tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "process with union mounts ended");
-            self.procs.finish(&proc, f);
-            return;
-        }
-        let result = match self.prepared(&policy).await {
+        let mut points: Vec<PathBuf> = unions.iter().map(|u| u.point.clone()).collect();
+        points.sort();
+        // One run with unions at a time per agent: its overlays share one upper layer.
+        let _one = if unions.is_empty() {
+            None
+        } else {
+            let one = Arc::clone(
+                lock(&self.union_runs)
+                    .entry(proc.owner.clone())
+                    .or_default(),
+            );
+            Some(one.lock_owned().await)
+        };
+        let result = match self.prepared(&policy, &points).await {
             Err(e) => Err(SandboxError::InvalidRequest {
                 reason: format!("the sandbox for policy {policy} could not be set up: {e}"),
             }),
             Ok(prepared) => {
-                let req = self.request(&proc, inv, cwd);
+                let mut req = self.request(&proc, inv, cwd);
+                req.unions = unions;
                 let sb = Arc::clone(&prepared);
                 let r = on_runner(&proc, move |sink| sb.run_streaming(&req, sink)).await;
                 if let Err(SandboxError::Io { op, .. }) = &r
                     && op.starts_with("reach the prepared sandbox")
                 {
-                    self.forget(&policy, &prepared).await;
+                    self.forget(&(policy, points), &prepared).await;
                 }
                 r
             }

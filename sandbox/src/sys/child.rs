@@ -121,6 +121,7 @@ pub(crate) enum Stage {
     Dumpable,
     UnionRoot,
     CallIslands,
+    CallUnions,
 }
 
 impl Stage {
@@ -145,6 +146,7 @@ impl Stage {
             Dumpable,
             UnionRoot,
             CallIslands,
+            CallUnions,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -173,6 +175,7 @@ impl Stage {
                  need the drop-in /usr/share/ollie/systemd/unions.conf)"
             }
             Stage::CallIslands => "binding the call's protected paths",
+            Stage::CallUnions => "mounting the call's unions",
         }
     }
 }
@@ -749,14 +752,27 @@ fn mount_setattr(
     flags: libc::c_uint,
     attr_set: u64,
 ) {
+    mount_setattr_flags(dirfd, path, flags, attr_set, 0, Stage::Mount);
+}
+
+/// `mount_setattr(dirfd, path, flags)` setting `attr_set` and clearing `attr_clr`
+/// (propagation unchanged); a failure fails `stage`. Child only.
+fn mount_setattr_flags(
+    dirfd: libc::c_int,
+    path: *const libc::c_char,
+    flags: libc::c_uint,
+    attr_set: u64,
+    attr_clr: u64,
+    stage: Stage,
+) {
     let attr = MountAttr {
         attr_set,
-        attr_clr: 0,
+        attr_clr,
         propagation: 0,
         userns_fd: 0,
     };
     // SAFETY: raw syscall on a live struct of the size passed; `path` is a C string.
-    check(Stage::Mount, unsafe {
+    check(stage, unsafe {
         libc::syscall(
             SYS_MOUNT_SETATTR,
             dirfd,
@@ -768,49 +784,82 @@ fn mount_setattr(
     });
 }
 
-/// The init stage's [`MountStep::UnionCreate`]: a detached overlay mount, nosuid and nodev.
-/// Returns its fd. Child only (raw syscalls on prepared data).
+/// The init stage's [`MountStep::UnionCreate`] and [`MountStep::MergeCreate`]: a detached
+/// overlay mount, nosuid and nodev (and read-only without an upper layer). Returns its fd.
+/// Child only (raw syscalls on prepared data).
 fn create_overlay(lowers: &[CString], upper_work: Option<(&CString, &CString)>) -> RawFd {
+    let fs = overlay_context(Stage::Mount);
+    for l in lowers {
+        overlay_layer(fs, c"lowerdir+", libc::AT_FDCWD, l, 0, Stage::Mount);
+    }
+    if let Some((upper, work)) = upper_work {
+        overlay_layer(fs, c"upperdir", libc::AT_FDCWD, upper, 0, Stage::Mount);
+        overlay_layer(fs, c"workdir", libc::AT_FDCWD, work, 0, Stage::Mount);
+    }
+    overlay_mount(fs, upper_work.is_some(), Stage::Mount)
+}
+
+/// A new overlayfs context (`fsopen`); a failure fails `stage`. Child only.
+fn overlay_context(stage: Stage) -> RawFd {
+    // SAFETY: raw syscall on a valid C string.
+    let fs = unsafe { libc::syscall(SYS_FSOPEN, c"overlay".as_ptr(), FSOPEN_CLOEXEC) };
+    check(stage, fs);
+    fs as RawFd
+}
+
+/// Opens the directory `path` (relative to `dirfd`) without following any symlink, with the
+/// extra `resolve` flags, and hands it to the overlay context `fs` as `key` (by fd, Linux
+/// 6.13+). The parent resolved the paths: a component swapped for a symlink since then fails
+/// the run instead of pointing the overlay elsewhere. Child only.
+fn overlay_layer(fs: RawFd, key: &CStr, dirfd: RawFd, path: &CStr, resolve: u64, stage: Stage) {
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | resolve,
+    };
+    // SAFETY: valid C strings and a live struct of the size passed; raw syscalls; the layer's
+    // fd is closed before returning.
+    unsafe {
+        let fd = libc::syscall(
+            SYS_OPENAT2,
+            dirfd,
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        );
+        check(stage, fd);
+        overlay_fd(fs, key, fd as RawFd, stage);
+        libc::close(fd as RawFd);
+    }
+}
+
+/// Hands the open directory or detached mount `fd` to the overlay context `fs` as `key`.
+/// Child only.
+fn overlay_fd(fs: RawFd, key: &CStr, fd: RawFd, stage: Stage) {
+    // SAFETY: raw syscall on a valid C string.
+    check(stage, unsafe {
+        libc::syscall(
+            SYS_FSCONFIG,
+            fs,
+            FSCONFIG_SET_FD,
+            key.as_ptr(),
+            std::ptr::null::<libc::c_char>(),
+            fd,
+        )
+    });
+}
+
+/// Creates the overlay of context `fs` (closed here) and returns its detached mount: nosuid,
+/// nodev, and read-only unless `writable`. Child only.
+fn overlay_mount(fs: RawFd, writable: bool, stage: Stage) -> RawFd {
     let null = std::ptr::null::<libc::c_char>();
-    // SAFETY: valid C strings; raw new-mount-API syscalls; the fs context fd is closed before
+    // SAFETY: raw new-mount-API syscalls on valid C strings; the context fd is closed before
     // returning, the mount fd is the caller's.
     unsafe {
-        let fs = libc::syscall(SYS_FSOPEN, c"overlay".as_ptr(), FSOPEN_CLOEXEC);
-        check(Stage::Mount, fs);
-        // Each layer is opened here without following any symlink (the parent resolved the
-        // paths; a component swapped for a symlink since then fails the run instead of
-        // pointing the overlay elsewhere) and handed to overlayfs by fd (Linux 6.13+).
-        let layer = |key: &CStr, path: &CStr| {
-            let how = OpenHow {
-                flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
-                mode: 0,
-                resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-            };
-            let fd = libc::syscall(
-                SYS_OPENAT2,
-                libc::AT_FDCWD,
-                path.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            );
-            check(Stage::Mount, fd);
-            check(
-                Stage::Mount,
-                libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_FD, key.as_ptr(), null, fd),
-            );
-            libc::close(fd as RawFd);
-        };
-        for l in lowers {
-            layer(c"lowerdir+", l);
-        }
-        if let Some((upper, work)) = upper_work {
-            layer(c"upperdir", upper);
-            layer(c"workdir", work);
-        }
         // Overlay metadata in `user.overlay.*` xattrs: `trusted.*` needs privileges over the
         // whole host, which a user namespace never has.
         check(
-            Stage::Mount,
+            stage,
             libc::syscall(
                 SYS_FSCONFIG,
                 fs,
@@ -821,22 +870,179 @@ fn create_overlay(lowers: &[CString], upper_work: Option<(&CString, &CString)>) 
             ),
         );
         check(
-            Stage::Mount,
+            stage,
             libc::syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, null, null, 0),
         );
         let mnt = libc::syscall(
             SYS_FSMOUNT,
             fs,
             FSMOUNT_CLOEXEC,
-            if upper_work.is_some() {
+            if writable {
                 MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
             } else {
                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
             },
         );
-        check(Stage::Mount, mnt);
-        libc::close(fs as RawFd);
+        check(stage, mnt);
+        libc::close(fs);
         mnt as RawFd
+    }
+}
+
+/// Most hidden directories one prepared call uncovers to reach its union layers.
+pub(crate) const MAX_CALL_UNCOVER: usize = 16;
+
+/// Most merges in one union of a prepared call (a merge takes at least two of the union's
+/// at most 500 lower layers).
+const MAX_CALL_MERGES: usize = 256;
+
+/// The empty directory of a prepared union session's new root that pads merges.
+pub(crate) const CALL_EMPTY_DIR: &CStr = c"/.ollie-empty";
+
+/// The bead unions of one prepared call, in the call's own mount namespace (a copy of the
+/// session's, whose new root holds the points), and the call's Landlock rules for them.
+/// Each entry is a kind byte and a path, in this order:
+/// - `h`: a hidden directory that holds layers. It is uncovered first (its hiding tmpfs
+///   unmounted in this namespace only) and hidden again once the overlays exist.
+/// - Per union: `b` the directory that holds the upper and work layers, whose mount is
+///   cloned and made writable (the session's mounts are all read-only, and overlayfs takes
+///   its upper layer's mount as it is); `u` and `k` the upper and work layers relative to
+///   it (opened beneath it, on that one mount); then the lower layers in search order, `l`
+///   one used directly, `m` one of a merge (consecutive `m`s are overlaid read-only first,
+///   padded with [`CALL_EMPTY_DIR`], and the merge's detached mount stands for them; it is
+///   never attached anywhere); last
+///   `U` the point, where the overlay is attached, with `access` granted beneath it (on the
+///   overlay's root: Landlock does not look at mount points).
+///
+/// Then the rules that the session's own mounts added to the session's ruleset (the new
+/// root's, the private tmpfs mounts'; in `session_mounts`) are added to the call's ruleset,
+/// which replaces it. Child only (raw syscalls on the call's prepared strings).
+///
+/// # Safety
+/// Every pointer in `entries` is a NUL-terminated string of at least two bytes that stays
+/// alive and unchanged for the duration of the call.
+pub(super) unsafe fn mount_call_unions(
+    entries: &[*const libc::c_char],
+    access: u64,
+    session_mounts: &[MountStep],
+) {
+    const S: Stage = Stage::CallUnions;
+    if entries.is_empty() {
+        return;
+    }
+    let bad = || fail(S, libc::EINVAL);
+    // SAFETY: the caller's contract: each entry is a kind byte followed by a C string path.
+    let split = |e: *const libc::c_char| unsafe { (*e as u8, CStr::from_ptr(e.add(1))) };
+    let mut uncovered: [&CStr; MAX_CALL_UNCOVER] = [c""; MAX_CALL_UNCOVER];
+    let mut nuncovered = 0;
+    let mut base: RawFd = -1;
+    let (mut upper, mut work): (Option<&CStr>, Option<&CStr>) = (None, None);
+    let mut fs: RawFd = -1;
+    let mut merge: RawFd = -1;
+    let mut merged = [-1 as RawFd; MAX_CALL_MERGES];
+    let mut nmerged = 0;
+    for &e in entries {
+        let (kind, path) = split(e);
+        if kind != b'm' && merge >= 0 {
+            // The merge's run is over: it becomes one lower layer of the union.
+            overlay_layer(merge, c"lowerdir+", libc::AT_FDCWD, CALL_EMPTY_DIR, 0, S);
+            let m = overlay_mount(merge, false, S);
+            // Its root opened for reading (an O_PATH mount fd is not accepted as a layer).
+            overlay_layer(fs, c"lowerdir+", m, c".", 0, S);
+            // The mount fd stays open until the union exists: closing the last one dissolves
+            // the detached mount, and overlayfs takes its layers' mounts only then.
+            if nmerged == merged.len() {
+                fail(S, libc::E2BIG);
+            }
+            merged[nmerged] = m;
+            nmerged += 1;
+            merge = -1;
+        }
+        match kind {
+            b'h' => {
+                if nuncovered == MAX_CALL_UNCOVER || base >= 0 || fs >= 0 {
+                    bad();
+                }
+                // SAFETY: raw umount2 on a valid C string, in this call's mount namespace.
+                check(S, unsafe {
+                    libc::umount2(path.as_ptr(), libc::MNT_DETACH) as libc::c_long
+                });
+                uncovered[nuncovered] = path;
+                nuncovered += 1;
+            }
+            b'b' => {
+                if base >= 0 {
+                    bad();
+                }
+                base = clone_tree(path, false, S);
+                mount_setattr_flags(
+                    base,
+                    c"".as_ptr(),
+                    libc::AT_EMPTY_PATH as libc::c_uint,
+                    MOUNT_ATTR_NOSUID,
+                    MOUNT_ATTR_RDONLY,
+                    S,
+                );
+            }
+            b'u' => upper = Some(path),
+            b'k' => work = Some(path),
+            b'l' | b'm' => {
+                if fs < 0 {
+                    fs = overlay_context(S);
+                }
+                let ctx = if kind == b'l' {
+                    fs
+                } else {
+                    if merge < 0 {
+                        merge = overlay_context(S);
+                    }
+                    merge
+                };
+                overlay_layer(ctx, c"lowerdir+", libc::AT_FDCWD, path, 0, S);
+            }
+            b'U' => {
+                let (Some(u), Some(w)) = (upper, work) else {
+                    bad()
+                };
+                if base < 0 || fs < 0 {
+                    bad();
+                }
+                let beneath = RESOLVE_BENEATH | RESOLVE_NO_XDEV;
+                overlay_layer(fs, c"upperdir", base, u, beneath, S);
+                overlay_layer(fs, c"workdir", base, w, beneath, S);
+                attach(overlay_mount(fs, true, S), path, S);
+                // SAFETY: closing descriptors this process opened.
+                unsafe {
+                    libc::close(base);
+                    for m in &merged[..nmerged] {
+                        libc::close(*m);
+                    }
+                }
+                nmerged = 0;
+                (base, fs, upper, work) = (-1, -1, None, None);
+                if access != 0 {
+                    add_rule_beneath(path, access);
+                }
+            }
+            _ => bad(),
+        }
+    }
+    if base >= 0 || fs >= 0 || merge >= 0 {
+        bad();
+    }
+    for path in &uncovered[..nuncovered] {
+        hide(path, true);
+    }
+    for step in session_mounts {
+        match step {
+            MountStep::PrivateTmpfs {
+                path, rule_access, ..
+            } if *rule_access != 0 => add_rule_beneath(path, *rule_access),
+            MountStep::NewRoot {
+                root_rule_access, ..
+            } if *root_rule_access != 0 => add_rule_beneath(c"/", *root_rule_access),
+            _ => {}
+        }
     }
 }
 

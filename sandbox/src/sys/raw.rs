@@ -38,7 +38,8 @@ pub(super) const CLONE_PIDFD: libc::c_ulong = 0x1000;
 
 pub(super) const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 pub(super) const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
+pub(super) const RESOLVE_NO_XDEV: u64 = 0x01;
+pub(super) const RESOLVE_BENEATH: u64 = 0x08;
 
 pub(super) const PR_SET_PDEATHSIG: libc::c_int = 1;
 pub(super) const PR_CAPBSET_DROP: libc::c_int = 24;
@@ -1207,6 +1208,24 @@ pub(crate) fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd>
     }
     // SAFETY: new fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The id of the mount `path` is on (`statx`, the final symlink not followed), if it can be
+/// read.
+pub(crate) fn mount_id(path: &CStr) -> Option<u64> {
+    // SAFETY: zeroed plain-data struct, filled by the kernel.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a live struct.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut stx,
+        )
+    };
+    (r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
 }
 
 #[cfg(test)]

@@ -27,9 +27,12 @@ pub(crate) struct ZygotePlan {
 /// Header of one call request on the control socket. The payload follows it (inline, or in
 /// a memfd passed as the sixth fd when `in_memfd` is 1): exe, cwd, argv…, env…, and the
 /// call's protected islands (`islands` entries: a kind byte and a path, see
-/// [`protect_call_islands`]), each NUL-terminated. The fds passed with it: stdin, stdout, stderr, error pipe, status pipe,
-/// the payload memfd (if `in_memfd`), and a Landlock ruleset of the call's own (if
-/// `own_ruleset` is 1: a simulated lower ABI, tests only) that replaces the session's.
+/// [`protect_call_islands`]), and its unions (`unions` entries of the same form, see
+/// [`mount_call_unions`]), each NUL-terminated. The fds passed with it: stdin, stdout,
+/// stderr, error pipe, status pipe, the payload memfd (if `in_memfd`), and a Landlock ruleset
+/// of the call's own (if `own_ruleset` is 1: always for a call with unions, whose rules name
+/// the call's own overlays; otherwise a simulated lower ABI, tests only) that replaces the
+/// session's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CallHeader {
@@ -47,10 +50,16 @@ pub(crate) struct CallHeader {
     /// a mount namespace of its own and binds them there (so placeholders exist only while
     /// the call runs).
     pub islands: u32,
+    /// Union entries after the islands; with any, the call also gets a mount namespace of
+    /// its own, and a ruleset of its own.
+    pub unions: u32,
+    /// The rights granted beneath each union point (low and high halves).
+    pub union_access_lo: u32,
+    pub union_access_hi: u32,
 }
 
 impl CallHeader {
-    /// The header as the zygote reads it (`#[repr(C)]`: nine `u32` fields, no padding).
+    /// The header as the zygote reads it (`#[repr(C)]`: twelve `u32` fields, no padding).
     pub(crate) fn to_bytes(self) -> [u8; CALL_HDR] {
         let mut out = [0u8; CALL_HDR];
         let fields = [
@@ -63,6 +72,9 @@ impl CallHeader {
             self.own_ruleset,
             self.check_cwd,
             self.islands,
+            self.unions,
+            self.union_access_lo,
+            self.union_access_hi,
         ];
         for (chunk, v) in out.chunks_exact_mut(4).zip(fields) {
             chunk.copy_from_slice(&v.to_ne_bytes());
@@ -83,6 +95,8 @@ pub(crate) const MAX_PAYLOAD: usize = 4 << 20;
 pub(crate) const MAX_STRINGS: usize = 1 << 16;
 /// Most protected-island entries in one call.
 pub(crate) const MAX_ISLANDS: usize = 256;
+/// Most union entries in one call.
+pub(crate) const MAX_UNION_ENTRIES: usize = 4096;
 const CALL_HDR: usize = std::mem::size_of::<CallHeader>();
 
 /// The zygote's fixed fds.
@@ -102,6 +116,10 @@ struct Call<'a> {
     /// The protected-island entries (`islands` of them).
     islands: *const *const libc::c_char,
     nislands: usize,
+    /// The union entries (`unions` of them), and the rights granted beneath each point.
+    unions: *const *const libc::c_char,
+    nunions: usize,
+    union_access: u64,
     fault: u32,
     /// The Landlock ruleset the tool restricts itself with: the session's (`FD_RULESET`) or
     /// the call's own.
@@ -388,9 +406,12 @@ fn zygote_serve(
 fn header_ok(hdr: &CallHeader, n: usize, nfds: usize) -> bool {
     let memfd = hdr.in_memfd == 1;
     let len = hdr.payload_len as usize;
-    let strings = 2 + hdr.argc as usize + hdr.envc as usize + hdr.islands as usize;
+    let strings =
+        2 + hdr.argc as usize + hdr.envc as usize + hdr.islands as usize + hdr.unions as usize;
     hdr.magic == CALL_MAGIC
         && hdr.islands as usize <= MAX_ISLANDS
+        && hdr.unions as usize <= MAX_UNION_ENTRIES
+        && (hdr.unions == 0 || hdr.own_ruleset == 1)
         && nfds == CALL_FDS + usize::from(memfd) + usize::from(hdr.own_ruleset == 1)
         && hdr.argc != 0
         && len <= MAX_PAYLOAD
@@ -433,7 +454,8 @@ fn zygote_spawn(
         let own_ruleset = hdr.own_ruleset == 1;
         let len = hdr.payload_len as usize;
         let nislands = hdr.islands as usize;
-        let strings = 2 + hdr.argc as usize + hdr.envc as usize + nislands;
+        let nunions = hdr.unions as usize;
+        let strings = 2 + hdr.argc as usize + hdr.envc as usize + nislands + nunions;
         if !header_ok(&hdr, n, fds.len()) {
             return libc::EINVAL;
         }
@@ -471,7 +493,8 @@ fn zygote_spawn(
             std::ptr::copy_nonoverlapping(buf.add(CALL_HDR), data, len);
         }
         let ptrs = base.add(ptrs_off) as *mut *const libc::c_char;
-        // Split the payload into NUL-terminated strings: exe, cwd, argv…, env…, islands….
+        // Split the payload into NUL-terminated strings: exe, cwd, argv…, env…, islands…,
+        // unions….
         let mut pos = 0usize;
         let mut exe = std::ptr::null();
         let mut cwd = std::ptr::null();
@@ -492,11 +515,12 @@ fn zygote_spawn(
             match s {
                 0 => exe = start,
                 1 => cwd = start,
-                // argv at ptrs[0..argc], NULL, env at ptrs[argc+1..], NULL, islands after.
+                // argv at ptrs[0..argc], NULL, env at ptrs[argc+1..], NULL, islands and
+                // unions after.
                 _ if s - 2 < argc => *ptrs.add(s - 2) = start,
                 _ if s - 2 < argc + envc => *ptrs.add(s - 1) = start,
                 _ => {
-                    // An island entry is a kind byte and a non-empty path.
+                    // An island or union entry is a kind byte and a non-empty path.
                     if data.add(pos - 1) as *const libc::c_char <= start.add(1) {
                         return unmap(libc::EINVAL);
                     }
@@ -520,6 +544,9 @@ fn zygote_spawn(
             envp: ptrs.add(argc + 1),
             islands: ptrs.add(argc + envc + 2),
             nislands,
+            unions: ptrs.add(argc + envc + 2 + nislands),
+            nunions,
+            union_access: u64::from(hdr.union_access_lo) | (u64::from(hdr.union_access_hi) << 32),
             fault: hdr.fault,
             ruleset: if own_ruleset {
                 fds[CALL_FDS + usize::from(memfd)]
@@ -529,8 +556,12 @@ fn zygote_spawn(
             tool_stack_top: (base.add(call_off) as usize) & !0xf,
         });
         let init_top = (base.add(CALL_INIT_STACK_BYTES) as usize) & !0xf;
-        // A call with protected islands gets a mount namespace of its own for them.
-        let newns = if nislands > 0 { libc::CLONE_NEWNS } else { 0 };
+        // A call with protected islands or unions gets a mount namespace of its own for them.
+        let newns = if nislands + nunions > 0 {
+            libc::CLONE_NEWNS
+        } else {
+            0
+        };
         let pid = libc::clone(
             call_init_entry,
             init_top as *mut libc::c_void,
@@ -585,6 +616,12 @@ fn call_init_main(call: &Call<'_>) -> ! {
         libc::close(FD_ZSIGNAL);
         // The call's protected islands, in its own mount namespace (gone with the call).
         protect_call_islands(std::slice::from_raw_parts(call.islands, call.nislands));
+        // Its unions, there too, and their rules in its own ruleset (now `FD_RULESET`).
+        mount_call_unions(
+            std::slice::from_raw_parts(call.unions, call.nunions),
+            call.union_access,
+            &call.z.base.mounts,
+        );
         let child = libc::clone(
             prepared_tool_entry,
             call.tool_stack_top as *mut libc::c_void,
