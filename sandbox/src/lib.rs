@@ -141,7 +141,7 @@ pub use request::{
 pub use sealed::{SealError, SealedCopy, sealed_copy};
 pub use spawn::{Probe, probe, run, run_streaming};
 pub use sys::{ipc_namespaces, seccomp_available, user_namespaces};
-pub use unions::{MAX_UNION_LOWERS, UnionMount};
+pub use unions::{MAX_UNION_LOWERS, UnionMount, check_points as check_union_points};
 pub use workspace::{GitDecision, GitRefused};
 
 /// Close-on-exec duplicates of descriptors this process inherited by number (a server's

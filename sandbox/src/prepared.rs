@@ -173,9 +173,7 @@ impl Prepared {
         hidden: &[PathBuf],
         points: &[PathBuf],
     ) -> Result<Prepared, SandboxError> {
-        for (i, p) in points.iter().enumerate() {
-            crate::unions::check_point(p, points[..i].iter().map(PathBuf::as_path))?;
-        }
+        crate::unions::check_points(points)?;
         if policy.unsandboxed() {
             return Err(SandboxError::InvalidRequest {
                 reason: "an unsandboxed policy is for the one approved run (ollie_sandbox::run), never a prepared session".into(),

@@ -92,6 +92,16 @@ fn directory(point: &Path, what: &str, p: &Path) -> Result<Option<PathBuf>, Sand
     Ok(Some(real))
 }
 
+/// Refuses a set of union points unless each is `/NAME` (one component), given once, and not
+/// an entry of the host's `/` (as [`crate::run`] and [`crate::Prepared::new_with_points`]
+/// would), naming the first bad one.
+pub fn check_points(points: &[PathBuf]) -> Result<(), SandboxError> {
+    for (i, p) in points.iter().enumerate() {
+        check_point(p, points[..i].iter().map(PathBuf::as_path))?;
+    }
+    Ok(())
+}
+
 /// Refuses a point that is not `/NAME` (one component), is one of `earlier`, or exists in
 /// the host's `/`.
 pub(crate) fn check_point<'a>(

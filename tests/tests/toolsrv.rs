@@ -4,9 +4,10 @@
 //!
 //! Covers every Tauth refusal, aname isolation (processes, tools, `ctl`, `bypass/`), every
 //! tool through `proc/new`, background processes (`wait`, `out`, `stat`, `complete`, `ctl`),
-//! run records (`proc/N/record`, `record=1`),
-//! flushing a blocking `proc/new` read, `ctl load/unload/policy`, the lifetime of tools
-//! (toolsrv killed, link closed), what toolsrv's `/proc` entries reveal, and bad boot input.
+//! run records (`proc/N/record`, `record=1`), flushing a blocking `proc/new` read,
+//! `ctl load/unload/policy`, an agent's union mounts (`ctl unions`: what its runs see at
+//! `/ctx`, where their writes land, refused input), the lifetime of tools (toolsrv killed,
+//! link closed), what toolsrv's `/proc` entries reveal, and bad boot input.
 //!
 //! Without Landlock ABI 7 or user namespaces a case prints `SKIP <case>: <reason>`; with
 //! `OLLIE_TEST_REQUIRE=all` it fails instead. No assertion is about time: every wait is a
@@ -1946,6 +1947,375 @@ async fn ctl_policy_is_the_operators_and_readonly_denies_writes() {
     let r = run(&a, &write_args("five.txt")).await.unwrap();
     assert_eq!(r.exit(), Some(0), "{r:?}");
     assert!(t.ws().join("five.txt").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unions (`ctl unions AGENT JSON|none`)
+
+/// Where every union here is mounted; it must not exist in the host's `/`.
+const POINT: &str = "/ctx";
+
+/// One agent's layers in the session's tempdir, beside (not in) the workspace: a lower layer
+/// (a bead member) holding `x`, the shadow layer (overlay upper) and overlay's work directory.
+struct Layers {
+    lower: PathBuf,
+    upper: PathBuf,
+    work: PathBuf,
+}
+
+impl Layers {
+    fn new(t: &Ts, name: &str, x: &str) -> Layers {
+        let base = std::fs::canonicalize(t.dirs.dir.path()).unwrap().join(name);
+        let l = Layers {
+            lower: base.join("lower"),
+            upper: base.join("upper"),
+            work: base.join("work"),
+        };
+        for d in [&l.lower, &l.upper, &l.work] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(l.lower.join("x"), x).unwrap();
+        l
+    }
+
+    /// The `unions` JSON of one union of these layers at [`POINT`].
+    fn json(&self) -> String {
+        serde_json::json!([{
+            "point": POINT,
+            "lowers": [self.lower],
+            "upper": self.upper,
+            "work": self.work,
+        }])
+        .to_string()
+    }
+}
+
+/// Every entry under `dir` with its contents (directories end in `/`, anything neither file
+/// nor directory, such as a whiteout, is `(special)`), sorted.
+fn tree(dir: &Path) -> Vec<(String, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let name = p.strip_prefix(root).unwrap().display().to_string();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                out.push((format!("{name}/"), String::new()));
+                walk(root, &p, out);
+            } else if ft.is_file() {
+                out.push((name, std::fs::read_to_string(&p).unwrap()));
+            } else {
+                out.push((format!("{name} (special)"), String::new()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// `(name, contents)` pairs as [`tree`] gives them.
+fn files(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(n, c)| ((*n).to_owned(), (*c).to_owned()))
+        .collect()
+}
+
+/// The union point exists only inside sandboxes that mount it, never on the host.
+fn assert_no_host_point() {
+    assert!(
+        std::fs::symlink_metadata(POINT).is_err(),
+        "{POINT} exists on the host"
+    );
+}
+
+/// The operator sets `agent`'s unions (a JSON array or `none`).
+async fn set_unions(op: &Fid, agent: &str, json: &str) {
+    write(op, "ctl", &format!("unions {agent} {json}"))
+        .await
+        .unwrap_or_else(|e| panic!("unions {agent}: {e}"));
+}
+
+/// A bash run through `proc/new` that must exit 0; its output.
+async fn bash_ok(root: &Fid, script: &str) -> Run {
+    let r = run(root, &code("bash", script)).await.expect("proc/new");
+    assert_eq!(r.exit(), Some(0), "{script}: {r:?}");
+    r
+}
+
+/// A bash run through `proc/new` in which `/ctx` does not exist: `ls` fails with ENOENT and a
+/// write there fails too (the sandbox's `/` is read-only).
+async fn assert_no_point_for(root: &Fid, who: &str) -> Run {
+    let r = run(root, &code("bash", "ls /ctx; echo no > /ctx/no"))
+        .await
+        .expect("proc/new");
+    assert_ne!(r.exit(), Some(0), "{who}: {r:?}");
+    assert!(
+        r.body
+            .contains("cannot access '/ctx': No such file or directory"),
+        "{who} sees /ctx: {r:?}"
+    );
+    assert_no_host_point();
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_runs_see_its_unions_and_write_only_its_shadow_layer() {
+    if !features_ok("an_agents_runs_see_its_unions_and_write_only_its_shadow_layer") {
+        return;
+    }
+    assert_no_host_point();
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    let op = t.attach("operator").await;
+    let l = Layers::new(&t, "layers-a", "from the bead\n");
+    let lower = tree(&l.lower);
+    set_unions(&op, "a", &l.json()).await;
+
+    // a sees the bead's file at /ctx; its write lands in the shadow layer only.
+    let r = bash_ok(&a, "cat /ctx/x; echo new > /ctx/new; ls /ctx").await;
+    assert_eq!(r.body, "from the bead\nnew\nx\n", "{r:?}");
+    let (raw, v) = record(&a, r.pid()).await.expect("record");
+    let u = &v["layers"]["mounts"]["unions"];
+    assert_eq!(u.as_array().map(Vec::len), Some(1), "{raw}");
+    assert_eq!(u[0]["point"], POINT, "{raw}");
+    assert_eq!(u[0]["lowers"], serde_json::json!([l.lower]), "{raw}");
+    assert_eq!(u[0]["upper"], l.upper.to_str().unwrap(), "{raw}");
+    assert_eq!(tree(&l.upper), files(&[("new", "new\n")]));
+    assert_eq!(tree(&l.lower), lower);
+    assert!(!t.ws().join("new").exists());
+    assert_no_host_point();
+
+    // a's next run reuses the layers: the shadow layer's file is there.
+    let r = bash_ok(&a, "cat /ctx/new; ls /ctx").await;
+    assert_eq!(r.body, "new\nnew\nx\n", "{r:?}");
+
+    // b, in the same session without unions, has no /ctx at all.
+    let r = assert_no_point_for(&b, "b").await;
+    let (raw, v) = record(&b, r.pid()).await.expect("record");
+    assert_eq!(
+        v["layers"]["mounts"]["unions"],
+        serde_json::json!([]),
+        "{raw}"
+    );
+
+    // Cleared: a's next run has no /ctx either, and nothing more reaches the layers.
+    set_unions(&op, "a", "none").await;
+    assert_no_point_for(&a, "a after none").await;
+    assert_eq!(tree(&l.upper), files(&[("new", "new\n")]));
+    assert_eq!(tree(&l.lower), lower);
+    assert!(!t.ws().join("no").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_with_unions_at_one_point_keep_them_apart() {
+    if !features_ok("two_agents_with_unions_at_one_point_keep_them_apart") {
+        return;
+    }
+    assert_no_host_point();
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    let op = t.attach("operator").await;
+    let la = Layers::new(&t, "layers-a", "a\n");
+    let lb = Layers::new(&t, "layers-b", "b\n");
+    let lowers = (tree(&la.lower), tree(&lb.lower));
+    set_unions(&op, "a", &la.json()).await;
+    set_unions(&op, "b", &lb.json()).await;
+
+    // One after the other: each sees its own x; b cannot see a's shadow layer's file, nor
+    // reach a's layers by their host paths.
+    let r = bash_ok(&a, "cat /ctx/x && echo 1 > /ctx/f").await;
+    assert_eq!(r.body, "a\n", "{r:?}");
+    let script = format!(
+        r#"
+try() {{ if ( eval "$1" ) >/dev/null 2>&1; then echo "ok $1"; else echo "denied $1"; fi; }}
+cat /ctx/x
+ls /ctx
+try 'cat /ctx/f'
+try 'cat {ua}/f'
+try 'echo no > {ua}/g'
+try 'echo no > {ua}/f'
+try 'echo no > {la}/x'
+try 'echo no > {la}/g'
+try 'ls {la}'
+try 'echo 2 > /ctx/g'
+"#,
+        ua = la.upper.display(),
+        la = la.lower.display(),
+    );
+    let r = bash_ok(&b, &script).await;
+    let verdicts: Vec<&str> = r
+        .body
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            "b", "x", "denied", "denied", "denied", "denied", "denied", "denied", "denied", "ok"
+        ],
+        "{}",
+        r.body
+    );
+    // On the host: a's shadow layer holds only a's write, b's only b's; the members as they
+    // were.
+    assert_eq!(tree(&la.upper), files(&[("f", "1\n")]));
+    assert_eq!(tree(&lb.upper), files(&[("g", "2\n")]));
+    assert!(!la.upper.join("g").exists());
+    assert!(!la.lower.join("g").exists());
+    assert_eq!((tree(&la.lower), tree(&lb.lower)), lowers);
+    // a does not see b's write either.
+    let r = bash_ok(&a, "ls /ctx; cat /ctx/x").await;
+    assert_eq!(r.body, "f\nx\na\n", "{r:?}");
+
+    // At the same time: a's run mounts its union and waits for b's, which mounts its own while
+    // a's is still there. Each wait gives up after about 30 s (a failure, not a hang).
+    let ws = std::fs::canonicalize(t.ws()).unwrap();
+    let wait = |f: &str| {
+        format!(
+            "i=0; while [ ! -e {ws}/{f} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; \
+             [ -e {ws}/{f} ] || {{ echo 'no {f}' >&2; exit 3; }}",
+            ws = ws.display()
+        )
+    };
+    let first = format!(
+        "touch {ws}/ready && {} && cat /ctx/x && echo c1 > /ctx/c",
+        wait("go"),
+        ws = ws.display()
+    );
+    let second = format!(
+        "{} && cat /ctx/x && echo c2 > /ctx/c && touch {ws}/go",
+        wait("ready"),
+        ws = ws.display()
+    );
+    let pid = run_bg(&a, &code("bash", &first))
+        .await
+        .expect("a starts in the background");
+    let r = bash_ok(&b, &second).await;
+    assert_eq!(r.body, "b\n", "{r:?}");
+    assert_eq!(read(&a, &format!("proc/{pid}/wait")).await.unwrap(), "0\n");
+    assert_eq!(read(&a, &format!("proc/{pid}/out")).await.unwrap(), "a\n");
+    assert_eq!(tree(&la.upper), files(&[("c", "c1\n"), ("f", "1\n")]));
+    assert_eq!(tree(&lb.upper), files(&[("c", "c2\n"), ("g", "2\n")]));
+    assert_eq!((tree(&la.lower), tree(&lb.lower)), lowers);
+    assert_no_host_point();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_unions_refuses_bad_input_in_one_line_and_changes_nothing() {
+    if !features_ok("ctl_unions_refuses_bad_input_in_one_line_and_changes_nothing") {
+        return;
+    }
+    assert_no_host_point();
+    let t = Ts::start().await;
+    let a = t.attach("a").await;
+    let b = t.attach("b").await;
+    let op = t.attach("operator").await;
+    let l = Layers::new(&t, "layers-a", "from the bead\n");
+    let other = Layers::new(&t, "layers-other", "other\n");
+    let lowers = (tree(&l.lower), tree(&other.lower));
+    set_unions(&op, "a", &l.json()).await;
+
+    let spec = |extra: serde_json::Value| {
+        let mut s = serde_json::json!({
+            "point": POINT,
+            "lowers": [other.lower],
+            "upper": other.upper,
+            "work": other.work,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                s.as_object_mut().unwrap().remove(k);
+            } else {
+                s[k] = v.clone();
+            }
+        }
+        s
+    };
+    let one = |extra: serde_json::Value| serde_json::json!([spec(extra)]).to_string();
+    let many = serde_json::Value::Array((0..17).map(|_| spec(serde_json::json!({}))).collect())
+        .to_string();
+    let lower_count = serde_json::json!({"lowers": vec![other.lower.clone(); 257]});
+    let other_json = other.json();
+    let point = |p: &str| format!("a {}", one(serde_json::json!({ "point": p })));
+    let s = spec(serde_json::json!({}));
+    let cases = [
+        (&op, "a not json".to_owned(), "unions: "),
+        (
+            &op,
+            format!("a {}", spec(serde_json::json!({}))),
+            "unions: ",
+        ),
+        (
+            &op,
+            format!("a {}", one(serde_json::json!({"mode": "rw"}))),
+            "unknown field `mode`",
+        ),
+        (
+            &op,
+            format!("a {}", one(serde_json::json!({"upper": null}))),
+            "missing field `upper`",
+        ),
+        (
+            &op,
+            format!("a {}", one(serde_json::json!({"lowers": ["rel/lower"]}))),
+            "rel/lower is not an absolute path",
+        ),
+        (
+            &op,
+            format!("a {}", one(serde_json::json!({"work": "work"}))),
+            "work is not an absolute path",
+        ),
+        (&op, format!("a {many}"), "at most 16 points"),
+        // Points are checked when set: `/NAME`, once, and not an entry of the host's `/`.
+        (&op, point("ctx"), "a point must be /NAME"),
+        (&op, point("/ctx/../etc"), "a point must be /NAME"),
+        (&op, point("/tmp"), "exists in the host's /"),
+        (&op, format!("a [{s},{s}]"), "the point is given twice"),
+        (
+            &op,
+            format!("a {}", one(lower_count)),
+            "at most 256 layers per point",
+        ),
+        (
+            &op,
+            "b [{\"point\":\"/ctx\"}]".to_owned(),
+            "missing field `lowers`",
+        ),
+        (&op, "a".to_owned(), "give AGENT and JSON or none"),
+        (
+            &op,
+            format!("operator {other_json}"),
+            "reserved for the operator",
+        ),
+        (&op, format!(".a {other_json}"), "may only contain"),
+        // Only the operator sets unions: not the agent itself, not another agent.
+        (&a, format!("a {other_json}"), "permission denied"),
+        (&a, "a none".to_owned(), "permission denied"),
+        (&b, format!("b {other_json}"), "permission denied"),
+        (&b, format!("a {other_json}"), "permission denied"),
+    ];
+    let mut failures = Vec::new();
+    for (who, args, want) in &cases {
+        let cmd = format!("unions {args}");
+        match write(who, "ctl", &cmd).await {
+            Ok(()) => failures.push(format!("accepted: {cmd}")),
+            Err(e) if !e.contains(want) => failures.push(format!("{cmd}: {want:?} not in {e}")),
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+
+    // Nothing changed: a still has its own union, b none, and no layer was touched.
+    let r = bash_ok(&a, "cat /ctx/x; ls /ctx").await;
+    assert_eq!(r.body, "from the bead\nx\n", "{r:?}");
+    assert_no_point_for(&b, "b").await;
+    assert_eq!(tree(&l.upper), Vec::new());
+    assert_eq!(tree(&other.upper), Vec::new());
+    assert_eq!((tree(&l.lower), tree(&other.lower)), lowers);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -58,6 +58,11 @@ fn parse_unions(json: &str) -> Result<Vec<ollie_sandbox::UnionMount>, String> {
     if specs.len() > MAX_UNIONS {
         return Err(format!("unions: at most {MAX_UNIONS} points"));
     }
+    // The points' shape now, so a bad one is the operator's error here, not the agent's at
+    // its next run (the layers are checked at every run: they change).
+    let points: Vec<PathBuf> = specs.iter().map(|u| u.point.clone()).collect();
+    ollie_sandbox::check_union_points(&points)
+        .map_err(|e| format!("unions: {}", crate::error_chain(&e)))?;
     specs
         .into_iter()
         .map(|u| {
