@@ -424,3 +424,38 @@ fn a_profile_name_resolves_as_olliesrv_resolves_it() {
     }
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+/// The placeholders of missing protected paths exist while the command runs and are gone
+/// once `o sandbox` has returned; the child that makes their last close holds none of the
+/// caller's pipes, so reading the output to its end returns with the process.
+#[test]
+fn placeholders_are_gone_when_o_sandbox_returns() {
+    if !features_ok("placeholders_are_gone_when_o_sandbox_returns") {
+        return;
+    }
+    let ws = workspace("placeholders");
+    let names = [".envrc", ".claude", ".vscode", ".idea"];
+    for _ in 0..3 {
+        let out = o(&ws, &["sh", "-c", "ls -a"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let inside = String::from_utf8_lossy(&out.stdout);
+        for n in names {
+            assert!(
+                inside.lines().any(|l| l == n),
+                "{n} not bound inside: {inside}"
+            );
+            assert!(
+                std::fs::symlink_metadata(ws.join(n)).is_err(),
+                "{n} left in the workspace"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&ws);
+}

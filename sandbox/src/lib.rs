@@ -127,7 +127,7 @@ pub use cgroup::{
 };
 pub use error::SandboxError;
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
-pub use placeholder::ProtectError;
+pub use placeholder::{ProtectError, close_at_exit, close_in_a_child};
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
 pub use record::{

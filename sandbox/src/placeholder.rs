@@ -299,11 +299,17 @@ impl Drop for Protected {
     }
 }
 
-/// Closes the descriptor of a removed placeholder on a background thread. Its last close
-/// frees the directory's block, and on a filesystem mounted with `discard` (and without a
-/// journal to defer it) that waits for the device's discard: 0.2–0.6 ms per placeholder on
-/// the reference machine, which every run would otherwise wait for after its tool ended.
+/// Closes the descriptor of a removed placeholder on a background thread, or keeps it for
+/// [`close_in_a_child`] in a process that said it would end soon ([`close_at_exit`]). Its
+/// last close frees the directory's block, and on a filesystem mounted with `discard` (and
+/// without a journal to defer it) that waits for the device's discard: 0.2–0.6 ms per
+/// placeholder on the reference machine, which every run would otherwise wait for after its
+/// tool ended.
 fn close_later(fd: OwnedFd) {
+    if let Some(kept) = lock(&KEPT).as_mut() {
+        kept.push(fd);
+        return;
+    }
     static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<OwnedFd>>> =
         std::sync::OnceLock::new();
     let closer = CLOSER.get_or_init(|| {
@@ -318,6 +324,37 @@ fn close_later(fd: OwnedFd) {
         // A closed channel hands the descriptor back: it is then closed here.
         let _ = tx.send(fd);
     }
+}
+
+/// Descriptors of removed placeholders kept until the process ends ([`close_at_exit`]).
+static KEPT: std::sync::Mutex<Option<Vec<OwnedFd>>> = std::sync::Mutex::new(None);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// For a process that makes one run and ends (`o sandbox`): the descriptors of removed
+/// placeholders are kept (not closed on a background thread, whose close the process's exit
+/// would wait for), for [`close_in_a_child`].
+pub fn close_at_exit() {
+    let mut kept = lock(&KEPT);
+    if kept.is_none() {
+        *kept = Some(Vec::new());
+    }
+}
+
+/// Right before the process ends: the kept descriptors ([`close_at_exit`]) are closed by a
+/// short-lived child instead (forked, it closes every descriptor it has, the standard ones
+/// first, and exits), so this process's exit does not wait for the discards their last
+/// close may cause. Without kept descriptors, or if the fork fails, nothing happens: they
+/// are closed at exit.
+pub fn close_in_a_child() {
+    let kept = lock(&KEPT).take().unwrap_or_default();
+    if !kept.is_empty() {
+        sys::fork_to_close_everything();
+    }
+    // This process's copies: not the last ones once the child holds its own.
+    drop(kept);
 }
 
 #[cfg(test)]

@@ -327,7 +327,14 @@ fn main() -> ExitCode {
             eprintln!("o sandbox: -a and -k apply to the session commands, not to o sandbox");
             ExitCode::from(2)
         }
-        Cmd::Sandbox(args) => sandbox(args),
+        Cmd::Sandbox(args) => {
+            // One run, then the process ends: the last closes of removed placeholders (which
+            // can wait for the disk's discards) happen in a child, not in this exit.
+            ollie_sandbox::close_at_exit();
+            let code = sandbox(args);
+            ollie_sandbox::close_in_a_child();
+            code
+        }
         Cmd::Doctor(args) => doctor::main(args, cli.addr, cli.key),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Mount(args) => mount::main(cli.addr, cli.key, args),

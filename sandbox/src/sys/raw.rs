@@ -1228,6 +1228,20 @@ pub(crate) fn mount_id(path: &CStr) -> Option<u64> {
     (r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
 }
 
+/// Forks a child that closes every descriptor it inherited (0, 1 and 2 first, so no reader
+/// of this process's output waits for it) and exits at once; the parent goes on. Used to
+/// leave slow last closes to a child ([`crate::close_in_a_child`]). The child only makes raw
+/// system calls (this process may have other threads).
+pub(crate) fn fork_to_close_everything() {
+    // SAFETY: fork, then in the child only async-signal-safe raw syscalls and _exit.
+    unsafe {
+        if libc::fork() == 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+            libc::_exit(0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
