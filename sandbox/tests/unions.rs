@@ -162,27 +162,9 @@ impl Scratch {
         o
     }
 
-    /// Every file under `rel` with its contents, sorted.
+    /// Every entry under `rel` with its contents, sorted.
     fn tree(&self, rel: &str) -> Vec<(String, String)> {
-        fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
-            for e in std::fs::read_dir(dir).unwrap().flatten() {
-                let p = e.path();
-                let name = p.strip_prefix(root).unwrap().display().to_string();
-                let ft = e.file_type().unwrap();
-                if ft.is_dir() {
-                    out.push((format!("{name}/"), String::new()));
-                    walk(root, &p, out);
-                } else if ft.is_file() {
-                    out.push((name, std::fs::read_to_string(&p).unwrap()));
-                } else {
-                    out.push((format!("{name} (special)"), String::new()));
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.p(rel), &self.p(rel), &mut out);
-        out.sort();
-        out
+        ollie_testkit::fstree::tree(&self.p(rel))
     }
 }
 
@@ -603,23 +585,10 @@ try 'echo 2 > /ctx/g'
     // At the same time: call 1 mounts its union and waits for call 2, which mounts its own
     // while call 1's is still there. Each bounded wait gives up after about 30 s (a failure,
     // not a hang).
-    let ws = sc.p("ws");
-    let wait = |f: &str| {
-        format!(
-            "i=0; while [ ! -e {ws}/{f} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; \
-             [ -e {ws}/{f} ] || {{ echo 'no {f}' >&2; exit 3; }}",
-            ws = ws.display()
-        )
-    };
-    let first = format!(
-        "touch {ws}/ready && {} && cat /ctx/x && echo c1 > /ctx/c",
-        wait("go"),
-        ws = ws.display()
-    );
-    let second = format!(
-        "{} && cat /ctx/x && echo c2 > /ctx/c && touch {ws}/go",
-        wait("ready"),
-        ws = ws.display()
+    let (first, second) = ollie_testkit::fstree::meeting_scripts(
+        &sc.p("ws"),
+        "cat /ctx/x && echo c1 > /ctx/c",
+        "cat /ctx/x && echo c2 > /ctx/c",
     );
     let (out1, out2) = std::thread::scope(|t| {
         let one = t.spawn(|| call(1, &first));

@@ -32,6 +32,7 @@ use ollie_link::auth::{Identity, MasterKey, hex};
 use ollie_link::boot;
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
+use ollie_testkit::fstree::tree;
 
 // ---------------------------------------------------------------------------------------------
 // Tauth
@@ -1990,30 +1991,6 @@ impl Layers {
     }
 }
 
-/// Every entry under `dir` with its contents (directories end in `/`, anything neither file
-/// nor directory, such as a whiteout, is `(special)`), sorted.
-fn tree(dir: &Path) -> Vec<(String, String)> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
-            let p = e.path();
-            let name = p.strip_prefix(root).unwrap().display().to_string();
-            let ft = e.file_type().unwrap();
-            if ft.is_dir() {
-                out.push((format!("{name}/"), String::new()));
-                walk(root, &p, out);
-            } else if ft.is_file() {
-                out.push((name, std::fs::read_to_string(&p).unwrap()));
-            } else {
-                out.push((format!("{name} (special)"), String::new()));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
-}
-
 /// `(name, contents)` pairs as [`tree`] gives them.
 fn files(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
@@ -2174,22 +2151,10 @@ try 'echo 2 > /ctx/g'
     // At the same time: a's run mounts its union and waits for b's, which mounts its own while
     // a's is still there. Each wait gives up after about 30 s (a failure, not a hang).
     let ws = std::fs::canonicalize(t.ws()).unwrap();
-    let wait = |f: &str| {
-        format!(
-            "i=0; while [ ! -e {ws}/{f} ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done; \
-             [ -e {ws}/{f} ] || {{ echo 'no {f}' >&2; exit 3; }}",
-            ws = ws.display()
-        )
-    };
-    let first = format!(
-        "touch {ws}/ready && {} && cat /ctx/x && echo c1 > /ctx/c",
-        wait("go"),
-        ws = ws.display()
-    );
-    let second = format!(
-        "{} && cat /ctx/x && echo c2 > /ctx/c && touch {ws}/go",
-        wait("ready"),
-        ws = ws.display()
+    let (first, second) = ollie_testkit::fstree::meeting_scripts(
+        &ws,
+        "cat /ctx/x && echo c1 > /ctx/c",
+        "cat /ctx/x && echo c2 > /ctx/c",
     );
     let pid = run_bg(&a, &code("bash", &first))
         .await

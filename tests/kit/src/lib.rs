@@ -18,6 +18,7 @@
 
 pub mod cases;
 pub mod client;
+pub mod fstree;
 pub mod llama;
 pub mod model;
 pub mod probe;
