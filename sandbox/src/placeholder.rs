@@ -344,14 +344,18 @@ pub fn close_at_exit() {
 }
 
 /// Right before the process ends: the kept descriptors ([`close_at_exit`]) are closed by a
-/// short-lived child instead (forked, it closes every descriptor it has, the standard ones
-/// first, and exits), so this process's exit does not wait for the discards their last
-/// close may cause. Without kept descriptors, or if the fork fails, nothing happens: they
-/// are closed at exit.
+/// short-lived child instead (forked, it closes every other descriptor first, then exits),
+/// so this process's exit does not wait for the discards their last close may cause.
+/// Without kept descriptors, or if the fork fails, nothing happens: they are closed at exit.
 pub fn close_in_a_child() {
     let kept = lock(&KEPT).take().unwrap_or_default();
     if !kept.is_empty() {
-        sys::fork_to_close_everything();
+        let mut fds: Vec<u32> = kept
+            .iter()
+            .filter_map(|f| u32::try_from(f.as_raw_fd()).ok())
+            .collect();
+        fds.sort_unstable();
+        sys::fork_to_close(&fds);
     }
     // This process's copies: not the last ones once the child holds its own.
     drop(kept);

@@ -1228,15 +1228,23 @@ pub(crate) fn mount_id(path: &CStr) -> Option<u64> {
     (r == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
 }
 
-/// Forks a child that closes every descriptor it inherited (0, 1 and 2 first, so no reader
-/// of this process's output waits for it) and exits at once; the parent goes on. Used to
-/// leave slow last closes to a child ([`crate::close_in_a_child`]). The child only makes raw
-/// system calls (this process may have other threads).
-pub(crate) fn fork_to_close_everything() {
+/// Forks a child that closes every descriptor it inherited but `last` (ascending), then
+/// exits, which closes those; the parent goes on. Used to leave slow last closes to a child
+/// ([`crate::close_in_a_child`]): the others go first, in their own calls, so no reader of
+/// this process's output or pipes waits for the slow ones. The child only makes raw system
+/// calls (this process may have other threads).
+pub(crate) fn fork_to_close(last: &[u32]) {
     // SAFETY: fork, then in the child only async-signal-safe raw syscalls and _exit.
     unsafe {
         if libc::fork() == 0 {
-            libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+            let mut from = 0u32;
+            for &fd in last {
+                if fd > from {
+                    libc::syscall(SYS_CLOSE_RANGE, from, fd - 1, 0u32);
+                }
+                from = fd.saturating_add(1);
+            }
+            libc::syscall(SYS_CLOSE_RANGE, from, u32::MAX, 0u32);
             libc::_exit(0);
         }
     }
