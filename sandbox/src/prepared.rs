@@ -284,37 +284,51 @@ impl Prepared {
 
     /// What was set up once for the session.
     pub fn session(&self) -> SessionRecord {
+        let unions = !self.points.is_empty();
+        let mut set_up_once = vec![
+            if sys::ipc_namespaces() {
+                "user, pid, mount and ipc namespaces"
+            } else {
+                "user, pid and mount namespaces (ipc namespaces are not permitted here)"
+            },
+            "id maps",
+            "mounts (read-only root, writable trees, private /dev/shm and temporary directory, hidden paths)",
+            "landlock ruleset (built once; restrict_self per call)",
+            "seccomp program (compiled and checked once; attached per call)",
+            "pids cgroup (session-wide; required as root)",
+            "memory cgroup (session-wide, where one can be made)",
+            "oom_score_adj",
+        ];
+        if unions {
+            set_up_once.insert(2, "a new root holding the union points");
+        }
+        let mut per_call = vec![
+            "mount namespace of its own with the protected paths (when the policy has any)",
+            "pid namespace",
+        ];
+        if unions {
+            per_call.push(
+                "union overlays at the points, and a landlock ruleset of its own that grants them",
+            );
+        }
+        per_call.extend([
+            "fd layout",
+            "setsid",
+            "rlimits",
+            "chdir",
+            "capability drop (all sets, securebits locked)",
+            "no_new_privs",
+            "landlock restrict_self",
+            "cwd listable under landlock (cwd other than the workspace)",
+            "signal dispositions",
+            "seccomp",
+            "execve",
+        ]);
         SessionRecord {
             workdir: self.workdir.clone(),
             policy_hash: self.policy_hash.clone(),
-            set_up_once: vec![
-                if sys::ipc_namespaces() {
-                    "user, pid, mount and ipc namespaces"
-                } else {
-                    "user, pid and mount namespaces (ipc namespaces are not permitted here)"
-                },
-                "id maps",
-                "mounts (read-only root, writable trees, protected islands)",
-                "landlock ruleset (built once; restrict_self per call)",
-                "seccomp program (compiled and checked once; attached per call)",
-                "pids cgroup (session-wide; required as root)",
-                "memory cgroup (session-wide, where one can be made)",
-                "oom_score_adj",
-            ],
-            per_call: vec![
-                "pid namespace",
-                "fd layout",
-                "setsid",
-                "rlimits",
-                "chdir",
-                "capability drop (all sets, securebits locked)",
-                "no_new_privs",
-                "landlock restrict_self",
-                "cwd listable under landlock (cwd other than the workspace)",
-                "signal dispositions",
-                "seccomp",
-                "execve",
-            ],
+            set_up_once,
+            per_call,
             cgroup: self.pids_cgroup(),
             memory: self.memory_record(self.oom_kills()),
             seccomp_layout: self.seccomp_layout,

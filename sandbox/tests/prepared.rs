@@ -114,6 +114,9 @@ fn exit_status_signals_output_and_record() {
     );
     let session = sb2.session();
     assert!(!session.set_up_once.is_empty() && !session.per_call.is_empty());
+    // No unions: no new root, no overlays per call.
+    assert!(!session.set_up_once.iter().any(|s| s.contains("union")));
+    assert!(!session.per_call.iter().any(|s| s.contains("union")));
     // Refusals name the problem: another workspace, a missing program.
     let mut other = ws.req(&["true"]);
     other.workdir = ws.0.clone();

@@ -619,6 +619,19 @@ fn prepared_calls_must_give_exactly_the_sessions_points() {
         Prepared::new_with_points(&policy(), &base.workdir, &base.home, &base.hidden, &points)
     };
     let prepared = make(&[POINT]).unwrap();
+    // Its session record says what is set up once and what each call does.
+    let session = prepared.session();
+    assert!(
+        session
+            .set_up_once
+            .contains(&"a new root holding the union points")
+    );
+    assert!(
+        session
+            .per_call
+            .iter()
+            .any(|s| s.starts_with("union overlays"))
+    );
     let refused = |unions: Vec<UnionMount>| {
         let mut r = sc.req(&script, false);
         r.unions = unions;
