@@ -1,6 +1,5 @@
 //! Files on the host as tests compare them, and shell scripts that make two sandboxed runs
 //! meet.
-#![allow(clippy::unwrap_used)]
 
 use std::path::Path;
 
@@ -8,15 +7,25 @@ use std::path::Path;
 /// nor a directory, such as an overlay whiteout, is `NAME (special)`), sorted.
 pub fn tree(dir: &Path) -> Vec<(String, String)> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
+        for e in std::fs::read_dir(dir)
+            .expect("list a directory of the tree")
+            .flatten()
+        {
             let p = e.path();
-            let name = p.strip_prefix(root).unwrap().display().to_string();
-            let ft = e.file_type().unwrap();
+            let name = p
+                .strip_prefix(root)
+                .expect("an entry under the root")
+                .display()
+                .to_string();
+            let ft = e.file_type().expect("an entry's type");
             if ft.is_dir() {
                 out.push((format!("{name}/"), String::new()));
                 walk(root, &p, out);
             } else if ft.is_file() {
-                out.push((name, std::fs::read_to_string(&p).unwrap()));
+                out.push((
+                    name,
+                    std::fs::read_to_string(&p).expect("read a file of the tree"),
+                ));
             } else {
                 out.push((format!("{name} (special)"), String::new()));
             }
