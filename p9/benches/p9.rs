@@ -3,7 +3,8 @@
 //!
 //! `cargo bench -p ollie-p9 --bench p9` prints one table:
 //! 1. raw socketpair ping-pong (23-byte request, 11+N-byte reply, like Tread/Rread), and the
-//!    same with the server waiting in `epoll_wait` before each read (an event loop's floor);
+//!    same with the server waiting in `epoll_wait` before each read (an event loop's floor) and
+//!    with the server a bare tokio task (the runtime's floor);
 //! 2. Tread on an open fid, from a blocking raw client (server cost only) and from our async
 //!    `Client`, pinned to one CPU and unpinned; plus an experiment with the sockets registered
 //!    READABLE-only;
@@ -576,6 +577,37 @@ fn epoll_pingpong(pinned: bool) -> Lat {
     })
 }
 
+/// 1''. As 1, but the server is the least a tokio server can be: one task on the runtime the
+/// `Server` rows use, reading into a buffer through the same socket halves (registered
+/// READABLE | WRITABLE) and writing each reply, with no 9P in between. What this row adds to 1'
+/// is the runtime's own cost per round trip, which every server on it pays.
+fn tokio_pingpong(rt: Rt) -> Lat {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pinned = matches!(rt, Rt::Pinned);
+    pingpong(pinned, move |s| {
+        rt.build().block_on(async move {
+            let (mut r, mut w) = tokio_stream(s).into_split();
+            let mut req = BytesMut::with_capacity(8 * 1024);
+            let reply = rread_reply();
+            loop {
+                match r.read_buf(&mut req).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                while req.len() >= TREAD_LEN {
+                    let _ = req.split_to(TREAD_LEN);
+                    if w.write_all(&reply).await.is_err() {
+                        return;
+                    }
+                }
+                if req.capacity() - req.len() < 4096 {
+                    req.reserve(32 * 1024);
+                }
+            }
+        });
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // A minimal blocking 9P client over std I/O: buffered frame reads, no tasks, no channels.
 
@@ -1117,6 +1149,7 @@ fn profile_one(fs: &Arc<BenchFs>, spec: &str) {
         "pingpong" => format!("{:?}", raw_pingpong(true)),
         "pingpong-unpinned" => format!("{:?}", raw_pingpong(false)),
         "epoll-pingpong" => format!("{:?}", epoll_pingpong(true)),
+        "tokio-pingpong" => format!("{:?}", tokio_pingpong(Rt::Pinned)),
         "raw-tread" => format!("{:?}", raw_client_tread(fs, Rt::Pinned)),
         "raw-tread-ro" => format!(
             "{:?}",
@@ -1171,6 +1204,7 @@ fn measure(fs: &Arc<BenchFs>) -> ([Vec<LatPass>; 2], [Vec<BulkPass>; 2]) {
             let rt = if pinned { Rt::Pinned } else { Rt::Single };
             let raw = raw_pingpong(pinned);
             let ep = epoll_pingpong(pinned);
+            let tk = tokio_pingpong(rt);
             let rawc = raw_client_tread(fs, rt);
             let a = async_client_lat(fs, rt, rt);
             let (rseq, rpipe) = raw_client_wocr(fs, rt);
@@ -1181,6 +1215,7 @@ fn measure(fs: &Arc<BenchFs>) -> ([Vec<LatPass>; 2], [Vec<BulkPass>; 2]) {
             lat[k].push(LatPass {
                 raw,
                 ep,
+                tk,
                 rawc,
                 a,
                 rseq,
@@ -1236,6 +1271,8 @@ fn latency_section(t: &mut Table, pinned: bool, p: &[LatPass]) {
     lat_row(t, p, what, &|x| x.raw, "", &|_| None);
     let what = "1'. as 1, server waits in epoll_wait (a reactor's floor)";
     lat_row(t, p, what, &|x| x.ep, "(info)", &|_| None);
+    let what = "1''. as 1, server a bare tokio task (a tokio server's floor)";
+    lat_row(t, p, what, &|x| x.tk, "(info)", &|_| None);
     let target = if pinned { "<= 1.30x" } else { "(info)" };
     let ok = |r: f64| pinned.then_some(r <= 1.3);
     let rows: [(&str, LatOf); 4] = [
@@ -1429,6 +1466,8 @@ struct LatPass {
     raw: Lat,
     /// The raw ping-pong with the server waiting in `epoll_wait` ([`epoll_pingpong`]).
     ep: Lat,
+    /// The raw ping-pong with the server a bare tokio task ([`tokio_pingpong`]).
+    tk: Lat,
     rawc: Lat,
     a: AsyncLat,
     rseq: Lat,
