@@ -33,9 +33,9 @@
 //!   overhead is: toolsrv and its link, or the agent loop above it.
 //! - For orientation, also interleaved: a 200-byte append + `fdatasync` to a file beside
 //!   olliesrv's state directory (same filesystem), K per round. olliesrv makes its history
-//!   and chat appends durable: a tool call makes 4 of them (when this bench was written: the
-//!   assistant message and the tool result in the history, the `tool_call` and `tool_result`
-//!   blocks in the chat).
+//!   and chat appends durable: a tool call appends 4 records (the assistant message and the
+//!   tool result in the history, the `tool_call` and `tool_result` blocks in the chat) and
+//!   then waits for the two files' syncs, run side by side.
 //!
 //! A round's `(T_tools − T_answer) / K` is a mean over K calls, and on a loaded machine the
 //! spawn's distribution has a long tail (a mean well above the median), so the round trip is

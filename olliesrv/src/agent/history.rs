@@ -78,6 +78,14 @@ pub(crate) fn remember(reg: &Registry, a: &Agent, m: &Message) -> Result<(), Str
     remember_sync(reg, a, m, Sync::Now)
 }
 
+/// Makes what was appended to the agent's chat and history with [`Sync::WithNext`] durable,
+/// the two files' syncs side by side: one wait for the disk instead of two in a row.
+pub(crate) fn sync_chat_and_history(reg: &Registry, a: &Agent) -> Result<(), String> {
+    reg.store
+        .sync_chat_and_history(&a.session_id, &a.id)
+        .map_err(|e| crate::error_chain(&e))
+}
+
 pub(crate) fn remember_sync(
     reg: &Registry,
     a: &Agent,

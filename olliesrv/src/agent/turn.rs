@@ -44,7 +44,7 @@ use ollie_p9::wire::om;
 use serde_json::Value;
 
 use crate::agent::RETRIES;
-use crate::agent::history::{message_of, remember, remember_sync};
+use crate::agent::history::{message_of, remember, remember_sync, sync_chat_and_history};
 use crate::backend::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, ToolCall, ToolChoice,
     ToolSpec, select,
@@ -704,9 +704,10 @@ async fn run_turn(
     tools: Prefetch,
     prompt: &str,
 ) -> Result<String, String> {
-    a.say("user", "", prompt)?;
-    let user = Message::user(prompt);
-    remember(reg, a, &user)?;
+    // The prompt goes into the chat and the history, then both are synced at once.
+    a.say_sync("user", "", prompt, Sync::WithNext)?;
+    remember_sync(reg, a, &Message::user(prompt), Sync::WithNext)?;
+    sync_chat_and_history(reg, a)?;
     if let Some(why) = a.blocked() {
         return Err(format!("blocked by agent_spawn hook: {why}"));
     }
@@ -1017,8 +1018,9 @@ async fn run_round(
                 attrs.push(' ');
                 attrs.push_str(&o.attrs);
             }
-            a.say("tool_result", &attrs, &o.text)?;
-            remember(
+            // The result goes into the chat and the history, then both are synced at once.
+            a.say_sync("tool_result", &attrs, &o.text, Sync::WithNext)?;
+            remember_sync(
                 reg,
                 a,
                 &Message {
@@ -1027,7 +1029,9 @@ async fn run_round(
                     tool_calls: Vec::new(),
                     tool_call_id: Some(call.id.clone()),
                 },
+                Sync::WithNext,
             )?;
+            sync_chat_and_history(reg, a)?;
             lock(pending).retain(|c| c.id != call.id);
         }
     }

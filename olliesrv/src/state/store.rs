@@ -28,7 +28,8 @@
 //!   is a [`Problem`] and only the session or agent it belongs to is skipped. Leftovers of
 //!   interrupted writes, creations and removals by earlier processes are deleted.
 //! - Appends ([`Store::append_chat`], [`Store::append_history`]) return only once the bytes
-//!   are durable; a failed append is cut off again (best effort). A torn last history line
+//!   are durable (or, with [`Sync::WithNext`], are made durable by the file's next sync); a
+//!   failed append is cut off again (best effort). A torn last history line
 //!   (a crash mid-append) is reported by [`Store::read_history`] and cut off before the next
 //!   append, so it never swallows a later line.
 //! - Files are created 0600 and directories 0700 (less if the umask says so).
@@ -120,9 +121,10 @@ pub enum Sync {
     /// Before the append returns.
     Now,
     /// With the next [`Sync::Now`] append to the same file (fdatasync flushes everything
-    /// written before it): for a record always followed at once by another one, so a tool
-    /// call costs two syncs instead of four. A crash in between loses both, never only the
-    /// later one.
+    /// written before it), or with [`Store::sync_chat_and_history`]: for a record always
+    /// followed at once by another one. A crash in between loses both, never only the later
+    /// one. A tool call waits for one sync: its call and result blocks and its two history
+    /// lines are made durable by the two files' syncs, run side by side.
     WithNext,
 }
 
@@ -929,6 +931,41 @@ impl Store {
         result
     }
 
+    /// Makes the agent's chat and history durable at once, after appends with
+    /// [`Sync::WithNext`]: the two fdatasyncs run side by side (one on a thread of its own), so
+    /// the caller waits for one disk round trip instead of two.
+    pub fn sync_chat_and_history(&self, session: &str, agent: &str) -> Result<(), StoreError> {
+        let dir = self.agent_dir(session, agent)?;
+        let chat = self.appender(&dir, CHAT_FILE)?;
+        let history = self.appender(&dir, HISTORY_FILE)?;
+        let sync = |handle: &Mutex<File>, name: &str| {
+            lock(handle)
+                .sync_data()
+                .map_err(io_err("sync", &dir.join(name)))
+        };
+        blocking(|| {
+            std::thread::scope(|s| {
+                // Without a thread (the task limit reached), the two syncs run one after the
+                // other.
+                let h = std::thread::Builder::new()
+                    .name("ollie-sync".into())
+                    .spawn_scoped(s, || sync(&history, HISTORY_FILE));
+                let c = sync(&chat, CHAT_FILE);
+                let h = match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        Err(StoreError::Io {
+                            op: "sync",
+                            path: dir.join(HISTORY_FILE),
+                            source: std::io::Error::other("the syncing thread panicked"),
+                        })
+                    }),
+                    Err(_) => sync(&history, HISTORY_FILE),
+                };
+                c.and(h)
+            })
+        })
+    }
+
     /// The append handle of `dir/name`, opened (and created) if needed.
     fn appender(&self, dir: &Path, name: &str) -> Result<Arc<Mutex<File>>, StoreError> {
         let path = dir.join(name);
@@ -1381,6 +1418,24 @@ mod tests {
         let _s = Store::open(t.path()).unwrap();
         assert_eq!(mode(t.path()), 0o750);
         assert_eq!(mode(&t.path().join(SESSIONS)), 0o700);
+    }
+
+    #[test]
+    fn chat_and_history_are_synced_together() {
+        let (_t, s) = store();
+        s.save_session(&session(S1, 1)).unwrap();
+        s.save_agent(&agent(S1, A1, 1)).unwrap();
+        s.append_chat(S1, A1, b"result\n", Sync::WithNext).unwrap();
+        let line = serde_json::json!({"role": "tool", "content": "ok"});
+        s.append_history(S1, A1, &line, Sync::WithNext).unwrap();
+        s.sync_chat_and_history(S1, A1).unwrap();
+        assert_eq!(s.read_chat(S1, A1, 0, 100).unwrap(), b"result\n");
+        assert_eq!(s.read_history(S1, A1, Some), (vec![line], vec![]));
+        // An agent that is not there: an error naming it, and nothing made on disk.
+        let e = s.sync_chat_and_history(S1, A2).unwrap_err();
+        assert!(e.to_string().contains(A2), "{e}");
+        assert!(!adir(&s, S1, A2).exists());
+        assert!(s.sync_chat_and_history(S1, "../x").is_err());
     }
 
     #[test]
