@@ -101,8 +101,8 @@ raw=$(num "$out/p9.txt" '1\. raw socketpair ping-pong \([^)]*\)')
 tread=$(num "$out/p9.txt" '2a\. Tread, blocking raw client -> Server')
 r=$(calc "$tread / $raw")
 row "9P Tread round trip, pinned" "$tread us" "$raw us (raw socketpair)" "${r}x" "<= 1.30x" "$(met "$r" 1.3)"
-# The same ping-pong served by a bare tokio task (no 9P): the runtime's own floor, which the
-# goal above is measured against (docs/benchmarks.md, "Where a 9P round trip goes").
+# The same ping-pong served by a bare tokio task (no 9P): the runtime's own floor, to read the
+# row above against (docs/benchmarks.md, "Where a 9P round trip goes").
 tk=$(num "$out/p9.txt" "1''\\. as 1, server a bare tokio task")
 row "  ping-pong served by a bare tokio task" "$tk us" "$raw us (raw socketpair)" "$(calc "$tk / $raw")x" "(info)" "-"
 
