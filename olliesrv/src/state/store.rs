@@ -945,22 +945,16 @@ impl Store {
         };
         blocking(|| {
             std::thread::scope(|s| {
-                // Without a thread (the task limit reached), the two syncs run one after the
-                // other.
+                // Without a thread of its own (the task limit reached), the history is synced
+                // after the chat, as before.
                 let h = std::thread::Builder::new()
                     .name("ollie-sync".into())
                     .spawn_scoped(s, || sync(&history, HISTORY_FILE));
                 let c = sync(&chat, CHAT_FILE);
-                let h = match h {
-                    Ok(h) => h.join().unwrap_or_else(|_| {
-                        Err(StoreError::Io {
-                            op: "sync",
-                            path: dir.join(HISTORY_FILE),
-                            source: std::io::Error::other("the syncing thread panicked"),
-                        })
-                    }),
-                    Err(_) => sync(&history, HISTORY_FILE),
-                };
+                let h = h
+                    .ok()
+                    .and_then(|h| h.join().ok())
+                    .unwrap_or_else(|| sync(&history, HISTORY_FILE));
                 c.and(h)
             })
         })
