@@ -305,15 +305,19 @@ impl Drop for Protected {
 /// without a journal to defer it) that waits for the device's discard: 0.2–0.6 ms per
 /// placeholder on the reference machine, which every run would otherwise wait for after its
 /// tool ended.
+///
+/// At most [`CLOSER_BACKLOG`] descriptors wait for that thread: when discards are slower than
+/// runs end, the run that finds the backlog full closes its own (and waits), so a busy
+/// process cannot pile up open descriptors until it runs out of them.
 fn close_later(fd: OwnedFd) {
     if let Some(kept) = lock(&KEPT).as_mut() {
         kept.push(fd);
         return;
     }
-    static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<OwnedFd>>> =
+    static CLOSER: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<OwnedFd>>> =
         std::sync::OnceLock::new();
     let closer = CLOSER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<OwnedFd>(CLOSER_BACKLOG);
         std::thread::Builder::new()
             .name("ollie-closer".into())
             .spawn(move || rx.into_iter().for_each(drop))
@@ -321,10 +325,13 @@ fn close_later(fd: OwnedFd) {
             .map(|_| tx)
     });
     if let Some(tx) = closer {
-        // A closed channel hands the descriptor back: it is then closed here.
-        let _ = tx.send(fd);
+        // A full or closed channel hands the descriptor back: it is then closed here.
+        let _ = tx.try_send(fd);
     }
 }
+
+/// How many removed placeholders' descriptors may wait for the closing thread.
+const CLOSER_BACKLOG: usize = 64;
 
 /// Descriptors of removed placeholders kept until the process ends ([`close_at_exit`]).
 static KEPT: std::sync::Mutex<Option<Vec<OwnedFd>>> = std::sync::Mutex::new(None);
