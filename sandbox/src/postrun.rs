@@ -30,6 +30,16 @@
 //!   not inside the dependency and build trees of [`SKIPPED_DIRS`] (it runs after every
 //!   call, so its cost must stay small in large workspaces).
 //!
+//! What the runner cannot look into is not taken as empty. A runner without `CAP_DAC_*` (an
+//! unprivileged user, or root in a hardened unit) is refused what the tool (the same user,
+//! no more privileged) can make unreadable: a hooks directory of mode 111 can still be
+//! entered and its hooks still run. So a file that cannot be read is fingerprinted by its
+//! `stat` (mode, inode, change time, which no tool can set), and a place that cannot be
+//! listed or reached — or a symlinked hooks directory pointing outside the workspace — is a
+//! *blind spot*: flagged after every run if something beneath it could change unseen (it can
+//! be entered, or is a symlink), else whenever it appears or changes. A symlinked hooks
+//! directory pointing inside the workspace is scanned where it points.
+//!
 //! Cost is bounded: the search for nested repositories visits at most [`MAX_DIRS`]
 //! directories, [`MAX_DEPTH`] levels deep, skips dependency and build trees
 //! ([`SKIPPED_DIRS`]) and the inside of `.git` directories, and scans at most [`MAX_REPOS`]
@@ -117,6 +127,9 @@ pub enum FlagKind {
     GitMetadata,
     /// A set-id file was found in a writable tree after the run.
     SetId,
+    /// A place the runner cannot look into (list, reach or follow) appeared or changed, or
+    /// can hide changes beneath it: what lies there was not checked.
+    Unreadable,
 }
 
 /// One thing a human should look at before running host-side tools in the workspace.
@@ -139,6 +152,7 @@ impl std::fmt::Display for PostRunFlag {
             FlagKind::WatchedFile => "host-executed file",
             FlagKind::GitMetadata => "git metadata",
             FlagKind::SetId => "set-id file",
+            FlagKind::Unreadable => "unchecked place",
         };
         // One line, whatever the tool wrote.
         let detail: String = self
@@ -188,34 +202,67 @@ pub(crate) struct Snapshot {
     files: BTreeMap<PathBuf, Print>,
     /// Git metadata file (and whole config files) → fingerprint.
     meta: BTreeMap<PathBuf, Print>,
+    /// Places the runner could not look into → what they are.
+    blind: BTreeMap<PathBuf, Blind>,
     truncated: bool,
+}
+
+/// A place the runner could not look into (a directory it may not list, or reach; a
+/// symlink where the scan does not follow; the workspace itself, when it cannot be opened).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Blind {
+    /// Why, and what stands there ([`stat_print`]).
+    print: Print,
+    /// Whether something beneath it could change while it stays the same: a directory the
+    /// runner may enter but not list, or a symlink. Such a place is flagged after every run,
+    /// not only when it changed.
+    open: bool,
 }
 
 const DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
 
-fn open_dir(root: &OwnedFd, rel: &Path) -> Option<OwnedFd> {
+/// Whether an error means "nothing there" (gone, or not a directory where one was looked
+/// for) rather than "there, but out of sight".
+fn is_absent(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
+}
+
+/// Opens the directory `rel` beneath the root for listing (read permission needed): a new
+/// open file description, also for the root itself, so no two listings share an offset.
+fn open_dir(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    sys::openat2_beneath(root.as_raw_fd(), rel, DIR, 0)
+}
+
+/// An `O_PATH` descriptor for `rel` beneath the root, the last component not followed: for
+/// lookups and `stat`s, which need only search permission on the way.
+fn reach(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
     if rel.as_os_str().is_empty() {
-        return root.try_clone().ok();
+        return root.try_clone();
     }
-    sys::openat2_beneath(root.as_raw_fd(), rel, DIR, 0).ok()
+    sys::openat2_beneath(root.as_raw_fd(), rel, libc::O_PATH | libc::O_NOFOLLOW, 0)
 }
 
-/// Entries of a directory opened beneath the root, sorted: `(name, is_dir, is_symlink)`.
-/// Read from the fd itself (each directory is opened once and read once).
-fn entries(dir: &OwnedFd) -> Vec<(std::ffi::OsString, bool, bool)> {
-    entries_where(dir, &mut |_, _, _| true)
-}
-
-/// The entries of `dir` that `keep` accepts, sorted (see [`entries`]). Only those are copied:
-/// the workspace walk keeps directories and `.git`, so a directory of many files costs no
-/// memory per file.
-fn entries_where(
-    dir: &OwnedFd,
+/// The entries of the directory `rel` that `keep` accepts, sorted: `(name, is_dir,
+/// is_symlink)`. Only those are copied: the workspace walk keeps directories and `.git`, so
+/// a directory of many files costs no memory per file.
+fn list(
+    root: &OwnedFd,
+    rel: &Path,
     keep: &mut dyn FnMut(&std::ffi::OsStr, bool, bool) -> bool,
-) -> Vec<(std::ffi::OsString, bool, bool)> {
-    let mut out = sys::dir_entries_where(dir, keep).unwrap_or_default();
+) -> std::io::Result<Vec<(std::ffi::OsString, bool, bool)>> {
+    let mut out = sys::dir_entries_where(&open_dir(root, rel)?, keep)?;
     out.sort();
-    out
+    Ok(out)
+}
+
+/// Every entry of the directory `rel` (see [`list`]).
+fn list_all(root: &OwnedFd, rel: &Path) -> std::io::Result<Vec<(std::ffi::OsString, bool, bool)>> {
+    list(root, rel, &mut |_, _, _| true)
 }
 
 /// What the workspace walk of [`Snapshot::take`] looks at: repository markers (`.git`, of any
@@ -224,51 +271,92 @@ fn walked(name: &std::ffi::OsStr, is_dir: bool, is_link: bool) -> bool {
     name == ".git" || (is_dir && !is_link)
 }
 
-/// Fingerprint of `rel` (no symlink followed; FIFOs and devices by type only).
-fn print(root: &OwnedFd, rel: &Path) -> Option<Print> {
-    let (parent, name) = (rel.parent()?, rel.file_name()?);
-    if parent.as_os_str().is_empty() {
-        return print_in(root, name);
-    }
-    print_in(&open_dir(root, parent)?, name)
+/// What stands behind a descriptor, from its `stat` alone: type, mode, inode and change time
+/// (which no tool can set: a write, a chmod, an entry added or removed all move it), or a
+/// symlink's target.
+fn stat_print(fd: &OwnedFd) -> std::io::Result<Print> {
+    let st = sys::stat_at(fd.as_raw_fd(), Path::new(""))?;
+    let kind = match st.st_mode & libc::S_IFMT {
+        libc::S_IFLNK => return Ok(format!("symlink to {}", sys::readlink_fd(fd)?.display())),
+        libc::S_IFDIR => "directory",
+        libc::S_IFREG => "file",
+        _ => "special file",
+    };
+    Ok(format!(
+        "{kind}, mode {:o} [inode {}, changed {}.{:09}]",
+        st.st_mode & 0o7777,
+        st.st_ino,
+        st.st_ctime,
+        st.st_ctime_nsec
+    ))
 }
 
-/// Fingerprint of the entry `name` of the directory `pdir` (see [`print`]).
-fn print_in(pdir: &OwnedFd, name: &std::ffi::OsStr) -> Option<Print> {
-    let (_, _, is_dir, is_link) = sys::lstat_at(pdir.as_raw_fd(), Path::new(name)).ok()?;
-    if is_link {
-        let target = std::fs::read_link(format!(
-            "/proc/self/fd/{}/{}",
-            pdir.as_raw_fd(),
-            name.to_string_lossy()
-        ))
-        .ok()?;
-        return Some(format!("symlink:{}", target.display()));
+/// A fingerprint as people read it: without the bracketed part of a [`stat_print`], which
+/// only tells two states apart.
+fn shown(print: &str) -> &str {
+    match print.rfind(" [") {
+        Some(i) if print.ends_with(']') => &print[..i],
+        _ => print,
     }
+}
+
+/// Fingerprint of the entry `name` of the directory `pdir` (an `O_PATH` descriptor will do):
+/// mode, size and content hash; a symlink's target (not followed); FIFOs and devices by type
+/// only. One the runner cannot read is fingerprinted by [`stat_print`], so a change to it
+/// still shows. `None`: nothing there.
+fn print_in(pdir: &OwnedFd, name: &std::ffi::OsStr) -> std::io::Result<Option<Print>> {
+    let (_, _, is_dir, is_link) = match sys::lstat_at(pdir.as_raw_fd(), Path::new(name)) {
+        Ok(st) => st,
+        Err(e) if is_absent(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
     if is_dir {
-        return Some("dir".into());
+        return Ok(Some("dir".into()));
     }
-    let fd = sys::openat2_beneath(
-        pdir.as_raw_fd(),
-        Path::new(name),
-        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
-        0,
-    )
-    .ok()?;
-    let f = std::fs::File::from(fd);
-    let md = f.metadata().ok()?;
-    use std::os::unix::fs::MetadataExt;
-    if !md.is_file() {
-        return Some(format!("special:{:o}", md.mode()));
+    let read = || -> std::io::Result<Print> {
+        if is_link {
+            let fd = sys::openat2_beneath(
+                pdir.as_raw_fd(),
+                Path::new(name),
+                libc::O_PATH | libc::O_NOFOLLOW,
+                0,
+            )?;
+            return Ok(format!("symlink:{}", sys::readlink_fd(&fd)?.display()));
+        }
+        let fd = sys::openat2_beneath(
+            pdir.as_raw_fd(),
+            Path::new(name),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )?;
+        let f = std::fs::File::from(fd);
+        let md = f.metadata()?;
+        use std::os::unix::fs::MetadataExt;
+        if !md.is_file() {
+            return Ok(format!("special:{:o}", md.mode()));
+        }
+        let mut h = Sha256::new();
+        if md.len() <= MAX_FILE_BYTES {
+            let mut buf = Vec::new();
+            f.take(MAX_FILE_BYTES).read_to_end(&mut buf)?;
+            h.update(&buf);
+        }
+        let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("{:o}:{}:{digest}", md.mode(), md.len()))
+    };
+    match read() {
+        Ok(p) => Ok(Some(p)),
+        Err(e) if is_absent(&e) => Ok(None),
+        Err(e) => {
+            let fd = sys::openat2_beneath(
+                pdir.as_raw_fd(),
+                Path::new(name),
+                libc::O_PATH | libc::O_NOFOLLOW,
+                0,
+            )?;
+            Ok(Some(format!("unreadable ({e}): {}", stat_print(&fd)?)))
+        }
     }
-    let mut h = Sha256::new();
-    if md.len() <= MAX_FILE_BYTES {
-        let mut buf = Vec::new();
-        f.take(MAX_FILE_BYTES).read_to_end(&mut buf).ok()?;
-        h.update(&buf);
-    }
-    let digest: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!("{:o}:{}:{digest}", md.mode(), md.len()))
 }
 
 /// Reads a small regular file beneath the root (no symlinks, no FIFOs).
@@ -354,31 +442,43 @@ pub(crate) fn risky_config_entries(text: &str) -> BTreeSet<String> {
 }
 
 impl Snapshot {
-    /// Takes a snapshot of `workdir` (absolute). Never fails: what cannot be read is absent.
+    /// Takes a snapshot of `workdir` (absolute). Never fails: what cannot be looked into is
+    /// recorded as such ([`Blind`]), so the diff flags it instead of missing what it hides.
     pub(crate) fn take(workdir: &Path) -> Snapshot {
         let mut s = Snapshot::default();
-        let Ok(root) = std::fs::File::open(workdir).map(OwnedFd::from) else {
-            return s;
+        let root = match std::fs::File::open(workdir).map(OwnedFd::from) {
+            Ok(root) => root,
+            Err(e) => {
+                let print = format!("the workspace cannot be opened: {e}");
+                s.blind.insert(PathBuf::new(), Blind { print, open: true });
+                return s;
+            }
         };
-        // Each parent directory of the watched files is opened once.
-        let mut parent: Option<(&Path, Option<OwnedFd>)> = None;
+        // Each parent directory of the watched files is reached once.
+        let mut parent: Option<(&Path, std::io::Result<OwnedFd>)> = None;
         for f in WATCHED_FILES {
             let rel = Path::new(f);
             let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
                 continue;
             };
-            let p = if dir.as_os_str().is_empty() {
+            let printed = if dir.as_os_str().is_empty() {
                 print_in(&root, name)
             } else {
                 if parent.as_ref().is_none_or(|(d, _)| *d != dir) {
-                    parent = Some((dir, open_dir(&root, dir)));
+                    parent = Some((dir, reach(&root, dir)));
                 }
                 match &parent {
-                    Some((_, Some(pdir))) => print_in(pdir, name),
-                    _ => None,
+                    Some((_, Ok(pdir))) => print_in(pdir, name),
+                    // Missing, or a file: nothing beneath it. A symlinked `.vscode` is
+                    // fingerprinted as the watched entry it also is.
+                    Some((_, Err(e))) if is_absent(e) => Ok(None),
+                    Some((_, Err(e))) => Err(std::io::Error::from_raw_os_error(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                    )),
+                    None => Ok(None),
                 }
             };
-            if let Some(p) = p {
+            if let Some(p) = s.seen(&root, rel, printed) {
                 s.files.insert(PathBuf::from(f), p);
             }
         }
@@ -391,14 +491,12 @@ impl Snapshot {
                 s.truncated = true;
                 break;
             }
-            // The root is read once, here (its fd is otherwise only used with `*at` calls).
-            let listed = if rel.as_os_str().is_empty() {
-                entries_where(&root, &mut walked)
-            } else {
-                let Some(dir) = open_dir(&root, &rel) else {
+            let listed = match list(&root, &rel, &mut walked) {
+                Ok(listed) => listed,
+                Err(e) => {
+                    s.blind_spot(&root, &rel, &e);
                     continue;
-                };
-                entries_where(&dir, &mut walked)
+                }
             };
             for (name, is_dir, is_link) in listed {
                 let child = rel.join(&name);
@@ -413,14 +511,14 @@ impl Snapshot {
                         continue;
                     }
                     if is_dir {
-                        s.scan_gitdir(&root, &child, 0);
+                        s.scan_gitdir(&root, workdir, &child, 0);
                     } else if let Some(gitdir) = gitfile_target(&root, &child, workdir) {
-                        s.scan_gitdir(&root, &gitdir, 0);
+                        s.scan_gitdir(&root, workdir, &gitdir, 0);
                     }
                     // The work tree's `.gitmodules` (the workspace root's is a watched file).
                     if !rel.as_os_str().is_empty() {
                         let modules = rel.join(".gitmodules");
-                        if let Some(p) = print(&root, &modules) {
+                        if let Some(p) = s.print(&root, &modules) {
                             s.meta.insert(modules, p);
                         }
                     }
@@ -442,31 +540,93 @@ impl Snapshot {
         s
     }
 
-    fn scan_gitdir(&mut self, root: &OwnedFd, gitdir: &Path, depth: usize) {
-        let hooks = gitdir.join("hooks");
-        if let Some(dir) = open_dir(root, &hooks) {
-            for (name, _, _) in entries(&dir) {
-                if name.to_string_lossy().ends_with(".sample") {
-                    continue;
-                }
-                let rel = hooks.join(&name);
-                if let Some(p) = print(root, &rel) {
-                    self.hooks.insert(rel, p);
-                }
+    /// Records `rel`, which is there but could not be looked into (`err`), as a blind spot;
+    /// when `rel` itself cannot be reached, the nearest directory above it that can (whose
+    /// change time then tells whether the tool could have gone past it).
+    fn blind_spot(&mut self, root: &OwnedFd, rel: &Path, err: &std::io::Error) {
+        if is_absent(err) {
+            return;
+        }
+        let mut at = rel;
+        let fd = loop {
+            match reach(root, at) {
+                Ok(fd) => break fd,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+                Err(_) => match at.parent() {
+                    Some(up) => at = up,
+                    None => return,
+                },
             }
+        };
+        let (what, open) = match stat_print(&fd) {
+            Ok(p) if p.starts_with("symlink") => (p, true),
+            // Reached, not looked into: it can hide what lies beneath if it can be entered.
+            // If not, the tool (no more privileged than the runner) could only have gone
+            // past it by changing its mode, which changes this fingerprint.
+            Ok(p) => {
+                let open = sys::can_search(&fd);
+                (p, open)
+            }
+            Err(e) => (format!("cannot be examined: {e}"), true),
+        };
+        let print = if at == rel {
+            format!("{err}; {what}")
+        } else {
+            format!("{} cannot be reached ({err}); {what}", rel.display())
+        };
+        self.blind.insert(at.to_path_buf(), Blind { print, open });
+    }
+
+    /// A fingerprint ([`print_in`]'s answer for `rel`): kept, or, when `rel` could not be
+    /// examined, recorded as a blind spot.
+    fn seen(
+        &mut self,
+        root: &OwnedFd,
+        rel: &Path,
+        printed: std::io::Result<Option<Print>>,
+    ) -> Option<Print> {
+        match printed {
+            Ok(p) => p,
+            Err(e) => {
+                self.blind_spot(root, rel, &e);
+                None
+            }
+        }
+    }
+
+    /// Fingerprint of `rel` (see [`print_in`]); `None` when nothing is there, or when it
+    /// could not be examined (then recorded as a blind spot).
+    fn print(&mut self, root: &OwnedFd, rel: &Path) -> Option<Print> {
+        let (parent, name) = (rel.parent()?, rel.file_name()?);
+        let printed = match reach(root, parent) {
+            Ok(pdir) => print_in(&pdir, name),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(e),
+        };
+        self.seen(root, rel, printed)
+    }
+
+    fn scan_gitdir(&mut self, root: &OwnedFd, workdir: &Path, gitdir: &Path, depth: usize) {
+        let hooks = gitdir.join("hooks");
+        match list_all(root, &hooks) {
+            Ok(listed) => self.scan_hooks(root, &hooks, &hooks, listed),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                self.scan_linked_hooks(root, workdir, &hooks, &e);
+            }
+            Err(e) => self.blind_spot(root, &hooks, &e),
         }
         for cfg in ["config", "config.worktree"] {
             let rel = gitdir.join(cfg);
             if let Some(text) = read_small(root, &rel) {
                 self.config.insert(rel.clone(), risky_config_entries(&text));
             }
-            if let Some(p) = print(root, &rel) {
+            if let Some(p) = self.print(root, &rel) {
                 self.meta.insert(rel, p);
             }
         }
         for f in GIT_METADATA {
             let rel = gitdir.join(f);
-            if let Some(p) = print(root, &rel) {
+            if let Some(p) = self.print(root, &rel) {
                 self.meta.insert(rel, p);
             }
         }
@@ -476,48 +636,113 @@ impl Snapshot {
         // Linked worktrees: what each one's gitdir says about where it lives and what it
         // shares.
         let worktrees = gitdir.join("worktrees");
-        if let Some(dir) = open_dir(root, &worktrees) {
-            for (name, is_dir, _) in entries(&dir).into_iter().take(MAX_REPOS) {
-                let rel = worktrees.join(&name);
-                if !is_dir {
-                    if let Some(p) = print(root, &rel) {
-                        self.meta.insert(rel, p);
+        match list_all(root, &worktrees) {
+            Ok(listed) => {
+                for (name, is_dir, _) in listed.into_iter().take(MAX_REPOS) {
+                    let rel = worktrees.join(&name);
+                    if !is_dir {
+                        if let Some(p) = self.print(root, &rel) {
+                            self.meta.insert(rel, p);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                self.meta.insert(rel.clone(), "dir".into());
-                for f in ["commondir", "gitdir", "config.worktree"] {
-                    if let Some(p) = print(root, &rel.join(f)) {
-                        self.meta.insert(rel.join(f), p);
+                    self.meta.insert(rel.clone(), "dir".into());
+                    for f in ["commondir", "gitdir", "config.worktree"] {
+                        if let Some(p) = self.print(root, &rel.join(f)) {
+                            self.meta.insert(rel.join(f), p);
+                        }
                     }
                 }
             }
+            Err(e) => self.blind_spot(root, &worktrees, &e),
         }
         // Submodule gitdirs are repositories of their own (hooks, config, …).
         let modules = gitdir.join("modules");
-        if let Some(dir) = open_dir(root, &modules) {
-            for (name, is_dir, _) in entries(&dir).into_iter().take(MAX_REPOS) {
-                let rel = modules.join(&name);
-                if !is_dir {
-                    continue;
+        match list_all(root, &modules) {
+            Ok(listed) => {
+                for (name, is_dir, _) in listed.into_iter().take(MAX_REPOS) {
+                    let rel = modules.join(&name);
+                    if !is_dir {
+                        continue;
+                    }
+                    if depth + 1 > MAX_MODULE_DEPTH {
+                        self.truncated = true;
+                        continue;
+                    }
+                    self.meta.insert(rel.clone(), "dir".into());
+                    self.scan_gitdir(root, workdir, &rel, depth + 1);
                 }
-                if depth + 1 > MAX_MODULE_DEPTH {
-                    self.truncated = true;
-                    continue;
-                }
-                self.meta.insert(rel.clone(), "dir".into());
-                self.scan_gitdir(root, &rel, depth + 1);
             }
+            Err(e) => self.blind_spot(root, &modules, &e),
+        }
+    }
+
+    /// Fingerprints the hooks `listed` in the directory `dir` (which `hooks` names for git:
+    /// the same path, or a symlink to it), `*.sample` left out.
+    fn scan_hooks(
+        &mut self,
+        root: &OwnedFd,
+        hooks: &Path,
+        dir: &Path,
+        listed: Vec<(std::ffi::OsString, bool, bool)>,
+    ) {
+        let pdir = match reach(root, dir) {
+            Ok(pdir) => pdir,
+            Err(e) => return self.blind_spot(root, dir, &e),
+        };
+        for (name, _, _) in listed {
+            if name.to_string_lossy().ends_with(".sample") {
+                continue;
+            }
+            let printed = print_in(&pdir, &name);
+            if let Some(p) = self.seen(root, &dir.join(&name), printed) {
+                self.hooks.insert(hooks.join(&name), p);
+            }
+        }
+    }
+
+    /// A hooks directory that is a symlink (`ln -s ../../githooks .git/hooks`): git runs
+    /// what lies where it points, so that is scanned when it lies in the workspace (the link
+    /// itself is fingerprinted as metadata: a new target is a change); anywhere else, or
+    /// through more symlinks, it is a blind spot.
+    fn scan_linked_hooks(
+        &mut self,
+        root: &OwnedFd,
+        workdir: &Path,
+        hooks: &Path,
+        err: &std::io::Error,
+    ) {
+        let Some(link) = self.print(root, hooks) else {
+            return;
+        };
+        let target = reach(root, hooks)
+            .and_then(|fd| sys::readlink_fd(&fd))
+            .ok()
+            .and_then(|t| inside(workdir, hooks.parent()?, &t));
+        self.meta.insert(hooks.to_path_buf(), link);
+        let Some(target) = target else {
+            return self.blind_spot(root, hooks, err);
+        };
+        match list_all(root, &target) {
+            Ok(listed) => self.scan_hooks(root, hooks, &target, listed),
+            Err(e) if is_absent(&e) => {}
+            Err(_) => self.blind_spot(root, hooks, err),
         }
     }
 
     /// Fingerprints every entry of the directory `rel` (not recursing).
     fn print_dir(&mut self, root: &OwnedFd, rel: &Path) {
-        let Some(dir) = open_dir(root, rel) else {
-            return;
+        let listed = match list_all(root, rel) {
+            Ok(listed) => listed,
+            Err(e) => return self.blind_spot(root, rel, &e),
         };
-        for (name, _, _) in entries(&dir).into_iter().take(MAX_DIRS) {
-            if let Some(p) = print_in(&dir, &name) {
+        let pdir = match reach(root, rel) {
+            Ok(pdir) => pdir,
+            Err(e) => return self.blind_spot(root, rel, &e),
+        };
+        for (name, _, _) in listed.into_iter().take(MAX_DIRS) {
+            let printed = print_in(&pdir, &name);
+            if let Some(p) = self.seen(root, &rel.join(&name), printed) {
                 self.meta.insert(rel.join(&name), p);
             }
         }
@@ -534,19 +759,16 @@ impl Snapshot {
             });
         }
         for (p, v) in &after.hooks {
-            match self.hooks.get(p) {
-                None => flags.push(PostRunFlag {
-                    kind: FlagKind::GitHook,
-                    path: p.clone(),
-                    detail: "created during the run".into(),
-                }),
-                Some(old) if old != v => flags.push(PostRunFlag {
-                    kind: FlagKind::GitHook,
-                    path: p.clone(),
-                    detail: "changed during the run".into(),
-                }),
-                Some(_) => {}
-            }
+            let detail = match self.hooks.get(p) {
+                None => "created during the run",
+                Some(old) if old != v => "changed during the run",
+                Some(_) => continue,
+            };
+            flags.push(PostRunFlag {
+                kind: FlagKind::GitHook,
+                path: p.clone(),
+                detail: described(detail, v),
+            });
         }
         let empty = BTreeSet::new();
         for (p, entries) in &after.config {
@@ -568,7 +790,7 @@ impl Snapshot {
             flags.push(PostRunFlag {
                 kind: FlagKind::WatchedFile,
                 path: p.clone(),
-                detail: detail.into(),
+                detail: described(detail, v),
             });
         }
         // Any other change to git metadata (config files whose risky entries did not change
@@ -590,7 +812,7 @@ impl Snapshot {
                     FlagKind::GitMetadata
                 },
                 path: p.clone(),
-                detail: detail.into(),
+                detail: described(detail, v),
             });
         }
         for p in self.meta.keys().filter(|p| !after.meta.contains_key(*p)) {
@@ -600,12 +822,40 @@ impl Snapshot {
                 detail: "removed during the run".into(),
             });
         }
+        for (p, b) in &after.blind {
+            let detail = if b.open {
+                "the runner cannot look into it, so nothing beneath it was checked"
+            } else {
+                match self.blind.get(p) {
+                    None => "the runner cannot look into it since the run",
+                    Some(old) if old != b => {
+                        "changed during the run; the runner cannot look into it"
+                    }
+                    Some(_) => continue,
+                }
+            };
+            flags.push(PostRunFlag {
+                kind: FlagKind::Unreadable,
+                path: p.clone(),
+                detail: format!("{detail}: {}", shown(&b.print)),
+            });
+        }
         flags.sort();
         PostRunRecord {
             flags,
             repositories: after.repos.len(),
             truncated: self.truncated || after.truncated,
         }
+    }
+}
+
+/// A flag's detail: `what` happened, and, for an item the runner could not read, what it
+/// saw instead.
+fn described(what: &str, print: &str) -> String {
+    if print.starts_with("unreadable") {
+        format!("{what}; {}", shown(print))
+    } else {
+        what.into()
     }
 }
 
@@ -620,10 +870,12 @@ fn is_setid(mode: u32) -> bool {
 /// Every set-id file in the writable directories `trees` (absolute; symlinks never
 /// followed, other filesystems' mounts included), as flags whose path is relative to
 /// `workdir` where it lies inside it. Skips [`SKIPPED_DIRS`]; looks at most at
-/// [`MAX_SETID_ENTRIES`] entries in
-/// all; `true` when that bound cut the search short.
+/// [`MAX_SETID_ENTRIES`] entries in all; `true` when that bound cut the search short, or
+/// when part of it could not be searched (a directory the runner may enter but not list, an
+/// entry it could not examine).
 pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag>, bool) {
     let mut flags = Vec::new();
+    let mut unsearched = false;
     let mut seen = 0usize;
     for tree in trees {
         let Ok(root) = std::fs::File::open(tree).map(OwnedFd::from) else {
@@ -634,12 +886,18 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
         }
         let mut queue = std::collections::VecDeque::from([PathBuf::new()]);
         while let Some(rel) = queue.pop_front() {
-            let Some(dir) = open_dir(&root, &rel) else {
-                continue;
+            let dir = match open_dir(&root, &rel) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    // One the runner may not list but anyone could enter: not searched.
+                    unsearched |=
+                        !is_absent(&e) && reach(&root, &rel).is_ok_and(|fd| sys::can_search(&fd));
+                    continue;
+                }
             };
             // Streamed, not listed: a directory of many files costs no memory per file.
             let mut cut = false;
-            let _ = sys::visit_dir_entries(&dir, &mut |name, is_dir, is_link| {
+            let listed = sys::visit_dir_entries(&dir, &mut |name, is_dir, is_link| {
                 seen += 1;
                 if seen > MAX_SETID_ENTRIES {
                     cut = true;
@@ -648,8 +906,12 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
                 if is_link {
                     return ControlFlow::Continue(());
                 }
-                let Ok(mode) = sys::mode_at(dir.as_raw_fd(), Path::new(name)) else {
-                    return ControlFlow::Continue(());
+                let mode = match sys::mode_at(dir.as_raw_fd(), Path::new(name)) {
+                    Ok(mode) => mode,
+                    Err(e) => {
+                        unsearched |= !is_absent(&e);
+                        return ControlFlow::Continue(());
+                    }
                 };
                 if is_setid(mode) {
                     let abs = tree.join(&rel).join(name);
@@ -666,24 +928,31 @@ pub(crate) fn setid_flags(trees: &[PathBuf], workdir: &Path) -> (Vec<PostRunFlag
                 }
                 ControlFlow::Continue(())
             });
+            unsearched |= listed.is_err();
             if cut {
                 return (flags, true);
             }
         }
     }
-    (flags, false)
+    (flags, unsearched)
 }
 
 /// The workspace-relative gitdir a `.git` file points at, if it lies inside the workspace.
 fn gitfile_target(root: &OwnedFd, dotgit: &Path, workdir: &Path) -> Option<PathBuf> {
     let text = read_small(root, dotgit)?;
     let target = text.lines().next()?.strip_prefix("gitdir:")?.trim();
-    let abs = if Path::new(target).is_absolute() {
-        PathBuf::from(target)
+    inside(workdir, dotgit.parent()?, Path::new(target))
+}
+
+/// Where `target` (as a `.git` file or a symlink in the directory `base` names it: absolute,
+/// or relative to `base`) lies, relative to the workspace; `None` outside it. Lexical: the
+/// opens that follow refuse symlinks and escapes anyway.
+fn inside(workdir: &Path, base: &Path, target: &Path) -> Option<PathBuf> {
+    let abs = if target.is_absolute() {
+        target.to_path_buf()
     } else {
-        workdir.join(dotgit.parent()?).join(target)
+        workdir.join(base).join(target)
     };
-    // Lexical normalisation; the opens below refuse symlinks and escapes anyway.
     let mut norm = PathBuf::new();
     for c in abs.components() {
         match c {
@@ -781,6 +1050,143 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A tool that hides what it left (a hooks directory or a parent it may list no more, a
+    /// hook it may not read, a directory of its own it closed, a symlinked hooks directory)
+    /// is flagged, not missed: as a runner without `CAP_DAC_*` sees it (root drops them for
+    /// the thread that looks).
+    #[test]
+    fn what_the_runner_cannot_see_is_flagged_not_missed() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("ollie-postrun-b-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        for dir in [
+            ".git/hooks",
+            "vendor/x/.git/hooks",
+            "vendor/y/.git",
+            "githooks",
+            "githooks2",
+            "closed",
+            "ajar",
+        ] {
+            std::fs::create_dir_all(d.join(dir)).unwrap();
+        }
+        std::os::unix::fs::symlink("../../../githooks", d.join("vendor/y/.git/hooks")).unwrap();
+        let chmod = |p: &str, mode: u32| {
+            std::fs::set_permissions(d.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let flags = |before: &Snapshot, after: &Snapshot| -> Vec<(FlagKind, String, String)> {
+            before
+                .diff(after)
+                .flags
+                .iter()
+                .map(|f| (f.kind, f.path.display().to_string(), f.detail.clone()))
+                .collect()
+        };
+        let has = |got: &[(FlagKind, String, String)], kind: FlagKind, path: &str| {
+            got.iter().any(|(k, p, _)| *k == kind && p == path)
+        };
+        let looker = std::thread::scope(|sc| {
+            sc.spawn(|| {
+                crate::sys::drop_dac_caps_of_this_thread().unwrap();
+                chmod("closed", 0);
+                std::fs::write(d.join("setup"), "").unwrap();
+                let before = Snapshot::take(&d);
+                assert!(
+                    flags(&before, &before).is_empty(),
+                    "{:?}",
+                    flags(&before, &before)
+                );
+
+                // A nested repository's hooks directory, listable no more.
+                std::fs::write(d.join("vendor/x/.git/hooks/post-checkout"), "#!/bin/sh\n").unwrap();
+                chmod("vendor/x/.git/hooks", 0o111);
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(
+                    has(&got, FlagKind::Unreadable, "vendor/x/.git/hooks"),
+                    "{got:?}"
+                );
+                chmod("vendor/x/.git/hooks", 0o755);
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(
+                    has(&got, FlagKind::GitHook, "vendor/x/.git/hooks/post-checkout"),
+                    "{got:?}"
+                );
+                assert!(!got.iter().any(|f| f.0 == FlagKind::Unreadable), "{got:?}");
+
+                // A new repository behind a parent that can be entered but not listed.
+                std::fs::create_dir_all(d.join("deep/r/.git/hooks")).unwrap();
+                chmod("deep", 0o111);
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(has(&got, FlagKind::Unreadable, "deep"), "{got:?}");
+                chmod("deep", 0o755);
+                std::fs::remove_dir_all(d.join("deep")).unwrap();
+
+                // A hook the runner may run but not read.
+                std::fs::write(d.join("vendor/x/.git/hooks/pre-push"), "\x7fELF").unwrap();
+                chmod("vendor/x/.git/hooks/pre-push", 0o111);
+                let got = flags(&before, &Snapshot::take(&d));
+                let hook = got
+                    .iter()
+                    .find(|(k, p, _)| *k == FlagKind::GitHook && p.ends_with("pre-push"));
+                assert!(
+                    hook.is_some_and(|(_, _, detail)| detail.contains("unreadable")),
+                    "{got:?}"
+                );
+                std::fs::remove_file(d.join("vendor/x/.git/hooks/pre-push")).unwrap();
+                std::fs::remove_file(d.join("vendor/x/.git/hooks/post-checkout")).unwrap();
+
+                // A closed directory is fine while it stays closed; opened, filled and closed
+                // again, its change time tells (past the coarse clock's tick).
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(got.is_empty(), "{got:?}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                chmod("closed", 0o700);
+                std::fs::create_dir_all(d.join("closed/r/.git")).unwrap();
+                chmod("closed", 0);
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(has(&got, FlagKind::Unreadable, "closed"), "{got:?}");
+                chmod("closed", 0o700);
+                std::fs::remove_dir_all(d.join("closed/r")).unwrap();
+                chmod("closed", 0);
+                let before = Snapshot::take(&d);
+
+                // A symlinked hooks directory: what it points to is scanned; a new target is a
+                // change; a target outside the workspace is a blind spot.
+                std::fs::write(d.join("githooks/pre-commit"), "#!/bin/sh\n").unwrap();
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(
+                    has(&got, FlagKind::GitHook, "vendor/y/.git/hooks/pre-commit"),
+                    "{got:?}"
+                );
+                std::fs::remove_file(d.join("vendor/y/.git/hooks")).unwrap();
+                std::os::unix::fs::symlink("../../../githooks2", d.join("vendor/y/.git/hooks"))
+                    .unwrap();
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(
+                    has(&got, FlagKind::GitMetadata, "vendor/y/.git/hooks"),
+                    "{got:?}"
+                );
+                std::fs::remove_file(d.join("vendor/y/.git/hooks")).unwrap();
+                std::os::unix::fs::symlink("/usr/share", d.join("vendor/y/.git/hooks")).unwrap();
+                let got = flags(&before, &Snapshot::take(&d));
+                assert!(
+                    has(&got, FlagKind::Unreadable, "vendor/y/.git/hooks"),
+                    "{got:?}"
+                );
+
+                // The set-id search says when a directory could not be searched.
+                assert!(!setid_flags(std::slice::from_ref(&d), &d).1);
+                chmod("ajar", 0o311);
+                assert!(setid_flags(std::slice::from_ref(&d), &d).1);
+                chmod("ajar", 0o755);
+            })
+            .join()
+        });
+        chmod("closed", 0o755);
+        let _ = std::fs::remove_dir_all(&d);
+        looker.unwrap();
+    }
+
     #[test]
     fn entries_and_nested_watched_files() {
         let d = std::env::temp_dir().join(format!("ollie-postrun-e-{}", std::process::id()));
@@ -794,7 +1200,7 @@ mod tests {
             std::fs::write(d.join(format!("many-{i:03}-{}", "n".repeat(40))), "").unwrap();
         }
         let root = OwnedFd::from(std::fs::File::open(&d).unwrap());
-        let got = entries(&root);
+        let got = list_all(&root, Path::new("")).unwrap();
         assert_eq!(got.len(), 304);
         let find = |n: &str| got.iter().find(|e| e.0 == n).map(|e| (e.1, e.2));
         assert_eq!(find("sub"), Some((true, false)));

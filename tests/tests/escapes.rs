@@ -796,6 +796,68 @@ case!(a06e_git_commondir_redirection_is_refused_and_flagged, |c| {
     );
 });
 
+case!(a06f_persistence_hidden_from_the_runner_is_flagged, |c| {
+    // The tool is the runner's user: it can take its own read permission away from what it
+    // leaves, and git (search permission only) still runs it. A runner without CAP_DAC_* (the
+    // unprivileged suite) cannot list what is hidden, so it must flag the place instead; as
+    // root it sees through. Either way, each hidden item is named by a flag on it or on a
+    // directory above it. A symlinked hooks directory is scanned where it points.
+    for (dir, repo) in [("vendor/x", true), ("vendor/y", true), ("githooks", false)] {
+        std::fs::create_dir_all(c.w.join(dir)).unwrap();
+        if repo {
+            assert!(
+                Command::new("git")
+                    .args(["init", "-q"])
+                    .current_dir(c.w.join(dir))
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }
+    }
+    std::fs::remove_dir_all(c.w.join("vendor/y/.git/hooks")).unwrap();
+    std::os::unix::fs::symlink("../../../githooks", c.w.join("vendor/y/.git/hooks")).unwrap();
+    let out = c.run(
+        &p_std(),
+        "printf '#!/bin/sh\\ntouch /tmp/x\\n' > vendor/x/.git/hooks/post-checkout; \
+         chmod 755 vendor/x/.git/hooks/post-checkout; chmod 111 vendor/x/.git/hooks; echo \"hooks $?\"; \
+         mkdir -p deep/r && git -C deep/r init -q && chmod 111 deep; echo \"deep $?\"; \
+         cp /bin/true vendor/y/.git/hooks/pre-commit && chmod 111 vendor/y/.git/hooks/pre-commit; echo \"linked $?\"",
+    );
+    for l in ["hooks", "deep", "linked"] {
+        expect(&out, l, &["0"]);
+    }
+    let flags = &out.record.post_run.flags;
+    for hidden in [
+        "vendor/x/.git/hooks/post-checkout",
+        "deep/r/.git",
+        "vendor/y/.git/hooks/pre-commit",
+    ] {
+        assert!(
+            flags
+                .iter()
+                .any(|f| Path::new(hidden).starts_with(&f.path) && !f.path.as_os_str().is_empty()),
+            "{hidden} is not flagged: {flags:#?}"
+        );
+    }
+    // What root sees by name, an unprivileged runner sees as places it cannot look into.
+    let unreadable = flags
+        .iter()
+        .filter(|f| f.kind == ollie_sandbox::FlagKind::Unreadable)
+        .count();
+    if is_root() {
+        assert_eq!(unreadable, 0, "{flags:#?}");
+    } else {
+        assert!(unreadable >= 2, "{flags:#?}");
+    }
+    for d in ["vendor/x/.git/hooks", "deep"] {
+        let _ = std::fs::set_permissions(
+            c.w.join(d),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        );
+    }
+});
+
 case!(a07_metadata_changes_on_readonly_paths, |c| {
     let (ssh, bashrc, prof) = (
         c.home.join(".ssh"),

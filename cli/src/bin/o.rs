@@ -262,7 +262,7 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     }
     if out.record.post_run.truncated {
         eprintln!(
-            "o sandbox: warning: the post-run scan hit its bounds; deeper parts of the workspace (nested repositories, set-id files) were not checked"
+            "o sandbox: warning: the post-run scan was cut short (a bound was hit, or a directory could not be searched); parts of the workspace (nested repositories, set-id files) were not checked"
         );
     }
     if out.record.exit.timed_out {

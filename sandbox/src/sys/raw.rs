@@ -667,16 +667,24 @@ pub(crate) fn fstat_ids(fd: &OwnedFd) -> io::Result<(u64, u64, u64, bool)> {
     ))
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: `(dev, ino, is_dir, is_symlink)`, for one
-/// component.
-pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, bool)> {
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)`, whole: an empty `name` stats
+/// `dir` itself (which may be an `O_PATH` descriptor).
+pub(crate) fn stat_at(dir: RawFd, name: &Path) -> io::Result<libc::stat> {
     let c = cstring(name)?;
     // SAFETY: zeroed plain data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH;
     // SAFETY: valid C string and out pointer; the kernel validates the fd.
-    if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } < 0 {
+    if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, flags) } < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(st)
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: `(dev, ino, is_dir, is_symlink)`, for one
+/// component.
+pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, bool)> {
+    let st = stat_at(dir, name)?;
     let fmt = st.st_mode & libc::S_IFMT;
     Ok((
         st.st_dev,
@@ -689,14 +697,45 @@ pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, b
 /// The full `st_mode` (type and permission bits) of `name` in `dir`, without following a
 /// final symlink.
 pub(crate) fn mode_at(dir: RawFd, name: &Path) -> io::Result<u32> {
-    let c = cstring(name)?;
-    // SAFETY: zeroed plain data.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid C string and out pointer; the kernel validates the fd.
-    if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } < 0 {
+    Ok(stat_at(dir, name)?.st_mode)
+}
+
+/// The target of the symlink an `O_PATH | O_NOFOLLOW` descriptor stands for.
+pub(crate) fn readlink_fd(fd: &OwnedFd) -> io::Result<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: the empty C string and the live buffer of the length passed.
+    let n = unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(st.st_mode)
+    buf.truncate(n as usize);
+    Ok(std::ffi::OsString::from_vec(buf).into())
+}
+
+/// Whether this process may search (enter) the directory `fd` stands for, by its effective
+/// ids and capabilities (`faccessat2(AT_EACCESS | AT_EMPTY_PATH)`). Where the kernel or a
+/// filter refuses to answer, it may: the callers treat a searchable directory as the riskier
+/// case.
+pub(crate) fn can_search(fd: &OwnedFd) -> bool {
+    // SAFETY: the empty C string; the kernel validates the fd.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::X_OK,
+            libc::AT_EACCESS | libc::AT_EMPTY_PATH,
+        )
+    };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EACCES)
 }
 
 /// Visits the entries of an open directory (`.` and `..` left out), read with `getdents64`
@@ -1248,6 +1287,38 @@ pub(crate) fn fork_to_close(last: &[u32]) {
             libc::_exit(0);
         }
     }
+}
+
+/// Takes `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH` out of the calling thread's effective
+/// set (capabilities belong to threads), so that a test running as root sees files as a
+/// runner without them does: by their mode bits.
+#[cfg(test)]
+pub(crate) fn drop_dac_caps_of_this_thread() -> io::Result<()> {
+    let mut hdr = CapHeader {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: header and two data structs of the v3 layout, live for the calls.
+    unsafe {
+        cvt(libc::syscall(
+            libc::SYS_capget,
+            &mut hdr as *mut CapHeader,
+            data.as_mut_ptr(),
+        ))?;
+        // CAP_DAC_OVERRIDE is 1, CAP_DAC_READ_SEARCH 2.
+        data[0].effective &= !((1 << 1) | (1 << 2));
+        cvt(libc::syscall(
+            libc::SYS_capset,
+            &hdr as *const CapHeader,
+            data.as_ptr(),
+        ))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
