@@ -277,21 +277,38 @@ async fn open(root: &Fid, path: &str, mode: u8) -> Result<Fid, Failure> {
 
 async fn read(root: &Fid, path: &str) -> Result<(), Failure> {
     let f = open(root, path, om::OREAD).await?;
-    copy_out(&f, path).await
+    let length = f.stat().await.map_err(server(path))?.length;
+    copy_out(&f, path, length).await
 }
 
-/// Copies the file from offset 0 to standard output as each read returns, until end of file.
-async fn copy_out(f: &Fid, path: &str) -> Result<(), Failure> {
+/// Copies the file from offset 0 to standard output as each read returns, until a read
+/// returns nothing. While the next two reads both lie within `length` (the file's stat
+/// length; 0 for synthetic files, whose reads may block or answer a request), two Treads are
+/// in flight, so the server sends the next piece while this one is received; a short answer
+/// drops (flushes) the one ahead and reading goes on from where it ended. Past `length`,
+/// one read at a time.
+async fn copy_out(f: &Fid, path: &str, length: u64) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
+    let n = f.iounit();
+    let step = u64::from(n);
     let mut off = 0u64;
+    let mut call = f.read_call(0, n).map_err(server(path))?;
     loop {
-        let d = f.read(off, f.iounit()).await.map_err(server(path))?;
+        let ahead = match off.checked_add(2 * step) {
+            Some(end) if end <= length => Some(f.read_call(off + step, n).map_err(server(path))?),
+            _ => None,
+        };
+        let d = call.read_data().await.map_err(server(path))?;
         if d.is_empty() {
             return Ok(());
         }
         off += d.len() as u64;
         out.write_all(&d).map_err(stdout_failure)?;
         out.flush().map_err(stdout_failure)?;
+        call = match ahead {
+            Some(next) if d.len() == n as usize => next,
+            _ => f.read_call(off, n).map_err(server(path))?,
+        };
     }
 }
 
@@ -372,7 +389,7 @@ async fn rdwr(root: &Fid, path: &str) -> Result<(), Failure> {
         )));
     }
     f.write(0, Bytes::from(data)).await.map_err(server(path))?;
-    copy_out(&f, path).await
+    copy_out(&f, path, 0).await
 }
 
 async fn ls(root: &Fid, path: &str, long: bool, dir_itself: bool) -> Result<(), Failure> {
