@@ -275,7 +275,7 @@ fn walked(name: &std::ffi::OsStr, is_dir: bool, is_link: bool) -> bool {
 /// (which no tool can set: a write, a chmod, an entry added or removed all move it), or a
 /// symlink's target.
 fn stat_print(fd: &OwnedFd) -> std::io::Result<Print> {
-    let st = sys::stat_at(fd.as_raw_fd(), Path::new(""))?;
+    let st = sys::fstat(fd)?;
     let kind = match st.st_mode & libc::S_IFMT {
         libc::S_IFLNK => return Ok(format!("symlink to {}", sys::readlink_fd(fd)?.display())),
         libc::S_IFDIR => "directory",

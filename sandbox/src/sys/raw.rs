@@ -667,13 +667,11 @@ pub(crate) fn fstat_ids(fd: &OwnedFd) -> io::Result<(u64, u64, u64, bool)> {
     ))
 }
 
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)`, whole: an empty `name` stats
-/// `dir` itself (which may be an `O_PATH` descriptor).
-pub(crate) fn stat_at(dir: RawFd, name: &Path) -> io::Result<libc::stat> {
+/// `fstatat(dir, name, flags)`, whole.
+fn stat_at(dir: RawFd, name: &Path, flags: i32) -> io::Result<libc::stat> {
     let c = cstring(name)?;
     // SAFETY: zeroed plain data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH;
     // SAFETY: valid C string and out pointer; the kernel validates the fd.
     if unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, flags) } < 0 {
         return Err(io::Error::last_os_error());
@@ -681,10 +679,17 @@ pub(crate) fn stat_at(dir: RawFd, name: &Path) -> io::Result<libc::stat> {
     Ok(st)
 }
 
+/// `fstat` of what a descriptor stands for (an `O_PATH | O_NOFOLLOW` one: a symlink itself),
+/// whole.
+pub(crate) fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH;
+    stat_at(fd.as_raw_fd(), Path::new(""), flags)
+}
+
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: `(dev, ino, is_dir, is_symlink)`, for one
 /// component.
 pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, bool)> {
-    let st = stat_at(dir, name)?;
+    let st = stat_at(dir, name, libc::AT_SYMLINK_NOFOLLOW)?;
     let fmt = st.st_mode & libc::S_IFMT;
     Ok((
         st.st_dev,
@@ -697,7 +702,7 @@ pub(crate) fn lstat_at(dir: RawFd, name: &Path) -> io::Result<(u64, u64, bool, b
 /// The full `st_mode` (type and permission bits) of `name` in `dir`, without following a
 /// final symlink.
 pub(crate) fn mode_at(dir: RawFd, name: &Path) -> io::Result<u32> {
-    Ok(stat_at(dir, name)?.st_mode)
+    Ok(stat_at(dir, name, libc::AT_SYMLINK_NOFOLLOW)?.st_mode)
 }
 
 /// The target of the symlink an `O_PATH | O_NOFOLLOW` descriptor stands for.
@@ -1295,7 +1300,7 @@ pub(crate) fn fork_to_close(last: &[u32]) {
 #[cfg(test)]
 pub(crate) fn drop_dac_caps_of_this_thread() -> io::Result<()> {
     let mut hdr = CapHeader {
-        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
     };
     let mut data = [CapData {
