@@ -1295,7 +1295,7 @@ fn execve_drops_every_capability(cap_last: u32) -> bool {
     const PR_CAPBSET_READ: libc::c_int = 23;
     const PR_GET_SECUREBITS: libc::c_int = 27;
     const PR_CAP_AMBIENT_IS_SET: libc::c_ulong = 1;
-    // SAFETY: (whole function) raw prctl/capget on integer arguments and a stack buffer.
+    // SAFETY: (the block) raw prctl on integer arguments.
     unsafe {
         for cap in 0..=cap_last {
             if libc::prctl(PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) != 0 {
@@ -1318,25 +1318,8 @@ fn execve_drops_every_capability(cap_last: u32) -> bool {
         {
             return false;
         }
-        let mut hdr = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let mut data = [CapData {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        if libc::syscall(
-            libc::SYS_capget,
-            &mut hdr as *mut CapHeader,
-            data.as_mut_ptr(),
-        ) < 0
-        {
-            return false;
-        }
-        data.iter().all(|d| d.inheritable == 0)
     }
+    capget().is_ok_and(|data| data.iter().all(|d| d.inheritable == 0))
 }
 
 /// Resets every signal disposition to the default (signals stay blocked). Child only.
@@ -1482,7 +1465,7 @@ fn drop_capabilities(t: &ToolExec<'_>) {
     if let SessionSteps::InTool { cap_last } = t.session {
         drop_bounding_set(cap_last);
     }
-    // SAFETY: raw prctl and capset syscalls on integers and live structs.
+    // SAFETY: raw prctl syscalls on integers.
     unsafe {
         if libc::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 {
             fail(Stage::Capabilities, errno());
@@ -1490,23 +1473,19 @@ fn drop_capabilities(t: &ToolExec<'_>) {
         if libc::prctl(PR_SET_SECUREBITS, SECURE_BITS_LOCKED, 0, 0, 0) < 0 {
             fail(Stage::Capabilities, errno());
         }
-        let hdr = CapHeader {
-            version: LINUX_CAPABILITY_VERSION_3,
-            pid: 0,
-        };
-        let data = [CapData {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        if libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) < 0 {
-            // A service manager's filter may refuse capset (systemd counts it as
-            // @privileged). execve then leaves the tool no capability, provided what makes
-            // that so is verified here; otherwise the run fails as before.
-            let e = errno();
-            if e != libc::EPERM || !execve_drops_every_capability(t.cap_last) {
-                fail(Stage::Capabilities, e);
-            }
+    }
+    let none = CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    };
+    if let Err(e) = capset(&[none; 2]) {
+        // A service manager's filter may refuse capset (systemd counts it as @privileged).
+        // execve then leaves the tool no capability, provided what makes that so is verified
+        // here; otherwise the run fails as before.
+        let e = e.raw_os_error().unwrap_or(libc::EIO);
+        if e != libc::EPERM || !execve_drops_every_capability(t.cap_last) {
+            fail(Stage::Capabilities, e);
         }
     }
 }

@@ -1294,11 +1294,9 @@ pub(crate) fn fork_to_close(last: &[u32]) {
     }
 }
 
-/// Takes `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH` out of the calling thread's effective
-/// set (capabilities belong to threads), so that a test running as root sees files as a
-/// runner without them does: by their mode bits.
-#[cfg(test)]
-pub(crate) fn drop_dac_caps_of_this_thread() -> io::Result<()> {
+/// The calling thread's capability sets (`capget`, version 3: the low and high 32 bits).
+/// Makes no allocation (the child side calls it).
+pub(super) fn capget() -> io::Result<[CapData; 2]> {
     let mut hdr = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
@@ -1308,22 +1306,37 @@ pub(crate) fn drop_dac_caps_of_this_thread() -> io::Result<()> {
         permitted: 0,
         inheritable: 0,
     }; 2];
-    // SAFETY: header and two data structs of the v3 layout, live for the calls.
-    unsafe {
-        cvt(libc::syscall(
+    // SAFETY: a header and two data structs of the version-3 layout, live for the call.
+    cvt(unsafe {
+        libc::syscall(
             libc::SYS_capget,
             &mut hdr as *mut CapHeader,
             data.as_mut_ptr(),
-        ))?;
-        // CAP_DAC_OVERRIDE is 1, CAP_DAC_READ_SEARCH 2.
-        data[0].effective &= !((1 << 1) | (1 << 2));
-        cvt(libc::syscall(
-            libc::SYS_capset,
-            &hdr as *const CapHeader,
-            data.as_ptr(),
-        ))?;
-    }
+        )
+    })?;
+    Ok(data)
+}
+
+/// Sets the calling thread's capability sets (`capset`, version 3). Makes no allocation.
+pub(super) fn capset(data: &[CapData; 2]) -> io::Result<()> {
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: a header and two data structs of the version-3 layout, live for the call.
+    cvt(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const CapHeader, data.as_ptr()) })?;
     Ok(())
+}
+
+/// Takes `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH` out of the calling thread's effective
+/// set (capabilities belong to threads), so that a test running as root sees files as a
+/// runner without them does: by their mode bits.
+#[cfg(test)]
+pub(crate) fn drop_dac_caps_of_this_thread() -> io::Result<()> {
+    let mut data = capget()?;
+    // CAP_DAC_OVERRIDE is 1, CAP_DAC_READ_SEARCH 2.
+    data[0].effective &= !((1 << 1) | (1 << 2));
+    capset(&data)
 }
 
 #[cfg(test)]
