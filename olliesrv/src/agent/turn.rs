@@ -280,7 +280,14 @@ struct Prefetch(tokio::task::JoinHandle<Result<Vec<ToolSpec>, String>>);
 impl Prefetch {
     fn start(a: &Arc<Agent>, config: &Arc<Config>) -> Prefetch {
         let (a, config) = (Arc::clone(a), Arc::clone(config));
-        Prefetch(tokio::spawn(async move { tool_specs(&a, &config).await }))
+        Prefetch(tokio::spawn(async move {
+            match tool_specs(&a, &config).await {
+                Ok(specs) => Ok(specs),
+                // Asked again once (the list is only read): a toolsrv that died while it was
+                // asked is waited for as it restarts, rather than failing the whole turn.
+                Err(_) => tool_specs(&a, &config).await,
+            }
+        }))
     }
 
     async fn get(mut self) -> Result<Vec<ToolSpec>, String> {
