@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ollie_p9::server::{ConnInfo, Filesystem, Server, Walked};
@@ -1130,4 +1131,149 @@ async fn serves_an_inherited_socketpair_end() {
     drop(c);
     // The server returns once the client side closes.
     task.await.unwrap().unwrap();
+}
+
+/// Sets up `big` for reading on a fresh connection (msize 1 MiB), sends one Tread for as much
+/// as the msize allows and then reads nothing: returns the whole reply's length and how many
+/// bytes the server managed to put in the socket (peeked, never consumed) before it stopped
+/// making progress or the whole reply was there.
+async fn queued_without_reading(mut s: UnixStream) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let msize: u32 = 1 << 20;
+    let mut rpc = async |tag: u16, m: Tmsg| -> Rmsg {
+        let mut b = BytesMut::new();
+        wire::encode_t(&mut b, tag, &m).unwrap();
+        s.write_all(&b).await.unwrap();
+        let mut h = [0u8; 4];
+        s.read_exact(&mut h).await.unwrap();
+        let mut f = vec![0u8; u32::from_le_bytes(h) as usize];
+        f[..4].copy_from_slice(&h);
+        s.read_exact(&mut f[4..]).await.unwrap();
+        wire::decode_r(Bytes::from(f)).unwrap().1
+    };
+    let v = rpc(
+        NOTAG,
+        Tmsg::Version {
+            msize,
+            version: "9P2000".into(),
+        },
+    )
+    .await;
+    assert_eq!(
+        v,
+        Rmsg::Version {
+            msize,
+            version: "9P2000".into()
+        }
+    );
+    let a = rpc(
+        1,
+        Tmsg::Attach {
+            fid: 1,
+            afid: NOFID,
+            uname: "u".into(),
+            aname: String::new(),
+        },
+    )
+    .await;
+    assert!(matches!(a, Rmsg::Attach { .. }), "{a:?}");
+    let w = rpc(
+        1,
+        Tmsg::Walk {
+            fid: 1,
+            newfid: 2,
+            wnames: vec!["big".into()],
+        },
+    )
+    .await;
+    assert!(matches!(w, Rmsg::Walk { .. }), "{w:?}");
+    let o = rpc(
+        1,
+        Tmsg::Open {
+            fid: 2,
+            mode: om::OREAD,
+        },
+    )
+    .await;
+    assert!(matches!(o, Rmsg::Open { .. }), "{o:?}");
+    // As much as a Tread may ask (msize less the 24-byte header 9P reserves); the Rread is
+    // size[4] type[1] tag[2] count[4] and the data.
+    let count = msize - 24;
+    let mut b = BytesMut::new();
+    wire::encode_t(
+        &mut b,
+        1,
+        &Tmsg::Read {
+            fid: 2,
+            offset: 0,
+            count,
+        },
+    )
+    .unwrap();
+    s.write_all(&b).await.unwrap();
+    let whole = count as usize + 11;
+    let mut peek = vec![0u8; whole + 1];
+    let (mut seen, mut still) = (0, 0);
+    // A hang guard, not a timing check: stop once the queue has not grown for a second.
+    while seen < whole && still < 100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let n = nix::sys::socket::recv(
+            s.as_raw_fd(),
+            &mut peek,
+            nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        )
+        .unwrap_or(0);
+        if n > seen {
+            (seen, still) = (n, 0);
+        } else {
+            still += 1;
+        }
+    }
+    (whole, seen)
+}
+
+/// A unix connection's send buffer holds a whole Rread of the largest msize, so the server
+/// has finished a reply (and can go on to the next) while its reader is still busy: the client
+/// here reads nothing, and the whole reply still reaches its socket. With the kernel's default
+/// buffer (about 208 KiB) it stops at about a fifth. Both ways a server gets a unix connection:
+/// accepted from a listener and an inherited socketpair end.
+#[tokio::test]
+async fn a_whole_large_reply_fits_in_a_unix_connection_unread() {
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    // The kernel doubles what it is asked for, up to twice wmem_max; the reply's buffers need
+    // a little more than its bytes.
+    if wmem_max * 2 < (1 << 20) + (1 << 18) {
+        ollie_testkit::skip(&format!(
+            "SKIP a_whole_large_reply_fits_in_a_unix_connection_unread: net.core.wmem_max is \
+             {wmem_max}, too small for a 1 MiB reply in the send buffer"
+        ));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let srv = Server::new(TestFs::new());
+    let accepting = Arc::clone(&srv);
+    tokio::spawn(async move {
+        let _ = accepting
+            .serve_unix(listener, std::future::pending(), Duration::ZERO)
+            .await;
+    });
+    let (whole, seen) = queued_without_reading(UnixStream::connect(&path).await.unwrap()).await;
+    assert_eq!(
+        seen, whole,
+        "accepted: only {seen} of the {whole}-byte reply was queued"
+    );
+
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    tokio::spawn(async move { srv.serve_unix_stream(theirs).await });
+    ours.set_nonblocking(true).unwrap();
+    let (whole, seen) = queued_without_reading(UnixStream::from_std(ours).unwrap()).await;
+    assert_eq!(
+        seen, whole,
+        "inherited: only {seen} of the {whole}-byte reply was queued"
+    );
 }
