@@ -768,7 +768,9 @@ impl LogGate {
 /// two sides take turns instead of working at once. With room for a whole reply, `o mount`'s
 /// `cat` of a large file runs about 10 % faster (docs/benchmarks.md). TCP sockets size their
 /// buffers themselves and are left alone. The buffer is a bound, not an allocation: only
-/// replies a client has not read yet take memory.
+/// replies a client has not read yet take memory, so a client that stops reading holds up to
+/// twice `max_msize` in the kernel besides the unsent replies the connection keeps before it
+/// stops reading requests ([`OUT_HIGH_WATER`]).
 fn widen_send_buffer(sock: &impl std::os::fd::AsFd, max_msize: u32) {
     let want = usize::try_from(max_msize).unwrap_or(usize::MAX);
     if let Err(e) = nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::SndBuf, &want) {
