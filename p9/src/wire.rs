@@ -19,9 +19,9 @@ pub const NOFID: u32 = 0xFFFF_FFFF;
 pub const MAXWELEM: usize = 16;
 /// Bytes of header a Twrite/Rread adds around its payload; iounit = msize − IOHDRSZ.
 pub const IOHDRSZ: u32 = 24;
-/// size[4] type[1] tag[2].
+/// `size[4] type[1] tag[2]`.
 pub const HEADER_LEN: usize = 7;
-/// Fixed part of a stat entry (everything but the four strings' bytes), including size[2].
+/// Fixed part of a stat entry (everything but the four strings' bytes), including `size[2]`.
 pub const STAT_FIXED_LEN: usize = 2 + 2 + 4 + 13 + 4 + 4 + 4 + 8 + 4 * 2;
 
 /// Open modes (the low two bits) and flags.
@@ -167,7 +167,7 @@ impl Stat {
         *self == trunc
     }
 
-    /// Encoded size of this entry, including its own size[2] field.
+    /// Encoded size of this entry, including its own `size[2]` field.
     pub fn encoded_len(&self) -> usize {
         STAT_FIXED_LEN + self.name.len() + self.uid.len() + self.gid.len() + self.muid.len()
     }
@@ -661,7 +661,7 @@ fn put_qid(out: &mut BytesMut, q: &Qid) {
     out.put_u64_le(q.path);
 }
 
-/// Appends one stat entry (with its own size[2] field).
+/// Appends one stat entry (with its own `size[2]` field).
 pub fn encode_stat(out: &mut BytesMut, st: &Stat) -> Result<(), EncodeError> {
     let len = st.encoded_len();
     let inner = u16::try_from(len - 2).map_err(|_| EncodeError::StatTooLarge(len))?;
