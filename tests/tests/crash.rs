@@ -1151,6 +1151,16 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
                 if f.get(2) != Some(&"idle") {
                     busy.push(format!("{s}: {line}"));
                 }
+                // An agent at rest in error: its chat says why (the tail goes in the failure).
+                if f.get(2) == Some(&"error")
+                    && Instant::now() + Duration::from_millis(100) > deadline
+                {
+                    let chat = read_text(&root, &format!("session/{s}/agent/{}/chat", f[0]))
+                        .await
+                        .unwrap_or_default();
+                    let tail: String = chat.lines().rev().take(6).collect::<Vec<_>>().join(" | ");
+                    busy.push(format!("{s}/{} chat, last lines first: {tail}", f[0]));
+                }
             }
         }
         for (k, d) in read_state(&w.srv.state_dir()) {

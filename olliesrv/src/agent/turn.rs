@@ -277,15 +277,29 @@ async fn tool_specs(a: &Agent, config: &Config) -> Result<Vec<ToolSpec>, String>
 /// question is given up.
 struct Prefetch(tokio::task::JoinHandle<Result<Vec<ToolSpec>, String>>);
 
+/// How often a turn asks toolsrv for its tool list before the turn fails, and the pause before
+/// the second question (it grows with each one). Each question waits up to 10 s for the link.
+const PREFETCH_TRIES: u32 = 4;
+const PREFETCH_PAUSE: Duration = Duration::from_millis(200);
+
 impl Prefetch {
     fn start(a: &Arc<Agent>, config: &Arc<Config>) -> Prefetch {
         let (a, config) = (Arc::clone(a), Arc::clone(config));
         Prefetch(tokio::spawn(async move {
-            match tool_specs(&a, &config).await {
-                Ok(specs) => Ok(specs),
-                // Asked again once (the list is only read): a toolsrv that died while it was
-                // asked is waited for as it restarts, rather than failing the whole turn.
-                Err(_) => tool_specs(&a, &config).await,
+            // Asked again after a failure (the list is only read): a toolsrv that died while
+            // it was asked is waited for as it restarts, rather than failing the whole turn.
+            // The pause lets the link see the death first, so the next question does not go to
+            // the dead connection again.
+            let mut tries = 1;
+            loop {
+                match tool_specs(&a, &config).await {
+                    Ok(specs) => return Ok(specs),
+                    Err(e) if tries >= PREFETCH_TRIES || a.is_killed() => return Err(e),
+                    Err(_) => {
+                        tokio::time::sleep(PREFETCH_PAUSE * tries).await;
+                        tries += 1;
+                    }
+                }
             }
         }))
     }
