@@ -1135,73 +1135,30 @@ async fn serves_an_inherited_socketpair_end() {
 
 /// Sets up `big` for reading on a fresh connection (msize 1 MiB), sends one Tread for as much
 /// as the msize allows and then reads nothing: returns the whole reply's length and how many
-/// bytes the server managed to put in the socket (peeked, never consumed) before it stopped
-/// making progress or the whole reply was there.
-async fn queued_without_reading(mut s: UnixStream) -> (usize, usize) {
+/// bytes the server put in the socket (peeked, never consumed). Each peek follows the arrival
+/// of more bytes; the guard only ends a wait in which none arrive, when the server is stuck.
+async fn queued_without_reading(s: UnixStream) -> (usize, usize) {
     use std::os::fd::AsRawFd;
+    use tokio::io::Interest;
     let msize: u32 = 1 << 20;
-    let mut rpc = async |tag: u16, m: Tmsg| -> Rmsg {
-        let mut b = BytesMut::new();
-        wire::encode_t(&mut b, tag, &m).unwrap();
-        s.write_all(&b).await.unwrap();
-        let mut h = [0u8; 4];
-        s.read_exact(&mut h).await.unwrap();
-        let mut f = vec![0u8; u32::from_le_bytes(h) as usize];
-        f[..4].copy_from_slice(&h);
-        s.read_exact(&mut f[4..]).await.unwrap();
-        wire::decode_r(Bytes::from(f)).unwrap().1
-    };
-    let v = rpc(
-        NOTAG,
-        Tmsg::Version {
-            msize,
-            version: "9P2000".into(),
-        },
-    )
-    .await;
-    assert_eq!(
-        v,
-        Rmsg::Version {
-            msize,
-            version: "9P2000".into()
-        }
-    );
-    let a = rpc(
-        1,
-        Tmsg::Attach {
-            fid: 1,
-            afid: NOFID,
-            uname: "u".into(),
-            aname: String::new(),
-        },
-    )
-    .await;
-    assert!(matches!(a, Rmsg::Attach { .. }), "{a:?}");
-    let w = rpc(
-        1,
-        Tmsg::Walk {
-            fid: 1,
-            newfid: 2,
-            wnames: vec!["big".into()],
-        },
-    )
-    .await;
-    assert!(matches!(w, Rmsg::Walk { .. }), "{w:?}");
-    let o = rpc(
-        1,
-        Tmsg::Open {
-            fid: 2,
-            mode: om::OREAD,
-        },
-    )
-    .await;
-    assert!(matches!(o, Rmsg::Open { .. }), "{o:?}");
+    let version = "9P2000".to_owned();
+    let mut r = Raw { s };
+    let v = r
+        .rpc(
+            NOTAG,
+            &Tmsg::Version {
+                msize,
+                version: version.clone(),
+            },
+        )
+        .await;
+    assert_eq!(v, Rmsg::Version { msize, version });
+    r.attach(1).await;
+    r.open(1, 2, "big", om::OREAD).await;
     // As much as a Tread may ask (msize less the 24-byte header 9P reserves); the Rread is
     // size[4] type[1] tag[2] count[4] and the data.
     let count = msize - 24;
-    let mut b = BytesMut::new();
-    wire::encode_t(
-        &mut b,
+    r.send(
         1,
         &Tmsg::Read {
             fid: 2,
@@ -1209,24 +1166,38 @@ async fn queued_without_reading(mut s: UnixStream) -> (usize, usize) {
             count,
         },
     )
-    .unwrap();
-    s.write_all(&b).await.unwrap();
+    .await;
     let whole = count as usize + 11;
     let mut peek = vec![0u8; whole + 1];
-    let (mut seen, mut still) = (0, 0);
-    // A hang guard, not a timing check: stop once the queue has not grown for a second.
-    while seen < whole && still < 100 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let n = nix::sys::socket::recv(
-            s.as_raw_fd(),
-            &mut peek,
-            nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-        )
-        .unwrap_or(0);
-        if n > seen {
-            (seen, still) = (n, 0);
-        } else {
-            still += 1;
+    let mut seen = 0;
+    while seen < whole {
+        let grew = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                r.s.readable().await.unwrap();
+                // Nothing new is "would block": that clears the readiness, so the next wait
+                // lasts until more bytes arrive.
+                let peeked = r.s.try_io(Interest::READABLE, || {
+                    let n = nix::sys::socket::recv(
+                        r.s.as_raw_fd(),
+                        &mut peek,
+                        nix::sys::socket::MsgFlags::MSG_PEEK
+                            | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                    )?;
+                    if n > seen {
+                        Ok(n)
+                    } else {
+                        Err(std::io::ErrorKind::WouldBlock.into())
+                    }
+                });
+                if let Ok(n) = peeked {
+                    return n;
+                }
+            }
+        })
+        .await;
+        match grew {
+            Ok(n) => seen = n,
+            Err(_) => break,
         }
     }
     (whole, seen)

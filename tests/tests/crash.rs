@@ -1142,6 +1142,7 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let mut busy = Vec::new();
+        let mut errored = Vec::new();
         for s in SESSIONS {
             let idx = read_text(&root, &format!("session/{s}/agent/idx"))
                 .await
@@ -1151,15 +1152,8 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
                 if f.get(2) != Some(&"idle") {
                     busy.push(format!("{s}: {line}"));
                 }
-                // An agent at rest in error: its chat says why (the tail goes in the failure).
-                if f.get(2) == Some(&"error")
-                    && Instant::now() + Duration::from_millis(100) > deadline
-                {
-                    let chat = read_text(&root, &format!("session/{s}/agent/{}/chat", f[0]))
-                        .await
-                        .unwrap_or_default();
-                    let tail: String = chat.lines().rev().take(6).collect::<Vec<_>>().join(" | ");
-                    busy.push(format!("{s}/{} chat, last lines first: {tail}", f[0]));
+                if f.get(2) == Some(&"error") {
+                    errored.push(format!("session/{s}/agent/{}/chat", f[0]));
                 }
             }
         }
@@ -1175,7 +1169,15 @@ async fn toolsrv_killed_at_random_moments_runs_no_call_twice() {
         if busy.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "turns never ended: {busy:?}");
+        if Instant::now() >= deadline {
+            // An agent at rest in error: its chat says why.
+            for chat in errored {
+                let text = read_text(&root, &chat).await.unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(6).collect();
+                busy.push(format!("{chat}, last lines first: {}", tail.join(" | ")));
+            }
+            panic!("turns never ended: {busy:?}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!op.is_finished(), "the operator stopped");
