@@ -4,17 +4,27 @@
 //! request's future before its reply arrives sends `Tflush` and keeps the tag reserved until the
 //! `Rflush` comes back, so a blocked read on a stream file can be abandoned cleanly. A [`Fid`]
 //! dropped without [`Fid::clunk`] is clunked in the background.
+//!
+//! On a unix socket a Tread's payload can also go from the socket straight into a pipe
+//! ([`Fid::read_call_spliced`]): a FUSE bridge then splices it on into `/dev/fuse`, and the
+//! payload is never copied through this process.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::oneshot;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedReadHalf;
+use tokio::sync::{oneshot, watch};
 
 use crate::dial::Addr;
 use crate::wire::{self, IOHDRSZ, MAXWELEM, NOFID, NOTAG, Qid, Rmsg, Stat, Tmsg, om};
@@ -64,12 +74,49 @@ type Result<T> = std::result::Result<T, ClientError>;
 enum Pending {
     /// A caller wants the reply.
     Waiting(oneshot::Sender<Rmsg>),
+    /// A caller wants the payload of this Tread's Rread in `pipe` (see
+    /// [`Fid::read_call_spliced`]).
+    Spliced {
+        tx: oneshot::Sender<Result<Spliced>>,
+        pipe: Arc<OwnedFd>,
+        /// Counts this entry in [`Inner::splicing`].
+        _counted: SpliceCount,
+    },
     /// Nobody wants the reply (background clunk); free this fid number when it comes.
     Discard { free_fid: Option<u32> },
     /// The caller gave up and a Tflush was sent; the tag stays reserved until the Rflush.
     Flushed,
     /// A Tflush for `oldtag`.
     Flusher { oldtag: u16 },
+}
+
+/// One spliced read counted in [`Inner::splicing`] for as long as its [`Pending`] entry lives:
+/// however the entry leaves the map (its reply, a flush, the connection closing), dropping it
+/// takes the count back, so the count cannot drift.
+struct SpliceCount(Arc<AtomicUsize>);
+
+impl SpliceCount {
+    fn new(count: &Arc<AtomicUsize>) -> SpliceCount {
+        count.fetch_add(1, Ordering::Relaxed);
+        SpliceCount(Arc::clone(count))
+    }
+}
+
+impl Drop for SpliceCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a spliced Tread's payload went: the first `in_pipe` bytes of the payload were put in the
+/// pipe (in order), and `rest` is what follows them, in memory. payload == pipe contents ++ rest.
+#[derive(Debug)]
+pub struct Spliced {
+    /// How many bytes of the payload were written into the pipe: 0 when the connection cannot
+    /// splice (not a unix socket) or the reply had already been read into memory.
+    pub in_pipe: usize,
+    /// The payload after those bytes: what did not fit in the pipe.
+    pub rest: Bytes,
 }
 
 #[derive(Default)]
@@ -187,7 +234,11 @@ struct Inner {
     writer: SharedWriter,
     /// Becomes true when the reader task ends (the server closed the connection, or sent
     /// something undecodable).
-    gone: tokio::sync::watch::Receiver<bool>,
+    gone: watch::Receiver<bool>,
+    /// How many spliced reads are pending ([`SpliceCount`]). A reader that can splice reads
+    /// frame by frame only while this is non-zero; it is a hint (the pending map decides), so
+    /// relaxed loads and stores do.
+    splicing: Arc<AtomicUsize>,
 }
 
 impl Drop for Inner {
@@ -232,6 +283,32 @@ impl Inner {
             k.wake();
         }
         Ok(())
+    }
+
+    /// Gives up on the request under `tag` (its future was dropped): sends Tflush and keeps the
+    /// tag reserved until the Rflush. Nothing to do if the reply has already been taken.
+    fn abandon(&self, tag: u16) {
+        let mut st = self.lock();
+        let waiting = matches!(
+            st.pending.get(&tag),
+            Some(Pending::Waiting(_) | Pending::Spliced { .. })
+        );
+        if !waiting || st.closed {
+            return;
+        }
+        let Ok(ftag) = st.alloc_tag() else {
+            // No tag for the flush: let the reply arrive and be discarded.
+            st.pending.insert(tag, Pending::Discard { free_fid: None });
+            return;
+        };
+        st.pending.insert(tag, Pending::Flushed);
+        st.pending.insert(ftag, Pending::Flusher { oldtag: tag });
+        drop(st);
+        if self.send_frame(ftag, &Tmsg::Flush { oldtag: tag }).is_err() {
+            let mut st = self.lock();
+            st.pending.remove(&ftag);
+            st.pending.remove(&tag);
+        }
     }
 
     /// Sends a request whose reply nobody awaits (used from `Drop`).
@@ -309,32 +386,60 @@ impl Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
-        if self.done {
-            return;
+        if !self.done {
+            self.inner.abandon(self.tag);
         }
-        let mut st = self.inner.lock();
-        if !matches!(st.pending.get(&self.tag), Some(Pending::Waiting(_))) || st.closed {
-            return;
+    }
+}
+
+/// The reply to a spliced Tread on its way (see [`Fid::read_call_spliced`]). Like [`Call`]:
+/// dropping it before it resolves sends Tflush, and the tag stays reserved until the Rflush.
+pub struct SplicedCall {
+    inner: Arc<Inner>,
+    tag: u16,
+    rx: oneshot::Receiver<Result<Spliced>>,
+    done: bool,
+}
+
+impl std::fmt::Debug for SplicedCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SplicedCall")
+            .field("tag", &self.tag)
+            .finish()
+    }
+}
+
+impl Future for SplicedCall {
+    type Output = Result<Spliced>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                self.done = true;
+                Poll::Ready(r.unwrap_or(Err(ClientError::Closed)))
+            }
         }
-        let Ok(ftag) = st.alloc_tag() else {
-            // No tag for the flush: let the reply arrive and be discarded.
-            st.pending
-                .insert(self.tag, Pending::Discard { free_fid: None });
-            return;
-        };
-        st.pending.insert(self.tag, Pending::Flushed);
-        st.pending
-            .insert(ftag, Pending::Flusher { oldtag: self.tag });
-        drop(st);
-        if self
-            .inner
-            .send_frame(ftag, &Tmsg::Flush { oldtag: self.tag })
-            .is_err()
-        {
-            let mut st = self.inner.lock();
-            st.pending.remove(&ftag);
-            st.pending.remove(&self.tag);
+    }
+}
+
+impl Drop for SplicedCall {
+    fn drop(&mut self) {
+        if !self.done {
+            self.inner.abandon(self.tag);
         }
+    }
+}
+
+/// The answer to a spliced read whose reply was received into memory: all of it in `rest`.
+fn spliced_in_memory(m: Rmsg) -> Result<Spliced> {
+    match m {
+        Rmsg::Read { data } => Ok(Spliced {
+            in_pipe: 0,
+            rest: data,
+        }),
+        Rmsg::Error { ename } => Err(ClientError::Server(ename)),
+        other => Err(unexpected("Rread", &other)),
     }
 }
 
@@ -359,7 +464,7 @@ const MIN_BUFFER: usize = 64 * 1024;
 /// How many given-up buffers a connection keeps.
 const SPARE_BUFFERS: usize = 2;
 
-impl<R: AsyncRead + Unpin> FrameReader<R> {
+impl<R> FrameReader<R> {
     fn new(r: R, max: u32) -> FrameReader<R> {
         FrameReader {
             r,
@@ -413,40 +518,494 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// The declared size of the frame at the front of the buffer, once its first 4 bytes are
+    /// in; an error if it is outside 7..=max.
+    fn front_size(&self) -> Result<Option<usize>> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let size = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+        if (size as usize) < wire::HEADER_LEN || size > self.max {
+            return Err(ClientError::Protocol(format!(
+                "reply of {size} bytes outside 7..={}",
+                self.max
+            )));
+        }
+        Ok(Some(size as usize))
+    }
+
+    /// The front frame split off the buffer if it is all there; otherwise makes room to read the
+    /// rest of it (or, before its size is known, a batch of frames).
+    fn frame_or_room(&mut self) -> Result<Option<Bytes>> {
+        match self.front_size()? {
+            Some(size) if self.buf.len() >= size => {
+                return Ok(Some(self.buf.split_to(size).freeze()));
+            }
+            Some(size) => self.room(size),
+            None => self.room_for_batch(),
+        }
+        Ok(None)
+    }
+
+    /// Makes room for a batch of frames if little is left.
+    fn room_for_batch(&mut self) {
+        if self.buf.capacity() - self.buf.len() < 4096 {
+            self.room(self.buf.len() + MIN_BUFFER);
+        }
+    }
+
+    /// What a read of 0 bytes (end of stream) means: a clean end between frames, or a
+    /// truncated reply.
+    fn at_end(&self) -> Result<Option<Bytes>> {
+        if self.buf.is_empty() {
+            Ok(None)
+        } else {
+            Err(truncated())
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// The next frame, or `None` at a clean end of stream.
     async fn next(&mut self) -> Result<Option<Bytes>> {
         loop {
-            if self.buf.len() >= 4 {
-                let size = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
-                if (size as usize) < wire::HEADER_LEN || size > self.max {
-                    return Err(ClientError::Protocol(format!(
-                        "reply of {size} bytes outside 7..={}",
-                        self.max
-                    )));
-                }
-                let size = size as usize;
-                if self.buf.len() >= size {
-                    return Ok(Some(self.buf.split_to(size).freeze()));
-                }
-                self.room(size);
-            } else if self.buf.capacity() - self.buf.len() < 4096 {
-                self.room(self.buf.len() + MIN_BUFFER);
+            if let Some(frame) = self.frame_or_room()? {
+                return Ok(Some(frame));
             }
             if self.r.read_buf(&mut self.buf).await? == 0 {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(ClientError::Protocol(
-                        "connection closed inside a reply".into(),
-                    ))
-                };
+                return self.at_end();
             }
         }
     }
 }
 
+fn truncated() -> ClientError {
+    ClientError::Protocol("connection closed inside a reply".into())
+}
+
+/// Bytes of an Rread before its payload: `size[4] type[1] tag[2] count[4]`.
+const RREAD_HEAD: usize = wire::HEADER_LEN + 4;
+/// The Rread message type.
+const RREAD: u8 = 117;
+
+/// Where the reader task gets reply frames from.
+trait ReplySource: Send + 'static {
+    /// The next frame to route, or `None` at a clean end of stream. A source that can splice
+    /// answers the spliced reads it serves itself, and returns only the other frames.
+    fn next_frame(
+        &mut self,
+        conn: &Weak<Inner>,
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send;
+}
+
+impl<R: AsyncRead + Unpin + Send + 'static> ReplySource for FrameReader<R> {
+    fn next_frame(
+        &mut self,
+        _conn: &Weak<Inner>,
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send {
+        self.next()
+    }
+}
+
+/// The reader task: hands each reply to whoever waits for its tag until the stream ends or
+/// something undecodable arrives; then every request still waiting fails with
+/// [`ClientError::Closed`].
+async fn read_replies<S: ReplySource>(mut src: S, conn: Weak<Inner>, gone: watch::Sender<bool>) {
+    while let Ok(Some(frame)) = src.next_frame(&conn).await {
+        let Some(inner) = conn.upgrade() else {
+            break;
+        };
+        if !route(&inner, frame) {
+            break;
+        }
+    }
+    if let Some(inner) = conn.upgrade() {
+        let mut st = inner.lock();
+        st.closed = true;
+        // Dropping the senders wakes every waiter with "connection closed".
+        st.pending.clear();
+    }
+    gone.send_replace(true);
+}
+
+/// Hands a reply frame to whoever waits for its tag. False if it does not decode.
+fn route(inner: &Inner, frame: Bytes) -> bool {
+    let Ok((tag, m)) = wire::decode_r(frame) else {
+        return false;
+    };
+    let mut st = inner.lock();
+    match st.pending.remove(&tag) {
+        Some(Pending::Waiting(tx)) => {
+            drop(st);
+            let _ = tx.send(m);
+        }
+        Some(Pending::Spliced { tx, pipe, .. }) => {
+            drop(st);
+            // Let go of the pipe before the caller hears: then it is the caller's alone.
+            drop(pipe);
+            let _ = tx.send(spliced_in_memory(m));
+        }
+        Some(Pending::Discard { free_fid: Some(f) }) => {
+            st.fids.remove(&f);
+        }
+        Some(Pending::Discard { free_fid: None }) => {}
+        Some(Pending::Flushed) => {
+            // The reply beat the Rflush; keep the tag until the Rflush arrives.
+            st.pending.insert(tag, Pending::Flushed);
+        }
+        Some(Pending::Flusher { oldtag }) => {
+            st.pending.remove(&oldtag);
+        }
+        None => {}
+    }
+    true
+}
+
+/// The reader of a unix-socket connection, which can splice an Rread's payload into the pipe
+/// of the spliced read it answers.
+///
+/// With no spliced read pending it reads as [`FrameReader::next`] does: greedily, a batch of
+/// frames per read. While one is pending it reads nothing it does not know to be the front
+/// frame's: first the frame's head ([`RREAD_HEAD`] bytes), then, unless the frame is the Rread
+/// a spliced read waits for, the rest of that frame. So such an Rread's payload is still in the
+/// socket when its head has been seen, and can be spliced.
+struct UnixReplies {
+    frames: FrameReader<OwnedReadHalf>,
+    /// [`Inner::splicing`].
+    splicing: Arc<AtomicUsize>,
+    /// The front frame's head has been looked up, and no spliced read waits for it.
+    looked_up: bool,
+}
+
+/// A spliced read whose Rread is arriving.
+struct SpliceTarget {
+    tx: oneshot::Sender<Result<Spliced>>,
+    pipe: Arc<OwnedFd>,
+    /// The payload's length.
+    count: usize,
+}
+
+/// What one splice(2) did.
+enum Piped {
+    /// Moved this many bytes (0: try again).
+    Moved(usize),
+    /// The socket reached the end of the stream.
+    End,
+    /// The pipe takes no more: it is full, or it failed with this error (its reader gone, or
+    /// not a pipe at all).
+    Stop(Option<Errno>),
+}
+
+/// Which side of a splice(2) that said EAGAIN was not ready.
+enum Blocked {
+    Socket,
+    Pipe,
+    /// Both are ready now: something changed since the splice.
+    Neither,
+}
+
+impl ReplySource for UnixReplies {
+    fn next_frame(
+        &mut self,
+        conn: &Weak<Inner>,
+    ) -> impl Future<Output = Result<Option<Bytes>>> + Send {
+        self.next(conn)
+    }
+}
+
+impl UnixReplies {
+    /// The next frame that is not the Rread of a spliced read (those are answered here).
+    async fn next(&mut self, conn: &Weak<Inner>) -> Result<Option<Bytes>> {
+        loop {
+            let size = self.frames.front_size()?;
+            if let Some(size) = size.filter(|s| self.frames.buf.len() >= *s) {
+                self.looked_up = false;
+                return Ok(Some(self.frames.buf.split_to(size).freeze()));
+            }
+            // Wait before choosing how to read: a spliced read sent meanwhile changes that.
+            self.frames.r.readable().await?;
+            let exact = self.splicing.load(Ordering::Relaxed) > 0;
+            if exact && !self.looked_up && self.frames.buf.len() >= RREAD_HEAD {
+                self.looked_up = true;
+                if let Some(target) = self.splice_target(conn)? {
+                    self.splice_reply(target).await?;
+                    self.looked_up = false;
+                    continue;
+                }
+            }
+            let read = if exact {
+                let limit = self.exact_room(size);
+                let mut buf = (&mut self.frames.buf).limit(limit);
+                self.frames.r.try_read_buf(&mut buf)
+            } else {
+                match size {
+                    Some(size) => self.frames.room(size),
+                    None => self.frames.room_for_batch(),
+                }
+                self.frames.r.try_read_buf(&mut self.frames.buf)
+            };
+            match read {
+                Ok(0) => return self.frames.at_end(),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Makes room for a read while a spliced read is pending and says how much it may take: up
+    /// to the end of the front frame's head, or once that is in, up to the end of the frame.
+    fn exact_room(&mut self, size: Option<usize>) -> usize {
+        let len = self.frames.buf.len();
+        match size {
+            Some(size) if len >= RREAD_HEAD => {
+                self.frames.room(size);
+                size.saturating_sub(len)
+            }
+            // A frame shorter than a head (Rclunk, 7 bytes) is followed by at most 4 bytes of
+            // the next one's head: still nothing past a head.
+            _ => {
+                self.frames.room(RREAD_HEAD);
+                RREAD_HEAD - len
+            }
+        }
+    }
+
+    /// The spliced read that the front frame answers, taken out of the pending map, if the
+    /// frame is an Rread and one waits for its tag. The frame's head is in the buffer, its end
+    /// is not.
+    fn splice_target(&self, conn: &Weak<Inner>) -> Result<Option<SpliceTarget>> {
+        let head = self
+            .frames
+            .buf
+            .get(..RREAD_HEAD)
+            .map(<[u8; RREAD_HEAD]>::try_from);
+        let Some(Ok([s0, s1, s2, s3, ty, t0, t1, c0, c1, c2, c3])) = head else {
+            return Ok(None);
+        };
+        if ty != RREAD {
+            return Ok(None);
+        }
+        let size = u32::from_le_bytes([s0, s1, s2, s3]) as usize;
+        let count = u32::from_le_bytes([c0, c1, c2, c3]) as usize;
+        if size.checked_sub(RREAD_HEAD) != Some(count) {
+            return Err(ClientError::Protocol(format!(
+                "Rread of {size} bytes declares a payload of {count}"
+            )));
+        }
+        let tag = u16::from_le_bytes([t0, t1]);
+        let Some(inner) = conn.upgrade() else {
+            return Ok(None);
+        };
+        let mut st = inner.lock();
+        match st.pending.remove(&tag) {
+            Some(Pending::Spliced { tx, pipe, .. }) => Ok(Some(SpliceTarget { tx, pipe, count })),
+            Some(other) => {
+                st.pending.insert(tag, other);
+                Ok(None)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Receives the rest of the Rread whose head is at the front of the buffer and answers `t`:
+    /// the payload bytes already read are written into the pipe, the rest is spliced from the
+    /// socket into it, and what the pipe does not take is read into memory. The whole frame is
+    /// consumed whatever the pipe does, so the stream stays in step.
+    async fn splice_reply(&mut self, t: SpliceTarget) -> Result<()> {
+        let SpliceTarget { tx, pipe, count } = t;
+        self.frames.buf.advance(RREAD_HEAD);
+        // The buffer now holds the start of the payload, if anything, and nothing past it.
+        let mut in_pipe = 0;
+        let mut piping = true;
+        while piping && !self.frames.buf.is_empty() {
+            match nix::unistd::write(&*pipe, &self.frames.buf) {
+                Ok(n) if n > 0 => {
+                    self.frames.buf.advance(n);
+                    in_pipe += n;
+                }
+                Err(Errno::EINTR) => {}
+                Ok(_) | Err(Errno::EAGAIN) => piping = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "spliced read: the pipe refused the payload");
+                    piping = false;
+                }
+            }
+        }
+        let mut unread = count.saturating_sub(in_pipe + self.frames.buf.len());
+        while piping && unread > 0 {
+            match self.splice_some(&pipe, unread).await? {
+                Piped::Moved(n) => {
+                    in_pipe += n;
+                    unread = unread.saturating_sub(n);
+                }
+                Piped::End => return Err(truncated()),
+                Piped::Stop(None) => piping = false,
+                Piped::Stop(Some(e)) => {
+                    tracing::debug!(error = %e, "spliced read: cannot splice into the pipe");
+                    piping = false;
+                }
+            }
+        }
+        if unread > 0 {
+            self.read_more(unread).await?;
+        }
+        let rest_len = count.saturating_sub(in_pipe).min(self.frames.buf.len());
+        let rest = self.frames.buf.split_to(rest_len).freeze();
+        // Let go of the pipe before the caller hears: then it is the caller's alone.
+        drop(pipe);
+        let _ = tx.send(Ok(Spliced { in_pipe, rest }));
+        Ok(())
+    }
+
+    /// Reads exactly `n` more bytes into the buffer.
+    async fn read_more(&mut self, n: usize) -> Result<()> {
+        let want = self.frames.buf.len() + n;
+        self.frames.room(want);
+        while self.frames.buf.len() < want {
+            self.frames.r.readable().await?;
+            let left = want - self.frames.buf.len();
+            let mut buf = (&mut self.frames.buf).limit(left);
+            match self.frames.r.try_read_buf(&mut buf) {
+                Ok(0) => return Err(truncated()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Splices up to `len` bytes from the socket into `pipe`, waiting until the socket has some.
+    async fn splice_some(&self, pipe: &OwnedFd, len: usize) -> Result<Piped> {
+        let sock: &UnixStream = self.frames.r.as_ref();
+        loop {
+            sock.readable().await?;
+            // `try_io` clears the socket's readiness when the closure says WouldBlock, which
+            // `splice_once` says only once it has seen the socket empty.
+            match sock.try_io(Interest::READABLE, || splice_once(sock, pipe, len)) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                r => return Ok(r?),
+            }
+        }
+    }
+}
+
+/// One non-blocking splice(2) of up to `len` bytes from `sock` into `pipe`.
+///
+/// EAGAIN says that the socket is empty or that the pipe is full: the kernel checks the pipe for
+/// a free slot first, then reads the socket without waiting. A poll(2) of both without waiting
+/// tells which. A full pipe stops the splicing ([`Piped::Stop`]), also if the socket is empty
+/// (what follows waits for it). Only an empty socket with room in the pipe is `WouldBlock`, for
+/// `try_io` to clear the readiness: data arriving after that poll raises it again. If both are
+/// ready by the time of the poll (data came just after the splice, or the pipe's reader made
+/// room) it tries once more, then gives up on the pipe rather than spin.
+fn splice_once(sock: &UnixStream, pipe: &OwnedFd, len: usize) -> std::io::Result<Piped> {
+    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+    for _ in 0..2 {
+        match splice(sock, None, pipe, None, len, flags) {
+            Ok(0) => return Ok(Piped::End),
+            Ok(n) => return Ok(Piped::Moved(n)),
+            Err(Errno::EINTR) => return Ok(Piped::Moved(0)),
+            Err(Errno::EAGAIN) => match blocked_side(sock, pipe) {
+                Blocked::Socket => return Err(std::io::ErrorKind::WouldBlock.into()),
+                Blocked::Pipe => return Ok(Piped::Stop(None)),
+                Blocked::Neither => {}
+            },
+            // The socket's own failures end the connection, as they would a read.
+            Err(e @ (Errno::ECONNRESET | Errno::ENOTCONN | Errno::ECONNABORTED)) => {
+                return Err(e.into());
+            }
+            Err(e) => return Ok(Piped::Stop(Some(e))),
+        }
+    }
+    Ok(Piped::Stop(Some(Errno::EAGAIN)))
+}
+
+/// Which of `sock` (for reading) and `pipe` (for writing) is not ready, by poll(2) without
+/// waiting.
+fn blocked_side(sock: &UnixStream, pipe: &OwnedFd) -> Blocked {
+    let mut fds = [
+        PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+        PollFd::new(pipe.as_fd(), PollFlags::POLLOUT),
+    ];
+    if poll(&mut fds, PollTimeout::ZERO).is_err() {
+        // Cannot tell: giving up on the pipe for this reply is right either way.
+        return Blocked::Pipe;
+    }
+    let [s, p] = fds;
+    // Flags nix does not know make `revents` None: then each side is taken to be in the state
+    // that cannot hang the reader (a pipe not to use, a socket to try again).
+    let want_in = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+    if !p.revents().is_some_and(|r| r.contains(PollFlags::POLLOUT)) {
+        Blocked::Pipe
+    } else if !s.revents().is_none_or(|r| r.intersects(want_in)) {
+        Blocked::Socket
+    } else {
+        Blocked::Neither
+    }
+}
+
+/// Refuses a pipe that would block: the reader task writes into it, and must never wait for the
+/// caller to read (who reads only once the reply is in).
+fn require_nonblocking(pipe: &OwnedFd) -> Result<()> {
+    // nix's fcntl takes the number; it does not outlive the borrow of `pipe`.
+    let flags = fcntl(pipe.as_raw_fd(), FcntlArg::F_GETFL).map_err(std::io::Error::from)?;
+    if OFlag::from_bits_truncate(flags).contains(OFlag::O_NONBLOCK) {
+        Ok(())
+    } else {
+        Err(ClientError::Usage(
+            "the pipe of a spliced read must be non-blocking (O_NONBLOCK)".into(),
+        ))
+    }
+}
+
+/// Tversion offering `msize`; returns the msize the server chose, which then bounds the frames
+/// `frames` accepts.
+async fn negotiate<R, W>(frames: &mut FrameReader<R>, w: &mut W, msize: u32) -> Result<u32>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut b = BytesMut::new();
+    wire::encode_t(
+        &mut b,
+        NOTAG,
+        &Tmsg::Version {
+            msize,
+            version: wire::VERSION.into(),
+        },
+    )?;
+    w.write_all(&b).await?;
+    w.flush().await?;
+    let frame = frames.next().await?.ok_or(ClientError::Closed)?;
+    let (_, reply) = wire::decode_r(frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let got = match reply {
+        Rmsg::Version { msize: m, version } if version == wire::VERSION => m,
+        Rmsg::Version { version, .. } => {
+            return Err(ClientError::Protocol(format!(
+                "server speaks {version:?}, not 9P2000"
+            )));
+        }
+        Rmsg::Error { ename } => return Err(ClientError::Server(ename)),
+        other => {
+            return Err(ClientError::Protocol(format!(
+                "expected Rversion, got {other:?}"
+            )));
+        }
+    };
+    if got > msize || got < 256 {
+        return Err(ClientError::Protocol(format!(
+            "server chose msize {got}, offered {msize}"
+        )));
+    }
+    frames.max = got;
+    Ok(got)
+}
+
 impl Client {
-    /// Dials `addr` and negotiates the version with [`DEFAULT_MSIZE`].
+    /// Dials `addr` and negotiates the version with [`DEFAULT_MSIZE`]. On a unix socket the
+    /// client can splice ([`Client::handshake_unix`]).
     pub async fn dial(addr: &Addr) -> Result<Client> {
         Client::dial_msize(addr, DEFAULT_MSIZE).await
     }
@@ -459,9 +1018,8 @@ impl Client {
         };
         match addr {
             Addr::Unix(p) => {
-                let s = tokio::net::UnixStream::connect(p).await.map_err(cerr)?;
-                let (r, w) = s.into_split();
-                Client::handshake(r, w, msize).await
+                let s = UnixStream::connect(p).await.map_err(cerr)?;
+                Client::handshake_unix(s, msize).await
             }
             Addr::Tcp { host, port } => {
                 let s = tokio::net::TcpStream::connect((host.as_str(), *port))
@@ -475,46 +1033,39 @@ impl Client {
     }
 
     /// Runs Tversion over an established stream, then starts the connection's reader and writer
-    /// tasks (on the current tokio runtime).
+    /// tasks (on the current tokio runtime). A client made so cannot splice: its spliced reads
+    /// come back whole in memory ([`Spliced::rest`]).
     pub async fn handshake<R, W>(r: R, mut w: W, msize: u32) -> Result<Client>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let mut b = BytesMut::new();
-        wire::encode_t(
-            &mut b,
-            NOTAG,
-            &Tmsg::Version {
-                msize,
-                version: wire::VERSION.into(),
-            },
-        )?;
-        w.write_all(&b).await?;
-        w.flush().await?;
-        let mut reader = FrameReader::new(r, msize.max(8192));
-        let frame = reader.next().await?.ok_or(ClientError::Closed)?;
-        let (_, reply) = wire::decode_r(frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let got = match reply {
-            Rmsg::Version { msize: m, version } if version == wire::VERSION => m,
-            Rmsg::Version { version, .. } => {
-                return Err(ClientError::Protocol(format!(
-                    "server speaks {version:?}, not 9P2000"
-                )));
-            }
-            Rmsg::Error { ename } => return Err(ClientError::Server(ename)),
-            other => {
-                return Err(ClientError::Protocol(format!(
-                    "expected Rversion, got {other:?}"
-                )));
-            }
+        let mut frames = FrameReader::new(r, msize.max(8192));
+        let got = negotiate(&mut frames, &mut w, msize).await?;
+        Ok(Client::run(frames, w, got, Arc::new(AtomicUsize::new(0))))
+    }
+
+    /// [`Client::handshake`] over a connected unix socket, with a reader that can splice the
+    /// payload of a spliced read's reply into its pipe ([`Fid::read_call_spliced`]).
+    pub async fn handshake_unix(stream: UnixStream, msize: u32) -> Result<Client> {
+        let (r, mut w) = stream.into_split();
+        let mut frames = FrameReader::new(r, msize.max(8192));
+        let got = negotiate(&mut frames, &mut w, msize).await?;
+        let splicing = Arc::new(AtomicUsize::new(0));
+        let replies = UnixReplies {
+            frames,
+            splicing: Arc::clone(&splicing),
+            looked_up: false,
         };
-        if got > msize || got < 256 {
-            return Err(ClientError::Protocol(format!(
-                "server chose msize {got}, offered {msize}"
-            )));
-        }
-        reader.max = got;
+        Ok(Client::run(replies, w, got, splicing))
+    }
+
+    /// Starts the writer task and the reader task reading `replies`.
+    fn run<S, W>(replies: S, w: W, msize: u32, splicing: Arc<AtomicUsize>) -> Client
+    where
+        S: ReplySource,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let writer: SharedWriter = Arc::new(Mutex::new(Writer {
             w: Box::pin(w),
             queue: std::collections::VecDeque::new(),
@@ -522,57 +1073,17 @@ impl Client {
             waker: None,
             closed: false,
         }));
-        let (gone_tx, gone) = tokio::sync::watch::channel(false);
+        let (gone_tx, gone) = watch::channel(false);
         let inner = Arc::new(Inner {
-            msize: got,
+            msize,
             state: Mutex::new(State::default()),
             writer: Arc::clone(&writer),
             gone,
+            splicing,
         });
         tokio::spawn(drain_writer(writer));
-        // Reader: routes replies to their tags.
-        let weak = Arc::downgrade(&inner);
-        tokio::spawn(async move {
-            loop {
-                let frame = match reader.next().await {
-                    Ok(Some(f)) => f,
-                    _ => break,
-                };
-                let Some(inner) = weak.upgrade() else {
-                    break;
-                };
-                let Ok((tag, m)) = wire::decode_r(frame) else {
-                    break;
-                };
-                let mut st = inner.lock();
-                match st.pending.remove(&tag) {
-                    Some(Pending::Waiting(tx)) => {
-                        drop(st);
-                        let _ = tx.send(m);
-                    }
-                    Some(Pending::Discard { free_fid: Some(f) }) => {
-                        st.fids.remove(&f);
-                    }
-                    Some(Pending::Discard { free_fid: None }) => {}
-                    Some(Pending::Flushed) => {
-                        // The reply beat the Rflush; keep the tag until the Rflush arrives.
-                        st.pending.insert(tag, Pending::Flushed);
-                    }
-                    Some(Pending::Flusher { oldtag }) => {
-                        st.pending.remove(&oldtag);
-                    }
-                    None => {}
-                }
-            }
-            if let Some(inner) = weak.upgrade() {
-                let mut st = inner.lock();
-                st.closed = true;
-                // Dropping the senders wakes every waiter with "connection closed".
-                st.pending.clear();
-            }
-            gone_tx.send_replace(true);
-        });
-        Ok(Client { inner })
+        tokio::spawn(read_replies(replies, Arc::downgrade(&inner), gone_tx));
+        Client { inner }
     }
 
     /// Resolves once the connection is gone: the server closed it or sent something that does
@@ -597,25 +1108,48 @@ impl Client {
     /// sends Tflush.
     pub fn send(&self, m: &Tmsg) -> Result<Call> {
         let (tx, rx) = oneshot::channel();
-        let tag = {
-            let mut st = self.inner.lock();
-            if st.closed {
-                return Err(ClientError::Closed);
-            }
-            let tag = st.alloc_tag()?;
-            st.pending.insert(tag, Pending::Waiting(tx));
-            tag
-        };
-        if let Err(e) = self.inner.send_frame(tag, m) {
-            self.inner.lock().pending.remove(&tag);
-            return Err(e);
-        }
+        let tag = self.begin(m, Pending::Waiting(tx))?;
         Ok(Call {
             inner: Arc::clone(&self.inner),
             tag,
             rx,
             done: false,
         })
+    }
+
+    /// Sends a Tread whose Rread's payload goes into `pipe` as far as the reader can splice it.
+    fn send_spliced(&self, m: &Tmsg, pipe: Arc<OwnedFd>) -> Result<SplicedCall> {
+        let (tx, rx) = oneshot::channel();
+        let pending = Pending::Spliced {
+            tx,
+            pipe,
+            _counted: SpliceCount::new(&self.inner.splicing),
+        };
+        let tag = self.begin(m, pending)?;
+        Ok(SplicedCall {
+            inner: Arc::clone(&self.inner),
+            tag,
+            rx,
+            done: false,
+        })
+    }
+
+    /// Registers `pending` under a new tag, then sends `m` with that tag.
+    fn begin(&self, m: &Tmsg, pending: Pending) -> Result<u16> {
+        let tag = {
+            let mut st = self.inner.lock();
+            if st.closed {
+                return Err(ClientError::Closed);
+            }
+            let tag = st.alloc_tag()?;
+            st.pending.insert(tag, pending);
+            tag
+        };
+        if let Err(e) = self.inner.send_frame(tag, m) {
+            self.inner.lock().pending.remove(&tag);
+            return Err(e);
+        }
+        Ok(tag)
     }
 
     /// One request, one reply.
@@ -865,6 +1399,48 @@ impl Fid {
     /// Exactly one Tread: what a stream file returns for one read.
     pub async fn read(&self, offset: u64, count: u32) -> Result<Bytes> {
         self.read_call(offset, count)?.read_data().await
+    }
+
+    /// Sends a Tread now (the count clamped to the iounit); the reply's payload goes into `pipe`
+    /// (the write end of a pipe, already non-blocking, empty, owned by this one request) as far
+    /// as it fits, and the rest comes in memory: see [`Spliced`].
+    ///
+    /// Only a client on a unix socket ([`Client::dial`], [`Client::handshake_unix`]) splices;
+    /// others, and a reply that was already read when it was recognised, give all of it in
+    /// memory. A blocking pipe is refused ([`ClientError::Usage`]): the connection's reader
+    /// writes into it and must never wait for the caller. If the pipe fails (its read end
+    /// closed: EPIPE, with SIGPIPE ignored as Rust programs do by default) the rest of the
+    /// payload comes in memory.
+    ///
+    /// The client holds a clone of `pipe` until it is done with the reply, and lets go of it
+    /// before the call resolves. A call dropped while its reply was being received may have
+    /// left part of the payload in the pipe: reuse such a pipe only once
+    /// `Arc::strong_count(&pipe) == 1` (the client has let go) and it has been emptied.
+    pub fn read_call_spliced(
+        &self,
+        offset: u64,
+        count: u32,
+        pipe: Arc<OwnedFd>,
+    ) -> Result<SplicedCall> {
+        require_nonblocking(&pipe)?;
+        self.client.send_spliced(
+            &Tmsg::Read {
+                fid: self.num,
+                offset,
+                count: count.min(self.iounit()),
+            },
+            pipe,
+        )
+    }
+
+    /// One spliced Tread ([`Fid::read_call_spliced`]).
+    pub async fn read_spliced(
+        &self,
+        offset: u64,
+        count: u32,
+        pipe: Arc<OwnedFd>,
+    ) -> Result<Spliced> {
+        self.read_call_spliced(offset, count, pipe)?.await
     }
 
     /// Reads sequentially from 0 until a read returns nothing.
