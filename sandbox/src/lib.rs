@@ -144,6 +144,16 @@ pub use sys::{ipc_namespaces, seccomp_available, user_namespaces};
 pub use unions::{MAX_UNION_LOWERS, UnionMount, check_points as check_union_points};
 pub use workspace::{GitDecision, GitRefused};
 
+/// Receives one message into `buf` on a unix socket, with at most one descriptor passed along
+/// (SCM_RIGHTS; any more are closed), made close-on-exec and owned by the caller. 0 bytes
+/// means the end of the stream. `o mount` takes its `/dev/fuse` from fusermount3 this way.
+pub fn recv_fd(
+    sock: &std::os::fd::OwnedFd,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, Option<std::os::fd::OwnedFd>)> {
+    sys::recv_with_fd(sock, buf)
+}
+
 /// Close-on-exec duplicates of descriptors this process inherited by number (a server's
 /// link and boot fd), owned by the caller, in the order given; the originals are left alone
 /// (close them, or let [`harden::harden_server`] close them). Every descriptor is checked to

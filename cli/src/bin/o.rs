@@ -36,6 +36,8 @@ mod conn;
 mod doctor;
 #[path = "o/doctor_system.rs"]
 mod doctor_system;
+#[path = "o/fuse.rs"]
+mod fuse;
 #[path = "o/mount.rs"]
 mod mount;
 #[path = "o/progress.rs"]

@@ -2,8 +2,8 @@
 //! installed (no plan9port, no kernel 9P client).
 //!
 //! The bridge is one 9P connection (our `p9` client, attached as the current user exactly as
-//! `o` and `ollie-9p` are) and one FUSE session (the `fuse3` crate; as root the kernel mount is
-//! made directly, otherwise through the setuid `fusermount3`). How FUSE maps onto 9P:
+//! `o` and `ollie-9p` are) and one FUSE session of our own ([`crate::fuse`]; as root the kernel
+//! mount is made directly, otherwise through the setuid `fusermount3`). How FUSE maps onto 9P:
 //!
 //! - **Nodes are paths.** A FUSE inode stands for a path from the root; every operation walks
 //!   that path afresh (one Twalk of up to 16 names), so sessions and agents that come and go on
@@ -21,7 +21,9 @@
 //!   nothing was changed through the mount since it was sent; otherwise (and on close) it is
 //!   dropped, and flushed if still unanswered. What it returns is as fresh as if the read
 //!   before had asked for both pieces. Short reads (a line of `statewait`, the end of a file)
-//!   and request/response descriptors start none.
+//!   and request/response descriptors start none. The read ahead's payload is spliced from
+//!   the 9P socket into a pipe and from there into `/dev/fuse`: the bridge never copies it.
+//! - **Locks** (`flock`, `fcntl`) are the kernel's, local to this machine: 9P has none.
 //! - **Request/response on one descriptor.** After a write to a length-0 file opened
 //!   read-write, a read that continues at the offset the write left (`exec 3<>ctl; printf … >&3;
 //!   cat <&3`) reads the reply from its start; a read at 0 (write, seek, read) is passed as is.
@@ -45,7 +47,6 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::future::Future;
 use std::io::{BufRead, Write};
-use std::num::NonZeroU32;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -55,14 +56,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fuse3::raw::prelude::*;
-use fuse3::{Errno, MountOptions, Result as FuseResult, Timestamp};
-use futures_util::stream::{self, Stream, StreamExt};
-use ollie_p9::client::{Call, ClientError, Fid};
+use ollie_p9::client::{Call, ClientError, Fid, Spliced, SplicedCall};
 use ollie_p9::wire::{Stat, dm, om};
 use tokio::sync::oneshot;
 
 use crate::conn::Conn;
+use crate::fuse::{self, Attr, Device, Pipes, Request, fattr, op};
 
 pub const AFTER_HELP: &str = "\
 DIR must be an empty directory. o mount returns once the mount serves and leaves the bridge \
@@ -117,6 +116,8 @@ const ROOT_INO: u64 = 1;
 const FOPEN_DIRECT_IO: u32 = 1 << 0;
 /// `renameat2` flags.
 const RENAME_NOREPLACE: u32 = 1 << 0;
+/// Pipe pairs kept for spliced reads (one per file read in parallel).
+const SPARE_PIPES: usize = 4;
 /// Interrupts kept for requests that had not registered yet when the interrupt came.
 const EARLY_INTERRUPTS: usize = 256;
 /// The readiness line the background bridge prints for its parent.
@@ -324,46 +325,25 @@ async fn run(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path
         Err(f) => return f.exit(),
     };
     let client = conn.root.client().clone();
-    let bridge = Bridge::new(conn.root, args.verbose);
-    let root = nix::unistd::geteuid().is_root();
-    let mut opts = MountOptions::default();
-    opts.fs_name("ollie").allow_other(args.allow_other);
-    let mounted = if root {
-        opts.custom_options("subtype=ollie");
-        fuse3::raw::Session::new(opts).mount(bridge, dir).await
-    } else {
-        if which_fusermount3().is_none() {
+    let bridge = Arc::new(Bridge::new(conn.root, args.verbose));
+    let dev = match fuse::mount(dir, args.allow_other) {
+        Ok(fd) => fd,
+        Err(m) => {
             return fail(
                 EXIT_FAIL,
-                "fusermount3 not found: install the fuse3 package (or mount as root)",
+                &format!("cannot mount on {}: {m}", dir.display()),
             );
         }
-        opts.custom_options("fsname=ollie,subtype=ollie");
-        fuse3::raw::Session::new(opts)
-            .mount_with_unprivileged(bridge, dir)
-            .await
     };
-    let mut handle = match mounted {
-        Ok(h) => h,
+    let dev = match Device::new(dev) {
+        Ok(d) => Arc::new(d),
         Err(e) => {
-            return fail(
-                EXIT_FAIL,
-                &format!("cannot mount on {}: {e}", dir.display()),
-            );
+            let _ = detach(dir, true);
+            return fail(EXIT_FAIL, &format!("cannot serve /dev/fuse: {e}"));
         }
     };
-    if root {
-        // What fusermount3 gives a user's mount: no set-id programs, no device files.
-        use nix::mount::MsFlags;
-        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-        if let Err(e) = nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>) {
-            let _ = detach(dir, true);
-            return fail(
-                EXIT_FAIL,
-                &format!("cannot make {} nosuid,nodev: {}", dir.display(), e.desc()),
-            );
-        }
-    }
+    let served = session(bridge, dev);
+    tokio::pin!(served);
     if args.daemon_child {
         // The parent is waiting for this line; then let go of its stdout and stderr, so that
         // whoever waits for their end (a pipe, a test harness) is not held by the bridge.
@@ -378,11 +358,14 @@ async fn run(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path
         );
     }
     let ended = tokio::select! {
-        r = &mut handle => {
+        r = &mut served => {
             // Unmounted (o mount -u, fusermount3 -u, umount): nothing more to do.
             return match r {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(EXIT_FAIL, &format!("the FUSE session failed: {e}")),
+                Err(m) => {
+                    let _ = detach(dir, true);
+                    fail(EXIT_FAIL, &format!("the FUSE session failed: {m}"))
+                }
             };
         }
         () = client.closed() => "olliesrv closed the connection",
@@ -395,20 +378,11 @@ async fn run(addr: Option<String>, key: Option<PathBuf>, args: &Args, dir: &Path
     // Lazily when the server is gone: a shell sitting inside must not keep a dead mount.
     let lazy = ended.starts_with("olliesrv");
     if let Err(m) = detach(dir, lazy) {
-        eprintln!("o mount: {}", crate::render::line_safe(&m.to_string()));
-        // Let the crate try (it runs fusermount3 -u or umount itself).
-        let _ = handle.unmount().await;
-        return ExitCode::from(EXIT_FAIL);
+        return fail(EXIT_FAIL, &m);
     }
-    let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+    // The kernel ends the session once the last file open in the mount is closed.
+    let _ = tokio::time::timeout(Duration::from_secs(5), served).await;
     ExitCode::SUCCESS
-}
-
-fn which_fusermount3() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
-    std::env::split_paths(&path)
-        .map(|d| d.join("fusermount3"))
-        .find(|p| p.is_file())
 }
 
 /// Points standard output (and, unless logging, standard error) at /dev/null.
@@ -463,8 +437,12 @@ pub(crate) fn errno_for(e: &ClientError, unmatched: i32) -> i32 {
         .map_or(unmatched, |(_, n)| *n)
 }
 
+/// An error number for the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Errno(i32);
+
 fn err(n: i32) -> Errno {
-    Errno::from(n)
+    Errno(n)
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -614,6 +592,9 @@ struct Ahead {
 enum AheadData {
     /// On its way; dropping it unanswered flushes the Tread.
     Sent(Call),
+    /// On its way, its payload to be spliced into these pipes (the pipes are dropped with
+    /// it: the 9P reader may still be filling them).
+    Spliced(SplicedCall, Pipes),
     /// What is left of a reply after a shorter read took its front.
     Got(Bytes),
 }
@@ -710,6 +691,8 @@ struct Bridge {
     /// Counts changes of file contents made through the mount (writes, truncation, create),
     /// so that a read ahead sent before one is not used after it.
     changes: AtomicU64,
+    /// Empty pipes for spliced read replies, kept for the next.
+    pipes: Mutex<Vec<Pipes>>,
 }
 
 impl Bridge {
@@ -725,6 +708,21 @@ impl Bridge {
             blksize,
             verbose,
             changes: AtomicU64::new(0),
+            pipes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A pair of empty pipes for a spliced read (none if pipes cannot be made: the read is
+    /// then copied).
+    fn take_pipes(&self) -> Option<Pipes> {
+        locked(&self.pipes).pop().or_else(|| Pipes::new().ok())
+    }
+
+    /// Keeps pipes that are empty again for the next read.
+    fn put_pipes(&self, p: Pipes) {
+        let mut pool = locked(&self.pipes);
+        if pool.len() < SPARE_PIPES {
+            pool.push(p);
         }
     }
 
@@ -845,36 +843,26 @@ impl Bridge {
         id
     }
 
-    fn attr(&self, ino: u64, st: &Stat) -> FileAttr {
+    fn attr(&self, ino: u64, st: &Stat) -> Attr {
         let dir = st.qid.is_dir() || st.mode & dm::DIR != 0;
-        let t = Timestamp::new(i64::from(st.mtime), 0);
-        FileAttr {
+        Attr {
             ino,
             size: st.length,
-            blocks: st.length.div_ceil(512),
-            atime: Timestamp::new(i64::from(st.atime), 0),
-            mtime: t,
-            ctime: t,
-            kind: if dir {
-                FileType::Directory
-            } else {
-                FileType::RegularFile
-            },
-            perm: (st.mode & 0o777) as u16,
+            atime: u64::from(st.atime),
+            mtime: u64::from(st.mtime),
+            mode: if dir { libc::S_IFDIR } else { libc::S_IFREG } | (st.mode & 0o777),
             nlink: if dir { 2 } else { 1 },
             uid: self.local_id(false, &st.uid),
             gid: self.local_id(true, &st.gid),
-            rdev: 0,
             blksize: self.blksize,
         }
     }
 
-    fn entry(&self, ino: u64, st: &Stat) -> ReplyEntry {
-        ReplyEntry {
-            ttl: ENTRY_TTL,
-            attr: self.attr(ino, st),
-            generation: 0,
-        }
+    /// A `fuse_entry_out` for node `ino`.
+    fn entry(&self, ino: u64, st: &Stat) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128 + 16);
+        fuse::entry_out(&mut out, &self.attr(ino, st), ENTRY_TTL, ATTR_TTL);
+        out
     }
 
     /// An inode number for a listed entry without taking a reference: the node's if the kernel
@@ -1015,88 +1003,284 @@ impl Bridge {
     }
 }
 
-impl Filesystem for Bridge {
-    async fn init(&self, _req: Request) -> FuseResult<ReplyInit> {
-        let max = self.root.client().max_io().clamp(4096, 1 << 20);
-        Ok(ReplyInit::new(
-            NonZeroU32::new(max).unwrap_or(NonZeroU32::MIN),
-        ))
+// ---------------------------------------------------------------------------------------------
+// The session: requests in, replies out.
+
+/// What an operation answers.
+enum Reply {
+    /// No reply at all (FORGET, BATCH_FORGET, INTERRUPT: the kernel waits for none).
+    Nothing,
+    /// Success with no data.
+    Empty,
+    Bytes(Vec<u8>),
+    Data(Bytes),
+    /// A read's payload, all of it in the pipes' data pipe.
+    Piped(Pipes, usize),
+}
+
+/// Serves FUSE on `dev` until the file system is unmounted (`Ok`) or the device fails.
+async fn session(bridge: Arc<Bridge>, dev: Arc<Device>) -> Result<(), String> {
+    let max_io = bridge.max_io();
+    // The largest request is a write of max_io bytes after its two headers.
+    let mut buf = vec![0u8; max_io as usize + 64 * 1024];
+    let mut started = false;
+    loop {
+        let n = match dev.next(&mut buf).await {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("reading /dev/fuse: {e}")),
+        };
+        let req = match Request::parse(&buf[..n]) {
+            Ok(r) => r,
+            Err(m) => {
+                eprintln!("o mount: the kernel sent {m}; ignored");
+                continue;
+            }
+        };
+        match req.opcode {
+            op::INIT => match fuse::init_out(&req.body, max_io) {
+                Ok(out) => {
+                    dev.reply(req.unique, &[&out]);
+                    started = true;
+                }
+                Err(n) => dev.reply_err(req.unique, n),
+            },
+            _ if !started => dev.reply_err(req.unique, libc::EIO),
+            // Bookkeeping with nothing to wait for is done here, in order.
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => bridge.note(&req),
+            _ => {
+                let (b, d) = (Arc::clone(&bridge), Arc::clone(&dev));
+                tokio::spawn(async move { b.answer(&d, req).await });
+            }
+        }
+    }
+}
+
+impl Bridge {
+    /// The largest read or write one request carries: what one Tread or Twrite can, up to
+    /// the 1 MiB FUSE moves at once (256 pages).
+    fn max_io(&self) -> u32 {
+        self.root.client().max_io().clamp(4096, 1 << 20)
     }
 
-    async fn destroy(&self, _req: Request) {}
-
-    async fn lookup(&self, _req: Request, parent: u64, name: &OsStr) -> FuseResult<ReplyEntry> {
-        let path = self.child_path(parent, name)?;
-        let st = self.stat_path("lookup", &path).await?;
-        let ino = locked(&self.nodes).remember(path);
-        Ok(self.entry(ino, &st))
-    }
-
-    async fn forget(&self, _req: Request, inode: u64, nlookup: u64) {
-        locked(&self.nodes).forget(inode, nlookup);
-    }
-
-    async fn batch_forget(&self, _req: Request, inodes: &[(u64, u64)]) {
-        let mut nodes = locked(&self.nodes);
-        for &(ino, n) in inodes {
-            nodes.forget(ino, n);
+    /// FORGET, BATCH_FORGET and INTERRUPT.
+    fn note(&self, req: &Request) {
+        let mut a = req.args();
+        match req.opcode {
+            op::FORGET => {
+                if let Some(n) = a.u64() {
+                    locked(&self.nodes).forget(req.nodeid, n);
+                }
+            }
+            op::BATCH_FORGET => {
+                let Some(count) = a.u32() else { return };
+                let _ = a.u32();
+                let mut nodes = locked(&self.nodes);
+                for _ in 0..count {
+                    let (Some(ino), Some(n)) = (a.u64(), a.u64()) else {
+                        break;
+                    };
+                    nodes.forget(ino, n);
+                }
+            }
+            op::INTERRUPT => {
+                if let Some(unique) = a.u64() {
+                    self.interrupt(unique);
+                }
+            }
+            _ => {}
         }
     }
 
-    async fn getattr(
-        &self,
-        _req: Request,
-        inode: u64,
-        fh: Option<u64>,
-        _flags: u32,
-    ) -> FuseResult<ReplyAttr> {
-        let path = self.path(inode)?;
+    /// Runs one request and sends its reply.
+    async fn answer(&self, dev: &Device, req: Request) {
+        match self.dispatch(&req).await {
+            Ok(Reply::Nothing) => {}
+            Ok(Reply::Empty) => dev.reply(req.unique, &[]),
+            Ok(Reply::Bytes(b)) => dev.reply(req.unique, &[&b]),
+            Ok(Reply::Data(d)) => dev.reply(req.unique, &[&d]),
+            Ok(Reply::Piped(pipes, len)) => {
+                if dev.reply_spliced(req.unique, &pipes, len) {
+                    self.put_pipes(pipes);
+                }
+            }
+            Err(Errno(n)) => dev.reply_err(req.unique, n),
+        }
+    }
+
+    async fn dispatch(&self, req: &Request) -> Result<Reply, Errno> {
+        let mut a = req.args();
+        let ino = req.nodeid;
+        let bad = || err(libc::EINVAL);
+        match req.opcode {
+            op::LOOKUP => {
+                let name = a.name().ok_or_else(bad)?;
+                let path = self.child_path(ino, name)?;
+                let st = self.stat_path("lookup", &path).await?;
+                let node = locked(&self.nodes).remember(path);
+                Ok(Reply::Bytes(self.entry(node, &st)))
+            }
+            op::GETATTR => {
+                let (flags, _, fh) = (a.u32(), a.u32(), a.u64());
+                let fh = fh.filter(|_| flags.is_some_and(|f| f & fuse::GETATTR_FH != 0));
+                self.getattr(ino, fh).await
+            }
+            op::SETATTR => self.setattr(ino, &mut a).await.map(Reply::Bytes),
+            op::MKDIR => {
+                let (mode, _umask) = (a.u32().ok_or_else(bad)?, a.u32());
+                let name = a.name().ok_or_else(bad)?;
+                let (_, node, st) = self
+                    .create_in("mkdir", ino, name, dm::DIR | (mode & 0o777), om::OREAD)
+                    .await?;
+                Ok(Reply::Bytes(self.entry(node, &st)))
+            }
+            op::UNLINK | op::RMDIR => {
+                let name = a.name().ok_or_else(bad)?;
+                self.remove(ino, name, req.opcode == op::RMDIR).await?;
+                Ok(Reply::Empty)
+            }
+            op::RENAME | op::RENAME2 => {
+                let new_parent = a.u64().ok_or_else(bad)?;
+                let flags = if req.opcode == op::RENAME2 {
+                    let f = a.u32().ok_or_else(bad)?;
+                    a.skip(4).ok_or_else(bad)?;
+                    f
+                } else {
+                    0
+                };
+                let (name, new_name) = (a.name().ok_or_else(bad)?, a.name().ok_or_else(bad)?);
+                let replace = match flags {
+                    0 => true,
+                    RENAME_NOREPLACE => false,
+                    // RENAME_EXCHANGE, RENAME_WHITEOUT: not something 9P can do.
+                    _ => return Err(err(libc::EINVAL)),
+                };
+                self.rename_to(ino, name, new_parent, new_name, replace)
+                    .await?;
+                Ok(Reply::Empty)
+            }
+            op::OPEN | op::OPENDIR => {
+                let flags = a.u32().ok_or_else(bad)?;
+                let dir = req.opcode == op::OPENDIR;
+                let path = self.path(ino)?;
+                let (what, flags) = if dir {
+                    ("opendir", libc::O_RDONLY as u32)
+                } else {
+                    ("open", flags)
+                };
+                let h = self.open_fid(what, &path, flags).await?;
+                match (h.fid.qid().is_dir(), dir) {
+                    (true, false) => return Err(err(libc::EISDIR)),
+                    (false, true) => return Err(err(libc::ENOTDIR)),
+                    _ => {}
+                }
+                let mut out = Vec::with_capacity(16);
+                let open_flags = if dir { 0 } else { FOPEN_DIRECT_IO };
+                fuse::open_out(&mut out, self.add_handle(h), open_flags);
+                Ok(Reply::Bytes(out))
+            }
+            op::READ => {
+                let (fh, offset, size) = (a.u64(), a.u64(), a.u32());
+                let (Some(fh), Some(offset), Some(size)) = (fh, offset, size) else {
+                    return Err(bad());
+                };
+                self.read(req.unique, ino, fh, offset, size).await
+            }
+            op::WRITE => {
+                let (fh, offset, size) = (a.u64(), a.u64(), a.u32());
+                let (Some(fh), Some(offset), Some(size)) = (fh, offset, size) else {
+                    return Err(bad());
+                };
+                // write_flags, lock_owner, flags, padding.
+                a.skip(4 + 8 + 4 + 4).ok_or_else(bad)?;
+                let data = a.rest().get(..size as usize).ok_or_else(bad)?;
+                let written = self.write(req.unique, ino, fh, offset, data).await?;
+                Ok(Reply::Bytes(fuse::write_out(written)))
+            }
+            op::STATFS => Ok(Reply::Bytes(fuse::statfs_out())),
+            op::RELEASE | op::RELEASEDIR => {
+                // Dropping the last reference clunks the fid.
+                let fh = a.u64().ok_or_else(bad)?;
+                locked(&self.handles).remove(&fh);
+                Ok(Reply::Empty)
+            }
+            // The server decides at open; nothing is cached here, so nothing to sync.
+            op::FSYNC | op::FSYNCDIR | op::FLUSH | op::ACCESS | op::DESTROY => Ok(Reply::Empty),
+            op::READDIR | op::READDIRPLUS => {
+                let (fh, offset, size) = (a.u64(), a.u64(), a.u32());
+                let (Some(fh), Some(offset), Some(size)) = (fh, offset, size) else {
+                    return Err(bad());
+                };
+                let plus = req.opcode == op::READDIRPLUS;
+                self.readdir(ino, fh, offset, size as usize, plus)
+                    .await
+                    .map(Reply::Bytes)
+            }
+            op::CREATE => {
+                let (flags, mode) = (a.u32().ok_or_else(bad)?, a.u32().ok_or_else(bad)?);
+                a.skip(8).ok_or_else(bad)?; // umask, open_flags
+                let name = a.name().ok_or_else(bad)?;
+                self.create(ino, name, flags, mode).await.map(Reply::Bytes)
+            }
+            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => {
+                self.note(req);
+                Ok(Reply::Nothing)
+            }
+            _ => Err(err(libc::ENOSYS)),
+        }
+    }
+
+    async fn getattr(&self, ino: u64, fh: Option<u64>) -> Result<Reply, Errno> {
+        let path = self.path(ino)?;
         let target = self.target("getattr", &path, fh).await?;
         let st = target
             .fid()
             .stat()
             .await
             .map_err(|e| self.fail("getattr", &path, &e, libc::EIO))?;
-        Ok(ReplyAttr {
-            ttl: ATTR_TTL,
-            attr: self.attr(inode, &st),
-        })
+        Ok(Reply::Bytes(fuse::attr_out(&self.attr(ino, &st), ATTR_TTL)))
     }
 
-    async fn setattr(
-        &self,
-        _req: Request,
-        inode: u64,
-        fh: Option<u64>,
-        set: SetAttr,
-    ) -> FuseResult<ReplyAttr> {
-        let path = self.path(inode)?;
+    async fn setattr(&self, ino: u64, a: &mut fuse::Args<'_>) -> Result<Vec<u8>, Errno> {
+        let bad = || err(libc::EINVAL);
+        let valid = a.u32().ok_or_else(bad)?;
+        a.skip(4).ok_or_else(bad)?;
+        let fh = a.u64().ok_or_else(bad)?;
+        let size = a.u64().ok_or_else(bad)?;
+        a.skip(8 + 8).ok_or_else(bad)?; // lock_owner, atime
+        let mtime = a.u64().ok_or_else(bad)?;
+        a.skip(8 + 3 * 4).ok_or_else(bad)?; // ctime, the three nanoseconds
+        let mode = a.u32().ok_or_else(bad)?;
+        a.skip(4).ok_or_else(bad)?;
+        let (uid, gid) = (a.u32().ok_or_else(bad)?, a.u32().ok_or_else(bad)?);
+        let fh = (valid & fattr::FH != 0).then_some(fh);
+
+        let path = self.path(ino)?;
         let target = self.target("setattr", &path, fh).await?;
         let fid = target.fid();
         let cur = fid
             .stat()
             .await
             .map_err(|e| self.fail("setattr", &path, &e, libc::EIO))?;
-        let now = self.attr(inode, &cur);
-        if set.uid.is_some_and(|u| u != now.uid) || set.gid.is_some_and(|g| g != now.gid) {
+        let now = self.attr(ino, &cur);
+        if (valid & fattr::UID != 0 && uid != now.uid)
+            || (valid & fattr::GID != 0 && gid != now.gid)
+        {
             return Err(err(libc::EPERM));
         }
         let mut st = Stat::dont_touch();
         let mut change = false;
-        if let Some(len) = set.size {
-            st.length = len;
+        if valid & fattr::SIZE != 0 {
+            st.length = size;
             change = true;
         }
-        if let Some(m) = set.mode
-            && m & 0o777 != cur.mode & 0o777
-        {
-            st.mode = (cur.mode & !0o777) | (m & 0o777);
+        if valid & fattr::MODE != 0 && mode & 0o777 != cur.mode & 0o777 {
+            st.mode = (cur.mode & !0o777) | (mode & 0o777);
             change = true;
         }
-        if let Some(t) = set.mtime
-            && t.sec != i64::from(cur.mtime)
-        {
-            st.mtime = u32::try_from(t.sec.max(0)).unwrap_or(u32::MAX);
+        // With MTIME_NOW the kernel has put the current time in `mtime`.
+        if valid & fattr::MTIME != 0 && mtime != u64::from(cur.mtime) {
+            st.mtime = u32::try_from(mtime).unwrap_or(u32::MAX);
             change = true;
         }
         let st = if change {
@@ -1109,89 +1293,17 @@ impl Filesystem for Bridge {
         } else {
             cur
         };
-        Ok(ReplyAttr {
-            ttl: ATTR_TTL,
-            attr: self.attr(inode, &st),
-        })
-    }
-
-    async fn mkdir(
-        &self,
-        _req: Request,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-    ) -> FuseResult<ReplyEntry> {
-        let (_, ino, st) = self
-            .create_in("mkdir", parent, name, dm::DIR | (mode & 0o777), om::OREAD)
-            .await?;
-        Ok(self.entry(ino, &st))
-    }
-
-    async fn unlink(&self, _req: Request, parent: u64, name: &OsStr) -> FuseResult<()> {
-        self.remove(parent, name, false).await
-    }
-
-    async fn rmdir(&self, _req: Request, parent: u64, name: &OsStr) -> FuseResult<()> {
-        self.remove(parent, name, true).await
-    }
-
-    async fn rename(
-        &self,
-        _req: Request,
-        parent: u64,
-        name: &OsStr,
-        new_parent: u64,
-        new_name: &OsStr,
-    ) -> FuseResult<()> {
-        self.rename_to(parent, name, new_parent, new_name, true)
-            .await
-    }
-
-    async fn rename2(
-        &self,
-        _req: Request,
-        parent: u64,
-        name: &OsStr,
-        new_parent: u64,
-        new_name: &OsStr,
-        flags: u32,
-    ) -> FuseResult<()> {
-        match flags {
-            0 => {
-                self.rename_to(parent, name, new_parent, new_name, true)
-                    .await
-            }
-            RENAME_NOREPLACE => {
-                self.rename_to(parent, name, new_parent, new_name, false)
-                    .await
-            }
-            // RENAME_EXCHANGE, RENAME_WHITEOUT: not something 9P can do.
-            _ => Err(err(libc::EINVAL)),
-        }
-    }
-
-    async fn open(&self, _req: Request, inode: u64, flags: u32) -> FuseResult<ReplyOpen> {
-        let path = self.path(inode)?;
-        let h = self.open_fid("open", &path, flags).await?;
-        if h.fid.qid().is_dir() {
-            return Err(err(libc::EISDIR));
-        }
-        Ok(ReplyOpen {
-            fh: self.add_handle(h),
-            flags: FOPEN_DIRECT_IO,
-        })
+        Ok(fuse::attr_out(&self.attr(ino, &st), ATTR_TTL))
     }
 
     async fn read(
         &self,
-        req: Request,
-        inode: u64,
+        unique: u64,
+        ino: u64,
         fh: u64,
         offset: u64,
         size: u32,
-    ) -> FuseResult<ReplyData> {
+    ) -> Result<Reply, Errno> {
         let h = self.handle(fh)?;
         let at = if h.reply_file {
             locked(&h.cursor).read_at(offset)
@@ -1200,16 +1312,28 @@ impl Filesystem for Bridge {
         };
         let ahead = locked(&h.ahead).take();
         let changes = self.changes.load(Ordering::Acquire);
-        let data = self
-            .interruptible(req.unique, async {
+        let (reply, len) = self
+            .interruptible(unique, async {
                 if let Some(a) = ahead
                     && a.offset == at
                     && a.changes == changes
                 {
+                    // An error is asked again below, which reports it.
                     let got = match a.data {
                         AheadData::Got(d) => Some(d),
-                        // An error is asked again below, which reports it.
                         AheadData::Sent(call) => call.read_data().await.ok(),
+                        AheadData::Spliced(call, pipes) => match call.await {
+                            Ok(s)
+                                if s.rest.is_empty()
+                                    && s.in_pipe > 0
+                                    && s.in_pipe <= size as usize =>
+                            {
+                                // The common case: all of it waits in the pipe.
+                                return Ok((Reply::Piped(pipes, s.in_pipe), s.in_pipe));
+                            }
+                            Ok(s) => self.unpipe(s, pipes),
+                            Err(_) => None,
+                        },
                     };
                     // An empty reply may be an end of file that has moved since: ask again.
                     if let Some(d) = got.filter(|d| !d.is_empty()) {
@@ -1221,53 +1345,82 @@ impl Filesystem for Bridge {
                                 ..a
                             });
                         }
-                        return Ok(d.slice(..n));
+                        return Ok((Reply::Data(d.slice(..n)), n));
                     }
                 }
-                h.fid.read(at, size).await.map_err(|e| {
-                    let path = self.path(inode).unwrap_or_default();
+                let d = h.fid.read(at, size).await.map_err(|e| {
+                    let path = self.path(ino).unwrap_or_default();
                     self.fail("read", &path, &e, libc::EIO)
-                })
+                })?;
+                let n = d.len();
+                Ok((Reply::Data(d), n))
             })
             .await?;
         let want = size.min(h.fid.iounit());
-        if h.read_ahead && want > 0 && data.len() == want as usize {
-            let next = at + u64::from(want);
-            let mut ahead = locked(&h.ahead);
-            // Not while a rest is left, nor over a concurrent reader's read ahead.
-            if ahead.is_none()
-                && let Ok(call) = h.fid.read_call(next, want)
-            {
-                *ahead = Some(Ahead {
-                    offset: next,
-                    changes,
-                    data: AheadData::Sent(call),
-                });
-            }
+        if h.read_ahead && want > 0 && len == want as usize {
+            self.read_ahead(&h, at + u64::from(want), want, changes);
         }
-        Ok(ReplyData { data })
+        Ok(reply)
+    }
+
+    /// Sends the Tread for the `want` bytes at `next`, for the read that will come (see "Read
+    /// ahead" above), its payload spliced into pipes where they can be had.
+    fn read_ahead(&self, h: &Handle, next: u64, want: u32, changes: u64) {
+        let mut ahead = locked(&h.ahead);
+        // Not while a rest is left, nor over a concurrent reader's read ahead.
+        if ahead.is_some() {
+            return;
+        }
+        let data = match self.take_pipes() {
+            Some(pipes) => match h
+                .fid
+                .read_call_spliced(next, want, Arc::clone(&pipes.data_w))
+            {
+                Ok(call) => AheadData::Spliced(call, pipes),
+                Err(_) => return,
+            },
+            None => match h.fid.read_call(next, want) {
+                Ok(call) => AheadData::Sent(call),
+                Err(_) => return,
+            },
+        };
+        *ahead = Some(Ahead {
+            offset: next,
+            changes,
+            data,
+        });
+    }
+
+    /// A spliced reply in memory (when it did not all fit in the pipe, or the caller asked
+    /// for less than it brought); the emptied pipes are kept.
+    fn unpipe(&self, s: Spliced, pipes: Pipes) -> Option<Bytes> {
+        let mut v = Vec::with_capacity(s.in_pipe + s.rest.len());
+        pipes.drain_data(&mut v).ok()?;
+        if v.len() != s.in_pipe {
+            return None;
+        }
+        self.put_pipes(pipes);
+        v.extend_from_slice(&s.rest);
+        Some(Bytes::from(v))
     }
 
     async fn write(
         &self,
-        req: Request,
-        inode: u64,
+        unique: u64,
+        ino: u64,
         fh: u64,
         offset: u64,
         data: &[u8],
-        _write_flags: u32,
-        _flags: u32,
-    ) -> FuseResult<ReplyWrite> {
+    ) -> Result<u32, Errno> {
         let h = self.handle(fh)?;
         // Counted when the write ends, also when it is interrupted (it may have landed).
         let _changing = Changing(self);
-        let data = Bytes::copy_from_slice(data);
         let fail = |op: &str, e: &ClientError, unmatched: i32| {
-            let path = self.path(inode).unwrap_or_default();
+            let path = self.path(ino).unwrap_or_default();
             self.fail(op, &path, e, unmatched)
         };
         let written = self
-            .interruptible(req.unique, async {
+            .interruptible(unique, async {
                 let at = if h.append {
                     h.fid
                         .stat()
@@ -1278,7 +1431,7 @@ impl Filesystem for Bridge {
                     offset
                 };
                 h.fid
-                    .write_all(at, &data)
+                    .write_all(at, data)
                     .await
                     .map_err(|e| fail("write", &e, libc::EINVAL))
             })
@@ -1286,180 +1439,58 @@ impl Filesystem for Bridge {
         if h.reply_file {
             locked(&h.cursor).wrote_to = Some(offset + written);
         }
-        Ok(ReplyWrite {
-            written: u32::try_from(written).unwrap_or(u32::MAX),
-        })
+        Ok(u32::try_from(written).unwrap_or(u32::MAX))
     }
 
-    async fn statfs(&self, _req: Request, _inode: u64) -> FuseResult<ReplyStatFs> {
-        Ok(ReplyStatFs {
-            blocks: 0,
-            bfree: 0,
-            bavail: 0,
-            files: 0,
-            ffree: 0,
-            bsize: 4096,
-            namelen: 255,
-            frsize: 4096,
-        })
-    }
-
-    async fn release(
+    /// READDIR and READDIRPLUS: the entries from `offset` that fit in `size` bytes.
+    async fn readdir(
         &self,
-        _req: Request,
-        _inode: u64,
-        fh: u64,
-        _flags: u32,
-        _lock_owner: u64,
-        _flush: bool,
-    ) -> FuseResult<()> {
-        // Dropping the last reference clunks the fid.
-        locked(&self.handles).remove(&fh);
-        Ok(())
-    }
-
-    async fn fsync(&self, _req: Request, _inode: u64, _fh: u64, _datasync: bool) -> FuseResult<()> {
-        Ok(())
-    }
-
-    async fn flush(
-        &self,
-        _req: Request,
-        _inode: u64,
-        _fh: u64,
-        _lock_owner: u64,
-    ) -> FuseResult<()> {
-        Ok(())
-    }
-
-    async fn opendir(&self, _req: Request, inode: u64, _flags: u32) -> FuseResult<ReplyOpen> {
-        let path = self.path(inode)?;
-        let h = self
-            .open_fid("opendir", &path, libc::O_RDONLY as u32)
-            .await?;
-        if !h.fid.qid().is_dir() {
-            return Err(err(libc::ENOTDIR));
-        }
-        Ok(ReplyOpen {
-            fh: self.add_handle(h),
-            flags: 0,
-        })
-    }
-
-    async fn readdir<'a>(
-        &'a self,
-        _req: Request,
-        parent: u64,
-        fh: u64,
-        offset: i64,
-    ) -> FuseResult<ReplyDirectory<impl Stream<Item = FuseResult<DirectoryEntry>> + Send + 'a>>
-    {
-        let h = self.handle(fh)?;
-        let path = self.path(parent)?;
-        let offset = u64::try_from(offset).unwrap_or(0);
-        let list = self.dir_entries(&h, offset, &path).await?;
-        let mut out = Vec::new();
-        for (i, name, kind, ino) in self.listing(parent, &path, &list) {
-            if i >= offset {
-                out.push(Ok(DirectoryEntry {
-                    inode: ino,
-                    kind,
-                    name,
-                    offset: i as i64 + 1,
-                }));
-            }
-        }
-        Ok(ReplyDirectory {
-            entries: stream::iter(out),
-        })
-    }
-
-    async fn readdirplus<'a>(
-        &'a self,
-        _req: Request,
         parent: u64,
         fh: u64,
         offset: u64,
-        _lock_owner: u64,
-    ) -> FuseResult<
-        ReplyDirectoryPlus<impl Stream<Item = FuseResult<DirectoryEntryPlus>> + Send + 'a>,
-    > {
+        size: usize,
+        plus: bool,
+    ) -> Result<Vec<u8>, Errno> {
         let h = self.handle(fh)?;
         let path = self.path(parent)?;
         let list = self.dir_entries(&h, offset, &path).await?;
-        let here = h
-            .fid
-            .stat()
-            .await
-            .map_err(|e| self.fail("readdir", &path, &e, libc::EIO))?;
-        let mut items = Vec::new();
-        for (i, name, kind, _) in self.listing(parent, &path, &list) {
+        let mut out = Vec::with_capacity(size.min(64 * 1024));
+        for (i, name, dir, ino) in self.listing(parent, &path, &list) {
             if i < offset {
                 continue;
             }
-            // ".", "..": the kernel takes no reference; entries: each one it takes is a lookup.
-            let st = if i < 2 {
-                None
-            } else {
-                list.get(i as usize - 2).cloned()
-            };
-            items.push((i, name, kind, st));
-        }
-        let parent_path = path.clone();
-        // Lazily, so that an entry the kernel's buffer has no room for takes (almost) no
-        // reference: the one that does not fit is the only one counted in vain.
-        let entries = stream::iter(items).map(move |(i, name, kind, st)| {
-            let (ino, attr) = match st {
-                None => (parent, self.attr(parent, &here)),
-                Some(st) => {
-                    let mut p = parent_path.clone();
+            if out.len() + fuse::dirent_len(&name, plus) > size {
+                break;
+            }
+            if !plus {
+                fuse::put_dirent(&mut out, None, ino, i + 1, dir, &name);
+                continue;
+            }
+            // ".", "..": the kernel takes no reference; an entry: it takes one, as a lookup
+            // would (counted only once it is known to fit).
+            let entry = match (i, list.get((i as usize).wrapping_sub(2))) {
+                (2.., Some(st)) => {
+                    let mut p = path.clone();
                     p.push(st.name.clone());
-                    let ino = locked(&self.nodes).remember(p);
-                    (ino, self.attr(ino, &st))
+                    let node = locked(&self.nodes).remember(p);
+                    Some(self.attr(node, st))
                 }
+                _ => None,
             };
-            Ok(DirectoryEntryPlus {
-                inode: ino,
-                generation: 0,
-                kind,
-                name,
-                offset: i as i64 + 1,
-                attr,
-                entry_ttl: ENTRY_TTL,
-                attr_ttl: ATTR_TTL,
-            })
-        });
-        Ok(ReplyDirectoryPlus { entries })
-    }
-
-    async fn releasedir(&self, _req: Request, _inode: u64, fh: u64, _flags: u32) -> FuseResult<()> {
-        locked(&self.handles).remove(&fh);
-        Ok(())
-    }
-
-    async fn fsyncdir(
-        &self,
-        _req: Request,
-        _inode: u64,
-        _fh: u64,
-        _datasync: bool,
-    ) -> FuseResult<()> {
-        Ok(())
-    }
-
-    async fn access(&self, _req: Request, _inode: u64, _mask: u32) -> FuseResult<()> {
-        // The server decides at open; there is nothing to check beforehand.
-        Ok(())
+            let ino = entry.map_or(ino, |a| a.ino);
+            let plus_entry = entry.as_ref().map(|a| (a, ENTRY_TTL, ATTR_TTL));
+            fuse::put_dirent(&mut out, Some(plus_entry), ino, i + 1, dir, &name);
+        }
+        Ok(out)
     }
 
     async fn create(
         &self,
-        _req: Request,
         parent: u64,
         name: &OsStr,
-        mode: u32,
         flags: u32,
-    ) -> FuseResult<ReplyCreated> {
+        mode: u32,
+    ) -> Result<Vec<u8>, Errno> {
         let omode = match flags as i32 & libc::O_ACCMODE {
             libc::O_RDWR => om::ORDWR,
             libc::O_RDONLY => om::OREAD,
@@ -1470,7 +1501,6 @@ impl Filesystem for Bridge {
             .await;
         self.changed();
         let (fid, ino, st) = created?;
-        let attr = self.attr(ino, &st);
         let fh = self.add_handle(Handle {
             ahead: Mutex::new(None),
             read_ahead: omode != om::OWRITE,
@@ -1480,16 +1510,12 @@ impl Filesystem for Bridge {
             cursor: Mutex::new(Cursor::default()),
             entries: tokio::sync::Mutex::new(None),
         });
-        Ok(ReplyCreated {
-            ttl: ENTRY_TTL,
-            attr,
-            generation: 0,
-            fh,
-            flags: FOPEN_DIRECT_IO,
-        })
+        let mut out = self.entry(ino, &st);
+        fuse::open_out(&mut out, fh, FOPEN_DIRECT_IO);
+        Ok(out)
     }
 
-    async fn interrupt(&self, _req: Request, unique: u64) -> FuseResult<()> {
+    fn interrupt(&self, unique: u64) {
         let mut ints = locked(&self.ints);
         match ints.waiting.remove(&unique) {
             Some(tx) => {
@@ -1502,34 +1528,27 @@ impl Filesystem for Bridge {
                 ints.early.push_back(unique);
             }
         }
-        Ok(())
     }
-}
 
-impl Bridge {
-    /// A directory listing: (index, name, kind, inode) for ".", ".." and each entry.
+    /// A directory listing: (index, name, is a directory, inode) for ".", ".." and each
+    /// entry.
     fn listing(
         &self,
         parent: u64,
         path: &[String],
         list: &[Stat],
-    ) -> Vec<(u64, OsString, FileType, u64)> {
+    ) -> Vec<(u64, OsString, bool, u64)> {
         let mut out = vec![
-            (0, OsString::from("."), FileType::Directory, parent),
-            (1, OsString::from(".."), FileType::Directory, parent),
+            (0, OsString::from("."), true, parent),
+            (1, OsString::from(".."), true, parent),
         ];
         for (i, st) in list.iter().enumerate() {
             let mut p = path.to_vec();
             p.push(st.name.clone());
-            let kind = if st.qid.is_dir() {
-                FileType::Directory
-            } else {
-                FileType::RegularFile
-            };
             out.push((
                 i as u64 + 2,
                 OsString::from(&st.name),
-                kind,
+                st.qid.is_dir(),
                 self.listed_ino(&p, st),
             ));
         }
