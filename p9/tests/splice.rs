@@ -14,12 +14,14 @@ use bytes::{Bytes, BytesMut};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use ollie_p9::client::{ClientError, Fid, OREAD, Spliced};
 use ollie_p9::dial::Addr;
-use ollie_p9::server::{ConnInfo, Filesystem, Server, Walked};
+use ollie_p9::server::{ConnInfo, Filesystem, Limits, Server, Walked};
 use ollie_p9::util::read_at;
 use ollie_p9::wire::{self, Qid, Rmsg, Stat, Tmsg, dm, qt};
 use ollie_p9::{Client, Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
+
+mod common;
 
 /// One Rread carries at most 1 MiB of payload.
 const IOUNIT: u32 = 1 << 20;
@@ -128,19 +130,7 @@ impl Filesystem for SpliceFs {
 
 /// Our server for `fs` (msize up to [`MSIZE`]) on one end of a socketpair; returns the other.
 fn serve(fs: &Arc<SpliceFs>) -> UnixStream {
-    let (a, b) = UnixStream::pair().unwrap();
-    let srv = Server::with_max_msize(Arc::clone(fs), MSIZE);
-    tokio::spawn(async move {
-        let info = ConnInfo {
-            id: srv.next_conn_id(),
-            peer: None,
-            transport: "stream",
-            remote: "test".into(),
-        };
-        let (r, w) = b.into_split();
-        srv.serve_conn(r, w, info).await;
-    });
-    a
+    common::serve_fs(Arc::clone(fs), MSIZE, Limits::default())
 }
 
 fn new_fs() -> Arc<SpliceFs> {

@@ -287,8 +287,13 @@ pub fn start(fs: Arc<TestFs>) -> UnixStream {
 
 /// One connection to a server with these limits.
 pub fn start_with(fs: Arc<TestFs>, limits: Limits) -> UnixStream {
+    serve_fs(fs, ollie_p9::server::DEFAULT_MAX_MSIZE, limits)
+}
+
+/// One connection to a server of any file system, with this maximum msize and these limits.
+pub fn serve_fs<F: Filesystem>(fs: Arc<F>, max_msize: u32, limits: Limits) -> UnixStream {
     let (a, b) = UnixStream::pair().unwrap();
-    let srv = Server::with_limits(fs, ollie_p9::server::DEFAULT_MAX_MSIZE, limits);
+    let srv = Server::with_limits(fs, max_msize, limits);
     tokio::spawn(async move {
         let info = ConnInfo {
             id: srv.next_conn_id(),
