@@ -54,6 +54,8 @@ enum Node {
 
 struct SpliceFs {
     data: Bytes,
+    /// Told when a read of `block` has reached the server.
+    blocked: tokio::sync::Notify,
 }
 
 fn qid(n: Node) -> Qid {
@@ -97,7 +99,10 @@ impl Filesystem for SpliceFs {
     async fn read(&self, fid: &mut Node, offset: u64, count: u32) -> Result<Bytes> {
         match fid {
             Node::Data => Ok(read_at(&self.data, offset, count)),
-            Node::Block => std::future::pending().await,
+            Node::Block => {
+                self.blocked.notify_one();
+                std::future::pending().await
+            }
             Node::Root => Err(Error::is_dir()),
         }
     }
@@ -136,6 +141,7 @@ fn serve(fs: &Arc<SpliceFs>) -> UnixStream {
 fn new_fs() -> Arc<SpliceFs> {
     Arc::new(SpliceFs {
         data: content(DATA_LEN),
+        blocked: tokio::sync::Notify::new(),
     })
 }
 
@@ -331,12 +337,17 @@ async fn dropped_spliced_calls_leave_the_stream_in_step() {
     // A read that never finishes, given up: Tflush, and the pipe is let go at once.
     let block = open(&root, "block").await;
     let (pw, _pr) = pipe(None);
-    let call = block.read_call_spliced(0, 100, Arc::clone(&pw)).unwrap();
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), call)
-            .await
-            .is_err()
-    );
+    let mut call = Box::pin(block.read_call_spliced(0, 100, Arc::clone(&pw)).unwrap());
+    within(
+        "the blocking read to reach the server",
+        fs.blocked.notified(),
+    )
+    .await;
+    let pending =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx).is_pending()))
+            .await;
+    assert!(pending, "a read of block answered");
+    drop(call);
     assert_eq!(Arc::strong_count(&pw), 1);
     // Big reads given up at various points while their replies arrive: before, during
     // (sometimes with the pipe's read end closed under the splice), or after.
@@ -349,7 +360,11 @@ async fn dropped_spliced_calls_leave_the_stream_in_step() {
             let call = data.read_call_spliced(at, IOUNIT, Arc::clone(&pw)).unwrap();
             calls.push((at, call, pw, pr));
         }
-        tokio::time::sleep(Duration::from_micros(150 * round)).await;
+        // Later rounds let the replies get further before the drops (no clock: the reader
+        // runs on the other worker meanwhile).
+        for _ in 0..round * 8 {
+            tokio::task::yield_now().await;
+        }
         for (i, (at, call, pw, mut pr)) in calls.into_iter().enumerate() {
             if (i as u64 + round) & 1 == 0 {
                 drop(call);
