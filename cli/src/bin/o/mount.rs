@@ -1008,8 +1008,6 @@ impl Bridge {
 
 /// What an operation answers.
 enum Reply {
-    /// No reply at all (FORGET, BATCH_FORGET, INTERRUPT: the kernel waits for none).
-    Nothing,
     /// Success with no data.
     Empty,
     Bytes(Vec<u8>),
@@ -1095,7 +1093,6 @@ impl Bridge {
     /// Runs one request and sends its reply.
     async fn answer(&self, dev: &Device, req: Request) {
         match self.dispatch(&req).await {
-            Ok(Reply::Nothing) => {}
             Ok(Reply::Empty) => dev.reply(req.unique, &[]),
             Ok(Reply::Bytes(b)) => dev.reply(req.unique, &[&b]),
             Ok(Reply::Data(d)) => dev.reply(req.unique, &[&d]),
@@ -1221,10 +1218,6 @@ impl Bridge {
                 a.skip(8).ok_or_else(bad)?; // umask, open_flags
                 let name = a.name().ok_or_else(bad)?;
                 self.create(ino, name, flags, mode).await.map(Reply::Bytes)
-            }
-            op::FORGET | op::BATCH_FORGET | op::INTERRUPT => {
-                self.note(req);
-                Ok(Reply::Nothing)
             }
             _ => Err(err(libc::ENOSYS)),
         }
