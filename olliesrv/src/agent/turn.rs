@@ -290,17 +290,14 @@ impl Prefetch {
             // it was asked is waited for as it restarts, rather than failing the whole turn.
             // The pause lets the link see the death first, so the next question does not go to
             // the dead connection again.
-            let mut tries = 1;
-            loop {
-                match tool_specs(&a, &config).await {
-                    Ok(specs) => return Ok(specs),
-                    Err(e) if tries >= PREFETCH_TRIES || a.is_killed() => return Err(e),
-                    Err(_) => {
-                        tokio::time::sleep(PREFETCH_PAUSE * tries).await;
-                        tries += 1;
-                    }
-                }
-            }
+            let (ra, rc) = (&a, &config);
+            ask_again(
+                PREFETCH_TRIES,
+                PREFETCH_PAUSE,
+                || ra.is_killed(),
+                || tool_specs(ra, rc),
+            )
+            .await
         }))
     }
 
@@ -308,6 +305,31 @@ impl Prefetch {
         (&mut self.0)
             .await
             .map_err(|e| format!("the tool list could not be had: {e}"))?
+    }
+}
+
+/// Asks `ask` until it answers, at most `tries` times, pausing `pause` times the number of
+/// questions so far after each failure; stops at the first failure once `stop` holds. The last
+/// failure is the answer.
+async fn ask_again<T, Fut>(
+    tries: u32,
+    pause: Duration,
+    stop: impl Fn() -> bool,
+    mut ask: impl FnMut() -> Fut,
+) -> Result<T, String>
+where
+    Fut: Future<Output = Result<T, String>>,
+{
+    let mut asked = 1;
+    loop {
+        match ask().await {
+            Ok(v) => return Ok(v),
+            Err(e) if asked >= tries || stop() => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(pause * asked).await;
+                asked += 1;
+            }
+        }
     }
 }
 
@@ -1466,6 +1488,56 @@ mod tests {
             name: n.into(),
             arguments: args,
         }
+    }
+
+    /// The prefetch's retry: `ask_again` with an answer that fails `fails` times, on paused
+    /// time; what it returned, how often it asked, and how long it paused in all.
+    async fn asked(fails: u32, stop: bool) -> (Result<u32, String>, u32, Duration) {
+        let n = std::cell::Cell::new(0u32);
+        let t0 = tokio::time::Instant::now();
+        let r = ask_again(
+            PREFETCH_TRIES,
+            PREFETCH_PAUSE,
+            || stop,
+            || {
+                n.set(n.get() + 1);
+                let k = n.get();
+                async move {
+                    if k <= fails {
+                        Err(format!("failure {k}"))
+                    } else {
+                        Ok(k)
+                    }
+                }
+            },
+        )
+        .await;
+        (r, n.get(), t0.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tool_list_is_asked_again_after_a_failure() {
+        assert_eq!(asked(0, false).await, (Ok(1), 1, Duration::ZERO));
+        // A toolsrv that died while asked: the second question has the list.
+        assert_eq!(asked(1, false).await, (Ok(2), 2, PREFETCH_PAUSE));
+        assert_eq!(
+            asked(PREFETCH_TRIES - 1, false).await,
+            (Ok(PREFETCH_TRIES), PREFETCH_TRIES, PREFETCH_PAUSE * 6)
+        );
+        // One that stays down fails the turn after the last question, with its failure.
+        assert_eq!(
+            asked(u32::MAX, false).await,
+            (
+                Err(format!("failure {PREFETCH_TRIES}")),
+                PREFETCH_TRIES,
+                PREFETCH_PAUSE * 6
+            )
+        );
+        // A killed agent is not asked for again.
+        assert_eq!(
+            asked(u32::MAX, true).await,
+            (Err("failure 1".into()), 1, Duration::ZERO)
+        );
     }
 
     #[test]
