@@ -21,6 +21,9 @@
 //!      buffer, discarding it like `cat > /dev/null` (the bulk baseline of `p9/benches/p9.rs`,
 //!      here unpinned like the processes below, and without its 64 MiB destination, whose
 //!      page faults would dominate);
+//!   1'. the same with the writer's send buffer set as `ollie_p9::Server` sets it on a unix
+//!      connection (its max msize, 1 MiB; the kernel makes it 2 MiB): the baseline's own cost
+//!      of holding a whole Rread in the socket (docs/benchmarks.md);
 //!   2. `ollie-9p -a unix!SOCK read big > /dev/null` (the release binary, spawned);
 //!   3. `cat DIR/big > /dev/null` (the system's `cat`, spawned);
 //!   4. `cat DIR/stream > /dev/null`.
@@ -414,17 +417,25 @@ fn total_cpu_ns(others: &[Pid]) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Case {
     Raw,
+    RawWide,
     NineP,
     MountBig,
     MountStream,
 }
 
-const CASES: [Case; 4] = [Case::Raw, Case::NineP, Case::MountBig, Case::MountStream];
+const CASES: [Case; 5] = [
+    Case::Raw,
+    Case::RawWide,
+    Case::NineP,
+    Case::MountBig,
+    Case::MountStream,
+];
 
 impl Case {
     fn label(self) -> String {
         match self {
             Case::Raw => format!("1. raw unix socketpair, {IOUNIT} B writes"),
+            Case::RawWide => "1'. as 1, the 9P server's send buffer".into(),
             Case::NineP => "2. ollie-9p read big > /dev/null".into(),
             Case::MountBig => "3. o mount: cat big > /dev/null".into(),
             Case::MountStream => "4. o mount: cat stream > /dev/null (length 0)".into(),
@@ -452,7 +463,8 @@ struct Env<'a> {
 /// bytes exactly (untimed figures); otherwise it goes to /dev/null.
 fn run_case(env: &Env, case: Case, verify: bool) -> Run {
     let mut cmd = match case {
-        Case::Raw => return raw_stream(&env.tree.data, env.mount),
+        Case::Raw => return raw_stream(&env.tree.data, env.mount, None),
+        Case::RawWide => return raw_stream(&env.tree.data, env.mount, Some(MIB)),
         Case::NineP => {
             let mut c = Command::new(env.ollie_9p);
             c.arg("-a").arg(env.addr).arg("read").arg("big");
@@ -511,8 +523,12 @@ fn run_case(env: &Env, case: Case, verify: bool) -> Run {
 /// The baseline: the file's bytes written in iounit-sized writes over a socketpair by one
 /// thread, read by this one into one reused iounit-sized buffer (a reader that discards, as
 /// `cat > /dev/null` does; a fresh 64 MiB destination would mostly measure its page faults).
-fn raw_stream(data: &Bytes, mount: &Mount) -> Run {
+/// `send_buffer`: the writer's `SO_SNDBUF` request, if not the default.
+fn raw_stream(data: &Bytes, mount: &Mount, send_buffer: Option<usize>) -> Run {
     let (mut rd, mut wr) = UnixStream::pair().unwrap();
+    if let Some(n) = send_buffer {
+        nix::sys::socket::setsockopt(&wr, nix::sys::socket::sockopt::SndBuf, &n).unwrap();
+    }
     let src = data.clone();
     let c0 = total_cpu_ns(&mount.bridge);
     let t = Instant::now();
