@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: formatting, lints, every unit, integration, interop and
-# escape test (sandbox suites also as an unprivileged user when run as root), a fuzz smoke
-# run, a one-minute soak, the systemd units' checks, the README's quickstart on a fresh clone and, as root, the
-# boot test of the Debian package. Set
+# The whole test suite, as CI runs it: formatting, lints, rustdoc warnings, every unit,
+# integration, interop and escape test (sandbox suites also as an unprivileged user when run as
+# root), a fuzz smoke run, a one-minute soak, the systemd units' checks, the README's quickstart
+# on a fresh clone and, as root, the boot test of the Debian package. Set
 # OLLIE_TEST_REQUIRE=all to turn every "SKIP <test>: <reason>" into a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,8 @@ stage fmt
 cargo fmt --all -- --check
 stage clippy
 cargo clippy --workspace --all-targets -- -D warnings
+stage doc
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --quiet
 stage build
 cargo build --workspace --bins
 stage "llama-server (scripts/local-model.sh --prepare)"

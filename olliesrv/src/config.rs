@@ -22,6 +22,9 @@
 //! HTTP kind also takes `connect_timeout_s`, `first_byte_timeout_s` and `idle_timeout_s`
 //! ([`Timeouts`]); an `openai` or `anthropic` one `tool_choice` (`auto`, `required_first`),
 //! and an `openai` one forcing calls `tool_prefill` ([`Backend::tool_prefill`]).
+//!
+//! [`Timeouts`]: crate::config::Timeouts
+//! [`Backend::tool_prefill`]: crate::config::Backend::tool_prefill
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -294,13 +297,13 @@ pub struct Profile {
     pub model: Option<String>,
     /// The system prompt, read from `system_prompt_file` at load time if that was used.
     pub system_prompt: Option<String>,
-    /// Enabled tools, from [`TOOL_NAMES`] (default: all of them).
+    /// Enabled tools, from `TOOL_NAMES` (default: all of them).
     pub tools: Vec<String>,
     /// A key of [`Config::policies`] (default: `ollie_policy::DEFAULT_PROFILE`).
     pub policy: String,
     /// The most model turns per prompt (1..=1000, default 50).
     pub max_steps: u32,
-    /// Escalation kinds the agent may ask for, from [`ESCALATION_NAMES`] (default: none).
+    /// Escalation kinds the agent may ask for, from `ESCALATION_NAMES` (default: none).
     pub escalations: Vec<String>,
     /// Sampling temperature (0.0..=2.0).
     pub temperature: Option<f64>,
@@ -366,7 +369,7 @@ pub struct Config {
     pub default_backend: Option<String>,
     pub backends: BTreeMap<String, Backend>,
     pub remotes: BTreeMap<String, Remote>,
-    /// Agent profiles by name; always holds [`DEFAULT_PROFILE`].
+    /// Agent profiles by name; always holds `DEFAULT_PROFILE`.
     pub profiles: BTreeMap<String, Profile>,
     /// The TOML text of every available policy by name: the shipped profiles
     /// (`ollie_policy::SHIPPED_PROFILES`) and the user's `policy/NAME.toml`, each validated.
@@ -388,7 +391,7 @@ pub struct Config {
     pub operators: Vec<Operator>,
     /// Where skills are found, in order (`skill_paths`, `~` expanded); `None` until
     /// [`Config::load_dir`] sets the default (`$XDG_DATA_HOME/ollie/skills`); read through
-    /// [`crate::skills::paths`].
+    /// `crate::skills::paths`.
     pub skill_paths: Option<Vec<PathBuf>>,
     /// `[limits]`: the bounds of every listener on its clients; read at start (a reload
     /// keeps the running ones and says so).
@@ -891,7 +894,7 @@ impl Config {
 
     /// Loads `explicit` if given (it must exist), else the default path if it exists, else the
     /// built-in configuration; then the profiles and policies beside the main file (for no file,
-    /// in [`default_dir`]).
+    /// in `default_dir`).
     pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
         match explicit {
             Some(p) => Config::load_file(p),
@@ -1516,7 +1519,7 @@ pub mod fuzzing {
     }
 
     /// `agents/p.toml` of `text`, validated against `config`. No file is read: a
-    /// `system_prompt_file` is [`stand_in`].
+    /// `system_prompt_file` is `stand_in`.
     pub fn parse_profile(config: &Config, text: &str) -> Result<Profile, String> {
         config
             .parse_profile(

@@ -31,6 +31,9 @@
 
 // Floors, top to bottom: each module imports only the ones declared after it
 // (tests/tests/floors.rs checks it). Blank lines between them keep rustfmt from sorting them.
+// A module documented both here and in its file has all its doc links resolved here, at the
+// crate root (rust-lang/rust#134904): its file links by `crate::` paths, and only to items
+// the root can see.
 /// The 9P face: the file tables, nodes, ctl verbs, toolsrv views, unions and skills.
 mod tree;
 
@@ -98,7 +101,7 @@ pub struct Options {
     /// Listen addresses besides `unix!$NAMESPACE/ollie`, which a unix address among them
     /// replaces. TCP addresses require Tauth with the key in `<state>/tcp.key`.
     pub addrs: Vec<Addr>,
-    /// `--state-dir`; otherwise [`crate::state::store::default_dir`].
+    /// `--state-dir`; otherwise `crate::state::store::default_dir`.
     pub state_dir: Option<PathBuf>,
     /// The toolsrv binary; otherwise `$OLLIE_TOOLSRV`, next to this executable, or `PATH`.
     pub toolsrv: Option<PathBuf>,

@@ -2,6 +2,9 @@
 //! agent identity, `ctl`/`info` and proc calls) and the link's published state
 //! ([`ToolLink`]), which the supervisor ([`crate::supervise`]) updates and everyone else waits
 //! on. Agents are named by their ids: nothing here knows an agent or a session object.
+//!
+//! [`Conn`]: crate::link::Conn
+//! [`ToolLink`]: crate::link::ToolLink
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

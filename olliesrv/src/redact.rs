@@ -9,6 +9,8 @@
 //!
 //! Keys shorter than [`MIN_KEY_CHARS`] are refused where they are read, so that redaction
 //! never cuts ordinary words out of text.
+//!
+//! [`MIN_KEY_CHARS`]: crate::redact::MIN_KEY_CHARS
 
 use std::borrow::Cow;
 use std::sync::RwLock;

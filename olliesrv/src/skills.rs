@@ -5,8 +5,8 @@
 //! - Union: the paths are searched in order and the first path with a valid skill of a name
 //!   wins; a later one of the same name is shadowed (listed as such in `skills/idx`). New
 //!   skills are created on disk in the first path.
-//! - Served at the root as `skills/` ([`idx_text`], [`SkillNode`]), read-only for agents.
-//!   The owner creates skills there ([`create_skill`]: `mkdir skills/NAME`, then write its
+//! - Served at the root as `skills/` ([`idx_text`], `SkillNode`), read-only for agents.
+//!   The owner creates skills there (`create_skill`: `mkdir skills/NAME`, then write its
 //!   `SKILL.md`): new skills go into the first skill path, and only skills in the first path
 //!   can be changed over 9P (files and directories created, written, truncated, renamed in
 //!   place, removed); skills from later paths are read-only. A directory in the first path
@@ -31,6 +31,15 @@
 //! Tested by the unit tests below (front matter, union and clash rules, containment, policy
 //! grants) and by `tests/tests/skills.rs` (the served files, the prompt, `file_read` and a
 //! denied `file_write` through the real toolsrv).
+//!
+//! [`idx_text`]: crate::skills::idx_text
+//! [`prompt_section`]: crate::skills::prompt_section
+//! [`grantable`]: crate::skills::grantable
+//! [`file_read`]: crate::skills::file_read
+//! [`MAX_SKILL_MD`]: crate::skills::MAX_SKILL_MD
+//! [`MAX_SKILLS`]: crate::skills::MAX_SKILLS
+//! [`MAX_DESCRIPTION`]: crate::skills::MAX_DESCRIPTION
+//! [`MAX_PROMPT_SECTION`]: crate::skills::MAX_PROMPT_SECTION
 
 use std::collections::BTreeSet;
 use std::fs::{File, Metadata};

@@ -11,7 +11,7 @@
 //!
 //! A remote session (`remote=NAME`) differs only in how toolsrv is reached: the supervisor
 //! runs `[remotes.NAME]`'s command (no shell; `ssh HOST toolsrv --stdio` by default) with a
-//! socketpair as its stdin and stdout and its stderr in our log (bounded, [`StderrTail`]),
+//! socketpair as its stdin and stdout and its stderr in our log (bounded, `StderrTail`),
 //! writes the boot message (master key and configuration) as the first bytes on that stream,
 //! then speaks 9P on it exactly as on a local link. The pid in the events is the command's
 //! (ssh's); `toolsrv-started` adds the remote toolsrv's `host` and `toolsrv_pid`. A lost

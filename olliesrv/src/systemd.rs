@@ -10,6 +10,8 @@
 //! `LISTEN_FDS` in number, meant for the process whose pid is `LISTEN_PID`; a variable meant
 //! for another pid is ignored (it was inherited). `NOTIFY_SOCKET` is a datagram socket path,
 //! or an abstract name when it starts with `@`.
+//!
+//! [`Environment::take`]: crate::systemd::Environment::take
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::net::UnixDatagram;

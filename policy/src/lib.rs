@@ -15,7 +15,7 @@
 //!   [`Network::All`] (the host network, TCP and UDP, every port); `unsandboxed` gives a copy
 //!   whose filesystem rules the enforcer does not apply ([`Policy::unsandboxed`]), which no
 //!   policy file or layer can produce.
-//! - [`decide`] is a pure function from a policy and an escalation request to a
+//! - [`decide()`] is a pure function from a policy and an escalation request to a
 //!   [`Decision`] (`Allow | Deny(reason) | NeedsApproval(request)`).
 //!
 //! Not guaranteed here: enforcement. This crate does no I/O and knows nothing about the kernel;

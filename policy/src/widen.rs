@@ -57,7 +57,7 @@ impl ResolvedPolicy {
     /// Limits, environment, syscall profile, Landlock floor, best effort, escalation kinds,
     /// `env_set`, the context, the source `policy` and every other rule are unchanged. Any
     /// error refuses the whole list (nothing is partially applied). Whether a grant's kind may
-    /// be asked for at all is [`decide`](crate::decide)'s question, not this one's.
+    /// be asked for at all is [`decide`](crate::decide())'s question, not this one's.
     pub fn with_grants(&self, grants: &[Grant]) -> Result<ResolvedPolicy, String> {
         let mut out = self.clone();
         for g in grants {

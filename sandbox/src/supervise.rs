@@ -281,7 +281,8 @@ pub(crate) struct Watch<'a> {
     pub(crate) signal: &'a dyn Fn(i32),
     /// The request: stdin bytes or relay (`stdin_fd`), the cancellation handle.
     pub(crate) req: &'a RunRequest,
-    /// The timeout (already narrowed by the request: [`effective_limits`]) and grace period.
+    /// The timeout (already narrowed by the request:
+    /// [`effective_limits`](crate::request::effective_limits)) and grace period.
     pub(crate) limits: &'a ollie_policy::Limits,
     /// When the run started (the timeout counts from here).
     pub(crate) started: Instant,
@@ -289,8 +290,8 @@ pub(crate) struct Watch<'a> {
     pub(crate) disk: DiskWatch,
     /// The runner's end of the tool's stdin socket, if it is fed.
     pub(crate) feed: Option<OwnedFd>,
-    /// The run's registration with its [`Cancel`] handle (taken when the run started, so
-    /// signals sent while it was being set up are delivered too).
+    /// The run's registration with its [`Cancel`](crate::request::Cancel) handle (taken when
+    /// the run started, so signals sent while it was being set up are delivered too).
     pub(crate) cancel: Option<CancelWatch>,
 }
 

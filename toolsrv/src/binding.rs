@@ -100,7 +100,7 @@ pub struct Binding {
     pub cwd: PathBuf,
     /// The environment the run will get.
     pub env: BTreeMap<String, String>,
-    /// The program argv[0] resolves to.
+    /// The program `argv[0]` resolves to.
     pub executable: FileId,
     /// Every later argument that names an existing regular file, in argv order.
     pub scripts: Vec<FileId>,
@@ -566,7 +566,7 @@ fn file_fields(h: &mut Sha256, f: &FileId) {
     bytes(h, f.sha256.as_bytes());
 }
 
-/// argv[0] → the canonical path of the program: absolute, or a bare name found in
+/// `argv[0]` → the canonical path of the program: absolute, or a bare name found in
 /// [`SYSTEM_DIRS`] (first regular executable file wins).
 fn resolve_program(program: &OsStr) -> Result<PathBuf, String> {
     let raw = program.as_bytes();

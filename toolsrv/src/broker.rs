@@ -301,7 +301,7 @@ impl Broker {
         )
     }
 
-    /// The whole request `id` as `bypass/full` shows it (see [`Broker::shown`]), while it is
+    /// The whole request `id` as `bypass/full` shows it (see `Broker::shown`), while it is
     /// pending.
     pub fn full_request(&self, id: &str) -> Result<Arc<String>, String> {
         let mut t = lock(&self.table);
@@ -602,7 +602,7 @@ impl Broker {
     }
 
     /// The event after `cursor` (blocks until there is one): its sequence number and line.
-    /// A reader that fell more than [`MAX_EVENTS`] behind gets one `lost` event first.
+    /// A reader that fell more than `MAX_EVENTS` behind gets one `lost` event first.
     pub async fn next_event(&self, cursor: u64) -> (u64, Arc<String>) {
         let mut rx = self.log_tick.subscribe();
         loop {

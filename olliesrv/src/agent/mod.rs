@@ -2,6 +2,12 @@
 //! tool calls, repeat), [`compact`] shrinks its history, [`hooks`] runs a profile's lifecycle
 //! commands, [`nstools`] answers file tools inside the bead namespace, [`history`] holds the
 //! message helpers they share. Below it: the state, the toolsrv link, the backends.
+//!
+//! [`turn`]: crate::agent::turn
+//! [`compact`]: crate::agent::compact
+//! [`hooks`]: crate::agent::hooks
+//! [`nstools`]: crate::agent::nstools
+//! [`history`]: crate::agent::history
 
 pub(crate) mod compact;
 pub(crate) mod history;

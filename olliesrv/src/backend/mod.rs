@@ -7,6 +7,10 @@
 //!
 //! Kinds: `replay` (a JSON-lines script of turns, for offline runs and tests); `openai`,
 //! `anthropic` and `ollama` speak their HTTP streaming APIs.
+//!
+//! [`ModelRequest`]: crate::backend::ModelRequest
+//! [`Event`]: crate::backend::Event
+//! [`ModelReply`]: crate::backend::ModelReply
 
 pub mod anthropic;
 mod framing;

@@ -6,6 +6,8 @@
 //! Fids hold `Arc`s of these objects, so a rename never invalidates an open fid; a killed
 //! object answers "file does not exist" and ends its blocking reads. Nothing here starts a
 //! task that runs a turn or a toolsrv: that is [`crate::sessions`]'s job.
+//!
+//! [`store::Store`]: crate::state::store::Store
 
 pub(crate) mod bypass;
 pub(crate) mod chat;

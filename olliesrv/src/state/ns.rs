@@ -55,7 +55,7 @@
 //!   Rwrite's error, one line, and changes nothing. Every change emits an `ns-changed` event
 //!   (`session`, `agent` or null, `command`).
 //! - `table` (0444): the `ns` output ([`Namespace::table`]), frozen when opened.
-//! - one directory per mount point, `/ctx` as `ctx/`: the union view ([`UnionNode`](crate::tree::union::UnionNode)). Walks go
+//! - one directory per mount point, `/ctx` as `ctx/`: the union view (`UnionNode`). Walks go
 //!   through [`Namespace::lookup`], listings through [`Namespace::read_dir`], writes through
 //!   [`Namespace::open_write`] (copy-up into the shadow layer), Tcreate through
 //!   [`Namespace::create`], Tremove through [`Namespace::remove`], and a Twstat that changes

@@ -1,10 +1,10 @@
 //! The olliesrv file tree served over 9P.
 //!
-//! Static tables ([`ROOT_FILES`], [`SESSION_FILES`], [`AGENT_FILES`], …) define every file,
+//! Static tables (`ROOT_FILES`, `SESSION_FILES`, `AGENT_FILES`, …) define every file,
 //! its mode and its `help` text, so listings, permissions and the reference can never
 //! disagree. Sessions and agents are live objects ([`crate::state`]); fids hold them, so a
 //! rename keeps open fids valid, and a killed one reads as gone. The union directories of a
-//! bead namespace (`…/ns/POINT/…`) are dynamic: [`Node::U`] names a path in a view and
+//! bead namespace (`…/ns/POINT/…`) are dynamic: `Node::U` names a path in a view and
 //! [`crate::state::ns`] resolves it on every request (so `help` lists them as a pattern).
 
 mod ctl;

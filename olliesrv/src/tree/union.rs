@@ -1,5 +1,5 @@
 //! The union directories of a bead namespace as 9P nodes (`ns/ctl`, the points under `ns/`),
-//! served over the session's or agent's [`NsHome`](crate::state::ns::NsHome).
+//! served over the session's or agent's [`NsHome`].
 
 use std::fs::{self, File, Metadata};
 use std::io::ErrorKind;

@@ -181,7 +181,7 @@ impl Stage {
 }
 
 /// Forced failures for tests of the fail-closed paths (the numbers travel in
-/// [`CallHeader::fault`]).
+/// [`CallHeader::fault`](super::zygote::CallHeader::fault)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub(crate) enum ChildFault {

@@ -70,7 +70,7 @@ fn can_unshare(flags: libc::c_int) -> bool {
 /// `shmat`, `semget`, `semop`, `msgget`, `msgsnd`, `mq_open`, …), and POSIX shared memory is
 /// files under Landlock.
 ///
-/// Known once either a sandbox's clone answered it ([`learn_ipc_namespaces`]: a one-shot run
+/// Known once either a sandbox's clone answered it (`learn_ipc_namespaces`: a one-shot run
 /// asks no more than that) or this probed it (a forked child tries
 /// `unshare(CLONE_NEWUSER | CLONE_NEWIPC)`).
 pub fn ipc_namespaces() -> bool {

@@ -132,12 +132,12 @@ pub async fn read_ok(root: &Fid, path: &str) -> String {
         .unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 
-/// [`write`] with the error as text.
+/// [`write()`] with the error as text.
 pub async fn write_text(root: &Fid, path: &str, data: &str) -> Result<(), String> {
     write(root, path, data).await.map_err(|e| e.to_string())
 }
 
-/// [`write`], failing the test on an error.
+/// [`write()`], failing the test on an error.
 pub async fn write_ok(root: &Fid, path: &str, data: &str) {
     write(root, path, data)
         .await
