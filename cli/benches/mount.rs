@@ -20,10 +20,10 @@
 //!      24, what our client negotiates) by one thread and read by another into one reused
 //!      buffer, discarding it like `cat > /dev/null` (the bulk baseline of `p9/benches/p9.rs`,
 //!      here unpinned like the processes below, and without its 64 MiB destination, whose
-//!      page faults would dominate);
-//!   1'. the same with the writer's send buffer set as `ollie_p9::Server` sets it on a unix
-//!      connection (its max msize, 1 MiB; the kernel makes it 2 MiB): the baseline's own cost
-//!      of holding a whole Rread in the socket (docs/benchmarks.md);
+//!      page faults would dominate); row 1' is the same with the writer's send buffer set as
+//!      `ollie_p9::Server` sets it on a unix connection (its max msize, 1 MiB; the kernel
+//!      makes it 2 MiB): the baseline's own cost of holding a whole Rread in the socket
+//!      (docs/benchmarks.md);
 //!   2. `ollie-9p -a unix!SOCK read big > /dev/null` (the release binary, spawned);
 //!   3. `cat DIR/big > /dev/null` (the system's `cat`, spawned);
 //!   4. `cat DIR/stream > /dev/null`.
