@@ -36,7 +36,7 @@ pub enum Verb {
     },
     /// Remove BEAD from the union at POINT, or everything at POINT.
     Unmount {
-        /// `[BEAD] POINT`.
+        /// BEAD and POINT, or POINT alone.
         #[arg(required = true, num_args = 1..=2, value_names = ["BEAD", "POINT"])]
         args: Vec<String>,
     },
