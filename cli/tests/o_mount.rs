@@ -544,8 +544,17 @@ const RFLUSH: u8 = 109;
 const TREAD: u8 = 116;
 const RREAD: u8 = 117;
 
+/// `cmd FILE` with SIGINT at its default action, whatever this process inherited: a test run
+/// started in the background of a shell without job control (`cmd &`) ignores SIGINT, and
+/// ignored signals are inherited across exec, so Ctrl-C would not end the reader.
+fn with_default_sigint(cmd: &str) -> Command {
+    let mut c = Command::new("env");
+    c.args(["--default-signal=INT", cmd]);
+    c
+}
+
 fn spawn_reader(cmd: &str, file: &Path) -> Child {
-    Command::new(cmd)
+    with_default_sigint(cmd)
         .arg(file)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -591,6 +600,36 @@ fn prompt_and_wait(agent: &Path, text: &str) -> Vec<String> {
     seen
 }
 
+/// Waits for a reader of the mount `m` to exit; failing, says where it and the mount's bridge
+/// were (their threads' states and kernel stacks).
+fn wait_reader(m: &Mounted, child: &mut Child, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + GUARD;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() >= deadline {
+            let mut report = ollie_testkit::server::proc_report(child.id());
+            let dir = m.path().to_string_lossy().into_owned();
+            for p in std::fs::read_dir("/proc").unwrap().flatten() {
+                let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>()
+                    && pid != child.id()
+                    && cmd.contains(&dir)
+                {
+                    report.push_str(&format!("{cmd}\n"));
+                    report.push_str(&ollie_testkit::server::proc_report(pid));
+                }
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not exit within {GUARD:?}; where it and the bridge were:\n{report}");
+        }
+        std::thread::sleep(ollie_testkit::server::STEP);
+    }
+}
+
 fn interrupt(child: &Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -627,7 +666,7 @@ fn blocked_reads_end_on_ctrl_c_with_a_flush() {
         );
         interrupt(&cat);
         let t = Instant::now();
-        let st = wait_child(&mut cat, &format!("cat {file} after SIGINT"));
+        let st = wait_reader(&m, &mut cat, &format!("cat {file} after SIGINT"));
         eprintln!("cat {file}: ended {:?} after SIGINT", t.elapsed());
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(st.signal(), Some(libc::SIGINT), "{st:?}");
@@ -642,7 +681,7 @@ fn blocked_reads_end_on_ctrl_c_with_a_flush() {
     prompt_and_wait(&agent, "first\n");
     let log = std::fs::read_to_string(agent.join("log")).unwrap();
     assert!(log.contains("first reply"), "{log}");
-    let mut tail = Command::new("script")
+    let mut tail = with_default_sigint("script")
         .args(["-q", "-e", "-c", "tail -f chat", "/dev/null"])
         .current_dir(&agent)
         .stdin(Stdio::piped())

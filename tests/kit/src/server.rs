@@ -51,12 +51,46 @@ pub fn wait_child(child: &mut Child, timeout: Duration, what: &str) -> ExitStatu
             return st;
         }
         if Instant::now() >= deadline {
+            let report = proc_report(child.id());
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what} did not exit within {timeout:?}");
+            panic!("{what} did not exit within {timeout:?}; where it was:\n{report}");
         }
         std::thread::sleep(STEP);
     }
+}
+
+/// Where process `pid` is, for a failure message: each of its threads' state, the kernel
+/// function it waits in and, where readable (root), its kernel stack.
+pub fn proc_report(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("  {pid}: gone\n");
+    };
+    let mut out = String::new();
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let status = read("status");
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap_or("?")
+                .trim()
+                .to_owned()
+        };
+        out.push_str(&format!(
+            "  {pid}/{} {} {}: waits in {}\n",
+            t.file_name().to_string_lossy(),
+            field("Name:"),
+            field("State:"),
+            read("wchan")
+        ));
+        for frame in read("stack").lines() {
+            out.push_str(&format!("      {frame}\n"));
+        }
+    }
+    out
 }
 
 /// Runs `cmd` with `stdin` as its input (then end of input) and collects its output, killing it
