@@ -600,36 +600,6 @@ fn prompt_and_wait(agent: &Path, text: &str) -> Vec<String> {
     seen
 }
 
-/// Waits for a reader of the mount `m` to exit; failing, says where it and the mount's bridge
-/// were (their threads' states and kernel stacks).
-fn wait_reader(m: &Mounted, child: &mut Child, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + GUARD;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if Instant::now() >= deadline {
-            let mut report = ollie_testkit::server::proc_report(child.id());
-            let dir = m.path().to_string_lossy().into_owned();
-            for p in std::fs::read_dir("/proc").unwrap().flatten() {
-                let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                if let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>()
-                    && pid != child.id()
-                    && cmd.contains(&dir)
-                {
-                    report.push_str(&format!("{cmd}\n"));
-                    report.push_str(&ollie_testkit::server::proc_report(pid));
-                }
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not exit within {GUARD:?}; where it and the bridge were:\n{report}");
-        }
-        std::thread::sleep(ollie_testkit::server::STEP);
-    }
-}
-
 fn interrupt(child: &Child) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -666,7 +636,13 @@ fn blocked_reads_end_on_ctrl_c_with_a_flush() {
         );
         interrupt(&cat);
         let t = Instant::now();
-        let st = wait_reader(&m, &mut cat, &format!("cat {file} after SIGINT"));
+        // Failing, it also says where the mount's bridge was.
+        let st = ollie_testkit::server::wait_child_or_report(
+            &mut cat,
+            GUARD,
+            &format!("cat {file} after SIGINT"),
+            &m.path().to_string_lossy(),
+        );
         eprintln!("cat {file}: ended {:?} after SIGINT", t.elapsed());
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(st.signal(), Some(libc::SIGINT), "{st:?}");

@@ -43,21 +43,53 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// Waits (bounded by `timeout`) for `child` to exit; kills it and fails if it does not.
+/// Waits (bounded by `timeout`) for `child` to exit; kills it and fails if it does not,
+/// saying where it was ([`proc_report`]).
 pub fn wait_child(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
+    wait_child_or_report(child, timeout, what, "")
+}
+
+/// [`wait_child`], whose failure also reports every other process whose command line
+/// contains `related` (e.g. a mount's directory, to find its bridge); none if it is empty.
+pub fn wait_child_or_report(
+    child: &mut Child,
+    timeout: Duration,
+    what: &str,
+    related: &str,
+) -> ExitStatus {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(st) = child.try_wait().expect("try_wait") {
             return st;
         }
         if Instant::now() >= deadline {
-            let report = proc_report(child.id());
+            let mut report = proc_report(child.id());
+            if !related.is_empty() {
+                report.push_str(&related_report(related, child.id()));
+            }
             let _ = child.kill();
             let _ = child.wait();
             panic!("{what} did not exit within {timeout:?}; where it was:\n{report}");
         }
         std::thread::sleep(STEP);
     }
+}
+
+/// [`proc_report`] of every process but `except` whose command line contains `needle`, each
+/// after its command line.
+fn related_report(needle: &str, except: u32) -> String {
+    let mut out = String::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if pid != except && cmd.contains(needle) {
+            out.push_str(&format!("{cmd}\n{}", proc_report(pid)));
+        }
+    }
+    out
 }
 
 /// Where process `pid` is, for a failure message: each of its threads' state, the kernel
