@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use ollie_p9::server::{Limits, Server};
 use ollie_p9::wire::{self, NOFID, NOTAG, Rmsg, Tmsg, om};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,13 +47,7 @@ impl Raw {
 
     async fn recv(&mut self) -> (u16, Rmsg) {
         tokio::time::timeout(GUARD, async {
-            let mut h = [0u8; 4];
-            self.s.read_exact(&mut h).await.unwrap();
-            let n = u32::from_le_bytes(h) as usize;
-            let mut b = vec![0u8; n];
-            b[..4].copy_from_slice(&h);
-            self.s.read_exact(&mut b[4..]).await.unwrap();
-            wire::decode_r(Bytes::from(b)).unwrap()
+            wire::decode_r(common::read_frame(&mut self.s).await).unwrap()
         })
         .await
         .expect("no reply within the guard")

@@ -53,13 +53,7 @@ impl Raw {
     }
 
     async fn recv(&mut self) -> (u16, Rmsg) {
-        let mut h = [0u8; 4];
-        self.s.read_exact(&mut h).await.unwrap();
-        let n = u32::from_le_bytes(h) as usize;
-        let mut b = vec![0u8; n];
-        b[..4].copy_from_slice(&h);
-        self.s.read_exact(&mut b[4..]).await.unwrap();
-        wire::decode_r(Bytes::from(b)).unwrap()
+        wire::decode_r(common::read_frame(&mut self.s).await).unwrap()
     }
 
     async fn rpc(&mut self, tag: u16, m: &Tmsg) -> Rmsg {

@@ -18,7 +18,7 @@ use ollie_p9::server::{ConnInfo, Filesystem, Limits, Server, Walked};
 use ollie_p9::util::read_at;
 use ollie_p9::wire::{self, Qid, Rmsg, Stat, Tmsg, dm, qt};
 use ollie_p9::{Client, Error, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 mod common;
@@ -447,13 +447,7 @@ struct Fake {
 
 impl Fake {
     async fn recv(&mut self) -> (u16, Tmsg) {
-        let mut h = [0u8; 4];
-        self.s.read_exact(&mut h).await.unwrap();
-        let n = u32::from_le_bytes(h) as usize;
-        let mut b = vec![0u8; n];
-        b[..4].copy_from_slice(&h);
-        self.s.read_exact(&mut b[4..]).await.unwrap();
-        wire::decode_t(Bytes::from(b)).unwrap()
+        wire::decode_t(common::read_frame(&mut self.s).await).unwrap()
     }
 
     async fn send_raw(&mut self, b: &[u8]) {

@@ -285,6 +285,18 @@ pub fn start(fs: Arc<TestFs>) -> UnixStream {
     start_with(fs, Limits::default())
 }
 
+/// The next whole 9P frame on `s` (size[4] included), as a peer reads it.
+pub async fn read_frame(s: &mut UnixStream) -> Bytes {
+    use tokio::io::AsyncReadExt;
+    let mut h = [0u8; 4];
+    s.read_exact(&mut h).await.unwrap();
+    let n = u32::from_le_bytes(h) as usize;
+    let mut b = vec![0u8; n];
+    b[..4].copy_from_slice(&h);
+    s.read_exact(&mut b[4..]).await.unwrap();
+    Bytes::from(b)
+}
+
 /// One connection to a server with these limits.
 pub fn start_with(fs: Arc<TestFs>, limits: Limits) -> UnixStream {
     serve_fs(fs, ollie_p9::server::DEFAULT_MAX_MSIZE, limits)
