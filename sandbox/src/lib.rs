@@ -106,6 +106,7 @@
 mod bpf;
 mod cgroup;
 mod error;
+mod freeze;
 pub mod harden;
 pub mod landlock;
 mod mounts;

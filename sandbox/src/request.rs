@@ -32,6 +32,10 @@ pub enum Fault {
 ///   `limits.kill_grace_ms`.
 /// - [`Cancel::kill`]: SIGKILL to the whole run at once.
 /// - [`Cancel::signal`]: one signal to every process of the run, nothing else.
+/// - [`Cancel::freeze`] / [`Cancel::thaw`]: stop every process of the run (SIGSTOP, sent by
+///   its pid 1 from inside the pid namespace) and let them go on; [`Cancel::wait_frozen`]
+///   returns once every process of every run watching the handle is seen stopped. Freezes
+///   nest: the run goes on at the last thaw. The timeout does not count while a run is frozen.
 ///
 /// `cancel` and `kill` are sticky: a run that starts watching the handle later (or another run
 /// sharing it) is stopped as soon as it starts; both are recorded
@@ -55,6 +59,8 @@ struct CancelState {
     /// The runs watching the handle now.
     watchers: Vec<Watcher>,
     next_id: u64,
+    /// [`Cancel::freeze`] calls not yet matched by a [`Cancel::thaw`].
+    freezes: u32,
 }
 
 /// One run watching a [`Cancel`]: its own wake-up eventfd (several runs may share a handle,
@@ -64,6 +70,9 @@ struct Watcher {
     id: u64,
     wake: Arc<OwnedFd>,
     signals: Vec<i32>,
+    /// The run's processes were all seen stopped while a freeze is asked
+    /// ([`CancelWatch::frozen`]).
+    frozen: bool,
 }
 
 impl CancelState {
@@ -83,6 +92,8 @@ pub(crate) struct Requests {
     pub(crate) kill: bool,
     /// Signals to forward, in the order they were sent.
     pub(crate) signals: Vec<i32>,
+    /// A freeze is asked ([`Cancel::freeze`] more often than [`Cancel::thaw`]).
+    pub(crate) freeze: bool,
 }
 
 /// A run's registration with a [`Cancel`]; dropping it ends the watch (later signals are
@@ -116,13 +127,31 @@ impl CancelWatch {
             cancel,
             kill,
             signals,
+            freeze: st.freezes > 0,
         }
     }
+
+    /// Reports whether every process of this run is stopped, as a freeze asked (see
+    /// [`Cancel::wait_frozen`]). Reporting `true` when no freeze is asked any more is ignored.
+    pub(crate) fn frozen(&self, frozen: bool) {
+        let mut st = lock_state(&self.state);
+        let asked = st.freezes > 0;
+        if let Some(w) = st.watchers.iter_mut().find(|w| w.id == self.id) {
+            w.frozen = frozen && asked;
+        }
+        drop(st);
+        FROZEN.notify_all();
+    }
 }
+
+/// Wakes [`Cancel::wait_frozen`] callers when a run reports its freeze (one condition for
+/// every handle: freezes are rare, and each waiter re-checks its own handle).
+static FROZEN: std::sync::Condvar = std::sync::Condvar::new();
 
 impl Drop for CancelWatch {
     fn drop(&mut self) {
         lock_state(&self.state).watchers.retain(|w| w.id != self.id);
+        FROZEN.notify_all();
     }
 }
 
@@ -177,6 +206,60 @@ impl Cancel {
         Ok(())
     }
 
+    /// Asks every run watching the handle, and every run that starts watching it before the
+    /// matching [`Cancel::thaw`], to stop all of its processes: pid 1 of the run sends SIGSTOP
+    /// to every other process of its pid namespace, again until all are seen stopped. Tools
+    /// cannot send SIGCONT (their syscall filter refuses it), so nothing in the run can undo
+    /// it. The wall timeout does not count while the run is frozen. Freezes nest.
+    pub fn freeze(&self) {
+        let mut st = lock_state(&self.state);
+        st.freezes = st.freezes.saturating_add(1);
+        st.wake_all();
+    }
+
+    /// Ends one [`Cancel::freeze`]; at the last, every process of the run gets SIGCONT. A thaw
+    /// without a freeze is a no-op.
+    pub fn thaw(&self) {
+        let mut st = lock_state(&self.state);
+        st.freezes = st.freezes.saturating_sub(1);
+        if st.freezes == 0 {
+            for w in &mut st.watchers {
+                w.frozen = false;
+            }
+        }
+        st.wake_all();
+    }
+
+    /// Waits until the runs watching the handle have all reported every process stopped
+    /// (true), or `done()` says the caller's run is over, or no run of it can run any more
+    /// (true: nothing of it runs); false when `limit` passes first or no freeze is asked any
+    /// more. A handle no run watches yet is waited for: its run freezes as soon as it starts.
+    /// `done` is checked at least every 20 ms.
+    pub fn wait_frozen(&self, limit: std::time::Duration, done: &dyn Fn() -> bool) -> bool {
+        let end = std::time::Instant::now() + limit;
+        let mut st = lock_state(&self.state);
+        loop {
+            if st.freezes == 0 {
+                return false;
+            }
+            if !st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen) {
+                return true;
+            }
+            if done() {
+                return true;
+            }
+            let now = std::time::Instant::now();
+            if now >= end {
+                return false;
+            }
+            let wait = (end - now).min(std::time::Duration::from_millis(20));
+            st = FROZEN
+                .wait_timeout(st, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
     /// The signals [`Cancel::signal`] accepts: SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGUSR1,
     /// SIGUSR2, SIGALRM, SIGTERM, SIGCONT, SIGWINCH.
     pub const SIGNALS: [i32; 10] = sys::CANCEL_SIGNALS;
@@ -191,10 +274,14 @@ impl Cancel {
         if st.cancelled || st.killed {
             sys::write_all(wake.as_raw_fd(), &1u64.to_ne_bytes())?;
         }
+        if st.freezes > 0 {
+            sys::write_all(wake.as_raw_fd(), &1u64.to_ne_bytes())?;
+        }
         st.watchers.push(Watcher {
             id,
             wake: wake.clone(),
             signals: Vec::new(),
+            frozen: false,
         });
         Ok(CancelWatch {
             state: self.state.clone(),

@@ -176,6 +176,17 @@ pub(crate) const FILTERED: &[Call] = calls![
     SYS_socket,
 ];
 
+/// The calls that send a signal, with the index of the signal argument: a tool may send any
+/// signal but SIGCONT.
+pub(crate) const SIGNAL_ARGS: &[(i64, u8)] = &[
+    (SYS_kill, 1),
+    (SYS_tkill, 1),
+    (SYS_tgkill, 2),
+    (SYS_rt_sigqueueinfo, 1),
+    (SYS_rt_tgsigqueueinfo, 2),
+    (SYS_pidfd_send_signal, 1),
+];
+
 /// Reading, writing and waiting on fds that are already open.
 pub(crate) const GROUP_FD_IO: &[Call] = calls![
     SYS_read,
@@ -557,6 +568,11 @@ fn build_allowlist(network: &Network, deny: &BTreeSet<i64>) -> Result<Rules, Sec
             cond(1, Op::Ne, TIOCLINUX)?,
         ])?],
     );
+    // No SIGCONT from a tool: a frozen run (`Cancel::freeze`) stays stopped until the
+    // runner thaws it, since nothing in the run can continue a stopped process.
+    for (nr, sig) in SIGNAL_ARGS {
+        rules.insert(*nr, vec![rule(vec![cond(*sig, Op::Ne, SIGCONT as u64)?])?]);
+    }
     // clone/unshare: no new namespaces (CLONE_NEWTIME is only meaningful for unshare; in
     // clone the low byte is the exit signal).
     rules.insert(

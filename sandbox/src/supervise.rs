@@ -323,17 +323,30 @@ pub(crate) fn supervise(
         // Watched until pid 1 has exited: signals and kills keep working after a cancel.
         cancel: mut watch,
     } = w;
-    let deadline = started + Duration::from_secs(limits.timeout_seconds);
+    let mut deadline = started + Duration::from_secs(limits.timeout_seconds);
     let grace = Duration::from_millis(limits.kill_grace_ms);
     let mut stop = Stopping::default();
+    let mut freeze = Freezing::new(pidfd);
     let mut feed = Feed::new(feed, req)?;
     let mut init_done = false;
     while !init_done || out.open || errc.open {
         let now = Instant::now();
         if !init_done {
-            stop.enforce_limits(now, &mut disk, deadline, grace, signal);
+            // The timeout does not count while the run is frozen.
+            let until = if freeze.asked() { None } else { Some(deadline) };
+            stop.enforce_limits(now, &mut disk, until, grace, signal);
+            freeze.check(now, signal, watch.as_ref());
         }
-        let timeout_ms = stop.poll_timeout(now, init_done, deadline, grace, &disk);
+        // While frozen the deadline waits (it moves on by the frozen time at the thaw).
+        let wake_for = if freeze.asked() {
+            deadline.max(now + Duration::from_secs(3600))
+        } else {
+            deadline
+        };
+        let mut timeout_ms = stop.poll_timeout(now, init_done, wake_for, grace, &disk);
+        if !init_done && freeze.confirming() {
+            timeout_ms = if timeout_ms < 0 { 1 } else { timeout_ms.min(1) };
+        }
         let pending = feed.pending(init_done);
         if init_done {
             // The run has ended: later requests are no-ops for it.
@@ -371,10 +384,107 @@ pub(crate) fn supervise(
         if fds[5].revents != 0
             && let Some(w) = &watch
         {
-            stop.on_requests(w.take(), signal);
+            let asked = w.take();
+            if !init_done && let Some(frozen_for) = freeze.on_request(asked.freeze, signal, w) {
+                deadline += frozen_for;
+            }
+            stop.on_requests(asked, signal);
         }
     }
     Ok(stop.into_stopped())
+}
+
+/// A run's freeze ([`crate::Cancel::freeze`]): asked, signalled to pid 1, confirmed.
+struct Freezing {
+    /// pid 1 of the run's pidfd.
+    pidfd: RawFd,
+    /// pid 1 of the run, looked up at the first freeze, where `/proc` can tell (else a freeze
+    /// is never confirmed).
+    init: Option<i32>,
+    /// Since when a freeze is asked (and was sent).
+    since: Option<Instant>,
+    /// When the freeze signal last went to pid 1.
+    sent: Option<Instant>,
+    confirm: crate::freeze::Confirm,
+    confirmed: bool,
+}
+
+/// How often the freeze signal is sent again while some process of the run still runs (one
+/// that was forked while pid 1 sent SIGSTOP to the others).
+const FREEZE_AGAIN: Duration = Duration::from_millis(5);
+
+impl Freezing {
+    fn new(pidfd: RawFd) -> Freezing {
+        Freezing {
+            pidfd,
+            init: None,
+            since: None,
+            sent: None,
+            confirm: crate::freeze::Confirm::default(),
+            confirmed: false,
+        }
+    }
+
+    fn asked(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Looking for every process to stop (the poll loop then wakes every millisecond).
+    fn confirming(&self) -> bool {
+        self.since.is_some() && !self.confirmed
+    }
+
+    /// A change of what the handle asks; on a thaw, how long the run was frozen.
+    fn on_request(
+        &mut self,
+        freeze: bool,
+        signal: &dyn Fn(i32),
+        w: &CancelWatch,
+    ) -> Option<Duration> {
+        match (freeze, self.since) {
+            (true, None) => {
+                if self.init.is_none() {
+                    self.init = crate::freeze::pid_of_pidfd(self.pidfd);
+                }
+                let now = Instant::now();
+                self.since = Some(now);
+                self.sent = Some(now);
+                self.confirmed = false;
+                self.confirm = crate::freeze::Confirm::default();
+                signal(sys::FREEZE_SIGNAL);
+                None
+            }
+            (false, Some(t)) => {
+                self.since = None;
+                self.sent = None;
+                self.confirmed = false;
+                signal(libc::SIGCONT);
+                w.frozen(false);
+                Some(t.elapsed())
+            }
+            _ => None,
+        }
+    }
+
+    /// While a freeze is being confirmed: one look at the run's processes; the signal again
+    /// if some still run.
+    fn check(&mut self, now: Instant, signal: &dyn Fn(i32), w: Option<&CancelWatch>) {
+        if !self.confirming() {
+            return;
+        }
+        let Some(init) = self.init else { return };
+        if self.confirm.step(init) {
+            self.confirmed = true;
+            if let Some(w) = w {
+                w.frozen(true);
+            }
+            return;
+        }
+        if self.sent.is_none_or(|t| now >= t + FREEZE_AGAIN) {
+            self.sent = Some(now);
+            signal(sys::FREEZE_SIGNAL);
+        }
+    }
 }
 
 /// What the runner has done so far to stop a run, and why.
@@ -399,7 +509,7 @@ impl Stopping {
         &mut self,
         now: Instant,
         disk: &mut DiskWatch,
-        deadline: Instant,
+        deadline: Option<Instant>,
         grace: Duration,
         signal: &dyn Fn(i32),
     ) {
@@ -420,7 +530,7 @@ impl Stopping {
                 Some(first) => first.forced_kill |= hit.forced_kill,
             }
         }
-        if self.term_sent.is_none() && now >= deadline {
+        if self.term_sent.is_none() && deadline.is_some_and(|d| now >= d) {
             self.timed_out = true;
             self.killed_by = Some(KilledBy::Timeout);
             self.term_sent = Some(now);

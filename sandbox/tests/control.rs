@@ -326,3 +326,61 @@ fn per_call_timeout_only_narrows() {
         assert_eq!(o.record.limits.timeout_seconds, 1);
     }
 }
+
+#[test]
+fn a_frozen_run_does_nothing_until_thawed_and_cannot_thaw_itself() {
+    if !features_ok("a_frozen_run_does_nothing_until_thawed_and_cannot_thaw_itself") {
+        return;
+    }
+    let ws = Ws::new("freeze");
+    for r in Runner::both(&ws, "timeout_seconds = 120") {
+        let (a, b, cont) = (ws.w().join("a"), ws.w().join("b"), ws.w().join("cont"));
+        for f in [&a, &b, &cont] {
+            let _ = std::fs::remove_file(f);
+        }
+        // Two writers; the second also tries to continue everything it can reach.
+        let script = "echo ready > ready; (while :; do echo x >> a; done) & \
+                      while :; do echo y >> b; kill -CONT $$ 1 2>/dev/null; echo $? > cont; done";
+        let c = Cancel::new().unwrap();
+        let h = r.start(&ws, script, &c);
+        let size = |p: &PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+        wait_for("both writers write", || size(&a) > 0 && size(&b) > 0);
+        c.freeze();
+        assert!(
+            c.wait_frozen(std::time::Duration::from_secs(20), &|| false),
+            "{}: the run was never seen frozen",
+            r.name()
+        );
+        let frozen_at = (size(&a), size(&b));
+        // Nothing of the run moves while it is frozen, whatever time passes.
+        for _ in 0..30 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            assert_eq!(
+                (size(&a), size(&b)),
+                frozen_at,
+                "{}: wrote while frozen",
+                r.name()
+            );
+        }
+        // Freezes nest: one thaw of two leaves it frozen.
+        c.freeze();
+        c.thaw();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!((size(&a), size(&b)), frozen_at, "{}", r.name());
+        c.thaw();
+        wait_for("both writers go on after the thaw", || {
+            size(&a) > frozen_at.0 && size(&b) > frozen_at.1
+        });
+        // SIGCONT from inside was refused every time (kill's status 1: EPERM).
+        let st = std::fs::read_to_string(&cont).unwrap_or_default();
+        assert!(
+            st.is_empty() || st.trim() == "1",
+            "{}: kill -CONT said {st:?}",
+            r.name()
+        );
+        c.kill();
+        let o = h.join().unwrap();
+        assert_eq!(o.record.exit.signal, Some(libc::SIGKILL), "{}", r.name());
+        assert!(!o.record.exit.timed_out, "{}", r.name());
+    }
+}

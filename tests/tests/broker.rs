@@ -31,271 +31,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::toolsrv::*;
 use common::{IO_TIMEOUT, STEP, within};
-use ollie_p9::client::Call;
+use ollie_p9::Fid;
 use ollie_p9::wire::om;
-use ollie_p9::{Fid, Rmsg};
 use serde_json::{Value, json};
 
-/// How long a read must stay unanswered to count as blocked.
-const QUIET: Duration = Duration::from_millis(300);
-
-/// The reason every request here gives.
-const REASON: &str = "write the report beside the workspace";
-
-// ---------------------------------------------------------------------------------------------
-// Harness
-
-/// A toolsrv with agent `a` and the operator attached, and a directory beside the workspace
-/// (`outside/`) that the workspace policy does not let tools write.
-struct Case {
-    t: Ts,
-    session: String,
-    a: Fid,
-    op: Fid,
-    outside: PathBuf,
-}
-
-impl Case {
-    async fn start(case: &str) -> Option<Case> {
-        Case::start_with(case, |_| {}).await
-    }
-
-    async fn start_with(
-        case: &str,
-        f: impl FnOnce(&mut ollie_link::boot::Bootstrap),
-    ) -> Option<Case> {
-        if !features_ok(case) {
-            return None;
-        }
-        let dirs = Dirs::new();
-        let outside = dirs.dir.path().join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut boot = dirs.boot();
-        f(&mut boot);
-        let session = boot.session.clone();
-        let t = Ts::start_with(dirs, &boot).await;
-        let a = t.attach("a").await;
-        let op = t.attach("operator").await;
-        Some(Case {
-            t,
-            session,
-            a,
-            op,
-            outside,
-        })
-    }
-
-    /// The grant that lets a tool write `outside/`.
-    fn grant(&self) -> String {
-        format!("write:{}", self.outside.display())
-    }
-
-    /// A file in `outside/`.
-    fn out(&self, name: &str) -> PathBuf {
-        self.outside.join(name)
-    }
-}
-
-/// An `execute_code` (bash) payload asking for `grants`.
-fn esc(cmd: &str, grants: &[&str]) -> String {
-    tool(
-        "execute_code",
-        json!({"language": "bash", "code": cmd, "escalate": {"grants": grants, "reason": REASON}}),
-    )
-}
-
-/// `echo WORD >> FILE` (appends, so a second run shows).
-fn append(word: &str, file: &Path) -> String {
-    format!("echo {word} >> {}", file.display())
-}
-
-/// A blocking `proc/new` call whose read is in flight (dropping it flushes the read).
-struct InFlight {
-    f: Fid,
-    call: Call,
-}
-
-/// Writes `payload` to a fresh `proc/new` fid and sends its first read.
-async fn start_call(root: &Fid, payload: &str) -> InFlight {
-    let f = open(root, "proc/new", om::ORDWR)
-        .await
-        .expect("open proc/new");
-    within("write", f.write(0, Bytes::from(payload.to_owned())))
-        .await
-        .unwrap_or_else(|e| panic!("payload refused: {}", msg(&e)));
-    let call = f.read_call(0, f.iounit()).expect("send the read");
-    InFlight { f, call }
-}
-
-impl InFlight {
-    /// The call's result (bounded): the run, or the read's error message.
-    async fn finish(self) -> Result<Run, String> {
-        let InFlight { f, call } = self;
-        let first = match within("proc/new read", call).await {
-            Ok(Rmsg::Read { data }) => data,
-            Ok(other) => panic!("proc/new read: unexpected reply {other:?}"),
-            Err(e) => return Err(msg(&e)),
-        };
-        let mut out = first.to_vec();
-        loop {
-            let d = within("read", f.read(out.len() as u64, f.iounit()))
-                .await
-                .map_err(|e| msg(&e))?;
-            if d.is_empty() {
-                break;
-            }
-            out.extend_from_slice(&d);
-        }
-        let _ = within("clunk", f.clunk()).await;
-        Ok(Run::parse(&String::from_utf8_lossy(&out)))
-    }
-
-    /// Whether the call is still waiting after [`QUIET`].
-    async fn still_waiting(&mut self) -> bool {
-        tokio::time::timeout(QUIET, &mut self.call).await.is_err()
-    }
-}
-
-/// A `bypass/pending` fid.
-struct Pending(Fid);
-
-impl Pending {
-    async fn open(op: &Fid) -> Pending {
-        Pending(
-            open(op, "bypass/pending", om::OREAD)
-                .await
-                .expect("open bypass/pending"),
-        )
-    }
-
-    /// The next request this fid has not shown, if one comes within `d` (else the read is
-    /// flushed and `None`). Checks it is one JSON object on one line.
-    async fn next_within(&self, d: Duration) -> Option<Value> {
-        let f = &self.0;
-        let got = tokio::time::timeout(d, async {
-            let mut buf = Vec::new();
-            loop {
-                let b = f
-                    .read(0, 8192)
-                    .await
-                    .unwrap_or_else(|e| panic!("read bypass/pending: {}", msg(&e)));
-                assert!(!b.is_empty(), "bypass/pending returned end of file");
-                buf.extend_from_slice(&b);
-                if buf.ends_with(b"\n") {
-                    return buf;
-                }
-            }
-        })
-        .await
-        .ok()?;
-        let s = String::from_utf8(got).expect("pending is UTF-8");
-        assert_eq!(s.matches('\n').count(), 1, "not one line: {s:?}");
-        let v: Value =
-            serde_json::from_str(&s).unwrap_or_else(|e| panic!("pending is not JSON ({e}): {s:?}"));
-        assert!(v.is_object(), "pending is not an object: {s:?}");
-        Some(v)
-    }
-
-    /// The next request (bounded by [`IO_TIMEOUT`]).
-    async fn next(&self) -> Value {
-        self.next_within(IO_TIMEOUT)
-            .await
-            .expect("no request appeared on bypass/pending")
-    }
-}
-
-/// The id of the oldest pending request, read through a fresh fid (waits for one).
-async fn next_id(op: &Fid) -> String {
-    let v = Pending::open(op).await.next().await;
-    v["id"].as_str().expect("id is a string").to_owned()
-}
-
-/// Whether nothing is pending: a fresh fid's read stays unanswered for [`QUIET`].
-async fn nothing_pending(op: &Fid) -> bool {
-    Pending::open(op).await.next_within(QUIET).await.is_none()
-}
-
-/// Polls until nothing is pending (bounded); false if something stayed.
-async fn wait_nothing_pending(op: &Fid) -> bool {
-    let deadline = Instant::now() + IO_TIMEOUT;
-    loop {
-        if nothing_pending(op).await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(STEP).await;
-    }
-}
-
-/// Every event `bypass/log` holds now, through a fresh fid (it stops at the first read
-/// that gets no answer within [`QUIET`]).
-async fn log_events(op: &Fid) -> Vec<Value> {
-    let f = open(op, "bypass/log", om::OREAD)
-        .await
-        .expect("open bypass/log");
-    let mut out = Vec::new();
-    let mut buf = Vec::new();
-    while let Ok(r) = tokio::time::timeout(QUIET, f.read(0, 8192)).await {
-        let b = r.unwrap_or_else(|e| panic!("read bypass/log: {}", msg(&e)));
-        assert!(!b.is_empty(), "bypass/log returned end of file");
-        buf.extend_from_slice(&b);
-        if buf.ends_with(b"\n") {
-            let line = String::from_utf8(std::mem::take(&mut buf)).expect("UTF-8");
-            out.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}")));
-        }
-    }
-    out
-}
-
-/// One write of `data` to `bypass/resolve`.
-async fn resolve(root: &Fid, data: &str) -> Result<(), String> {
-    write(root, "bypass/resolve", data).await
-}
-
-fn approve(id: &str) -> String {
-    json!({"id": id, "approved": true}).to_string()
-}
-
-fn deny(id: &str, why: &str) -> String {
-    json!({"id": id, "error": why}).to_string()
-}
-
-fn is_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ`.
-fn is_rfc3339(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 20
-        && b.iter().enumerate().all(|(i, &c)| match i {
-            4 | 7 => c == b'-',
-            10 => c == b'T',
-            13 | 16 => c == b':',
-            19 => c == b'Z',
-            _ => c.is_ascii_digit(),
-        })
-}
-
-/// Asserts the write `cmd` does without a grant is denied and leaves `file` absent.
-async fn assert_denied_without_grant(a: &Fid, cmd: &str, file: &Path) {
-    let r = run(a, &code("bash", cmd)).await.expect("ungranted run");
-    assert_ne!(r.exit(), Some(0), "the ungranted write succeeded: {r:?}");
-    assert!(
-        r.body.contains("Permission denied") || r.body.contains("Read-only"),
-        "{r:?}"
-    );
-    assert!(
-        !file.exists(),
-        "the ungranted write created {}",
-        file.display()
-    );
-}
+use common::broker::*;
+// The broker case, not the toolsrv payload case of the same name.
+use common::broker::Case;
 
 // ---------------------------------------------------------------------------------------------
 // Approve, deny, deadline
@@ -651,10 +393,6 @@ async fn agents_cannot_resolve_or_read_pending() {
 // Binding
 
 /// Writes an executable script.
-fn script(path: &Path, body: &str) {
-    std::fs::write(path, body).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_changed_before_approval_voids_it() {
@@ -778,10 +516,13 @@ async fn a_script_run_by_bash_in_execute_code_changed_before_approval_voids_it()
 }
 
 // ---------------------------------------------------------------------------------------------
-// What runs is what was approved: an agent's process swapping the script at the checks
+// What runs is what was approved: a process outside the session swapping the script at the
+// checks
 
-/// The agent's racer (python3, ctypes inotify), started in the background in the workspace:
-/// `python3 racer.py K MODE`. It watches `run.sh` for opens and closes and the workspace for
+/// The racer (python3, ctypes inotify), started on the host in the workspace: `python3
+/// racer.py K MODE`. It stands for what no freeze of the session stops (the user's editor,
+/// another program), which the pins are for: the session's own background calls are frozen
+/// from the request until the approved run has ended (`approval_hold.rs`). It watches `run.sh` for opens and closes and the workspace for
 /// new files, prints `ready`, and from the moment `armed` appears (the test creates it right
 /// before it approves; one inotify queue, so every earlier event of `run.sh` comes first)
 /// counts the closes of `run.sh`: at the K-th it puts `evil.sh` in its place (`rename`: over
@@ -824,6 +565,65 @@ while True:
                 print("end", flush=True)
                 sys.exit(0)
 "#;
+
+/// [`RACER`] running on the host, its output read line by line.
+struct HostRacer {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    out: String,
+}
+
+impl HostRacer {
+    fn start(ws: &Path, k: usize, mode: &str) -> HostRacer {
+        let mut child = std::process::Command::new("python3")
+            .args(["racer.py", &k.to_string(), mode])
+            .current_dir(ws)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the racer");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        HostRacer {
+            child,
+            lines,
+            out: String::new(),
+        }
+    }
+
+    /// Everything printed so far once a line contains `word` (bounded by [`IO_TIMEOUT`]).
+    fn wait_for(&mut self, word: &str) -> String {
+        let deadline = Instant::now() + IO_TIMEOUT;
+        while !self.out.contains(word) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.out.push_str(&l);
+                    self.out.push('\n');
+                }
+                Err(_) => panic!("the racer never printed {word:?}: {:?}", self.out),
+            }
+        }
+        self.out.clone()
+    }
+}
+
+impl Drop for HostRacer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 /// How the racer puts the evil script in place.
 #[derive(Clone, Copy, Debug)]
@@ -895,13 +695,8 @@ async fn race_once(c: &Case, payload: &str, swap: Swap, k: usize) -> Raced {
         Swap::Rename => "rename",
         Swap::InPlace => "inplace",
     };
-    let racer = run_bg(
-        &c.a,
-        &code("bash", &format!("exec python3 racer.py {k} {mode}")),
-    )
-    .await
-    .expect("start the racer");
-    let o = wait_out(&c.a, racer, "ready").await;
+    let mut racer = HostRacer::start(&ws, k, mode);
+    let o = racer.wait_for("ready");
     assert!(!o.contains("failed"), "racer: {o}");
 
     let call = start_call(&c.a, payload).await;
@@ -911,7 +706,7 @@ async fn race_once(c: &Case, payload: &str, swap: Swap, k: usize) -> Raced {
     resolve(&c.op, &approve(&id)).await.expect("approve");
     let r = call.finish().await;
     std::fs::write(ws.join("stop"), "").unwrap();
-    let racer_out = wait_out(&c.a, racer, "end").await;
+    let racer_out = racer.wait_for("end");
     let swapped = racer_out.contains("swapped");
 
     let what = format!("{swap:?}, swap at close {k} (swapped: {swapped})");

@@ -187,6 +187,20 @@ pub fn compute(
 }
 
 impl Binding {
+    /// The files named on the command line that the run will not execute from a pinned copy
+    /// (data files, or files run in a way the binding does not see): checked by path just
+    /// before the run, and held unchanged by the session's freeze until it ends.
+    pub fn unpinned(&self) -> Vec<&Path> {
+        self.scripts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.runs.iter().any(|r| r.script == *i))
+            .map(|(_, f)| f.path.as_path())
+            .collect()
+    }
+}
+
+impl Binding {
     /// Recomputes the binding from the stored argv, cwd and environment and compares.
     ///
     /// `Err` names the first difference found; any difference voids the approval.

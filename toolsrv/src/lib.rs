@@ -23,6 +23,7 @@ pub mod broker;
 pub mod fs;
 pub mod payload;
 pub mod procs;
+pub mod quiesce;
 pub mod session;
 pub mod tools;
 

@@ -117,6 +117,9 @@ pub struct Proc {
     pub out: Mutex<OutBuf>,
     pub state: watch::Sender<State>,
     pub cancel: Cancel,
+    /// Held for an escalation being decided: waiting to start, or frozen
+    /// ([`crate::quiesce`]); `stat` shows it as `held=`.
+    pub held: Arc<crate::quiesce::Held>,
     /// Set when the process is asked to stop (flush, term, kill, shutdown): a call still
     /// waiting for the operator gives up instead of running later.
     pub stop: watch::Sender<bool>,
@@ -185,6 +188,9 @@ impl Proc {
             o.truncated(),
             crate::payload::escape(&self.summary),
         );
+        if matches!(st, State::Running) {
+            s.push_str(&format!("held={}\n", crate::quiesce::held_name(&self.held)));
+        }
         if let State::Done(f) = &st {
             if let Some(c) = f.code {
                 s.push_str(&format!("exit={c}\n"));
@@ -399,6 +405,7 @@ impl Procs {
             }),
             state: watch::Sender::new(State::Running),
             cancel,
+            held: Arc::new(crate::quiesce::Held::new(crate::quiesce::HELD_NO)),
             stop: watch::Sender::new(false),
         });
         t.procs.insert(id, Arc::clone(&p));

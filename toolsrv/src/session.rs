@@ -108,6 +108,8 @@ pub struct Session {
     prepared: tokio::sync::Mutex<HashMap<PreparedKey, Arc<Prepared>>>,
     /// Per agent, held by its runs with union mounts (see [`AgentCfg::unions`]).
     union_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The session held still while an escalation is decided and its approved run runs.
+    quiesce: Arc<crate::quiesce::Quiesce>,
 }
 
 /// A prepared sandbox's key: the policy's name and the union points its calls mount.
@@ -306,6 +308,7 @@ impl Session {
             agents: Mutex::new(HashMap::new()),
             prepared: tokio::sync::Mutex::new(HashMap::new()),
             union_runs: Mutex::new(HashMap::new()),
+            quiesce: Arc::new(crate::quiesce::Quiesce::default()),
         })
     }
 
@@ -705,7 +708,13 @@ impl Session {
     }
 
     /// The request the operator sees for `e`, bound to `binding`.
-    fn ask_of(&self, e: &Escalation, binding: &crate::binding::Binding) -> crate::broker::Ask {
+    /// `held`: how many running calls of the session the request froze.
+    fn ask_of(
+        &self,
+        e: &Escalation,
+        binding: &crate::binding::Binding,
+        held: usize,
+    ) -> crate::broker::Ask {
         let digest = {
             use sha2::{Digest, Sha256};
             let mut h = Sha256::new();
@@ -724,6 +733,8 @@ impl Session {
         fields.insert("env".into(), to_json(&binding.env));
         fields.insert("executable".into(), to_json(&binding.executable));
         fields.insert("scripts".into(), to_json(&binding.scripts));
+        fields.insert("unpinned".into(), to_json(&binding.unpinned()));
+        fields.insert("held".into(), held.into());
         fields.insert("grants".into(), e.grants.clone().into());
         fields.insert("reason".into(), e.reason.clone().into());
         crate::broker::Ask {
@@ -747,9 +758,19 @@ impl Session {
         use crate::broker::Asked;
         let render = inv.render.clone();
         let (argv, cwd_b, env) = (e.argv.clone(), e.cwd.clone(), e.env.clone());
+        // From here until the approved run has ended the session holds still: its running
+        // calls are frozen (seen stopped before anything is bound), new ones wait.
+        let ticket = Arc::new(self.quiesce.hold());
+        let t = Arc::clone(&ticket);
         let bound = match self.broker.full(&e.owner) {
             Some(why) => Err(why),
             None => tokio::task::spawn_blocking(move || {
+                t.wait_frozen(crate::quiesce::FREEZE_WAIT).map_err(|pid| {
+                    format!(
+                        "escalation refused: tool process {pid} of this session did not stop within {} s, so the workspace could change while the operator looks; nothing was run",
+                        crate::quiesce::FREEZE_WAIT.as_secs()
+                    )
+                })?;
                 crate::binding::compute(&argv, &cwd_b, &env)
                     .map_err(|why| format!("escalation refused: {why}; nothing was run"))
             })
@@ -769,7 +790,7 @@ impl Session {
                 return;
             }
         };
-        let ask = self.ask_of(&e, &binding);
+        let ask = self.ask_of(&e, &binding, ticket.frozen_count());
         let digest = ask.digest.clone();
         // Where each log line about this call says it came from.
         let mut about = crate::broker::Broker::summary(&ask.fields);
@@ -807,6 +828,8 @@ impl Session {
                     Err("the call was stopped; nothing was run".to_owned())
                 }
                 Ok(pinned) => {
+                    // A request made while this runs freezes it too.
+                    let _entered = self.quiesce.enter_now(proc.id, &proc.cancel, &proc.held);
                     let mut req = self.request(&proc, inv, cwd);
                     req.argv = pinned.argv;
                     req.exec_fd = Some(pinned.exec);
@@ -820,6 +843,9 @@ impl Session {
                 }
             },
         };
+        // The run is over: the session's frozen calls go on (unless another request holds
+        // them), waiting ones start.
+        drop(ticket);
         let ran = result.is_ok();
         let exec = match &result {
             Ok(Ok(run)) => Some(to_json(&run.record.exec)),
@@ -988,6 +1014,20 @@ impl Session {
         cwd: Option<PathBuf>,
     ) {
         let render = inv.render.clone();
+        // Nothing starts while an escalation is being decided or its approved run runs; once
+        // running, such a request freezes this run until it is over.
+        let Some(_entered) = self
+            .quiesce
+            .enter(proc.id, &proc.cancel, &proc.held, &proc.stop)
+            .await
+        else {
+            let f = not_run(
+                &proc,
+                "the call was stopped while it waited for an escalation to be decided; nothing was run".to_owned(),
+            );
+            self.procs.finish(&proc, f);
+            return;
+        };
         let mut points: Vec<PathBuf> = unions.iter().map(|u| u.point.clone()).collect();
         points.sort();
         // One run with unions at a time per agent: its overlays share one upper layer.

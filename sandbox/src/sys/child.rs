@@ -1109,6 +1109,11 @@ pub(crate) const FORWARDED: [libc::c_int; 9] = [
     libc::SIGWINCH,
 ];
 
+/// The signal the runner sends pid 1 of a run to freeze it ([`crate::Cancel::freeze`]): pid
+/// 1 then sends SIGSTOP to every other process of its pid namespace. Only accepted from
+/// outside the namespace; never forwarded as it is. SIGCONT from the runner thaws.
+pub(crate) const FREEZE_SIGNAL: libc::c_int = libc::SIGTSTP;
+
 /// pid 1 of the sandbox. Never returns.
 fn init_main(plan: &ChildPlan) -> ! {
     // SAFETY: (whole function) only raw, async-signal-safe syscalls on prepared data.
@@ -1213,14 +1218,34 @@ pub(super) fn wait_for_tool(tool: libc::pid_t, report: StatusReport) -> ! {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigaddset(&mut set, FREEZE_SIGNAL);
         for s in FORWARDED {
             libc::sigaddset(&mut set, s);
         }
+        // A freeze asked by the runner is in force (the runner's SIGCONT ends it).
+        let mut frozen = false;
         loop {
             let mut info: libc::siginfo_t = std::mem::zeroed();
             let sig = libc::sigwaitinfo(&set, &mut info);
             if sig < 0 {
                 continue;
+            }
+            // Sent from outside the pid namespace (the runner): the sender's pid is not
+            // mapped here, so the kernel reports 0. Processes of the run cannot freeze or
+            // thaw it.
+            let from_runner = info.si_pid() == 0;
+            if sig == FREEZE_SIGNAL {
+                if from_runner {
+                    frozen = true;
+                    libc::kill(-1, libc::SIGSTOP);
+                }
+                continue;
+            }
+            if sig == libc::SIGCONT && frozen && !from_runner {
+                continue;
+            }
+            if sig == libc::SIGCONT && from_runner {
+                frozen = false;
             }
             if sig != libc::SIGCHLD {
                 libc::kill(-1, sig);

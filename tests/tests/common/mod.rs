@@ -3,6 +3,7 @@
 //! speaking raw 9P frames over a unix socket.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod broker;
 pub mod memory;
 pub mod toolsrv;
 

@@ -68,6 +68,12 @@ pub struct Request {
     pub env: std::collections::BTreeMap<String, serde_json::Value>,
     pub executable: Option<Binary>,
     pub scripts: Vec<Binary>,
+    /// Files named on the command line that the run does not execute from a pinned copy
+    /// (checked by path before the run, held by the session's freeze).
+    pub unpinned: Vec<String>,
+    /// Running calls of the session frozen while this request waits (`None`: a server that
+    /// does not hold the session still).
+    pub held: Option<u64>,
     /// What the run would get beyond its policy (`net:8080`, `write:/path`).
     pub grants: Vec<String>,
     pub reason: String,
@@ -193,6 +199,22 @@ pub fn render(r: &Request, names: &Names) -> String {
     }
     for s in &r.scripts {
         line("script", &binary_line(s));
+    }
+    for u in &r.unpinned {
+        line(
+            "unpinned",
+            &format!(
+                "{} (checked by path only: not run from a sealed copy)",
+                escape(u)
+            ),
+        );
+    }
+    match r.held {
+        Some(n) => line(
+            "held",
+            &format!("the session until this run ends: {n} running call(s) frozen, new ones wait"),
+        ),
+        None => line("held", "no (the server does not hold the session)"),
     }
     if r.env.is_empty() {
         line("env", "-");
@@ -529,6 +551,7 @@ mod tests {
                 "sha256": "ab".repeat(32)},
             "scripts": [{"path": "/work/s.sh", "dev": 1, "ino": 5, "size": 9,
                 "sha256": "cd".repeat(32)}],
+            "unpinned": ["/work/data\u{1b}.txt"], "held": 2,
             "grants": ["write:/tmp/out", "net:8080"],
             "reason": "needs \u{9b}out",
             "created": "2030-01-01T00:00:00Z", "expires": "2030-01-01T00:10:00Z",
@@ -557,6 +580,8 @@ mod tests {
             "grant      net:8080",
             r"reason     needs \u{9B}out",
             "expires    2030-01-01T00:10:00Z",
+            r"unpinned   /work/data\u{1B}.txt (checked by path only",
+            "held       the session until this run ends: 2 running call(s) frozen, new ones wait",
         ] {
             assert!(shown.contains(want), "{want:?} in\n{shown}");
         }

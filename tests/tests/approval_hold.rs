@@ -1,0 +1,260 @@
+//! An approval covers everything that runs (issue 48, item 2): from the moment an escalation is
+//! requested until its approved run has ended, nothing else the session runs can change what
+//! that run reads or executes.
+//!
+//! The attack, for every way of running a file that the binding does not pin (command position
+//! behind a keyword, a wrapper, a redirection, an interpreter's module or environment file, a
+//! makefile): an agent's background call waits for a signal from the test and then replaces
+//! the files the approved command will run with code that writes `evil`; the test makes the
+//! request, gives the signal after the request is shown, approves, and checks that only the
+//! reviewed code ran with the grant. Then it checks that the background call was alive all
+//! along: once the approved run has ended it does swap the files. The same for a call started
+//! while the request waits (it starts only after the approved run), and for an approved run that
+//! is itself running when another request comes (it is frozen too).
+//!
+//! Without Landlock ABI 7 or user namespaces a case prints `SKIP <case>: <reason>`; with
+//! `OLLIE_TEST_REQUIRE=all` it fails instead.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::IO_TIMEOUT;
+use common::broker::*;
+// The broker case, not the toolsrv payload case of the same name.
+use common::broker::Case;
+use common::toolsrv::*;
+
+/// The forms the outside attack found unbound, each a command that runs `run.sh` (or
+/// `run.py`, `lib.sh`, `Makefile`) of the workspace.
+const FORMS: &[&str] = &[
+    "timeout 60 ./run.sh",
+    "if true; then ./run.sh; fi",
+    "{ ./run.sh; }",
+    "! ./run.sh",
+    "while ./run.sh; do break; done",
+    "nice -n 5 ./run.sh",
+    "env LC_ALL=C ./run.sh",
+    "echo x | xargs ./run.sh",
+    "find . -maxdepth 0 -exec ./run.sh \\;",
+    "command ./run.sh",
+    "eval ./run.sh",
+    "2>/dev/null ./run.sh",
+    "bash < ./run.sh",
+    "exec 3<./run.sh; sh <&3",
+    "bash -o pipefail run.sh",
+    "python3 -m run",
+    "python3 -uc \"exec(open('run.py').read())\"",
+    "BASH_ENV=./lib.sh bash -c true",
+    "make -s -f Makefile",
+    "make -s --file=Makefile",
+];
+
+/// Writes the honest files (each appends `honest` to `out`) and the evil ones beside them
+/// (each appends `evil`), and removes the markers of an earlier round.
+fn lay_out(ws: &Path, out: &Path) {
+    let o = out.display();
+    for (name, honest, evil) in [
+        (
+            "run.sh",
+            format!("#!/bin/sh\necho honest >> {o}\n"),
+            format!("#!/bin/sh\necho evil >> {o}\n"),
+        ),
+        (
+            "lib.sh",
+            format!("echo honest >> {o}\n"),
+            format!("echo evil >> {o}\n"),
+        ),
+        (
+            "run.py",
+            format!("open('{o}', 'a').write('honest\\n')\n"),
+            format!("open('{o}', 'a').write('evil\\n')\n"),
+        ),
+        (
+            "Makefile",
+            format!("all:\n\techo honest >> {o}\n"),
+            format!("all:\n\techo evil >> {o}\n"),
+        ),
+    ] {
+        script(&ws.join(name), &honest);
+        script(&ws.join(format!("evil-{name}")), &evil);
+    }
+    for f in ["go", "swapped", "up"] {
+        let _ = std::fs::remove_file(ws.join(f));
+    }
+    let _ = std::fs::remove_file(out);
+}
+
+/// The agent's swapper: waits for `go`, then renames every evil file over its honest one.
+const SWAPPER: &str = "echo up > up; while [ ! -e go ]; do sleep 0.01; done; \
+    for f in run.sh lib.sh run.py Makefile; do mv evil-$f $f; done; echo swapped > swapped";
+
+/// `held=` of the agent's call `pid`, if its `stat` says.
+async fn held(c: &Case, pid: u32) -> Option<String> {
+    let s = read(&c.a, &format!("proc/{pid}/stat")).await.ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("held="))
+        .map(str::to_owned)
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_swapped_by_the_session_after_the_request_never_run_with_the_grant() {
+    let case = "files_swapped_by_the_session_after_the_request_never_run_with_the_grant";
+    let Some(c) = Case::start(case).await else {
+        return;
+    };
+    let ws = c.t.ws().to_path_buf();
+    let out = c.out("out");
+    let grant = c.grant();
+    let mut failures = Vec::new();
+    for form in FORMS {
+        lay_out(&ws, &out);
+        let swapper = run_bg(&c.a, &code("bash", SWAPPER))
+            .await
+            .expect("start the swapper");
+        // It runs (its loop polls for `go`).
+        until("the swapper runs", async || ws.join("up").exists()).await;
+        let call = start_call(&c.a, &esc(form, &[&grant])).await;
+        let v = Pending::open(&c.op).await.next().await;
+        if v["held"] != 1 {
+            failures.push(format!("{form}: the request does not say the swapper is held: {v}"));
+        }
+        // The request is shown: now the swapper is told to swap. Either it does (the attack
+        // is on: approving would run its code) or it is frozen and cannot.
+        std::fs::write(ws.join("go"), "").unwrap();
+        until("the swapper swaps or is frozen", async || {
+            ws.join("swapped").exists() || held(&c, swapper).await.as_deref() == Some("frozen")
+        })
+        .await;
+        resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+            .await
+            .expect("approve");
+        let r = call.finish().await;
+        let wrote = std::fs::read_to_string(&out).unwrap_or_default();
+        if wrote.contains("evil") {
+            failures.push(format!(
+                "{form}: the swapped code ran with the grant ({r:?})"
+            ));
+        } else if wrote != "honest\n" {
+            failures.push(format!(
+                "{form}: the approved run did not run the reviewed code once: wrote {wrote:?}, {r:?}"
+            ));
+        }
+        // The swapper was alive all along: once the approved run is over it goes on and swaps.
+        until("the swapper swaps after the run", async || {
+            ws.join("swapped").exists()
+        })
+        .await;
+        let status = read(&c.a, &format!("proc/{swapper}/wait")).await;
+        assert_eq!(status.as_deref().map(str::trim), Ok("0"), "{form}: swapper");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_started_while_a_request_waits_runs_only_after_the_approved_run() {
+    let case = "a_call_started_while_a_request_waits_runs_only_after_the_approved_run";
+    let Some(c) = Case::start(case).await else {
+        return;
+    };
+    let ws = c.t.ws().to_path_buf();
+    let out = c.out("out");
+    lay_out(&ws, &out);
+    let call = start_call(&c.a, &esc("./run.sh", &[&c.grant()])).await;
+    let v = Pending::open(&c.op).await.next().await;
+    // A call started now waits: it would have replaced run.sh.
+    let late = run_bg(
+        &c.a,
+        &code("bash", "mv evil-run.sh run.sh; echo late > late"),
+    )
+    .await
+    .expect("start the late call");
+    until("the late call is held", async || {
+        held(&c, late).await.as_deref() == Some("waiting")
+    })
+    .await;
+    assert!(
+        !ws.join("late").exists(),
+        "the late call ran before the approval"
+    );
+    resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve");
+    let r = call.finish().await.expect("the approved run");
+    assert_eq!(r.exit(), Some(0), "{r:?}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "honest\n");
+    let status = read(&c.a, &format!("proc/{late}/wait")).await;
+    assert_eq!(status.as_deref().map(str::trim), Ok("0"));
+    assert_eq!(std::fs::read_to_string(ws.join("late")).unwrap(), "late\n");
+
+    // A denial lets it go too.
+    lay_out(&ws, &out);
+    let call = start_call(&c.a, &esc("./run.sh", &[&c.grant()])).await;
+    let v = Pending::open(&c.op).await.next().await;
+    let late = run_bg(&c.a, &code("bash", "echo later > later"))
+        .await
+        .expect("start the late call");
+    until("the late call is held", async || {
+        held(&c, late).await.as_deref() == Some("waiting")
+    })
+    .await;
+    resolve(&c.op, &deny(v["id"].as_str().unwrap(), "no"))
+        .await
+        .expect("deny");
+    assert!(call.finish().await.is_err());
+    let status = read(&c.a, &format!("proc/{late}/wait")).await;
+    assert_eq!(status.as_deref().map(str::trim), Ok("0"));
+    assert!(ws.join("later").exists());
+    assert!(!out.exists(), "the denied run ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_run_is_frozen_by_the_next_request() {
+    let case = "an_approved_run_is_frozen_by_the_next_request";
+    let Some(c) = Case::start(case).await else {
+        return;
+    };
+    let ws = c.t.ws().to_path_buf();
+    let out = c.out("out");
+    lay_out(&ws, &out);
+    let grant = c.grant();
+    // A: approved, runs in the background until `go` appears, then swaps run.sh.
+    let first = run_bg(&c.a, &esc(SWAPPER, &[&grant])).await.expect("A");
+    let v = Pending::open(&c.op).await.next().await;
+    resolve(&c.op, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve A");
+    until("A runs", async || ws.join("up").exists()).await;
+    // B: runs run.sh; A is frozen before B is shown.
+    let call = start_call(&c.a, &esc("./run.sh", &[&grant])).await;
+    let vb = Pending::open(&c.op).await.next().await;
+    assert_ne!(vb["id"], v["id"]);
+    std::fs::write(ws.join("go"), "").unwrap();
+    until("A swaps or is frozen", async || {
+        ws.join("swapped").exists() || held(&c, first).await.as_deref() == Some("frozen")
+    })
+    .await;
+    resolve(&c.op, &approve(vb["id"].as_str().unwrap()))
+        .await
+        .expect("approve B");
+    let r = call.finish().await;
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap_or_default(),
+        "honest\n",
+        "A changed what B's approval ran: {r:?}"
+    );
+    until("A goes on and swaps", async || ws.join("swapped").exists()).await;
+    let status = read(&c.a, &format!("proc/{first}/wait")).await;
+    assert_eq!(status.as_deref().map(str::trim), Ok("0"));
+}
