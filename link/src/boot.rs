@@ -61,6 +61,12 @@ pub struct Bootstrap {
     /// configuration directories; see `ollie_sandbox::MountRecord::hidden`).
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// Whether olliesrv holds the other sessions working in the same trees while one of this
+    /// session's escalations is decided: toolsrv then logs `hold` on `bypass/log` and waits
+    /// for `ctl held ID` before it shows the request (local sessions; a remote toolsrv's
+    /// trees are on another host).
+    #[serde(default)]
+    pub hold_peers: bool,
 }
 
 fn default_agent_procs() -> usize {
@@ -95,6 +101,7 @@ impl Bootstrap {
             max_exited: default_kept(),
             read_grants: Vec::new(),
             hidden: Vec::new(),
+            hold_peers: false,
         }
     }
 }

@@ -46,6 +46,9 @@ mod agent;
 /// Each session's toolsrv process: start, connect, watch, restart.
 mod supervise;
 
+/// Holding the other sessions still while one session's escalation is decided.
+mod holds;
+
 /// Sessions, agents, the registry, the store, events and the escalation mirror.
 mod state;
 

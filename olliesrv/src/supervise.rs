@@ -93,6 +93,9 @@ fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
         if let Some(p) = &config.path {
             b.hidden.push(crate::config::dir_of(p));
         }
+        // Its escalations hold the other local sessions working in the same trees
+        // ([`crate::holds`]).
+        b.hold_peers = true;
     }
     b
 }
@@ -319,7 +322,7 @@ async fn spawn(start: &Start, boot: Bootstrap, remote: Option<&str>) -> Result<T
 /// and `toolsrv-started` says where it runs.
 async fn publish(
     s: &Arc<Session>,
-    reg: &Registry,
+    reg: &Arc<Registry>,
     conn: &Arc<Conn>,
     pid: u32,
     remote: Option<&str>,
@@ -345,11 +348,20 @@ async fn publish(
         fields.push(("host", Value::from(host)));
         fields.push(("toolsrv_pid", Value::from(tpid.parse::<u64>().unwrap_or(0))));
     }
+    // Holds other sessions' escalations keep are applied before anything of this session
+    // can run ([`crate::holds`]).
+    let publishing = reg.holds.publishing.lock().await;
+    crate::holds::apply_live(reg, s, conn).await;
     s.link.set_state(LinkState::Up(Arc::clone(conn)));
-    // The reader lets go of the connection as soon as the link is not up any more (closing
+    drop(publishing);
+    // The readers let go of the connection as soon as the link is not up any more (closing
     // the link is what ends toolsrv).
     let mut st = s.link.state.subscribe();
     reg.bypass.watch(s, Arc::clone(conn), async move {
+        let _ = st.wait_for(|x| !matches!(x, LinkState::Up(_))).await;
+    });
+    let mut st = s.link.state.subscribe();
+    crate::holds::watch(reg, s, Arc::clone(conn), async move {
         let _ = st.wait_for(|x| !matches!(x, LinkState::Up(_))).await;
     });
     reg.events.emit("toolsrv-started", ev(&fields));

@@ -26,6 +26,7 @@ use common::broker::*;
 // The broker case, not the toolsrv payload case of the same name.
 use common::broker::Case;
 use common::toolsrv::*;
+use serde_json::json;
 
 /// The forms the outside attack found unbound, each a command that runs `run.sh` (or
 /// `run.py`, `lib.sh`, `Makefile`) of the workspace.
@@ -128,7 +129,9 @@ async fn files_swapped_by_the_session_after_the_request_never_run_with_the_grant
         let call = start_call(&c.a, &esc(form, &[&grant])).await;
         let v = Pending::open(&c.op).await.next().await;
         if v["held"] != 1 {
-            failures.push(format!("{form}: the request does not say the swapper is held: {v}"));
+            failures.push(format!(
+                "{form}: the request does not say the swapper is held: {v}"
+            ));
         }
         // The request is shown: now the swapper is told to swap. Either it does (the attack
         // is on: approving would run its code) or it is frozen and cannot.
@@ -257,4 +260,176 @@ async fn an_approved_run_is_frozen_by_the_next_request() {
     until("A goes on and swaps", async || ws.join("swapped").exists()).await;
     let status = read(&c.a, &format!("proc/{first}/wait")).await;
     assert_eq!(status.as_deref().map(str::trim), Ok("0"));
+}
+
+/// A real olliesrv with sessions `s1` and `s2` in `work` and `s3` in `other`, agents `a`
+/// (asks to run `timeout 60 ./run.sh` writing `outside/out`), `b` (starts [`SWAPPER`] in the
+/// background) and `c` (a background ticker writing `other/ticks`), each on its own replay
+/// script; the files laid out. The server, `work`, `other` and `outside/out`.
+async fn three_sessions(
+    case: &str,
+) -> Option<(
+    common::Srv,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+)> {
+    if !features_ok(case) {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (work, other, outside) = (
+        dir.path().join("work"),
+        dir.path().join("other"),
+        dir.path().join("outside"),
+    );
+    for d in [&work, &other, &outside] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let out = outside.join("out");
+    lay_out(&work, &out);
+    let call = |code: &str, extra: serde_json::Value| {
+        let mut args = json!({"language": "bash", "code": code});
+        args.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"tool_calls": [{"name": "execute_code", "arguments": args}]}).to_string()
+    };
+    let done = r#"{"text": "done"}"#;
+    let grant = format!("write:{}", outside.display());
+    let scripts = [
+        (
+            "asker",
+            call(
+                "timeout 60 ./run.sh",
+                json!({"escalate": {"grants": [grant], "reason": "r"}}),
+            ),
+        ),
+        ("swapper", call(SWAPPER, json!({"background": true}))),
+        (
+            "ticker",
+            call(
+                "while :; do echo t >> ticks; sleep 0.01; done",
+                json!({"background": true}),
+            ),
+        ),
+    ];
+    let mut config = "default_backend = \"asker\"\n".to_owned();
+    for (name, turn) in &scripts {
+        let f = dir.path().join(format!("{name}.jsonl"));
+        std::fs::write(&f, format!("{turn}\n{done}\n")).unwrap();
+        config.push_str(&format!(
+            "\n[backends.{name}]\nkind = \"replay\"\nfile = \"{}\"\n",
+            f.display()
+        ));
+    }
+    std::fs::create_dir(dir.path().join("agents")).unwrap();
+    std::fs::write(
+        dir.path().join("agents").join("asker.toml"),
+        "escalations = [\"write\"]\n",
+    )
+    .unwrap();
+    let srv = common::Srv::start_with(dir, &config, |_| {});
+    let (_client, root) = common::attach(&srv, &common::me()).await;
+    for (s, cwd, agent) in [
+        ("s1", &work, "name=a profile=asker backend=asker"),
+        ("s2", &work, "name=b backend=swapper"),
+        ("s3", &other, "name=c backend=ticker"),
+    ] {
+        rdwr(
+            &root,
+            "session/new",
+            &format!("name={s} cwd={}", cwd.display()),
+        )
+        .await
+        .expect("session/new");
+        rdwr(&root, &format!("session/{s}/agent/new"), agent)
+            .await
+            .unwrap_or_else(|e| panic!("{s}: agent/new: {e}"));
+    }
+    Some((srv, work, other, out))
+}
+
+/// Through a real olliesrv: sessions `s1` and `s2` work in the same tree, `s3` in another.
+/// `s1`'s agent asks to run `./run.sh` with a grant; `s2`'s agent started a background call
+/// that swaps `run.sh` once the request is shown. olliesrv holds `s2` before the request is
+/// shown, so only the reviewed code runs; `s3`'s background call, which cannot write the
+/// tree, keeps running; and `s2`'s call goes on once the approved run has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_sessions_in_the_same_tree_are_held_too() {
+    let case = "other_sessions_in_the_same_tree_are_held_too";
+    let Some((srv, work, other, out)) = three_sessions(case).await else {
+        return;
+    };
+    let (_client, root) = common::attach(&srv, &common::me()).await;
+    // The one process of session `s` (its agent's background call).
+    let only_pid = async |s: &str| -> u32 {
+        let list = read(&root, &format!("session/{s}/toolsrv/proc/list"))
+            .await
+            .unwrap();
+        let first = list
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("{s}: no process"));
+        first.split('\t').next().unwrap().parse().unwrap()
+    };
+    let stat_held = async |s: &str, pid: u32| -> Option<String> {
+        let st = read(&root, &format!("session/{s}/toolsrv/proc/{pid}/stat"))
+            .await
+            .ok()?;
+        st.lines()
+            .find_map(|l| l.strip_prefix("held="))
+            .map(str::to_owned)
+    };
+    write(&root, "session/s2/agent/b/prompt", "start")
+        .await
+        .expect("prompt b");
+    until("s2's swapper runs", async || work.join("up").exists()).await;
+    write(&root, "session/s3/agent/c/prompt", "start")
+        .await
+        .expect("prompt c");
+    until("s3's ticker runs", async || other.join("ticks").exists()).await;
+    let (swapper, ticker) = (only_pid("s2").await, only_pid("s3").await);
+
+    write(&root, "session/s1/agent/a/prompt", "go")
+        .await
+        .expect("prompt a");
+    let v = Pending::open(&root).await.next().await;
+    assert_eq!(v["session_name"], "s1", "{v}");
+    std::fs::write(work.join("go"), "").unwrap();
+    until("s2's swapper swaps or is frozen", async || {
+        work.join("swapped").exists() || stat_held("s2", swapper).await.as_deref() == Some("frozen")
+    })
+    .await;
+    // s3 cannot write the tree: it is not held, and goes on.
+    assert_eq!(stat_held("s3", ticker).await.as_deref(), Some("no"));
+    let ticks = std::fs::metadata(other.join("ticks")).unwrap().len();
+    until("s3's ticker goes on while the request waits", async || {
+        std::fs::metadata(other.join("ticks")).unwrap().len() > ticks
+    })
+    .await;
+    resolve(&root, &approve(v["id"].as_str().unwrap()))
+        .await
+        .expect("approve");
+    common::wait_for_text(
+        &root,
+        "session/s1/agent/a/log",
+        "[[[assistant\ndone",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap_or_default(),
+        "honest\n",
+        "another session changed what the approval ran"
+    );
+    until("s2's swapper goes on after the run", async || {
+        work.join("swapped").exists()
+    })
+    .await;
+    // The audit log has the hold and its release.
+    let audit = read(&root, "bypass/audit").await.unwrap();
+    assert!(audit.contains("\"event\":\"hold\""), "{audit}");
+    assert!(audit.contains("\"event\":\"release\""), "{audit}");
 }

@@ -111,6 +111,13 @@ impl AuthState {
     }
 }
 
+/// 16 random bytes as 32 lowercase hex digits (hold ids).
+pub fn random_hex16() -> Result<String, String> {
+    let mut t = [0u8; 16];
+    getrandom::fill(&mut t).map_err(|e| format!("no randomness: {e}"))?;
+    Ok(hex(&t))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -729,6 +729,12 @@ impl Filesystem for ToolFs {
                     return Err(Error::invalid("empty command"));
                 }
                 for l in lines {
+                    // Holding for another session's escalation waits for this session's calls
+                    // to stop.
+                    if let Some(rest) = l.trim_start().strip_prefix("hold ") {
+                        self.session.hold_for_peer(&who, rest).await.map_err(err)?;
+                        continue;
+                    }
                     self.session.ctl(&who, l).map_err(err)?;
                 }
                 Ok(n)

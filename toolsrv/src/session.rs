@@ -110,6 +110,49 @@ pub struct Session {
     union_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The session held still while an escalation is decided and its approved run runs.
     quiesce: Arc<crate::quiesce::Quiesce>,
+    /// olliesrv holds the other sessions in the same trees for this session's escalations
+    /// (the boot message's `hold_peers`).
+    hold_peers: bool,
+    /// Holds this session keeps for other sessions' escalations (`ctl hold ID TREES`), by id.
+    peer_holds: Mutex<HashMap<String, crate::quiesce::Ticket>>,
+    /// This session's escalations waiting for olliesrv to say the other sessions are held
+    /// (`ctl held ID` sends true, `ctl unheld ID` false), by hold id.
+    peer_waits: Mutex<HashMap<String, tokio::sync::oneshot::Sender<bool>>>,
+}
+
+/// A hold id: 32 lowercase hex digits.
+fn valid_hold_id(id: &str) -> Result<(), String> {
+    if id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?} is not a hold id (32 lowercase hex digits)",
+            crate::payload::clip(id)
+        ))
+    }
+}
+
+/// How long an escalation waits for olliesrv to hold the other sessions working in its trees
+/// (each of them waits up to [`crate::quiesce::FREEZE_WAIT`] for its own calls to stop).
+const PEER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Logs `release` for a hold of the other sessions when the escalation that asked it is over.
+#[derive(Debug)]
+struct PeerHold {
+    id: String,
+    session: Arc<Session>,
+}
+
+impl Drop for PeerHold {
+    fn drop(&mut self) {
+        let mut f = serde_json::Map::new();
+        f.insert("hold".into(), self.id.clone().into());
+        self.session.broker.log("release", f);
+    }
 }
 
 /// A prepared sandbox's key: the policy's name and the union points its calls mount.
@@ -309,6 +352,9 @@ impl Session {
             prepared: tokio::sync::Mutex::new(HashMap::new()),
             union_runs: Mutex::new(HashMap::new()),
             quiesce: Arc::new(crate::quiesce::Quiesce::default()),
+            hold_peers: boot.hold_peers,
+            peer_holds: Mutex::new(HashMap::new()),
+            peer_waits: Mutex::new(HashMap::new()),
         })
     }
 
@@ -355,7 +401,7 @@ impl Session {
     /// `ctl`: one command from `who`.
     pub fn ctl(&self, who: &Identity, line: &str) -> Result<(), String> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, escalations AGENT KINDS|none, unions AGENT JSON|none, bypass_timeout SECONDS (operator)";
+        let usage = "commands: load AGENT TOOL, unload AGENT TOOL, policy AGENT NAME, escalations AGENT KINDS|none, unions AGENT JSON|none, bypass_timeout SECONDS, hold ID TREES, release ID, held ID, unheld ID (operator)";
         if let Some(rest) = line.trim_start().strip_prefix("unions ") {
             if *who != Identity::Operator {
                 return Err("permission denied: only the operator sets unions".into());
@@ -368,6 +414,9 @@ impl Session {
             let unions = parse_unions(json)?;
             self.update(agent, |c| c.unions = unions);
             return Ok(());
+        }
+        if let [verb @ ("release" | "held" | "unheld"), id] = words.as_slice() {
+            return self.peer_ctl(who, verb, id);
         }
         if let ["bypass_timeout", secs] = words.as_slice() {
             if *who != Identity::Operator {
@@ -759,27 +808,28 @@ impl Session {
         let render = inv.render.clone();
         let (argv, cwd_b, env) = (e.argv.clone(), e.cwd.clone(), e.env.clone());
         // From here until the approved run has ended the session holds still: its running
-        // calls are frozen (seen stopped before anything is bound), new ones wait.
+        // calls are frozen (seen stopped before anything is bound), new ones wait; and so,
+        // through olliesrv, do the other sessions that can write the same trees.
         let ticket = Arc::new(self.quiesce.hold());
-        let t = Arc::clone(&ticket);
+        let mut peers = None;
         let bound = match self.broker.full(&e.owner) {
             Some(why) => Err(why),
-            None => tokio::task::spawn_blocking(move || {
-                t.wait_frozen(crate::quiesce::FREEZE_WAIT).map_err(|pid| {
-                    format!(
-                        "escalation refused: tool process {pid} of this session did not stop within {} s, so the workspace could change while the operator looks; nothing was run",
-                        crate::quiesce::FREEZE_WAIT.as_secs()
-                    )
-                })?;
-                crate::binding::compute(&argv, &cwd_b, &env)
-                    .map_err(|why| format!("escalation refused: {why}; nothing was run"))
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(format!(
-                    "escalation refused: the binding thread failed: {e}; nothing was run"
-                ))
-            }),
+            None => match self.hold_still(&ticket, &e).await {
+                Err(why) => Err(why),
+                Ok(p) => {
+                    peers = p;
+                    tokio::task::spawn_blocking(move || {
+                        crate::binding::compute(&argv, &cwd_b, &env)
+                            .map_err(|why| format!("escalation refused: {why}; nothing was run"))
+                    })
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(format!(
+                            "escalation refused: the binding thread failed: {e}; nothing was run"
+                        ))
+                    })
+                }
+            },
         };
         let binding = match bound {
             Ok(b) => b,
@@ -807,7 +857,7 @@ impl Session {
                 )
             }
         };
-        let writable = self.writable_trees(&e.widened);
+        let writable = self.writable_trees(Some(&e.widened));
         let mut pinned_log = None;
         let result = match verdict {
             Err(e) => Err(e),
@@ -844,8 +894,9 @@ impl Session {
             },
         };
         // The run is over: the session's frozen calls go on (unless another request holds
-        // them), waiting ones start.
+        // them), waiting ones start; so do the other sessions' (olliesrv reads `release`).
         drop(ticket);
+        drop(peers);
         let ran = result.is_ok();
         let exec = match &result {
             Ok(Ok(run)) => Some(to_json(&run.record.exec)),
@@ -878,6 +929,126 @@ impl Session {
         }
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
         self.procs.finish(&proc, f);
+    }
+
+    /// Waits until this session's running calls are seen stopped, then (when olliesrv holds
+    /// peers) until olliesrv says the other sessions working in the request's trees are held.
+    async fn hold_still(
+        self: &Arc<Self>,
+        ticket: &Arc<crate::quiesce::Ticket>,
+        e: &Escalation,
+    ) -> Result<Option<PeerHold>, String> {
+        let t = Arc::clone(ticket);
+        tokio::task::spawn_blocking(move || t.wait_frozen(crate::quiesce::FREEZE_WAIT))
+            .await
+            .map_err(|e| format!("escalation refused: the freeze thread failed: {e}; nothing was run"))?
+            .map_err(|pid| {
+                format!(
+                    "escalation refused: tool process {pid} of this session did not stop within {} s, so the workspace could change while the operator looks; nothing was run",
+                    crate::quiesce::FREEZE_WAIT.as_secs()
+                )
+            })?;
+        if !self.hold_peers {
+            return Ok(None);
+        }
+        let id = crate::auth::random_hex16()?;
+        let trees: Vec<String> = self
+            .held_trees(Some(&e.widened))
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        lock(&self.peer_waits).insert(id.clone(), tx);
+        let mut f = serde_json::Map::new();
+        f.insert("hold".into(), id.clone().into());
+        f.insert("agent".into(), e.owner.clone().into());
+        f.insert("trees".into(), trees.into());
+        self.broker.log("hold", f);
+        // From here a `release` is owed, whatever olliesrv answers.
+        let guard = PeerHold {
+            id: id.clone(),
+            session: Arc::clone(self),
+        };
+        let answer = tokio::time::timeout(PEER_WAIT, rx).await;
+        lock(&self.peer_waits).remove(&id);
+        match answer {
+            Ok(Ok(true)) => Ok(Some(guard)),
+            Ok(Ok(false)) => Err("escalation refused: another session working in these trees could not be held still; nothing was run".into()),
+            _ => Err(format!(
+                "escalation refused: the other sessions working in these trees were not held within {} s; nothing was run",
+                PEER_WAIT.as_secs()
+            )),
+        }
+    }
+
+    /// `ctl hold ID TREES` (operator): hold this session still for another session's
+    /// escalation if it can write any of `TREES` (a JSON array of absolute paths); returns
+    /// once its running calls are seen stopped. Idempotent per id.
+    pub async fn hold_for_peer(&self, who: &Identity, rest: &str) -> Result<(), String> {
+        if *who != Identity::Operator {
+            return Err("permission denied: only the operator holds sessions".into());
+        }
+        let (id, json) = rest
+            .trim()
+            .split_once(char::is_whitespace)
+            .ok_or("hold: give ID and TREES (a JSON array of absolute paths)")?;
+        valid_hold_id(id)?;
+        let trees: Vec<PathBuf> = serde_json::from_str::<Vec<String>>(json.trim())
+            .map_err(|e| format!("hold: TREES is not a JSON array of strings: {e}"))?
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+        if trees.is_empty() || trees.len() > 256 || trees.iter().any(|t| !t.is_absolute()) {
+            return Err("hold: TREES must hold 1 to 256 absolute paths".into());
+        }
+        if lock(&self.peer_holds).contains_key(id) {
+            return Ok(());
+        }
+        let mine = self.held_trees(None);
+        let overlaps = mine
+            .iter()
+            .any(|m| trees.iter().any(|t| m.starts_with(t) || t.starts_with(m)));
+        if !overlaps {
+            return Ok(());
+        }
+        let ticket = Arc::new(self.quiesce.hold());
+        let t = Arc::clone(&ticket);
+        let frozen =
+            tokio::task::spawn_blocking(move || t.wait_frozen(crate::quiesce::FREEZE_WAIT))
+                .await
+                .map_err(|e| format!("hold: the freeze thread failed: {e}"))?;
+        if let Err(pid) = frozen {
+            return Err(format!(
+                "hold: tool process {pid} did not stop within {} s",
+                crate::quiesce::FREEZE_WAIT.as_secs()
+            ));
+        }
+        let Ok(ticket) = Arc::try_unwrap(ticket) else {
+            return Err("hold: the freeze is still shared".into());
+        };
+        lock(&self.peer_holds).insert(id.to_owned(), ticket);
+        Ok(())
+    }
+
+    /// `ctl release ID`, `ctl held ID`, `ctl unheld ID` (operator): end a hold kept for
+    /// another session; tell one of this session's escalations whether the other sessions
+    /// are held.
+    fn peer_ctl(&self, who: &Identity, verb: &str, id: &str) -> Result<(), String> {
+        if *who != Identity::Operator {
+            return Err(format!("permission denied: only the operator says {verb}"));
+        }
+        valid_hold_id(id)?;
+        match verb {
+            "release" => {
+                lock(&self.peer_holds).remove(id);
+            }
+            _ => {
+                if let Some(tx) = lock(&self.peer_waits).remove(id) {
+                    let _ = tx.send(verb == "held");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Waits for the operator's answer to request `id` (the call's stop withdraws it).
@@ -943,16 +1114,31 @@ impl Session {
         self.broker.log_noisy(&e.owner, "refused", f);
     }
 
+    /// [`Session::writable_trees`] canonicalised, without device nodes (`/dev/null` is
+    /// writable everywhere and holds nothing another run reads), deduplicated: what holds
+    /// across sessions compare.
+    fn held_trees(&self, widened: Option<&Policy>) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = self
+            .writable_trees(widened)
+            .into_iter()
+            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+            .filter(|p| std::fs::metadata(p).map_or(true, |m| m.is_dir() || m.is_file()))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The trees sandboxed tools of this session can write while an escalated run starts:
     /// the workspace, every policy's writable paths (and the widened policy's), and the
     /// agents' union upper layers. A program in one of them runs from a sealed copy.
-    fn writable_trees(&self, widened: &Policy) -> Vec<PathBuf> {
+    fn writable_trees(&self, widened: Option<&Policy>) -> Vec<PathBuf> {
         let ctx = ollie_policy::ResolveContext {
             workdir: self.workdir.clone(),
             home: self.home.clone(),
         };
         let mut out = vec![self.workdir.clone()];
-        for p in self.policies.values().chain([widened]) {
+        for p in self.policies.values().chain(widened) {
             if let Ok(r) = p.resolve(&ctx) {
                 out.extend(r.fs.write);
             }

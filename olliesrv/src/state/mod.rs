@@ -13,6 +13,7 @@ pub(crate) mod bypass;
 pub(crate) mod chat;
 pub(crate) mod check;
 pub(crate) mod events;
+pub(crate) mod holds;
 pub(crate) mod ns;
 pub(crate) mod registry;
 pub(crate) mod session;

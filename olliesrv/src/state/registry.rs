@@ -36,6 +36,8 @@ pub struct Registry {
     pub version: AtomicU32,
     /// Every session's escalation requests, and the audit log.
     pub bypass: Arc<crate::state::bypass::Bypass>,
+    /// The holds sessions' escalations keep on the other sessions ([`crate::holds`]).
+    pub holds: crate::state::holds::PeerHolds,
 }
 
 impl Registry {
@@ -59,6 +61,7 @@ impl Registry {
             naming: Mutex::new(()),
             toolsrv,
             version: AtomicU32::new(0),
+            holds: crate::state::holds::PeerHolds::default(),
         }
     }
 
