@@ -44,7 +44,9 @@
 //!    (forwarded by init), SIGKILL to the whole namespace after the grace period
 //!    ([`ExitRecord::killed_by`]). [`Cancel::kill`] sends that SIGKILL at once;
 //!    [`Cancel::signal`] forwards one signal of a fixed set ([`Cancel::SIGNALS`]) to every
-//!    process of the run and nothing else.
+//!    process of the run and nothing else; [`Cancel::freeze`] stops every process of the run
+//!    (confirmed by [`Cancel::wait_frozen`]; tools cannot send SIGCONT) until
+//!    [`Cancel::thaw`], the timeout paused meanwhile.
 //! 7. After the run, [`postrun`] compares the workspace with a snapshot taken before it and
 //!    flags new or changed git hooks, risky git config, new repositories and host-executed
 //!    settings files in [`RunRecord::post_run`]; [`workspace::Workspace`] refuses host-side

@@ -187,7 +187,8 @@ impl Cancel {
 
     /// Delivers `sig` once to every process of the run (sent to its pid 1, which forwards it
     /// with `kill(-1, sig)`), and nothing else: no escalation, not recorded as a cancel.
-    /// `SIGKILL` is [`Cancel::kill`]. Allowed: [`Cancel::SIGNALS`]; anything else is refused
+    /// SIGCONT is dropped while the run is frozen ([`Cancel::freeze`]: only the thaw
+    /// continues it). `SIGKILL` is [`Cancel::kill`]. Allowed: [`Cancel::SIGNALS`]; anything else is refused
     /// with [`SandboxError::UnsupportedSignal`] and the run goes on. A no-op for runs that
     /// have not started or have ended.
     pub fn signal(&self, sig: i32) -> Result<(), SandboxError> {

@@ -384,9 +384,13 @@ pub(crate) fn supervise(
         if fds[5].revents != 0
             && let Some(w) = &watch
         {
-            let asked = w.take();
+            let mut asked = w.take();
             if !init_done && let Some(frozen_for) = freeze.on_request(asked.freeze, signal, w) {
                 deadline += frozen_for;
+            }
+            // Only the thaw continues a frozen run: a SIGCONT asked meanwhile is dropped.
+            if freeze.asked() {
+                asked.signals.retain(|s| *s != libc::SIGCONT);
             }
             stop.on_requests(asked, signal);
         }

@@ -362,7 +362,8 @@ fn a_frozen_run_does_nothing_until_thawed_and_cannot_thaw_itself() {
                 r.name()
             );
         }
-        // Freezes nest: one thaw of two leaves it frozen.
+        // Neither a SIGCONT through the handle nor a nested freeze's thaw continues it.
+        c.signal(libc::SIGCONT).unwrap();
         c.freeze();
         c.thaw();
         std::thread::sleep(std::time::Duration::from_millis(50));

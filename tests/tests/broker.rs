@@ -5,8 +5,9 @@
 //! Covers approve (runs once, under exactly the grants, the request's fields), deny (the
 //! operator's message, nothing ran), the deadline (`ctl bypass_timeout`), strict and
 //! single-use verdicts, agents kept out of `bypass/`, the binding (a script changed before
-//! approval voids it; an agent's background process swapping the script at any of toolsrv's
-//! checks, found with inotify, never gets its script run), `"scope":"session"`, approvals not
+//! approval voids it; a host process swapping the script at any of toolsrv's checks, found
+//! with inotify, never gets its script run; the session's own calls are frozen meanwhile:
+//! `approval_hold.rs`), `"scope":"session"`, approvals not
 //! widening later runs, a stopped call withdrawing its request, escalations refused without
 //! asking, and the flood bound. And what the approver sees (issue 21): a long, blank-padded
 //! request shown bounded with the exact request's size and SHA-256 (checked with `sha256sum`

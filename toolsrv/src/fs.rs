@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! ctl            w     load AGENT TOOL | unload AGENT TOOL | policy AGENT NAME | escalations AGENT KINDS|none
-//!                      | unions AGENT JSON|none | bypass_timeout SECONDS (the last four: operator)
+//!                      | unions AGENT JSON|none | bypass_timeout SECONDS
+//!                      | hold ID TREES | release ID | held ID | unheld ID (all but load/unload: operator)
 //! tools          rw    write an agent id (optionally followed by " json"), read its tools
 //! info           r     host=, pid=, platform=, arch=, the sandbox layers the kernel offers, the session
 //! bypass/pending r     (operator) blocks until an escalation request is pending
@@ -15,7 +16,7 @@
 //! proc/complete  r     blocks; one <system-proc-complete> message per background process end
 //! proc/N/out     r     output captured so far
 //! proc/N/wait    r     blocks until N ends; its status (exit code or 128+signal)
-//! proc/N/stat    r     key=value status
+//! proc/N/stat    r     key=value status (held=no|waiting|frozen while it runs: crate::quiesce)
 //! proc/N/record  r     the sandbox's run record: one JSON object and "\n" (an error while N runs)
 //! proc/N/ctl     w     term | kill | signal N | dismiss
 //! ```

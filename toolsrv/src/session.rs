@@ -810,26 +810,30 @@ impl Session {
         // From here until the approved run has ended the session holds still: its running
         // calls are frozen (seen stopped before anything is bound), new ones wait; and so,
         // through olliesrv, do the other sessions that can write the same trees.
+        // A request the flood bounds refuse holds nothing.
+        if let Some(why) = self.broker.full(&e.owner) {
+            self.log_refused(&e, &why);
+            let f = not_run(&proc, why);
+            self.procs.finish(&proc, f);
+            return;
+        }
         let ticket = Arc::new(self.quiesce.hold());
         let mut peers = None;
-        let bound = match self.broker.full(&e.owner) {
-            Some(why) => Err(why),
-            None => match self.hold_still(&ticket, &e).await {
-                Err(why) => Err(why),
-                Ok(p) => {
-                    peers = p;
-                    tokio::task::spawn_blocking(move || {
-                        crate::binding::compute(&argv, &cwd_b, &env)
-                            .map_err(|why| format!("escalation refused: {why}; nothing was run"))
-                    })
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(format!(
-                            "escalation refused: the binding thread failed: {e}; nothing was run"
-                        ))
-                    })
-                }
-            },
+        let bound = match self.hold_still(&ticket, &e).await {
+            Err(why) => Err(why),
+            Ok(p) => {
+                peers = p;
+                tokio::task::spawn_blocking(move || {
+                    crate::binding::compute(&argv, &cwd_b, &env)
+                        .map_err(|why| format!("escalation refused: {why}; nothing was run"))
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Err(format!(
+                        "escalation refused: the binding thread failed: {e}; nothing was run"
+                    ))
+                })
+            }
         };
         let binding = match bound {
             Ok(b) => b,
