@@ -22,7 +22,6 @@
 
 use std::sync::Arc;
 
-use ollie_p9::wire::om;
 use serde_json::Value;
 
 use crate::link::{Conn, LinkState};
@@ -57,27 +56,9 @@ pub fn watch(
 /// Reads the log's events (one JSON line per read, a long one in pieces) and acts on
 /// `hold` and `release`.
 async fn read_events(reg: &Arc<Registry>, session: &str, conn: &Arc<Conn>) -> Result<(), String> {
-    let mut f = conn
-        .operator
-        .walk(&["bypass", "log"])
-        .await
-        .map_err(|e| e.to_string())?;
-    f.open(om::OREAD).await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    loop {
-        let b = f.read(0, 64 * 1024).await.map_err(|e| e.to_string())?;
-        if b.is_empty() {
-            return Ok(());
-        }
-        buf.extend_from_slice(&b);
-        if buf.last() != Some(&b'\n') {
-            continue;
-        }
-        let Ok(v) = serde_json::from_slice::<Value>(&std::mem::take(&mut buf)) else {
-            continue;
-        };
+    conn.read_json_lines(&["bypass", "log"], |_, v| {
         let Some(id) = v["hold"].as_str().map(str::to_owned) else {
-            continue;
+            return;
         };
         match v["event"].as_str() {
             Some("hold") => {
@@ -100,7 +81,8 @@ async fn read_events(reg: &Arc<Registry>, session: &str, conn: &Arc<Conn>) -> Re
             }
             _ => {}
         }
-    }
+    })
+    .await
 }
 
 /// The `hold` command for `id` and `trees`.

@@ -127,6 +127,39 @@ impl Conn {
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
 
+    /// Reads one JSON object per read from the blocking file at `path` (as the operator; a
+    /// long one comes in pieces, the last ending in a newline) and hands each, with its text,
+    /// to `each`, until the end of the file or an error. A piece that is not JSON is logged
+    /// and skipped.
+    pub async fn read_json_lines(
+        &self,
+        path: &[&str],
+        mut each: impl FnMut(String, serde_json::Value),
+    ) -> Result<(), String> {
+        let mut f = self.operator.walk(path).await.map_err(|e| e.to_string())?;
+        f.open(ollie_p9::wire::om::OREAD)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        loop {
+            let b = f.read(0, 64 * 1024).await.map_err(|e| e.to_string())?;
+            if b.is_empty() {
+                return Ok(());
+            }
+            buf.extend_from_slice(&b);
+            if buf.last() != Some(&b'\n') {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&std::mem::take(&mut buf)).into_owned();
+            match serde_json::from_str(&text) {
+                Ok(v) => each(text, v),
+                Err(_) => {
+                    tracing::warn!(file = %path.join("/"), "toolsrv gave something that is not JSON")
+                }
+            }
+        }
+    }
+
     /// One round trip that toolsrv answers without doing anything (a Tstat of the
     /// operator's root): whether it is alive.
     pub async fn ping(&self) -> Result<(), String> {

@@ -462,31 +462,7 @@ impl Bypass {
         file: &str,
         names: &std::sync::Weak<Session>,
     ) -> Result<(), String> {
-        let mut f = conn
-            .operator
-            .walk(&["bypass", file])
-            .await
-            .map_err(|e| e.to_string())?;
-        f.open(om::OREAD).await.map_err(|e| e.to_string())?;
-        let mut buf = Vec::new();
-        loop {
-            let b = f.read(0, 64 * 1024).await.map_err(|e| e.to_string())?;
-            if b.is_empty() {
-                return Ok(());
-            }
-            buf.extend_from_slice(&b);
-            if buf.last() != Some(&b'\n') {
-                continue;
-            }
-            let text = String::from_utf8_lossy(&std::mem::take(&mut buf)).into_owned();
-            let Ok(v) = serde_json::from_str::<Value>(&text) else {
-                tracing::warn!(
-                    session,
-                    file,
-                    "bypass/{file} gave something that is not JSON"
-                );
-                continue;
-            };
+        conn.read_json_lines(&["bypass", file], |text, v| {
             if file == "pending" {
                 let text = with_names(&text, &v, names);
                 let v = serde_json::from_str(&text).unwrap_or(v);
@@ -494,7 +470,8 @@ impl Bypass {
             } else {
                 self.event(session, v);
             }
-        }
+        })
+        .await
     }
 
     /// One event of a toolsrv's `bypass/log`, into the audit log.
