@@ -5,7 +5,8 @@
 //! space, so a process in the middle of a system call (a large `write`, a `rename`) finishes it
 //! first; the freeze counts only once every thread of every process of the run is seen
 //! stopped. The processes of a run are exactly the descendants of its pid 1 (orphans are
-//! reparented to it), found by their parent pids in `/proc`.
+//! reparented to it), found through `/proc/PID/task/TID/children`, or where the kernel lacks
+//! those files by the parent pids of every process in `/proc`.
 //!
 //! Why one look is not enough, and two are: a process seen stopped stays stopped, because
 //! nothing in the run can send SIGCONT (the tool's syscall filter refuses it, and pid 1 drops
@@ -44,10 +45,37 @@ fn is_still(state: char) -> bool {
     matches!(state, 'T' | 't' | 'Z' | 'X' | 'x')
 }
 
-/// The descendants of `init` now, and whether every thread of each is still (stopped or a
-/// zombie). Processes that vanish during the look are skipped (they are gone).
-pub(crate) fn look(init: i32) -> io::Result<(BTreeSet<i32>, bool)> {
-    let mut parent: HashMap<i32, i32> = HashMap::new();
+/// The descendants of `init` by `/proc/PID/task/TID/children` (`CONFIG_PROC_CHILDREN`), or
+/// `None` where the kernel has no such file. Each list is exact for a stopped task; one that
+/// still runs may miss a child it is forking, which the second look finds.
+fn descendants_by_children(init: i32) -> Option<BTreeSet<i32>> {
+    let first = format!("/proc/{init}/task/{init}/children");
+    if std::fs::metadata(&first).is_err() {
+        return None;
+    }
+    let mut found = BTreeSet::new();
+    let mut todo = vec![init];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(t.path().join("children")) else {
+                continue;
+            };
+            for c in text.split_ascii_whitespace().filter_map(|c| c.parse().ok()) {
+                if found.insert(c) {
+                    todo.push(c);
+                }
+            }
+        }
+    }
+    Some(found)
+}
+
+/// The descendants of `init` by the parent pid of every process in `/proc`.
+fn descendants_by_scan(init: i32) -> io::Result<BTreeSet<i32>> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     for e in std::fs::read_dir("/proc")? {
         let Ok(e) = e else { continue };
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
@@ -56,12 +84,8 @@ pub(crate) fn look(init: i32) -> io::Result<(BTreeSet<i32>, bool)> {
         if let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             && let Some((_, ppid)) = stat_fields(&t)
         {
-            parent.insert(pid, ppid);
+            children.entry(ppid).or_default().push(pid);
         }
-    }
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for (&pid, &ppid) in &parent {
-        children.entry(ppid).or_default().push(pid);
     }
     let mut found = BTreeSet::new();
     let mut todo = children.get(&init).cloned().unwrap_or_default();
@@ -72,14 +96,23 @@ pub(crate) fn look(init: i32) -> io::Result<(BTreeSet<i32>, bool)> {
             todo.extend(c);
         }
     }
+    Ok(found)
+}
+
+/// The descendants of `init` now, and whether every thread of each is still (stopped or a
+/// zombie). Processes that vanish during the look are skipped (they are gone).
+pub(crate) fn look(init: i32) -> io::Result<(BTreeSet<i32>, bool)> {
+    let found = match descendants_by_children(init) {
+        Some(f) => f,
+        None => descendants_by_scan(init)?,
+    };
     let mut all_still = true;
     for &pid in &found {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
         };
         for t in tasks.flatten() {
-            let path = t.path().join("stat");
-            if let Ok(text) = std::fs::read_to_string(&path)
+            if let Ok(text) = std::fs::read_to_string(t.path().join("stat"))
                 && let Some((state, _)) = stat_fields(&text)
                 && !is_still(state)
             {
@@ -164,6 +197,10 @@ mod tests {
             std::thread::yield_now();
         }
         assert!(confirmed, "a stopped tree is confirmed");
+        assert_eq!(
+            descendants_by_scan(init).unwrap(),
+            descendants_by_children(init).unwrap_or_else(|| descendants_by_scan(init).unwrap())
+        );
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &pid])
             .status();

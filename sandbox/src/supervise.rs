@@ -345,7 +345,12 @@ pub(crate) fn supervise(
         };
         let mut timeout_ms = stop.poll_timeout(now, init_done, wake_for, grace, &disk);
         if !init_done && freeze.confirming() {
-            timeout_ms = if timeout_ms < 0 { 1 } else { timeout_ms.min(1) };
+            let look = freeze.next_look_ms();
+            timeout_ms = if timeout_ms < 0 {
+                look
+            } else {
+                timeout_ms.min(look)
+            };
         }
         let pending = feed.pending(init_done);
         if init_done {
@@ -411,16 +416,22 @@ struct Freezing {
     sent: Option<Instant>,
     confirm: crate::freeze::Confirm,
     confirmed: bool,
+    /// Looks at `/proc` since the freeze was asked (the wait between two grows).
+    looks: u32,
 }
 
 /// How often the freeze signal is sent again while some process of the run still runs (one
 /// that was forked while pid 1 sent SIGSTOP to the others).
 const FREEZE_AGAIN: Duration = Duration::from_millis(5);
+/// The longest wait between two looks at a run that is not yet seen stopped (they start at
+/// 1 ms and double: a process stuck in the kernel does not keep the runner busy).
+const LOOK_AT_MOST_MS: i32 = 64;
 
 impl Freezing {
     fn new(pidfd: RawFd) -> Freezing {
         Freezing {
             pidfd,
+            looks: 0,
             init: None,
             since: None,
             sent: None,
@@ -433,9 +444,17 @@ impl Freezing {
         self.since.is_some()
     }
 
-    /// Looking for every process to stop (the poll loop then wakes every millisecond).
+    /// Looking for every process to stop.
     fn confirming(&self) -> bool {
         self.since.is_some() && !self.confirmed
+    }
+
+    /// How long the poll loop may wait before the next look, in ms: 1, 2, 4, … up to
+    /// [`LOOK_AT_MOST_MS`].
+    fn next_look_ms(&self) -> i32 {
+        1i32.checked_shl(self.looks.min(6))
+            .unwrap_or(LOOK_AT_MOST_MS)
+            .min(LOOK_AT_MOST_MS)
     }
 
     /// A change of what the handle asks; on a thaw, how long the run was frozen.
@@ -454,6 +473,7 @@ impl Freezing {
                 self.since = Some(now);
                 self.sent = Some(now);
                 self.confirmed = false;
+                self.looks = 0;
                 self.confirm = crate::freeze::Confirm::default();
                 signal(sys::FREEZE_SIGNAL);
                 None
@@ -477,6 +497,7 @@ impl Freezing {
             return;
         }
         let Some(init) = self.init else { return };
+        self.looks = self.looks.saturating_add(1);
         if self.confirm.step(init) {
             self.confirmed = true;
             if let Some(w) = w {
