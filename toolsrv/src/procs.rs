@@ -534,6 +534,23 @@ pub fn not_run(p: &Proc, msg: String) -> Finish {
 }
 
 /// Turns a sandbox result into a [`Finish`].
+/// What the run left behind for host-side programs (the record's post-run flags), one
+/// escaped line each after the tool's output, so the model, `o attach` and `o logs` see it.
+fn post_run_note(result: &mut String, post_run: &ollie_sandbox::PostRunRecord) {
+    if post_run.flags.is_empty() {
+        return;
+    }
+    if !result.is_empty() && !result.ends_with('\n') {
+        result.push('\n');
+    }
+    for f in &post_run.flags {
+        let line = ollie_link::bypass::display_escape(&f.to_string());
+        result.push_str(&format!(
+            "[post-run: {line} (review before running git or tools here)]\n"
+        ));
+    }
+}
+
 pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) -> Finish {
     let duration = p.t0.elapsed();
     match r {
@@ -562,6 +579,7 @@ pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) 
                     "[output truncated: first {kept} of {total} bytes shown]\n"
                 ));
             }
+            post_run_note(&mut result, &out.record.post_run);
             Finish {
                 code: exit.code,
                 signal: exit.signal,
