@@ -544,7 +544,16 @@ fn post_run_note(result: &mut String, post_run: &ollie_sandbox::PostRunRecord) {
         result.push('\n');
     }
     for f in &post_run.flags {
-        let line = ollie_link::bypass::display_escape(&f.to_string());
+        // The flag's own text has its control characters escaped already; what else a
+        // terminal would act on (bidi overrides, …) is escaped here.
+        let mut line = String::new();
+        for c in f.to_string().chars() {
+            if ollie_link::bypass::needs_display_escape(c) {
+                line.push_str(&format!("\\u{{{:X}}}", u32::from(c)));
+            } else {
+                line.push(c);
+            }
+        }
         result.push_str(&format!(
             "[post-run: {line} (review before running git or tools here)]\n"
         ));
