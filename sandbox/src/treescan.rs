@@ -316,3 +316,43 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
+
+#[cfg(test)]
+mod cost {
+    use super::*;
+
+    /// The cost of one search in a `node_modules`-like tree (`cargo test -p ollie-sandbox
+    /// --lib treescan::cost -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn search_cost_in_a_large_tree() {
+        let d = std::env::temp_dir().join(format!("ollie-treescan-cost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        // 2,000 packages of 4 directories and 20 files each (~50,000 entries), 20 with a .git.
+        for p in 0..2000 {
+            let pkg = d.join("node_modules").join(format!("pkg{p}"));
+            for sub in ["lib", "lib/util", "dist", "test"] {
+                std::fs::create_dir_all(pkg.join(sub)).unwrap();
+                for f in 0..5 {
+                    std::fs::write(pkg.join(sub).join(format!("f{f}.js")), "").unwrap();
+                }
+            }
+            if p % 100 == 0 {
+                std::fs::create_dir_all(pkg.join(".git/hooks")).unwrap();
+                std::fs::write(pkg.join(".git/config"), "").unwrap();
+            }
+        }
+        let root = d.canonicalize().unwrap();
+        let trees = [root.clone()];
+        let _ = scan(&trees);
+        let n = 10;
+        let t = std::time::Instant::now();
+        let mut found = 0;
+        for _ in 0..n {
+            found = scan(&trees).gits.len();
+        }
+        let per = t.elapsed() / n;
+        println!("treescan: {found} .git in ~50,000 entries: {per:?} per search");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
