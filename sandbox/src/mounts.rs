@@ -297,7 +297,7 @@ impl Islands {
     ///
     /// `repos` (the before-run [`crate::treescan::TreeScan`] of the writable trees) adds,
     /// when the policy protects a `.git`, every `.git` found there
-    /// ([`crate::treescan::TreeScan::to_protect`]), bound read-only
+    /// ([`crate::treescan::TreeScan::protect_list`]), bound read-only
     /// like the policy's, without pinned ancestors: moving a directory aside moves the bind
     /// with it (a `.git` is a mount point: it cannot be renamed or removed), and a fresh
     /// `.git` where the old one stood is flagged after the run.
@@ -318,7 +318,7 @@ impl Islands {
             .iter()
             .any(|p| p.file_name().is_some_and(|n| n == ".git"));
         let nested = if guards_git {
-            repos.to_protect(&protected, writable)
+            repos.protect_list(&protected, writable)
         } else {
             Vec::new()
         };

@@ -20,7 +20,10 @@
 //!   `objects/info/alternates` and `http-alternates`, `worktrees/*/{commondir,gitdir,
 //!   config.worktree}`, and each submodule gitdir `modules/*` (scanned like a repository:
 //!   hooks, config, …), new, changed or removed; `.gitmodules` beside each repository;
-//! - a `.git` directory or file that did not exist before (a new nested repository);
+//! - a `.git` directory or file that did not exist before (a new nested repository); beyond
+//!   this snapshot's bounds, `crate::treescan` finds every `.git` (any depth, skipped trees
+//!   included), protects the existing ones for the run and flags new or replaced ones, FIFOs,
+//!   sockets, device nodes and names with control characters;
 //! - `.envrc`, `.claude/settings.json`, `.claude/settings.local.json`, `.vscode/tasks.json`,
 //!   `.vscode/settings.json`, `.vscode/launch.json`, `.gitmodules` at the workspace root: new
 //!   or changed;

@@ -186,7 +186,11 @@ impl TreeScan {
     /// policy's protected paths): each `.git` itself, or a symlinked one's target, where it
     /// lies strictly inside a writable tree; at most [`MAX_PROTECTED_REPOS`] (the rest are
     /// counted in `unprotected`).
-    pub(crate) fn to_protect(&mut self, already: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf> {
+    pub(crate) fn protect_list(
+        &mut self,
+        already: &[PathBuf],
+        writable: &[PathBuf],
+    ) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = Vec::new();
         let mut left = 0usize;
         for g in self.gits.keys() {
