@@ -122,6 +122,7 @@ pub mod seccomp;
 mod spawn;
 mod supervise;
 mod sys;
+mod treescan;
 mod unions;
 pub mod workspace;
 

@@ -115,6 +115,7 @@ impl MountPlan {
     /// With `per_call_islands` (a prepared session) the protected islands are left out: each
     /// call binds them in a mount namespace of its own ([`Islands`]), so their placeholders
     /// exist only while a call runs.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         resolved: &ResolvedPolicy,
         writable: Vec<PathBuf>,
@@ -123,6 +124,7 @@ impl MountPlan {
         root_access: u64,
         hidden: &[PathBuf],
         per_call_islands: bool,
+        repos: &mut crate::treescan::TreeScan,
     ) -> Result<MountPlan, SandboxError> {
         let mut steps = vec![MountStep::MakePrivate];
         let (points, unions): (Vec<PathBuf>, &[UnionMount]) = match unions {
@@ -172,7 +174,7 @@ impl MountPlan {
                 ..Islands::default()
             }
         } else {
-            Islands::plan(resolved, &writable)?
+            Islands::plan(resolved, &writable, repos)?
         };
         let c = |p: &Path| sys::cstring(p).map_err(io_err("prepare mounts"));
         let (create, attach) = unions::overlay_steps(
@@ -292,14 +294,37 @@ pub(crate) struct Islands {
 impl Islands {
     /// Prepares the policy's protected paths against `writable` (placeholders created for
     /// missing ones, under the shared locks of `placeholder`).
+    ///
+    /// `repos` (the before-run [`crate::treescan::TreeScan`] of the writable trees) adds,
+    /// when the policy protects a `.git`, every `.git` found there
+    /// ([`crate::treescan::TreeScan::protect_list`]), bound read-only
+    /// like the policy's, without pinned ancestors: moving a directory aside moves the bind
+    /// with it (a `.git` is a mount point: it cannot be renamed or removed), and a fresh
+    /// `.git` where the old one stood is flagged after the run.
     pub(crate) fn plan(
         resolved: &ResolvedPolicy,
         writable: &[PathBuf],
+        repos: &mut crate::treescan::TreeScan,
     ) -> Result<Islands, SandboxError> {
         let protect = Protected::prepare(&resolved.fs.protected, writable)?;
         let secrets = existing_secrets(&resolved.ctx.home);
-        let protected = protected_paths(&protect, &secrets, writable);
+        let mut protected = protected_paths(&protect, &secrets, writable, &[]);
         let pinned = pinned_ancestors(&protected, writable);
+        // Only where the policy protects a `.git` itself (a policy without one, e.g.
+        // "Landlock only", lets the tool write repositories; they are flagged afterwards).
+        let guards_git = resolved
+            .fs
+            .protected
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == ".git"));
+        let nested = if guards_git {
+            repos.protect_list(&protected, writable)
+        } else {
+            Vec::new()
+        };
+        if !nested.is_empty() {
+            protected = protected_paths(&protect, &secrets, writable, &nested);
+        }
         Ok(Islands {
             protect,
             protected,
@@ -359,8 +384,14 @@ pub(crate) fn existing_secrets(home: &Path) -> Vec<PathBuf> {
 
 /// The paths bound read-only over the writable trees: the islands, the secret locations inside
 /// a writable tree, and the directories that protected `.git` pointer files point at.
-fn protected_paths(islands: &Protected, secrets: &[PathBuf], writable: &[PathBuf]) -> Vec<PathBuf> {
+fn protected_paths(
+    islands: &Protected,
+    secrets: &[PathBuf],
+    writable: &[PathBuf],
+    repos: &[PathBuf],
+) -> Vec<PathBuf> {
     let mut protected: Vec<PathBuf> = islands.paths.clone();
+    protected.extend(repos.iter().cloned());
     // Secret locations inside a writable tree (e.g. a workspace that is $HOME) are carved
     // out of the Landlock grant; bind them read-only too, so their metadata (chmod ~/.ssh)
     // is safe.

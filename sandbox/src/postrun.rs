@@ -20,7 +20,10 @@
 //!   `objects/info/alternates` and `http-alternates`, `worktrees/*/{commondir,gitdir,
 //!   config.worktree}`, and each submodule gitdir `modules/*` (scanned like a repository:
 //!   hooks, config, …), new, changed or removed; `.gitmodules` beside each repository;
-//! - a `.git` directory or file that did not exist before (a new nested repository);
+//! - a `.git` directory or file that did not exist before (a new nested repository); beyond
+//!   this snapshot's bounds, `crate::treescan` finds every `.git` (any depth, skipped trees
+//!   included), protects the existing ones for the run and flags new or replaced ones, FIFOs,
+//!   sockets, device nodes and names with control characters;
 //! - `.envrc`, `.claude/settings.json`, `.claude/settings.local.json`, `.vscode/tasks.json`,
 //!   `.vscode/settings.json`, `.vscode/launch.json`, `.gitmodules` at the workspace root: new
 //!   or changed;
@@ -48,6 +51,7 @@
 //! `O_NONBLOCK` (a planted FIFO or symlink cannot block or redirect the runner).
 
 use crate::sys;
+pub use crate::treescan::{MAX_PROTECTED_REPOS, MAX_TREE_ENTRIES};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -130,6 +134,15 @@ pub enum FlagKind {
     /// A place the runner cannot look into (list, reach or follow) appeared or changed, or
     /// can hide changes beneath it: what lies there was not checked.
     Unreadable,
+    /// A FIFO, socket or device node appeared in a writable tree (a FIFO blocks whatever
+    /// host-side program reads it).
+    SpecialFile,
+    /// A name with a control character (newline, ESC, any C0, DEL or C1) appeared in a
+    /// writable tree (a newline splits `find | xargs` input, ESC reaches terminals).
+    ControlName,
+    /// The search for repositories in the writable trees (every `.git`, at any depth) is
+    /// incomplete, or found more than it can protect: a `.git` there was not checked.
+    SearchCut,
 }
 
 /// One thing a human should look at before running host-side tools in the workspace.
@@ -153,14 +166,27 @@ impl std::fmt::Display for PostRunFlag {
             FlagKind::GitMetadata => "git metadata",
             FlagKind::SetId => "set-id file",
             FlagKind::Unreadable => "unchecked place",
+            FlagKind::SpecialFile => "special file",
+            FlagKind::ControlName => "name with control characters",
+            FlagKind::SearchCut => "incomplete repository search",
         };
-        // One line, whatever the tool wrote.
+        // One line, whatever the tool wrote: control characters of the detail become `?`,
+        // those of the path (which the flag is about) `\u{..}`, so the name can be told.
         let detail: String = self
             .detail
             .chars()
             .map(|c| if c.is_control() { '?' } else { c })
             .collect();
-        write!(f, "{what} {}: {detail}", self.path.display())
+        let mut path = String::new();
+        for c in self.path.to_string_lossy().chars() {
+            if c.is_control() {
+                path.push_str(&format!("\\u{{{:X}}}", u32::from(c)));
+            } else {
+                path.push(c);
+            }
+        }
+        let path = if path.is_empty() { "." } else { &path };
+        write!(f, "{what} {path}: {detail}")
     }
 }
 

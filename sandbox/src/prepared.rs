@@ -204,6 +204,7 @@ impl Prepared {
             ruleset.root_access,
             hidden,
             true,
+            &mut crate::treescan::TreeScan::default(),
         )?;
         let l = resolved.policy.limits;
         let devnull = request::open_devnull()?;
@@ -477,9 +478,6 @@ impl Prepared {
         // The call's protected islands, as the workspace is now: placeholders for missing
         // ones exist from here until the call is over (bound read-only in the call's own
         // mount namespace), and are gone before the post-run snapshot.
-        let islands = mounts::Islands::plan(&self.resolved, &self.mounts.writable)?;
-        let mut entries = islands.call_entries(&self.mounts.writable)?;
-        let nislands = entries.len();
         // The call's unions, checked as a one-shot run checks them.
         let unions = if req.unions.is_empty() {
             Vec::new()
@@ -490,12 +488,19 @@ impl Prepared {
                 &self.mounts.writable,
             )?
         };
+        let mut watched = self.mounts.writable.clone();
+        watched.extend(unions.iter().map(|u| u.upper.clone()));
+        // Every `.git` in the writable trees (protected below) and what else host-side
+        // programs trip on.
+        let mut trees_before = crate::treescan::scan(&watched);
+        let islands =
+            mounts::Islands::plan(&self.resolved, &self.mounts.writable, &mut trees_before)?;
+        let mut entries = islands.call_entries(&self.mounts.writable)?;
+        let nislands = entries.len();
         entries.extend(crate::unions::call_entries(&unions, &self.mounts.hidden)?);
         let payload = call_payload(&program, &cwd, &req.argv, &env, &entries)?;
         // The disk watchdog's baseline, taken before the call's tool can write anything; it
         // watches the writable trees' filesystems and the unions' upper layers'.
-        let mut watched = self.mounts.writable.clone();
-        watched.extend(unions.iter().map(|u| u.upper.clone()));
         let disk = DiskWatch::start(&watched, &l, Instant::now())?;
         // OOM kills in the session's memory cgroup during this call are this call's (or a
         // concurrent call's: the cgroup is shared).
@@ -588,6 +593,7 @@ impl Prepared {
         drop(islands);
         let mut post_run = snapshot_before.diff(&crate::postrun::Snapshot::take(&workdir));
         post_run.add(crate::postrun::setid_flags(&watched, &workdir));
+        post_run.add(trees_before.diff(&crate::treescan::scan(&watched), &workdir));
         let shm_bytes = self.mounts.private_shm.as_ref().map_or(0, |_| l.shm_bytes);
         Ok(supervise::run_output(
             req,

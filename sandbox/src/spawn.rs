@@ -177,6 +177,10 @@ pub fn run_streaming(
         .map(|b| b.diff(&crate::postrun::Snapshot::take(&shot.workdir)))
         .unwrap_or_default();
     post_run.add(crate::postrun::setid_flags(&shot.watched, &shot.workdir));
+    post_run.add(
+        shot.trees_before
+            .diff(&crate::treescan::scan(&shot.watched), &shot.workdir),
+    );
     let shm_bytes = l.shm_bytes;
     Ok(run_output(
         req,
@@ -228,6 +232,8 @@ struct OneShot {
     strings: ExecStrings,
     /// The post-run diff's baseline, if the tool can write in the workspace.
     snapshot_before: Option<crate::postrun::Snapshot>,
+    /// Every `.git` and special file of the writable trees before the run.
+    trees_before: crate::treescan::TreeScan,
     /// The trees whose filesystems the disk watchdog watches.
     watched: Vec<PathBuf>,
     mounts: Vec<MountStep>,
@@ -292,6 +298,9 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
     // unsandboxed run mounts none of them, and the filesystems of the unions' upper layers.
     let mut watched = writable.clone();
     watched.extend(unions.iter().map(|u| u.upper.clone()));
+    // Every `.git` in them (protected by the mount plan) and what else host-side programs
+    // trip on, as the host has it (before placeholders).
+    let mut trees_before = crate::treescan::scan(&watched);
     let MountPlan {
         steps: mounts,
         record: mount_record,
@@ -304,6 +313,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
         ruleset.root_access,
         &req.hidden,
         false,
+        &mut trees_before,
     )?;
     Ok(OneShot {
         cancel,
@@ -318,6 +328,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
         program,
         strings,
         snapshot_before,
+        trees_before,
         watched,
         mounts,
         mount_record,

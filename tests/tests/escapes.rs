@@ -817,8 +817,11 @@ case!(a06f_persistence_hidden_from_the_runner_is_flagged, |c| {
     }
     std::fs::remove_dir_all(c.w.join("vendor/y/.git/hooks")).unwrap();
     std::os::unix::fs::symlink("../../../githooks", c.w.join("vendor/y/.git/hooks")).unwrap();
+    // Without `{workdir}/.git` protected, the nested repositories that exist are writable too
+    // (with it they are read-only for the run: a06g).
+    let pol = p_std_with(|t| t.replacen("\"{workdir}/.git\", ", "", 1));
     let out = c.run(
-        &p_std(),
+        &pol,
         "printf '#!/bin/sh\\ntouch /tmp/x\\n' > vendor/x/.git/hooks/post-checkout; \
          chmod 755 vendor/x/.git/hooks/post-checkout; chmod 111 vendor/x/.git/hooks; echo \"hooks $?\"; \
          mkdir -p deep/r && git -C deep/r init -q && chmod 111 deep; echo \"deep $?\"; \
@@ -2320,7 +2323,22 @@ impl Union {
 /// grant), and approved unsandboxed. The workspace is emptied (but for the probes) before
 /// each; `after` checks what each left on the host.
 fn in_every_mode(c: &Ctx, policy: &Policy, script: &str, after: &dyn Fn(&str, &RunOutput)) {
+    in_every_mode_with(c, policy, script, &|| {}, after);
+}
+
+/// [`in_every_mode`], with `setup` run on the host after each reset of the workspace.
+fn in_every_mode_with(
+    c: &Ctx,
+    policy: &Policy,
+    script: &str,
+    setup: &dyn Fn(),
+    after: &dyn Fn(&str, &RunOutput),
+) {
     use ollie_policy::{Grant, ResolveContext};
+    let reset_workspace = |c: &Ctx| {
+        reset_workspace(c);
+        setup();
+    };
     let ctx = ResolveContext {
         workdir: c.w.canonicalize().unwrap(),
         home: c.home.clone(),
@@ -2464,6 +2482,136 @@ case!(j02_set_id_files_in_writable_trees_are_reported, |c| {
             o.record.post_run.flags
         );
     }
+});
+
+/// The repositories a nested-repository attack plants (issue 48 item 4): an existing one in a
+/// skipped tree (`dist/x`) and one deeper than the snapshot's depth bound, both appended a
+/// `core.fsmonitor`; new ones in `node_modules/pkg`, `dist/y`, eight levels deep and in the
+/// union's point; a FIFO and names with a newline and ESC.
+const NESTED_REPOS_ATTACK: &str = "printf '[core]\\n\\tfsmonitor = \"touch MARK; false\"\\n' >> dist/x/.git/config; echo \"fsm $?\"; \
+     echo 'touch MARK' > dist/x/.git/hooks/post-checkout; echo \"hook $?\"; \
+     printf '[core]\\n\\tfsmonitor = \"touch MARK; false\"\\n' >> l1/l2/l3/l4/l5/l6/l7/.git/config; echo \"deep $?\"; \
+     mv dist/x/.git dist/x/g2; echo \"mv $?\"; \
+     mkdir -p node_modules/pkg && git -C node_modules/pkg init -q && git -C node_modules/pkg config core.fsmonitor 'touch MARK; false'; echo \"nm $?\"; \
+     git init -q dist/y; echo \"dist $?\"; \
+     mkdir -p d1/d2/d3/d4/d5/d6/d7/d8 && git -C d1/d2/d3/d4/d5/d6/d7/d8 init -q; echo \"far $?\"; \
+     { [ -d /ctx ] && git init -q /ctx/r; true; }; \
+     mkfifo pipe; echo \"fifo $?\"; touch \"$(printf 'nl\\nname')\" \"$(printf 'esc\\033[2Jname')\"; echo \"names $?\"";
+
+case!(a06g_nested_repositories_are_protected_or_flagged, |c| {
+    let git = |dir: &Path, args: &[&str]| {
+        std::fs::create_dir_all(dir).unwrap();
+        assert!(
+            Command::new("git")
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    let (x, deep) = (c.w.join("dist/x"), c.w.join("l1/l2/l3/l4/l5/l6/l7"));
+    let setup = || {
+        git(&x, &["init", "-q"]);
+        git(&deep, &["init", "-q"]);
+    };
+    let configs = || [&x, &deep].map(|d| std::fs::read(d.join(".git/config")).unwrap());
+    setup();
+    let clean = configs();
+    let check = |mode: &str, out: &RunOutput| {
+        let flags = &out.record.post_run.flags;
+        let has = |kind: ollie_sandbox::FlagKind, path: &str| {
+            flags
+                .iter()
+                .any(|f| f.kind == kind && f.path == Path::new(path))
+        };
+        use ollie_sandbox::FlagKind::*;
+        if mode == "unsandboxed" {
+            // Nothing is protected in an approved unsandboxed run: the changes are flagged.
+            // (dist/x/.git was moved aside: a name host-side git does not use.)
+            assert!(
+                has(NewRepository, "l1/l2/l3/l4/l5/l6/l7/.git"),
+                "{mode}: {flags:#?}"
+            );
+        } else {
+            // The repositories that existed at the start are read-only for the run.
+            for l in ["fsm", "hook", "deep", "mv"] {
+                expect_fail(out, l);
+            }
+            assert_eq!(configs(), clean, "{mode}: a nested .git/config changed");
+            assert!(!x.join(".git/hooks/post-checkout").exists(), "{mode}");
+            for d in [&x, &deep] {
+                let st = Command::new("git")
+                    .args(["status", "--short"])
+                    .current_dir(d)
+                    .output()
+                    .unwrap();
+                assert!(st.status.success(), "{mode}: {st:?}");
+                assert!(
+                    !d.join("MARK").exists(),
+                    "{mode}: host git ran a planted command"
+                );
+            }
+        }
+        for l in ["nm", "dist", "far", "fifo", "names"] {
+            expect(out, l, &["0"]);
+        }
+        for (k, p) in [
+            (NewRepository, "node_modules/pkg/.git"),
+            (NewRepository, "dist/y/.git"),
+            (NewRepository, "d1/d2/d3/d4/d5/d6/d7/d8/.git"),
+            (SpecialFile, "pipe"),
+            (ControlName, "nl\nname"),
+            (ControlName, "esc\x1b[2Jname"),
+        ] {
+            assert!(has(k, p), "{mode}: no flag {k:?} {p:?}: {flags:#?}");
+        }
+        if mode.contains("union") {
+            assert!(
+                flags
+                    .iter()
+                    .any(|f| f.kind == NewRepository && f.path.ends_with("upper/r/.git")),
+                "{mode}: {flags:#?}"
+            );
+        }
+        // Shown escaped, on one line.
+        let shown: Vec<String> = flags.iter().map(ToString::to_string).collect();
+        assert!(
+            shown
+                .iter()
+                .all(|l| !l.contains('\n') && !l.contains('\x1b')),
+            "{shown:?}"
+        );
+        // Host-side git is refused until a human has looked.
+        let mut ws = ollie_sandbox::workspace::Workspace::open(&c.w).unwrap();
+        ws.record_flags(flags);
+        assert!(
+            matches!(ws.git_allowed(), ollie_sandbox::GitDecision::Deny(_)),
+            "{mode}"
+        );
+    };
+    in_every_mode_with(c, &p_std(), NESTED_REPOS_ATTACK, &setup, &check);
+});
+
+case!(a06h_a_repository_search_cut_short_is_flagged, |c| {
+    // More entries than the search reads: a `.git` beyond may go unseen, so the run is
+    // flagged as incomplete (and host-side git refused), not taken as clean.
+    let many = c.w.join("many");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..=ollie_sandbox::postrun::MAX_TREE_ENTRIES {
+        std::fs::File::create(many.join(i.to_string())).unwrap();
+    }
+    let out = c.run(&p_std(), "true");
+    let flags = &out.record.post_run.flags;
+    assert!(
+        flags
+            .iter()
+            .any(|f| f.kind == ollie_sandbox::FlagKind::SearchCut),
+        "{flags:#?}"
+    );
+    assert!(out.record.post_run.truncated);
+    std::fs::remove_dir_all(&many).unwrap();
 });
 
 /// Host-side unix sockets of the three kinds at pathnames, which no tool may reach.

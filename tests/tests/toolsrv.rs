@@ -529,6 +529,55 @@ async fn tools_leave_no_set_id_file_and_cannot_see_hidden_paths() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_repositories_are_protected_and_new_ones_shown_in_the_result() {
+    if !features_ok("nested_repositories_are_protected_and_new_ones_shown_in_the_result") {
+        return;
+    }
+    // Through toolsrv (a prepared call): a repository that exists in a skipped tree is
+    // read-only for the call, and what the call planted is listed in the tool result the
+    // model (and `o attach`/`o logs`) sees, escaped.
+    let t = Ts::start().await;
+    let x = t.ws().join("dist/x");
+    std::fs::create_dir_all(&x).unwrap();
+    assert!(
+        std::process::Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&x)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let clean = std::fs::read(x.join(".git/config")).unwrap();
+    let a = t.attach("a").await;
+    let r = run(
+        &a,
+        &code(
+            "bash",
+            "echo '[core] fsmonitor = touch MARK' >> dist/x/.git/config; echo \"fsm $?\"; \
+             mkdir -p node_modules/pkg && git -C node_modules/pkg init -q; \
+             mkfifo pipe; touch \"$(printf 'esc\\033[2Jname')\"; echo done",
+        ),
+    )
+    .await
+    .expect("bash");
+    assert!(
+        r.body
+            .lines()
+            .any(|l| l.starts_with("fsm ") && !l.ends_with(" 0")),
+        "{r:?}"
+    );
+    assert_eq!(std::fs::read(x.join(".git/config")).unwrap(), clean);
+    for want in [
+        "[post-run: new git repository node_modules/pkg/.git: created during the run",
+        "[post-run: special file pipe: FIFO",
+        "[post-run: name with control characters esc\\u{1B}[2Jname:",
+    ] {
+        assert!(r.body.contains(want), "no {want:?} in {r:?}");
+    }
+    assert!(!r.body.contains('\x1b'), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cmd_shorthand_runs_bash() {
     if !features_ok("cmd_shorthand_runs_bash") {
         return;

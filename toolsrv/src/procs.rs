@@ -541,6 +541,32 @@ pub fn not_run(p: &Proc, msg: String) -> Finish {
 }
 
 /// Turns a sandbox result into a [`Finish`].
+/// What the run left behind for host-side programs (the record's post-run flags), one
+/// escaped line each after the tool's output, so the model, `o attach` and `o logs` see it.
+fn post_run_note(result: &mut String, post_run: &ollie_sandbox::PostRunRecord) {
+    if post_run.flags.is_empty() {
+        return;
+    }
+    if !result.is_empty() && !result.ends_with('\n') {
+        result.push('\n');
+    }
+    for f in &post_run.flags {
+        // The flag's own text has its control characters escaped already; what else a
+        // terminal would act on (bidi overrides, …) is escaped here.
+        let mut line = String::new();
+        for c in f.to_string().chars() {
+            if ollie_link::bypass::needs_display_escape(c) {
+                line.push_str(&format!("\\u{{{:X}}}", u32::from(c)));
+            } else {
+                line.push(c);
+            }
+        }
+        result.push_str(&format!(
+            "[post-run: {line} (review before running git or tools here)]\n"
+        ));
+    }
+}
+
 pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) -> Finish {
     let duration = p.t0.elapsed();
     match r {
@@ -569,6 +595,7 @@ pub fn finish_of(p: &Proc, render: &Render, r: Result<RunOutput, SandboxError>) 
                     "[output truncated: first {kept} of {total} bytes shown]\n"
                 ));
             }
+            post_run_note(&mut result, &out.record.post_run);
             Finish {
                 code: exit.code,
                 signal: exit.signal,

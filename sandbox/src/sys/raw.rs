@@ -668,7 +668,7 @@ pub(crate) fn fstat_ids(fd: &OwnedFd) -> io::Result<(u64, u64, u64, bool)> {
 }
 
 /// `fstatat(dir, name, flags)`, whole.
-fn stat_at(dir: RawFd, name: &Path, flags: i32) -> io::Result<libc::stat> {
+pub(crate) fn stat_at(dir: RawFd, name: &Path, flags: i32) -> io::Result<libc::stat> {
     let c = cstring(name)?;
     // SAFETY: zeroed plain data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -754,6 +754,17 @@ pub(crate) fn visit_dir_entries(
     dir: &OwnedFd,
     visit: &mut dyn FnMut(&std::ffi::OsStr, bool, bool) -> std::ops::ControlFlow<()>,
 ) -> io::Result<()> {
+    visit_dir_typed(dir, &mut |name, d_type| {
+        visit(name, d_type == libc::DT_DIR, d_type == libc::DT_LNK)
+    })
+}
+
+/// [`visit_dir_entries`] with each entry's file type (`DT_*`: `DT_FIFO`, `DT_SOCK`,
+/// `DT_CHR`, … told apart, so a search for special files costs no `stat` per entry).
+pub(crate) fn visit_dir_typed(
+    dir: &OwnedFd,
+    visit: &mut dyn FnMut(&std::ffi::OsStr, u8) -> std::ops::ControlFlow<()>,
+) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     // Small on purpose: most directories read here hold a handful of entries.
     let mut buf = [0u8; 4096];
@@ -789,16 +800,22 @@ pub(crate) fn visit_dir_entries(
                 continue;
             }
             let name = std::ffi::OsStr::from_bytes(name);
-            let (is_dir, is_link) = match d_type {
-                libc::DT_DIR => (true, false),
-                libc::DT_LNK => (false, true),
-                libc::DT_UNKNOWN => match lstat_at(dir.as_raw_fd(), Path::new(name)) {
-                    Ok((_, _, d, l)) => (d, l),
+            let d_type = match d_type {
+                libc::DT_UNKNOWN => match mode_at(dir.as_raw_fd(), Path::new(name)) {
+                    Ok(mode) => match mode & libc::S_IFMT {
+                        libc::S_IFDIR => libc::DT_DIR,
+                        libc::S_IFLNK => libc::DT_LNK,
+                        libc::S_IFIFO => libc::DT_FIFO,
+                        libc::S_IFSOCK => libc::DT_SOCK,
+                        libc::S_IFCHR => libc::DT_CHR,
+                        libc::S_IFBLK => libc::DT_BLK,
+                        _ => libc::DT_REG,
+                    },
                     Err(_) => continue,
                 },
-                _ => (false, false),
+                t => t,
             };
-            if visit(name, is_dir, is_link).is_break() {
+            if visit(name, d_type).is_break() {
                 return Ok(());
             }
         }
