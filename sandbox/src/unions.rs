@@ -513,9 +513,10 @@ fn mount_id(p: &Path) -> Option<u64> {
     crate::sys::mount_id(&c(p).ok()?)
 }
 
-/// Secret locations of `home`, resolved where they exist.
-pub(crate) fn resolved_secrets(home: &Path) -> Vec<PathBuf> {
-    ollie_policy::secrets::secret_locations(home)
+/// Secret locations of `ctx` (the defaults and the runner's extra ones), resolved where they
+/// exist.
+pub(crate) fn resolved_secrets(ctx: &ollie_policy::ResolveContext) -> Vec<PathBuf> {
+    ctx.secret_locations()
         .into_iter()
         .map(|s| std::fs::canonicalize(&s).unwrap_or(s))
         .collect()

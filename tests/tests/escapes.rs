@@ -2324,6 +2324,7 @@ fn in_every_mode(c: &Ctx, policy: &Policy, script: &str, after: &dyn Fn(&str, &R
     let ctx = ResolveContext {
         workdir: c.w.canonicalize().unwrap(),
         home: c.home.clone(),
+        extra_secrets: Vec::new(),
     };
     let extra = c.root.join("extra");
     std::fs::create_dir_all(&extra).unwrap();

@@ -271,6 +271,7 @@ impl Session {
                 let ctx = ollie_policy::ResolveContext {
                     workdir: workdir.clone(),
                     home: boot.home.clone(),
+                    extra_secrets: ollie_sandbox::secret_forms(&boot.hidden),
                 };
                 p = p.with_grants(&grants, &ctx).map_err(|e| {
                     SetupError::Invalid(format!("policy {name:?}: read grants: {e}"))
@@ -633,6 +634,7 @@ impl Session {
         let ctx = ResolveContext {
             workdir: self.workdir.clone(),
             home: self.home.clone(),
+            extra_secrets: ollie_sandbox::secret_forms(&self.hidden),
         };
         let resolved = policy
             .resolve(&ctx)
@@ -924,6 +926,7 @@ impl Session {
         let ctx = ollie_policy::ResolveContext {
             workdir: self.workdir.clone(),
             home: self.home.clone(),
+            extra_secrets: ollie_sandbox::secret_forms(&self.hidden),
         };
         let mut out = vec![self.workdir.clone()];
         for p in self.policies.values().chain([widened]) {
