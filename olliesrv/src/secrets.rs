@@ -80,7 +80,8 @@ pub fn current(state_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Why the canonical directory `dir` may not be a local workspace: it is, lies inside or
-/// contains one of the server's secret locations, lies inside a default secret location of
+/// contains (unless it is a shared directory such as `/tmp`) one of the server's secret
+/// locations, lies inside a default secret location of
 /// `home`, or lies inside an ollie state directory (found by its marker). `force=yes` does
 /// not override this: the workspace policy makes the cwd writable.
 pub fn refuse_workspace(dir: &Path, home: Option<&Path>) -> Result<(), String> {
@@ -96,9 +97,12 @@ pub fn refuse_workspace(dir: &Path, home: Option<&Path>) -> Result<(), String> {
     if let Some(s) = list.iter().find(|s| dir.starts_with(s)) {
         return reason(format!("is inside ollie's own {}", s.display()));
     }
-    for s in list {
-        // One inside a default secret location is carved out of the workspace like the
-        // others there (a forced cwd=$HOME keeps working); any other is refused.
+    // A workspace containing one: refused, except where the sandbox's carve-out is the
+    // rule anyway: inside a default secret location (so a forced cwd=$HOME keeps working) or
+    // in a shared directory such as /tmp, whose entries belong to everyone. There the secret
+    // is carved out of the grant, bound read-only and hidden, as every secret location is.
+    let shared = SHARED_DIRS.iter().any(|x| dir == Path::new(x));
+    for s in list.into_iter().filter(|_| !shared) {
         let carved = defaults
             .as_deref()
             .is_some_and(|d| ollie_policy::secrets::secret_in(&s, d).is_some());

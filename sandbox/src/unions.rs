@@ -513,10 +513,11 @@ fn mount_id(p: &Path) -> Option<u64> {
     crate::sys::mount_id(&c(p).ok()?)
 }
 
-/// Secret locations of `ctx` (the defaults and the runner's extra ones), resolved where they
-/// exist.
+/// The default secret locations of `ctx`'s home, resolved where they exist. Not the
+/// runner's extra ones: those are its `hidden` paths, where its union layers live (olliesrv's
+/// beads are in its state directory); [`call_entries`] hides them again around the layers.
 pub(crate) fn resolved_secrets(ctx: &ollie_policy::ResolveContext) -> Vec<PathBuf> {
-    ctx.secret_locations()
+    ollie_policy::secrets::secret_locations(&ctx.home)
         .into_iter()
         .map(|s| std::fs::canonicalize(&s).unwrap_or(s))
         .collect()

@@ -222,8 +222,8 @@ fn home_dir() -> Option<PathBuf> {
 pub fn workspace_dir(v: &str, force: bool) -> Result<PathBuf, String> {
     let c = existing_dir(v)?;
     let home = home_dir();
-    crate::secrets::refuse_workspace(&c, home.as_deref())?;
     refuse_broad(&c, home.as_deref(), force)?;
+    crate::secrets::refuse_workspace(&c, home.as_deref())?;
     Ok(c)
 }
 
