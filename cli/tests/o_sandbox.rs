@@ -500,7 +500,10 @@ fn ollie_state_directories_are_secret_wherever_they_are() {
     };
     let attack = "cat tcp.key; echo forged >> audit.jsonl";
     for wd in [own.clone(), other.clone(), stray.join("sub")] {
-        let out = run(&wd, &format!("{attack}; cat ../tcp.key; echo forged >> ../audit.jsonl"));
+        let out = run(
+            &wd,
+            &format!("{attack}; cat ../tcp.key; echo forged >> ../audit.jsonl"),
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{}: ran: {err}", wd.display());
         assert!(err.contains("secret location"), "{}: {err}", wd.display());
@@ -508,12 +511,13 @@ fn ollie_state_directories_are_secret_wherever_they_are() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("KEY-"));
     }
     for (wd, sub) in [(&xs, "ollie"), (&t.join("other"), "state")] {
-        let out = run(
-            wd,
-            &format!("cd {sub}; {attack}; ls; echo end"),
-        );
+        let out = run(wd, &format!("cd {sub}; {attack}; ls; echo end"));
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(!text.contains("KEY-"), "{}: tcp.key read: {text}", wd.display());
+        assert!(
+            !text.contains("KEY-"),
+            "{}: tcp.key read: {text}",
+            wd.display()
+        );
     }
     for d in [&own, &other, &stray] {
         assert_eq!(
