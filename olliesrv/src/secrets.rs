@@ -3,7 +3,7 @@
 //! (hidden from every tool and secret there in every other way: see
 //! `ollie_sandbox::RunRequest::hidden`).
 //!
-//! The set is computed at start from the directories the server actually uses ([`compute`]),
+//! The set is computed at start from the directories the server actually uses ([`compute`](crate::secrets::compute)),
 //! not from the default paths (which `ollie_policy::secrets` knows already).
 
 use std::path::{Path, PathBuf};

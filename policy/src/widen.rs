@@ -49,7 +49,7 @@ impl ResolvedPolicy {
     ///   as data, and `read:`/`write:` grants next to it are still checked and added.
     ///
     /// Paths must be absolute and normal (as [`Grant::parse`] requires), and no path may be, or lie inside, a secret location
-    /// ([`secrets::secret_containing`]); `decide` already denies these, this re-checks.
+    /// ([`ResolveContext::secret_containing`]: the defaults and the runner's extra ones); `decide` already denies these, this re-checks.
     /// A path that is an ancestor of secret locations is accepted, exactly as in a policy
     /// file: the enforcer carves out [`secrets_within`](Self::secrets_within).
     ///
