@@ -98,8 +98,9 @@ pub struct Session {
     pub env: Vec<(OsString, OsString)>,
     pub tools: ToolEnv,
     pub procs: Procs,
-    /// Paths hidden from every tool besides the secret locations (the boot message's
-    /// `hidden`: olliesrv's state and configuration directories).
+    /// olliesrv's own secret locations (the boot message's `hidden`: its state directory,
+    /// configuration files, sockets, other instances' state directories): hidden from every
+    /// tool and secret in every other way (`ResolveContext::extra_secrets`).
     pub hidden: Vec<PathBuf>,
     /// Escalation requests waiting for the operator.
     pub broker: crate::broker::Broker,
