@@ -459,3 +459,73 @@ fn placeholders_are_gone_when_o_sandbox_returns() {
     }
     let _ = std::fs::remove_dir_all(&ws);
 }
+
+/// ollie's state directories are secret wherever they are (issue 48 item 1): the one
+/// `XDG_STATE_HOME` names, another instance's listed in the per-user registry, and one found
+/// by its marker alone. A workspace inside one is refused; a workspace containing one
+/// cannot read its `tcp.key` or append to its `audit.jsonl`.
+#[test]
+fn ollie_state_directories_are_secret_wherever_they_are() {
+    if !features_ok("ollie_state_directories_are_secret_wherever_they_are") {
+        return;
+    }
+    let t = workspace("statedirs").canonicalize().unwrap();
+    let home = t.join("home");
+    let xs = t.join("xs");
+    let own = xs.join("ollie");
+    let other = t.join("other/state");
+    let stray = t.join("stray");
+    for d in [&home, &own, &other, &stray.join("sub")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for d in [&own, &other, &stray] {
+        std::fs::write(d.join("audit.jsonl"), "{}\n").unwrap();
+        std::fs::write(d.join("tcp.key"), "KEY-0123456789\n").unwrap();
+    }
+    for d in [&other, &stray] {
+        std::fs::write(d.join(ollie_link::instances::MARKER), "").unwrap();
+    }
+    let reg = home.join(".local/state/ollie");
+    std::fs::create_dir_all(&reg).unwrap();
+    std::fs::write(reg.join("state-dirs"), format!("{}\n", other.display())).unwrap();
+    let run = |wd: &std::path::Path, script: &str| {
+        o(&wd.to_path_buf(), &["sh", "-c", script])
+            .env("HOME", &home)
+            .env("XDG_STATE_HOME", &xs)
+            .env_remove("STATE_DIRECTORY")
+            .env_remove("XDG_CONFIG_HOME")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let attack = "cat tcp.key; echo forged >> audit.jsonl";
+    for wd in [own.clone(), other.clone(), stray.join("sub")] {
+        let out = run(
+            &wd,
+            &format!("{attack}; cat ../tcp.key; echo forged >> ../audit.jsonl"),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: ran: {err}", wd.display());
+        assert!(err.contains("secret location"), "{}: {err}", wd.display());
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("KEY-"));
+    }
+    for (wd, sub) in [(&xs, "ollie"), (&t.join("other"), "state")] {
+        let out = run(wd, &format!("cd {sub}; {attack}; ls; echo end"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains("KEY-"),
+            "{}: tcp.key read: {text}",
+            wd.display()
+        );
+    }
+    for d in [&own, &other, &stray] {
+        assert_eq!(
+            std::fs::read_to_string(d.join("audit.jsonl")).unwrap(),
+            "{}\n",
+            "{} appended",
+            d.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}

@@ -132,6 +132,7 @@ fn ctx() -> ResolveContext {
     ResolveContext {
         workdir: PathBuf::from("/w"),
         home: PathBuf::from("/home/u"),
+        extra_secrets: Vec::new(),
     }
 }
 

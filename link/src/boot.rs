@@ -57,8 +57,10 @@ pub struct Bootstrap {
     /// one documented way to widen, so secret locations stay refused.
     #[serde(default)]
     pub read_grants: Vec<PathBuf>,
-    /// Paths hidden from every tool besides the secret locations (olliesrv's state and
-    /// configuration directories; see `ollie_sandbox::MountRecord::hidden`).
+    /// olliesrv's own secret locations (its state directory, configuration file and the
+    /// `agents/` and `policy/` beside it, sockets, key files, other instances' state
+    /// directories): hidden from every tool (see `ollie_sandbox::MountRecord::hidden`) and
+    /// secret in every other way (`ollie_policy::ResolveContext::extra_secrets`).
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
     /// Whether olliesrv holds the other sessions working in the same trees while one of this

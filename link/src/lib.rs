@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod boot;
 pub mod bypass;
+pub mod instances;
 pub mod logging;
 pub mod spawn;
 pub mod text;

@@ -69,6 +69,8 @@ mod redact;
 
 /// config.toml.
 mod config;
+/// This server's own secret locations (state, configuration, sockets, key files).
+mod secrets;
 
 /// Listening sockets.
 mod listen;
@@ -424,6 +426,11 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
                 source: Box::new(source),
             })?,
         );
+    // Mark the state directory as ollie's and list it for other instances and `o sandbox`
+    // (before the socket accepts anyone).
+    if let Err(e) = ollie_link::instances::register(&dir) {
+        tracing::warn!(state = %dir.display(), error = %e, "state directory not listed as secret for other instances");
+    }
     // Bind everything before announcing anything, so a bad address fails fast.
     let Listeners {
         sockets,
@@ -436,6 +443,9 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
     } else {
         Some(tcp_key(&dir)?)
     };
+    // This server's secret set, fixed before anything is served.
+    let socket_paths: Vec<PathBuf> = sockets.iter().map(|s| s.path.clone()).collect();
+    crate::secrets::set(crate::secrets::compute(&dir, &config, &socket_paths));
     let events = Arc::new(Events::new());
     let config = Arc::new(std::sync::RwLock::new(Arc::new(config)));
     let reg = Arc::new(crate::state::Registry::new(

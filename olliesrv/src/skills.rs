@@ -441,7 +441,7 @@ pub fn prompt_section(cat: &Catalog) -> String {
 // Read grants
 
 /// The skill paths a policy can grant: real, existing directories, as absolute UTF-8 paths,
-/// outside every secret location of `home`.
+/// outside every secret location of `home` and of this server ([`crate::secrets::server`]).
 pub fn grantable(config: &Config, home: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for p in paths(config) {
@@ -451,7 +451,9 @@ pub fn grantable(config: &Config, home: &Path) -> Vec<PathBuf> {
         if !real.is_dir() || real.to_str().is_none_or(|s| s.contains(['{', '}'])) {
             continue;
         }
-        if let Some(secret) = ollie_policy::secrets::secret_containing(&real, home) {
+        let secret = ollie_policy::secrets::secret_containing(&real, home)
+            .or_else(|| ollie_policy::secrets::secret_in(&real, &crate::secrets::server()));
+        if let Some(secret) = secret {
             warn(format!(
                 "skills: {} is inside the secret location {}, which no policy can grant; agents read its skills through olliesrv (file_read only)",
                 real.display(),
@@ -842,6 +844,7 @@ pub(crate) mod tests {
             let ctx = ollie_policy::ResolveContext {
                 workdir: t.path().join("work"),
                 home: home.clone(),
+                extra_secrets: Vec::new(),
             };
             let policy = ollie_policy::Policy::from_toml(text)
                 .unwrap()

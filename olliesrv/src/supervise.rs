@@ -86,13 +86,11 @@ fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
     b.env.push(("OLLIE_SESSION_ID".into(), s.id.clone()));
     // Every policy reads the skill paths: read grants toolsrv adds with `with_grants`.
     b.read_grants = crate::skills::grantable(&config, std::path::Path::new(&home));
-    // olliesrv's own state and configuration: hidden from every tool (they are on this host
-    // only, so a remote toolsrv gets none).
+    // olliesrv's own secret locations (state directory, configuration files, sockets, key
+    // files, other instances' state directories): hidden from every tool and secret in every
+    // other way there too. They are on this host only, so a remote toolsrv gets none.
     if s.remote.is_none() {
-        b.hidden.push(reg.store.dir().to_path_buf());
-        if let Some(p) = &config.path {
-            b.hidden.push(crate::config::dir_of(p));
-        }
+        b.hidden = crate::secrets::current(reg.store.dir());
         // Its escalations hold the other local sessions working in the same trees
         // ([`crate::holds`]).
         b.hold_peers = true;

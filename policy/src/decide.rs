@@ -1,7 +1,6 @@
 //! The pure decision for escalation requests.
 
 use crate::model::{Access, EscalationKind, Network, ResolvedPolicy};
-use crate::secrets;
 use std::fmt;
 use std::path::{Component, PathBuf};
 
@@ -212,7 +211,7 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
             if !normal_abs(p) {
                 return Decision::Deny(DenyReason::InvalidPath(p.clone()));
             }
-            if let Some(s) = secrets::secret_containing(p, &policy.ctx.home) {
+            if let Some(s) = policy.ctx.secret_containing(p) {
                 return Decision::Deny(DenyReason::SecretLocation(s));
             }
         }
@@ -252,6 +251,7 @@ mod tests {
             .resolve(&ResolveContext {
                 workdir: "/w".into(),
                 home: "/home/u".into(),
+                extra_secrets: Vec::new(),
             })
             .unwrap()
     }
@@ -471,7 +471,7 @@ mod tests {
             let p = pol(BASE);
             let d = decide(&p, &req(grants.clone()));
             let touches_secret = grants.iter().any(|g| matches!(g, Grant::Read(x) | Grant::Write(x)
-                if secrets::secret_containing(x, std::path::Path::new("/home/u")).is_some()));
+                if crate::secrets::secret_containing(x, std::path::Path::new("/home/u")).is_some()));
             if touches_secret {
                 prop_assert!(matches!(d, Decision::Deny(_)), "{d:?}");
             }

@@ -145,6 +145,7 @@ mod tests {
         let ctx = ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         };
         for (name, _) in SHIPPED_PROFILES {
             let p = shipped_profile(name).unwrap();
@@ -164,6 +165,7 @@ mod tests {
         let ctx = ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         };
         let ro = shipped_profile("readonly").unwrap().resolve(&ctx).unwrap();
         assert!(!ro.fs.write.iter().any(|p| p.starts_with("/w")));

@@ -662,6 +662,39 @@ pub struct ResolveContext {
     pub workdir: PathBuf,
     /// The user's home (absolute, normal).
     pub home: PathBuf,
+    /// Secret locations besides the defaults of [`secrets::secret_locations`]: the runner's
+    /// own directories where they are not at the default paths (olliesrv's state,
+    /// configuration and socket directories, its key files, other instances' state
+    /// directories), absolute and canonical. They are secret in every way the defaults are.
+    pub extra_secrets: Vec<PathBuf>,
+}
+
+impl ResolveContext {
+    /// A context with no [`extra_secrets`](Self::extra_secrets).
+    pub fn new(workdir: PathBuf, home: PathBuf) -> ResolveContext {
+        ResolveContext {
+            workdir,
+            home,
+            extra_secrets: Vec::new(),
+        }
+    }
+
+    /// Every secret location of this context: the defaults for its home and the
+    /// [`extra_secrets`](Self::extra_secrets).
+    pub fn secret_locations(&self) -> Vec<PathBuf> {
+        let mut out = secrets::secret_locations(&self.home);
+        for s in &self.extra_secrets {
+            if !out.contains(s) {
+                out.push(s.clone());
+            }
+        }
+        out
+    }
+
+    /// The secret location `path` is equal to or lies inside, if any.
+    pub fn secret_containing(&self, path: &Path) -> Option<PathBuf> {
+        secrets::secret_in(path, &self.secret_locations())
+    }
 }
 
 /// Filesystem rules with absolute paths.
@@ -741,7 +774,7 @@ impl Policy {
             ("fs.write", &self.fs.write, &mut fs.write),
             ("fs.protected", &self.fs.protected, &mut fs.protected),
         ];
-        let secret_list = secrets::secret_locations(&ctx.home);
+        let secret_list = ctx.secret_locations();
         for (section, list, out) in sections {
             for (i, t) in list.iter().enumerate() {
                 let p = t.resolve(ctx);
@@ -816,7 +849,7 @@ impl ResolvedPolicy {
     /// are the rules as data; for an [`unsandboxed`](Self::unsandboxed) run the enforcer
     /// applies none of them.
     pub fn access_of(&self, path: &Path) -> Option<Access> {
-        if secrets::secret_containing(path, &self.ctx.home).is_some() {
+        if self.ctx.secret_containing(path).is_some() {
             return None;
         }
         let covers = |list: &[PathBuf]| list.iter().any(|r| path.starts_with(r));
@@ -847,7 +880,11 @@ impl ResolvedPolicy {
 
     /// Secret locations strictly inside `path`, which a grant on `path` must exclude.
     pub fn secrets_within(&self, path: &Path) -> Vec<PathBuf> {
-        secrets::secrets_within(path, &self.ctx.home)
+        self.ctx
+            .secret_locations()
+            .into_iter()
+            .filter(|s| s.starts_with(path) && s != path)
+            .collect()
     }
 }
 
@@ -1098,6 +1135,7 @@ mod tests {
         let ctx = ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         };
         for (text, key) in [
             ("[fs]\nread = [\"/usr\", \"{home}/.ssh\"]", "fs.read[1]"),
@@ -1126,6 +1164,7 @@ mod tests {
         let ctx = ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         };
         let p = Policy::from_toml(
             "[fs]\nwrite=[\"{workdir}\"]\nprotected=[\"{workdir}/.git\"]\n[env]\nset={TMPDIR=\"{workdir}/.tmp\"}",

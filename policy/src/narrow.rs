@@ -252,6 +252,7 @@ mod tests {
         p.resolve(&ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         })
         .unwrap()
     }
@@ -370,6 +371,7 @@ mod tests {
         let ctx = ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         };
         let base = Policy::from_toml(BASE).unwrap();
         let wide = base

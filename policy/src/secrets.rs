@@ -67,6 +67,23 @@ pub fn secret_locations(home: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// A runner's own secret locations as [`ResolveContext::extra_secrets`](crate::ResolveContext::extra_secrets):
+/// each absolute one in normal form as given and, where `real` resolves it, by its real path
+/// (rules are judged lexically, the objects an enforcer opens by their real paths). `real` is
+/// the caller's I/O (`std::fs::canonicalize`); relative paths are dropped.
+pub fn with_real_paths(given: &[PathBuf], real: impl Fn(&Path) -> Option<PathBuf>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in given.iter().filter(|p| p.is_absolute()) {
+        let lexical: PathBuf = p.components().collect();
+        for f in [real(p), Some(lexical)].into_iter().flatten() {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    out
+}
+
 /// Returns the secret location that `path` is equal to or lies inside, if any.
 pub fn secret_containing(path: &Path, home: &Path) -> Option<PathBuf> {
     secret_in(path, &secret_locations(home))

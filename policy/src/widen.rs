@@ -7,7 +7,6 @@
 
 use crate::decide::{Grant, normal_abs};
 use crate::model::{Access, Network, PathTemplate, Policy, ResolveContext, ResolvedPolicy};
-use crate::secrets;
 use std::collections::BTreeSet;
 
 /// `net:PORT` on a network: `Off` becomes TCP with just that connect port (and no bind
@@ -50,7 +49,7 @@ impl ResolvedPolicy {
     ///   as data, and `read:`/`write:` grants next to it are still checked and added.
     ///
     /// Paths must be absolute and normal (as [`Grant::parse`] requires), and no path may be, or lie inside, a secret location
-    /// ([`secrets::secret_containing`]); `decide` already denies these, this re-checks.
+    /// ([`ResolveContext::secret_containing`]: the defaults and the runner's extra ones); `decide` already denies these, this re-checks.
     /// A path that is an ancestor of secret locations is accepted, exactly as in a policy
     /// file: the enforcer carves out [`secrets_within`](Self::secrets_within).
     ///
@@ -68,7 +67,7 @@ impl ResolvedPolicy {
                             "{g}: the path must be absolute and normal (no `.`, `..` or empty components, no nul)"
                         ));
                     }
-                    if let Some(s) = secrets::secret_containing(p, &self.ctx.home) {
+                    if let Some(s) = self.ctx.secret_containing(p) {
                         return Err(format!(
                             "{g}: {} is inside the secret location {} and can never be granted",
                             p.display(),
@@ -156,6 +155,7 @@ mod tests {
             .resolve(&ResolveContext {
                 workdir: "/w".into(),
                 home: "/home/u".into(),
+                extra_secrets: Vec::new(),
             })
             .unwrap()
     }
@@ -181,6 +181,7 @@ mod tests {
         let ctx = ResolveContext {
             workdir: "/w".into(),
             home: "/home/u".into(),
+            extra_secrets: Vec::new(),
         };
         let grants = [
             g("read:/srv/data"),

@@ -109,6 +109,7 @@ fn measure_landlock(policy: &Policy, ws: &Path, runs: u32) {
         .resolve(&ollie_policy::ResolveContext {
             workdir: ws.canonicalize().unwrap(),
             home: std::env::var_os("HOME").map_or_else(|| "/".into(), Into::into),
+            extra_secrets: Vec::new(),
         })
         .unwrap();
     measure("  component: landlock ruleset build", runs, || {

@@ -375,7 +375,13 @@ pub fn build(
     let fd = sys::landlock_create_ruleset(all_fs, handled_net, scoped)
         .map_err(|source| LandlockError::Create { source })?;
 
-    let secrets = Excluded::new(ollie_policy::secrets::secret_locations(&policy.ctx.home));
+    // Lexical and real forms: `consider` judges the object it opened by its real path.
+    let listed = policy.ctx.secret_locations();
+    let real: Vec<PathBuf> = listed
+        .iter()
+        .filter_map(|s| std::fs::canonicalize(s).ok())
+        .collect();
+    let secrets = Excluded::new(listed.into_iter().chain(real));
     let mut sink = RuleSink {
         ruleset: &fd,
         handled: all_fs,

@@ -140,7 +140,7 @@ pub use record::{
 };
 pub use request::{
     Cancel, ExecFd, Fault, MAX_PASS_FDS, RunRequest, Stream, forwardable_stdin, pass_fd_path,
-    tool_environment,
+    secret_forms, tool_environment,
 };
 pub use sealed::{SealError, SealedCopy, sealed_copy};
 pub use spawn::{Probe, probe, run, run_streaming};

@@ -170,7 +170,7 @@ impl MountPlan {
             secrets,
         } = if per_call_islands {
             Islands {
-                secrets: existing_secrets(&resolved.ctx.home),
+                secrets: existing_secrets(&resolved.ctx),
                 ..Islands::default()
             }
         } else {
@@ -307,7 +307,7 @@ impl Islands {
         repos: &mut crate::treescan::TreeScan,
     ) -> Result<Islands, SandboxError> {
         let protect = Protected::prepare(&resolved.fs.protected, writable)?;
-        let secrets = existing_secrets(&resolved.ctx.home);
+        let secrets = existing_secrets(&resolved.ctx);
         let mut protected = protected_paths(&protect, &secrets, writable, &[]);
         let pinned = pinned_ancestors(&protected, writable);
         // Only where the policy protects a `.git` itself (a policy without one, e.g.
@@ -372,11 +372,12 @@ impl Islands {
     }
 }
 
-/// The secret locations of `home` ([`ollie_policy::secrets::secret_locations`]) that exist,
-/// canonical. Each canonicalisation costs a readlink per path component, so a run makes this
-/// list once for its islands and its hidden paths.
-pub(crate) fn existing_secrets(home: &Path) -> Vec<PathBuf> {
-    ollie_policy::secrets::secret_locations(home)
+/// The secret locations of `ctx` ([`ollie_policy::ResolveContext::secret_locations`]: the
+/// defaults and the runner's extra ones) that exist, canonical. Each canonicalisation costs a
+/// readlink per path component, so a run makes this list once for its islands and its hidden
+/// paths.
+pub(crate) fn existing_secrets(ctx: &ollie_policy::ResolveContext) -> Vec<PathBuf> {
+    ctx.secret_locations()
         .iter()
         .filter_map(|s| std::fs::canonicalize(s).ok())
         .collect()

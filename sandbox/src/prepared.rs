@@ -184,6 +184,7 @@ impl Prepared {
             .resolve(&ResolveContext {
                 workdir: workdir.clone(),
                 home: home.to_path_buf(),
+                extra_secrets: request::secret_forms(hidden),
             })
             .map_err(|source| SandboxError::Policy { source })?;
         let ruleset = landlock::build(&resolved, None)?;
@@ -484,7 +485,7 @@ impl Prepared {
         } else {
             crate::unions::validate(
                 &req.unions,
-                &crate::unions::resolved_secrets(&self.resolved.ctx.home),
+                &crate::unions::resolved_secrets(&self.resolved.ctx),
                 &self.mounts.writable,
             )?
         };

@@ -332,9 +332,12 @@ pub struct RunRequest {
     /// is the smaller of `limits.timeout_seconds` and this (recorded in
     /// [`RunRecord::limits`](crate::RunRecord::limits)). 0 is refused.
     pub timeout_seconds: Option<u64>,
-    /// More paths to hide from the tool, besides the secret locations and other homes (the runner's
-    /// own state and configuration directories): see
-    /// [`MountRecord::hidden`](crate::MountRecord::hidden).
+    /// The runner's own secret locations (olliesrv's state directory, configuration files,
+    /// sockets, other instances' state directories): hidden from the tool besides the default
+    /// secret locations and other homes (see [`MountRecord::hidden`](crate::MountRecord::hidden)),
+    /// and secret in every other way too ([`ollie_policy::ResolveContext::extra_secrets`]): no
+    /// rule may be or lie inside one (a workspace inside one is refused), and broader grants
+    /// are carved around them.
     pub hidden: Vec<PathBuf>,
     /// Union mounts (bead namespaces): each an overlay of read-only lower layers over a
     /// writable upper layer, at a point that need not exist on the host (see
@@ -514,6 +517,13 @@ pub(crate) fn child_fault(fault: Option<Fault>) -> ChildFault {
         Some(Fault::LandlockRestrict) => ChildFault::LandlockRestrict,
         None | Some(Fault::LandlockAbi(_)) => ChildFault::None,
     }
+}
+
+/// A runner's hidden paths as [`ollie_policy::ResolveContext::extra_secrets`]: each absolute
+/// one as given and, where it exists, by its real path
+/// ([`ollie_policy::secrets::with_real_paths`]).
+pub fn secret_forms(hidden: &[PathBuf]) -> Vec<PathBuf> {
+    ollie_policy::secrets::with_real_paths(hidden, |p| std::fs::canonicalize(p).ok())
 }
 
 /// The workspace, canonical; it must be a directory.

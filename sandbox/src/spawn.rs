@@ -255,6 +255,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
     let ctx = ResolveContext {
         workdir: workdir.clone(),
         home: req.home.clone(),
+        extra_secrets: crate::request::secret_forms(&req.hidden),
     };
     let resolved = policy
         .resolve(&ctx)
@@ -290,7 +291,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
     } else {
         crate::unions::validate(
             &req.unions,
-            &crate::unions::resolved_secrets(&resolved.ctx.home),
+            &crate::unions::resolved_secrets(&resolved.ctx),
             &writable,
         )?
     };

@@ -513,9 +513,11 @@ fn mount_id(p: &Path) -> Option<u64> {
     crate::sys::mount_id(&c(p).ok()?)
 }
 
-/// Secret locations of `home`, resolved where they exist.
-pub(crate) fn resolved_secrets(home: &Path) -> Vec<PathBuf> {
-    ollie_policy::secrets::secret_locations(home)
+/// The default secret locations of `ctx`'s home, resolved where they exist. Not the
+/// runner's extra ones: those are its `hidden` paths, where its union layers live (olliesrv's
+/// beads are in its state directory); [`call_entries`] hides them again around the layers.
+pub(crate) fn resolved_secrets(ctx: &ollie_policy::ResolveContext) -> Vec<PathBuf> {
+    ollie_policy::secrets::secret_locations(&ctx.home)
         .into_iter()
         .map(|s| std::fs::canonicalize(&s).unwrap_or(s))
         .collect()

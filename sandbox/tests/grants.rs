@@ -95,6 +95,7 @@ impl Scratch {
         ResolveContext {
             workdir: self.w(),
             home: self.home(),
+            extra_secrets: Vec::new(),
         }
     }
     fn req(&self, argv: &[&str]) -> RunRequest {

@@ -980,6 +980,48 @@ async fn stopping_a_waiting_call_withdraws_its_request() {
 // ---------------------------------------------------------------------------------------------
 // Refused without asking, flood
 
+/// olliesrv's own directories (the boot message's `hidden`: its state directory wherever it
+/// is) are secret locations for the broker too: a grant naming one, or a path inside it, is
+/// refused at once and never reaches the operator (issue 48 item 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_on_the_servers_own_directories_are_refused_at_once() {
+    let mut state = PathBuf::new();
+    let Some(c) = Case::start_with(
+        "grants_on_the_servers_own_directories_are_refused_at_once",
+        |b| {
+            state = b.workdir.parent().unwrap().join("ostate");
+            std::fs::create_dir_all(&state).unwrap();
+            std::fs::write(state.join("tcp.key"), "KEY-0123456789\n").unwrap();
+            b.hidden = vec![state.clone()];
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let out = c.out("report");
+    let cmd = format!("{}; cat {}/tcp.key", append("ran", &out), state.display());
+    for g in [
+        format!("read:{}", state.display()),
+        format!("read:{}", state.join("tcp.key").display()),
+        format!("write:{}", state.join("sessions").display()),
+    ] {
+        let payload = tool(
+            "execute_code",
+            json!({"language": "bash", "code": cmd, "escalate": {"grants": [g], "reason": REASON}}),
+        );
+        let e = within("refused at once", run(&c.a, &payload))
+            .await
+            .expect_err(&format!("{g}: accepted"));
+        assert!(e.contains("secret location"), "{g}: {e}");
+    }
+    assert!(
+        nothing_pending(&c.op).await,
+        "a grant on the state directory reached the operator"
+    );
+    assert!(!out.exists(), "a refused escalation ran");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn escalations_refused_at_once_leave_nothing_pending() {
     let Some(c) = Case::start("escalations_refused_at_once_leave_nothing_pending").await else {

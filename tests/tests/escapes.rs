@@ -2342,6 +2342,7 @@ fn in_every_mode_with(
     let ctx = ResolveContext {
         workdir: c.w.canonicalize().unwrap(),
         home: c.home.clone(),
+        extra_secrets: Vec::new(),
     };
     let extra = c.root.join("extra");
     std::fs::create_dir_all(&extra).unwrap();

@@ -708,7 +708,11 @@ async fn agent_new_ids_names_and_errors() {
     let f = open(&root, "session/s/agent/new", om::ORDWR).await;
     let g = open(&root, "session/s/agent/new", om::ORDWR).await;
     put(&f, "name=p").await.unwrap();
-    let qdir = srv.dir.path().canonicalize().unwrap();
+    // Not the server's directory itself: that holds its state and configuration, and a cwd
+    // containing them is refused.
+    let qdir = srv.dir.path().join("work");
+    std::fs::create_dir_all(&qdir).unwrap();
+    let qdir = qdir.canonicalize().unwrap();
     put(&g, &format!("name=q cwd={}", qdir.display()))
         .await
         .unwrap();

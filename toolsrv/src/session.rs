@@ -98,8 +98,9 @@ pub struct Session {
     pub env: Vec<(OsString, OsString)>,
     pub tools: ToolEnv,
     pub procs: Procs,
-    /// Paths hidden from every tool besides the secret locations (the boot message's
-    /// `hidden`: olliesrv's state and configuration directories).
+    /// olliesrv's own secret locations (the boot message's `hidden`: its state directory,
+    /// configuration files, sockets, other instances' state directories): hidden from every
+    /// tool and secret in every other way (`ResolveContext::extra_secrets`).
     pub hidden: Vec<PathBuf>,
     /// Escalation requests waiting for the operator.
     pub broker: crate::broker::Broker,
@@ -316,6 +317,7 @@ impl Session {
                 let ctx = ollie_policy::ResolveContext {
                     workdir: workdir.clone(),
                     home: boot.home.clone(),
+                    extra_secrets: ollie_sandbox::secret_forms(&boot.hidden),
                 };
                 p = p.with_grants(&grants, &ctx).map_err(|e| {
                     SetupError::Invalid(format!("policy {name:?}: read grants: {e}"))
@@ -685,6 +687,7 @@ impl Session {
         let ctx = ResolveContext {
             workdir: self.workdir.clone(),
             home: self.home.clone(),
+            extra_secrets: ollie_sandbox::secret_forms(&self.hidden),
         };
         let resolved = policy
             .resolve(&ctx)
@@ -1140,6 +1143,7 @@ impl Session {
         let ctx = ollie_policy::ResolveContext {
             workdir: self.workdir.clone(),
             home: self.home.clone(),
+            extra_secrets: ollie_sandbox::secret_forms(&self.hidden),
         };
         let mut out = vec![self.workdir.clone()];
         for p in self.policies.values().chain(widened) {

@@ -228,6 +228,16 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
         },
     };
     let mut req = ollie_sandbox::RunRequest::new(args.command.clone(), workdir);
+    // ollie's own secret directories wherever the environment puts them, every state
+    // directory olliesrv listed, and one the workspace lies in (found by its marker): secret
+    // for this run as the default locations are (a workspace inside one is refused).
+    req.hidden = ollie_link::instances::env_secrets();
+    if let Some(d) = std::fs::canonicalize(&req.workdir)
+        .ok()
+        .and_then(|w| ollie_link::instances::marked_ancestor(&w))
+    {
+        req.hidden.push(d);
+    }
     // stdin: forwarded (through the runner, never as the fd itself) when it is a pipe or a
     // file; a terminal is never handed to a tool, which then reads /dev/null.
     req.stdin_fd = ollie_sandbox::forwardable_stdin().map(std::sync::Arc::new);

@@ -216,11 +216,14 @@ fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok())
 }
 
-/// A session's or agent's working directory: [`existing_dir`], refused when it is
-/// [`too_broad`] unless `force` (`force=yes`).
+/// A session's or agent's working directory: [`existing_dir`], refused when it touches one of
+/// ollie's secret locations ([`crate::secrets::refuse_workspace`], whatever `force` says), and
+/// when it is [`too_broad`] unless `force` (`force=yes`).
 pub fn workspace_dir(v: &str, force: bool) -> Result<PathBuf, String> {
     let c = existing_dir(v)?;
-    refuse_broad(&c, home_dir().as_deref(), force)?;
+    let home = home_dir();
+    refuse_broad(&c, home.as_deref(), force)?;
+    crate::secrets::refuse_workspace(&c, home.as_deref())?;
     Ok(c)
 }
 
