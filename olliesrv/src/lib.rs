@@ -445,7 +445,16 @@ pub async fn run(mut opts: Options, stop: watch::Sender<bool>) -> Result<(), Run
     };
     // This server's secret set, fixed before anything is served.
     let socket_paths: Vec<PathBuf> = sockets.iter().map(|s| s.path.clone()).collect();
-    crate::secrets::set(crate::secrets::compute(&dir, &config, &socket_paths));
+    let config_paths = crate::secrets::config_paths(
+        config.path.as_deref(),
+        config.path.as_deref().map(crate::config::dir_of),
+        config
+            .backends
+            .values()
+            .filter_map(|b| b.api_key_file.clone())
+            .collect(),
+    );
+    crate::secrets::set(crate::secrets::compute(&dir, &config_paths, &socket_paths));
     let events = Arc::new(Events::new());
     let config = Arc::new(std::sync::RwLock::new(Arc::new(config)));
     let reg = Arc::new(crate::state::Registry::new(

@@ -9,8 +9,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use crate::config::{Config, dir_of};
-
 /// The server's set, once [`set`] at start (empty before, as in unit tests of other
 /// modules).
 static SERVER: RwLock<Vec<PathBuf>> = RwLock::new(Vec::new());
@@ -18,30 +16,22 @@ static SERVER: RwLock<Vec<PathBuf>> = RwLock::new(Vec::new());
 /// Shared directories a socket may be in without the whole directory becoming secret.
 const SHARED_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 
-/// The server's secret locations: its state directory; its configuration file, the `agents/`
-/// and `policy/` directories beside it, and the backends' key files; the unix sockets it
+/// The server's secret locations: its state directory; `config` (its configuration file, the
+/// `agents/` and `policy/` directories beside it, and the backends' key files: see
+/// [`config_paths`](crate::secrets::config_paths)); the unix sockets it
 /// serves and their directories (unless a shared one such as `/tmp`, the home or a system
 /// tree); and [`ollie_link::instances::env_secrets`] (the default state and configuration
 /// directories of the environment, and every other state directory of this user). Each as
 /// given and by its real path.
-pub fn compute(state_dir: &Path, config: &Config, sockets: &[PathBuf]) -> Vec<PathBuf> {
+pub fn compute(state_dir: &Path, config: &[PathBuf], sockets: &[PathBuf]) -> Vec<PathBuf> {
     let mut given: Vec<PathBuf> = vec![state_dir.to_path_buf()];
-    if let Some(path) = &config.path {
-        let dir = dir_of(path);
-        given.extend([path.clone(), dir.join("agents"), dir.join("policy")]);
-    }
-    given.extend(
-        config
-            .backends
-            .values()
-            .filter_map(|b| b.api_key_file.clone()),
-    );
+    given.extend(config.iter().cloned());
     let home = std::env::var_os("HOME").map(PathBuf::from);
     for s in sockets {
         given.push(s.clone());
         if let Some(d) = s.parent() {
             let shared = SHARED_DIRS.iter().any(|x| d == Path::new(x))
-                || crate::state::settings::too_broad(d, home.as_deref()).is_some();
+                || too_broad(d, home.as_deref()).is_some();
             if !shared && !d.as_os_str().is_empty() {
                 given.push(d.to_path_buf());
             }
@@ -53,6 +43,46 @@ pub fn compute(state_dir: &Path, config: &Config, sockets: &[PathBuf]) -> Vec<Pa
         .filter_map(|p| std::path::absolute(p).ok())
         .collect();
     real_forms(&given)
+}
+
+/// The configuration's part of the set: the file at `path`, the `agents/` and `policy/`
+/// directories in `dir` (the file's directory), and the backends' `key_files`.
+pub fn config_paths(
+    path: Option<&Path>,
+    dir: Option<PathBuf>,
+    key_files: Vec<PathBuf>,
+) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = path {
+        out.push(p.to_path_buf());
+    }
+    if let Some(d) = dir {
+        out.extend([d.join("agents"), d.join("policy")]);
+    }
+    out.extend(key_files);
+    out
+}
+
+/// Trees a workspace must not be in: the workspace policy makes the cwd writable, and these
+/// hold the system's programs, configuration and state.
+pub const SYSTEM_TREES: &[&str] = &[
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+    "/sbin", "/sys", "/usr", "/var",
+];
+
+/// Why `dir` (canonical, or a remote path) is too broad to be a workspace: `/`, the home
+/// directory `home`, or a directory in a [`SYSTEM_TREES`] tree.
+pub fn too_broad(dir: &Path, home: Option<&Path>) -> Option<&'static str> {
+    if dir == Path::new("/") {
+        return Some("is the root directory");
+    }
+    if home == Some(dir) {
+        return Some("is your home directory, and tools could write every file in it");
+    }
+    SYSTEM_TREES
+        .iter()
+        .any(|t| dir.starts_with(t))
+        .then_some("is in a system tree")
 }
 
 /// Makes `list` the server's set.

@@ -133,6 +133,8 @@ pub use error::SandboxError;
 pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::{ProtectError, close_at_exit, close_in_a_child};
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
+// The bounds of the search for `.git` in writable trees.
+pub use treescan::{MAX_PROTECTED_REPOS, MAX_TREE_ENTRIES};
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
 pub use record::{
     CapabilityRecord, DiskLimit, DiskLimitRecord, ExecFrom, ExitRecord, KilledBy, Layers,

@@ -51,7 +51,6 @@
 //! `O_NONBLOCK` (a planted FIFO or symlink cannot block or redirect the runner).
 
 use crate::sys;
-pub use crate::treescan::{MAX_PROTECTED_REPOS, MAX_TREE_ENTRIES};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};

@@ -2600,7 +2600,7 @@ case!(a06h_a_repository_search_cut_short_is_flagged, |c| {
     // flagged as incomplete (and host-side git refused), not taken as clean.
     let many = c.w.join("many");
     std::fs::create_dir_all(&many).unwrap();
-    for i in 0..=ollie_sandbox::postrun::MAX_TREE_ENTRIES {
+    for i in 0..=ollie_sandbox::MAX_TREE_ENTRIES {
         std::fs::File::create(many.join(i.to_string())).unwrap();
     }
     let out = c.run(&p_std(), "true");

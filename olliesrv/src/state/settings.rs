@@ -189,27 +189,9 @@ pub fn existing_dir(v: &str) -> Result<PathBuf, String> {
     Ok(c)
 }
 
-/// Trees a workspace must not be in: the workspace policy makes the cwd writable, and these
-/// hold the system's programs, configuration and state.
-pub const SYSTEM_TREES: &[&str] = &[
-    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
-    "/sbin", "/sys", "/usr", "/var",
-];
-
-/// Why `dir` (canonical, or a remote path) is too broad to be a workspace: `/`, the home
-/// directory `home`, or a directory in a [`SYSTEM_TREES`] tree.
-pub fn too_broad(dir: &Path, home: Option<&Path>) -> Option<&'static str> {
-    if dir == Path::new("/") {
-        return Some("is the root directory");
-    }
-    if home == Some(dir) {
-        return Some("is your home directory, and tools could write every file in it");
-    }
-    SYSTEM_TREES
-        .iter()
-        .any(|t| dir.starts_with(t))
-        .then_some("is in a system tree")
-}
+// The trees too broad for a workspace are decided on the secrets floor, below this one (its
+// set of the server's own directories needs them too).
+pub use crate::secrets::too_broad;
 
 /// The home directory of the server's user, canonicalised.
 fn home_dir() -> Option<PathBuf> {
