@@ -213,3 +213,65 @@ fn runs_within_the_limits_are_not_stopped() {
     assert_eq!(o.record.exit.killed_by, None);
     assert_eq!(o.record.exit.disk_limit, None);
 }
+
+/// Runs `writers` parallel writers (each endless: 8 MiB files, RLIMIT_FSIZE, one after
+/// another, in large `write`s) under a 32 MiB `disk_bytes` with a long grace period; returns the bytes the run
+/// left in its workspace and checks the record says the disk limit stopped it.
+fn parallel_writers(name: &str, writers: u32) -> u64 {
+    let ws = Ws::new(&format!("par{writers}"));
+    let limit = 32 * MIB;
+    let p = policy(&format!(
+        "disk_bytes = {limit}\nfile_size_bytes = 8388608\nkill_grace_ms = 5000"
+    ));
+    let script = format!(
+        "for i in $(seq {writers}); do (j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${{i}}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished"
+    );
+    let o = ollie_sandbox::run(&p, &ws.req(&script)).unwrap();
+    let (written, files) = usage(&ws.0);
+    let hit = o.record.exit.disk_limit.clone();
+    eprintln!(
+        "{name}: {writers} writers: workspace {written} bytes ({:.2}x the limit) in {files} files; noticed at {:?}",
+        written as f64 / limit as f64,
+        hit.as_ref().map(|h| h.observed)
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert_eq!(o.record.exit.killed_by, Some(KilledBy::DiskLimit));
+    assert_eq!(o.record.exit.signal, Some(libc_sigkill()));
+    let json: serde_json::Value = serde_json::from_str(&o.record.to_json()).unwrap();
+    assert_eq!(json["exit"]["killed_by"], "disk_limit");
+    clean(&ws.0);
+    written
+}
+
+fn libc_sigkill() -> i32 {
+    9
+}
+
+/// The documented bound (docs/sandbox.md "Disk and inode limits"): a disk-limit stop kills the
+/// whole run at once, and near the limit the watchdog samples every millisecond, so what the
+/// run takes past `disk_bytes` is what the machine writes in a few milliseconds, however many
+/// writers share it: at most an eighth of this 32 MiB budget here, plus the watchdog's
+/// margin of 8 MiB for a noisy machine.
+const PAR_BOUND: u64 = 32 * MIB + 4 * MIB + 8 * MIB;
+
+#[test]
+fn sixteen_parallel_writers_stay_within_the_bound() {
+    let name = "sixteen_parallel_writers_stay_within_the_bound";
+    if !features_ok(name) {
+        return;
+    }
+    let written = parallel_writers(name, 16);
+    assert!(written <= PAR_BOUND, "16 writers left {written} bytes");
+}
+
+#[test]
+fn one_and_four_parallel_writers_stay_within_the_bound() {
+    let name = "one_and_four_parallel_writers_stay_within_the_bound";
+    if !features_ok(name) {
+        return;
+    }
+    for n in [1, 4] {
+        let written = parallel_writers(name, n);
+        assert!(written <= PAR_BOUND, "{n} writers left {written} bytes");
+    }
+}
