@@ -429,8 +429,7 @@ struct Stopping {
 }
 
 impl Stopping {
-    /// While pid 1 runs: the aggregate disk use (stopped like a timeout; a gross overshoot is
-    /// killed at once), the timeout, and SIGKILL once the grace period after SIGTERM is over.
+    /// While pid 1 runs: the aggregate disk use (a crossing is killed at once), the timeout, and SIGKILL once the grace period after SIGTERM is over.
     fn enforce_limits(
         &mut self,
         now: Instant,
@@ -467,8 +466,8 @@ impl Stopping {
     }
 
     /// How long the next poll may wait, in ms (-1: until an event): until the deadline, the
-    /// end of the grace period or the next disk sample (every `DISK_SAMPLE`, never a busy
-    /// loop), whichever is first, while pid 1 runs.
+    /// end of the grace period or the next disk sample (every `DISK_SAMPLE_MIN` to
+    /// `DISK_SAMPLE`, never a busy loop), whichever is first, while pid 1 runs.
     fn poll_timeout(
         &self,
         now: Instant,
