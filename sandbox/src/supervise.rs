@@ -746,6 +746,26 @@ mod tests {
     }
 
     #[test]
+    fn the_sample_interval_shrinks_as_the_budget_runs_out() {
+        let ms = Duration::from_millis;
+        let mib = 1u64 << 20;
+        // Idle, far from the limit: the longest interval.
+        assert_eq!(next_interval(ms(10), 0, 4 << 30), DISK_SAMPLE);
+        // Idle under a small budget: the prior rate (8 GiB/s) makes it the shortest.
+        assert_eq!(next_interval(ms(10), 0, 32 * mib), DISK_SAMPLE_MIN);
+        // 1 GiB left at 100 MiB/s: the prior rate counts (a quarter of 1/8 s), capped.
+        assert_eq!(next_interval(ms(10), mib, 1 << 30), DISK_SAMPLE);
+        // 256 MiB left at 8 GiB/s: 256/8192/4 s, about 7.8 ms.
+        let i = next_interval(ms(1), 8 * mib, 256 * mib);
+        assert!(i > ms(7) && i < ms(8), "{i:?}");
+        // Faster than the prior (64 MiB in 1 ms): the rate seen counts.
+        assert_eq!(next_interval(ms(1), 64 * mib, 256 * mib), DISK_SAMPLE_MIN);
+        // Nothing left, or a zero interval: the shortest, no division by zero.
+        assert_eq!(next_interval(ms(1), mib, 0), DISK_SAMPLE_MIN);
+        assert_eq!(next_interval(Duration::ZERO, mib, 1 << 30), DISK_SAMPLE_MIN);
+    }
+
+    #[test]
     fn disk_verdict_names_the_limit_and_escalates_gross_overshoots() {
         let start = space(50 << 30, 45 << 30, 900_000);
         let mib = 1u64 << 20;
