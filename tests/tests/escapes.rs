@@ -2633,7 +2633,9 @@ case!(j05_disk_budget_cannot_be_outrun, |c| {
     assert_eq!(out.record.limits.file_size_bytes, budget);
     reset_workspace(c);
     // Sixteen writers of 256 MiB each (no file may pass the 32 MiB budget, so at most 512 MiB
-    // without the watchdog): stopped near the budget.
+    // without the watchdog): killed at once near the budget, within the documented bound
+    // (docs/sandbox.md "Disk and inode limits"; it used to take up to 1.9x under SIGTERM and
+    // the grace period).
     let out = c.run(
         &pol,
         "for i in $(seq 16); do head -c 268435456 /dev/zero > w$i 2>/dev/null & done; wait; echo done",
@@ -2649,8 +2651,14 @@ case!(j05_disk_budget_cannot_be_outrun, |c| {
         "{:?}",
         out.record.exit
     );
+    assert_eq!(
+        out.record.exit.signal,
+        Some(libc::SIGKILL),
+        "{:?}",
+        out.record.exit
+    );
     assert!(
-        used <= 8 * budget,
+        used <= budget + budget / 8 + (16 << 20),
         "{used} bytes written under a {budget}-byte budget"
     );
     for p in walk(&c.w) {
