@@ -224,11 +224,18 @@ fn parallel_writers(name: &str, writers: u32) -> u64 {
         "disk_bytes = {limit}\nfile_size_bytes = 8388608\nkill_grace_ms = 5000"
     ));
     let script = format!(
-        "for i in $(seq {writers}); do (j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${{i}}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished"
+        "for i in $(seq {writers}); do (trap 'touch termed_$i; exit 7' TERM; j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${{i}}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished"
     );
     let o = ollie_sandbox::run(&p, &ws.req(&script)).unwrap();
     let (written, files) = usage(&ws.0);
     let hit = o.record.exit.disk_limit.clone();
+    // No grace: no writer got a SIGTERM to keep running through (its trap leaves a file).
+    let termed = std::fs::read_dir(&ws.0)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("termed"))
+        .count();
+    assert_eq!(termed, 0, "{termed} writers got SIGTERM");
     eprintln!(
         "{name}: {writers} writers: workspace {written} bytes ({:.2}x the limit) in {files} files; noticed at {:?}",
         written as f64 / limit as f64,
@@ -247,9 +254,9 @@ fn parallel_writers(name: &str, writers: u32) -> u64 {
 /// The documented bound (docs/sandbox.md "Disk and inode limits"): a disk-limit stop kills the
 /// whole run at once, and near the limit the watchdog samples every millisecond, so what the
 /// run takes past `disk_bytes` is what the machine writes in a few milliseconds, however many
-/// writers share it: at most an eighth of the budget plus 16 MiB (what the machine writes
-/// while the kill lands on a noisy 2-core machine).
-const PAR_BOUND: u64 = 32 * MIB + 4 * MIB + 16 * MIB;
+/// writers share it: for one-shot runs at most an eighth of the budget plus 8 MiB. (Before,
+/// sampling every 10 ms, 16 writers took 1.13-1.64x the budget here.)
+const PAR_BOUND: u64 = 32 * MIB + 4 * MIB + 8 * MIB;
 
 #[test]
 fn sixteen_parallel_writers_stay_within_the_bound() {
@@ -257,8 +264,11 @@ fn sixteen_parallel_writers_stay_within_the_bound() {
     if !features_ok(name) {
         return;
     }
-    let written = parallel_writers(name, 16);
-    assert!(written <= PAR_BOUND, "16 writers left {written} bytes");
+    // Three rounds: the overshoot varies with the machine's load; the bound holds in each.
+    for _ in 0..3 {
+        let written = parallel_writers(name, 16);
+        assert!(written <= PAR_BOUND, "16 writers left {written} bytes");
+    }
 }
 
 #[test]

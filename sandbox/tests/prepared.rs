@@ -847,7 +847,7 @@ fn sixteen_parallel_writers_stay_within_the_disk_bound() {
         &format!("disk_bytes = {limit}\nfile_size_bytes = 8388608\nkill_grace_ms = 5000"),
     ));
     // Sixteen endless writers of 8 MiB files (RLIMIT_FSIZE) in large writes.
-    let script = "for i in $(seq 16); do (j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${i}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished";
+    let script = "for i in $(seq 16); do (trap 'touch termed_$i; exit 7' TERM; j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${i}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished";
     let o = sb.run(&ws.req(&["sh", "-c", script])).unwrap();
     let written: u64 = std::fs::read_dir(ws.0.join("w"))
         .unwrap()
@@ -866,6 +866,13 @@ fn sixteen_parallel_writers_stay_within_the_disk_bound() {
         o.record.exit.killed_by,
         Some(ollie_sandbox::KilledBy::DiskLimit)
     );
+    // No grace: no writer got a SIGTERM to keep running through (its trap leaves a file).
+    let termed = std::fs::read_dir(ws.0.join("w"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("termed"))
+        .count();
+    assert_eq!(termed, 0, "{termed} writers got SIGTERM");
     // Killed at once, not after the grace period.
     assert_eq!(
         o.record.exit.signal,

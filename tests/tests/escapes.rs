@@ -2658,7 +2658,7 @@ case!(j05_disk_budget_cannot_be_outrun, |c| {
         out.record.exit
     );
     assert!(
-        used <= budget + budget / 8 + (16 << 20),
+        used <= budget + budget / 8 + (8 << 20),
         "{used} bytes written under a {budget}-byte budget"
     );
     for p in walk(&c.w) {
