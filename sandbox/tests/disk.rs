@@ -218,7 +218,13 @@ fn runs_within_the_limits_are_not_stopped() {
 /// another, in large `write`s) under a 32 MiB `disk_bytes` with a long grace period; returns the bytes the run
 /// left in its workspace and checks the record says the disk limit stopped it.
 fn parallel_writers(name: &str, writers: u32) -> u64 {
-    let ws = Ws::new(&format!("par{writers}"));
+    parallel_writers_in(name, writers, false)
+}
+
+/// [`parallel_writers`], `escalated`: run as an approved escalation is (the program from a
+/// descriptor the caller opened, `RunRequest::exec_fd`).
+fn parallel_writers_in(name: &str, writers: u32, escalated: bool) -> u64 {
+    let ws = Ws::new(&format!("par{writers}{escalated}"));
     let limit = 32 * MIB;
     let p = policy(&format!(
         "disk_bytes = {limit}\nfile_size_bytes = 8388608\nkill_grace_ms = 5000"
@@ -226,7 +232,18 @@ fn parallel_writers(name: &str, writers: u32) -> u64 {
     let script = format!(
         "for i in $(seq {writers}); do (trap 'touch termed_$i; exit 7' TERM; j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${{i}}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished"
     );
-    let o = ollie_sandbox::run(&p, &ws.req(&script)).unwrap();
+    let mut req = ws.req(&script);
+    if escalated {
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        req.exec_fd = Some(ollie_sandbox::ExecFd {
+            fd: std::sync::Arc::new(std::fs::File::open(&sh).unwrap().into()),
+            path: sh,
+        });
+    }
+    let o = ollie_sandbox::run(&p, &req).unwrap();
+    if escalated {
+        assert_eq!(o.record.exec, ollie_sandbox::ExecFrom::Fd);
+    }
     let (written, files) = usage(&ws.0);
     let hit = o.record.exit.disk_limit.clone();
     // No grace: no writer got a SIGTERM to keep running through (its trap leaves a file).
@@ -281,4 +298,14 @@ fn one_and_four_parallel_writers_stay_within_the_bound() {
         let written = parallel_writers(name, n);
         assert!(written <= PAR_BOUND, "{n} writers left {written} bytes");
     }
+}
+
+#[test]
+fn sixteen_parallel_writers_of_an_escalated_run_stay_within_the_bound() {
+    let name = "sixteen_parallel_writers_of_an_escalated_run_stay_within_the_bound";
+    if !features_ok(name) {
+        return;
+    }
+    let written = parallel_writers_in(name, 16, true);
+    assert!(written <= PAR_BOUND, "16 writers left {written} bytes");
 }
