@@ -39,9 +39,10 @@
 //! 6. On timeout (`limits.timeout_seconds`, narrowed per run by
 //!    [`RunRequest::timeout_seconds`]), [`Cancel::cancel`], or when the free space / free
 //!    inodes of a writable tree's filesystem shrink past `limits.disk_bytes` /
-//!    `limits.disk_inodes` or below a reserve (sampled every 10 ms; each file is bounded by
-//!    RLIMIT_FSIZE ≤ `disk_bytes` and `fallocate` cannot allocate): SIGTERM to every process
-//!    (forwarded by init), SIGKILL to the whole namespace after the grace period
+//!    `limits.disk_inodes` or below a reserve (sampled every 10 ms, down to every 1 ms as the
+//!    budget runs out; each file is bounded by RLIMIT_FSIZE ≤ `disk_bytes` and `fallocate`
+//!    cannot allocate; a disk limit kills the whole namespace at once): SIGTERM to every
+//!    process (forwarded by init), SIGKILL to the whole namespace after the grace period
 //!    ([`ExitRecord::killed_by`]). [`Cancel::kill`] sends that SIGKILL at once;
 //!    [`Cancel::signal`] forwards one signal of a fixed set ([`Cancel::SIGNALS`]) to every
 //!    process of the run and nothing else; [`Cancel::freeze`] stops every process of the run

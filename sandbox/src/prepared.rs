@@ -25,8 +25,8 @@
 //! every other process of that call (setsid'd, double-forked, nohup'd) and nothing of any
 //! other call. Timeouts (the policy's, narrowed by the request's `timeout_seconds`),
 //! cancellation and the disk watchdog (`limits.disk_bytes` / `disk_inodes`, as in one-shot
-//! runs) signal the per-call init through its pidfd: SIGTERM (forwarded to the call's
-//! processes), SIGKILL after the grace period; [`crate::Cancel::kill`] sends SIGKILL at once,
+//! runs; a disk limit sends SIGKILL at once) signal the per-call init through its pidfd:
+//! SIGTERM (forwarded to the call's processes), SIGKILL after the grace period; [`crate::Cancel::kill`] sends SIGKILL at once,
 //! and [`crate::Cancel::signal`] one forwarded signal.
 //!
 //! [`Prepared::new_with_points`] prepares for calls with bead unions: the zygote's root is

@@ -166,8 +166,9 @@ pub struct DiskLimitRecord {
     pub free_inodes_start: u64,
     /// Free inodes when the limit was noticed.
     pub free_inodes_stop: u64,
-    /// The tool overshot by more than an eighth of the limit (or half the reserve): the runner
-    /// sent SIGKILL at once instead of waiting for the grace period.
+    /// The tool overshot by more than an eighth of the limit (or half the reserve) by the
+    /// time the limit was noticed. (Every disk-limit stop is a SIGKILL of the whole run at
+    /// once, without a grace period.)
     pub forced_kill: bool,
 }
 

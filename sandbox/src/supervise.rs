@@ -78,11 +78,16 @@ impl Capture {
     }
 }
 
-/// How often the runner samples the free space of the writable filesystems. With
-/// `fallocate` refused (seccomp) and every file bounded by RLIMIT_FSIZE ≤ `disk_bytes`, a
-/// tool takes space only as fast as it writes, so the overshoot is about two samples' worth
-/// of writing (the gross-overshoot rule kills at once past an eighth).
+/// The longest interval between two samples of the writable filesystems' free space (the
+/// watchdog's cost far from the limit: one `fstatfs` per filesystem per interval).
 const DISK_SAMPLE: Duration = Duration::from_millis(10);
+/// The shortest: near the limit the interval shrinks to what is left of the budget at the
+/// observed rate of use (halved), down to this. With `fallocate` refused (seccomp) and every
+/// file bounded by RLIMIT_FSIZE ≤ `disk_bytes`, a tool takes space only as fast as it
+/// writes, and a crossing kills the whole run at once (SIGKILL, no grace), so the overshoot
+/// is at most what the machine writes in about `DISK_SAMPLE_MIN` plus the poll's 1 ms
+/// rounding and the kill's latency, whatever the number of writers.
+const DISK_SAMPLE_MIN: Duration = Duration::from_millis(1);
 /// The free-space reserve: 1/20 (5%) of the filesystem, at most this many bytes.
 const RESERVE_BYTES_MAX: u64 = 1 << 30;
 /// The free-inode reserve: 1/20 (5%) of the filesystem's inodes, at most this many.
@@ -97,8 +102,9 @@ struct WatchedFs {
 }
 
 /// The aggregate disk watchdog: the free space and inodes of every writable tree's
-/// filesystem, sampled with `fstatfs` at the start and every [`DISK_SAMPLE`] while the tool
-/// runs. Other writers on the same filesystem count as the tool's (conservative), and space
+/// filesystem, sampled with `fstatfs` at the start and while the tool runs: every
+/// [`DISK_SAMPLE`] far from the limit, more often as the budget runs out (down to
+/// [`DISK_SAMPLE_MIN`]). Other writers on the same filesystem count as the tool's (conservative), and space
 /// they free hides the tool's use (the reserve still holds).
 #[derive(Debug)]
 pub(crate) struct DiskWatch {
@@ -106,6 +112,8 @@ pub(crate) struct DiskWatch {
     bytes: u64,
     inodes: u64,
     next: Instant,
+    /// The last sample: when, and the most bytes any watched filesystem had lost by then.
+    last: (Instant, u64),
 }
 
 impl DiskWatch {
@@ -141,7 +149,8 @@ impl DiskWatch {
             fs,
             bytes: l.disk_bytes,
             inodes: l.disk_inodes,
-            next: now + DISK_SAMPLE,
+            next: now + DISK_SAMPLE_MIN,
+            last: (now, 0),
         })
     }
 
@@ -155,17 +164,19 @@ impl DiskWatch {
         if self.fs.is_empty() || now < self.next {
             return None;
         }
-        self.next = now + DISK_SAMPLE;
+        let mut used_max = 0u64;
+        let mut hit = None;
         for w in &self.fs {
             // A failed sample (should not happen on an open fd) is skipped, not fatal: the
             // rlimits and the timeout still bound the run.
             let Ok(cur) = sys::fstatfs(&w.fd) else {
                 continue;
             };
+            used_max = used_max.max(w.start.free_bytes.saturating_sub(cur.free_bytes));
             if let Some((limit, allowed, observed, forced_kill)) =
                 disk_verdict(&w.start, &cur, self.bytes, self.inodes)
             {
-                return Some(DiskLimitRecord {
+                hit = Some(DiskLimitRecord {
                     limit,
                     path: w.path.clone(),
                     allowed,
@@ -176,10 +187,35 @@ impl DiskWatch {
                     free_inodes_stop: cur.free_inodes,
                     forced_kill,
                 });
+                break;
             }
         }
-        None
+        let (then, used_then) = self.last;
+        self.next = now
+            + next_interval(
+                now - then,
+                used_max.saturating_sub(used_then),
+                self.bytes.saturating_sub(used_max),
+            );
+        self.last = (now, used_max);
+        hit
     }
+}
+
+/// The write rate the watchdog assumes at least (bytes per second): a burst from idle is
+/// caught as if the tool already wrote this fast. Above it, the rate seen last counts.
+const DISK_RATE_PRIOR: u64 = 8 << 30;
+
+/// The interval until the next sample: half the time the rest of the budget (`left` bytes)
+/// lasts at the rate seen over the last interval (`used` bytes in `elapsed`) or
+/// [`DISK_RATE_PRIOR`], whichever is faster, within [`DISK_SAMPLE_MIN`]..=[`DISK_SAMPLE`].
+fn next_interval(elapsed: Duration, used: u64, left: u64) -> Duration {
+    let seen = u128::from(used) * 1_000_000_000 / elapsed.as_nanos().max(1);
+    let rate = seen.max(u128::from(DISK_RATE_PRIOR));
+    // left / rate / 4, in nanoseconds (u128: no overflow).
+    let ns = u128::from(left) * 1_000_000_000 / (4 * rate);
+    let ns = u64::try_from(ns).unwrap_or(u64::MAX);
+    Duration::from_nanos(ns).clamp(DISK_SAMPLE_MIN, DISK_SAMPLE)
 }
 
 /// Whether a filesystem sampled at `cur` (baseline `start`) crossed a limit: which, its value,
@@ -528,8 +564,7 @@ struct Stopping {
 }
 
 impl Stopping {
-    /// While pid 1 runs: the aggregate disk use (stopped like a timeout; a gross overshoot is
-    /// killed at once), the timeout, and SIGKILL once the grace period after SIGTERM is over.
+    /// While pid 1 runs: the aggregate disk use (a crossing is killed at once), the timeout, and SIGKILL once the grace period after SIGTERM is over.
     fn enforce_limits(
         &mut self,
         now: Instant,
@@ -541,19 +576,14 @@ impl Stopping {
         if !self.killed
             && let Some(hit) = disk.sample(now)
         {
-            if self.term_sent.is_none() {
+            // No grace: every writer would keep writing through it. SIGKILL stops a large
+            // write() between two pages.
+            if self.killed_by.is_none() {
                 self.killed_by = Some(KilledBy::DiskLimit);
-                self.term_sent = Some(now);
-                signal(libc::SIGTERM);
             }
-            if hit.forced_kill {
-                self.killed = true;
-                signal(libc::SIGKILL);
-            }
-            match &mut self.disk_hit {
-                None => self.disk_hit = Some(hit),
-                Some(first) => first.forced_kill |= hit.forced_kill,
-            }
+            self.killed = true;
+            signal(libc::SIGKILL);
+            self.disk_hit = Some(hit);
         }
         if self.term_sent.is_none() && deadline.is_some_and(|d| now >= d) {
             self.timed_out = true;
@@ -571,8 +601,8 @@ impl Stopping {
     }
 
     /// How long the next poll may wait, in ms (-1: until an event): until the deadline, the
-    /// end of the grace period or the next disk sample (every `DISK_SAMPLE`, never a busy
-    /// loop), whichever is first, while pid 1 runs.
+    /// end of the grace period or the next disk sample (every `DISK_SAMPLE_MIN` to
+    /// `DISK_SAMPLE`, never a busy loop), whichever is first, while pid 1 runs.
     fn poll_timeout(
         &self,
         now: Instant,
@@ -848,6 +878,26 @@ mod tests {
             total_inodes: 1_000_000,
             free_inodes,
         }
+    }
+
+    #[test]
+    fn the_sample_interval_shrinks_as_the_budget_runs_out() {
+        let ms = Duration::from_millis;
+        let mib = 1u64 << 20;
+        // Idle, far from the limit: the longest interval.
+        assert_eq!(next_interval(ms(10), 0, 4 << 30), DISK_SAMPLE);
+        // Idle under a small budget: the prior rate (8 GiB/s) makes it the shortest.
+        assert_eq!(next_interval(ms(10), 0, 32 * mib), DISK_SAMPLE_MIN);
+        // 1 GiB left at 100 MiB/s: the prior rate counts (a quarter of 1/8 s), capped.
+        assert_eq!(next_interval(ms(10), mib, 1 << 30), DISK_SAMPLE);
+        // 256 MiB left at 8 GiB/s: 256/8192/4 s, about 7.8 ms.
+        let i = next_interval(ms(1), 8 * mib, 256 * mib);
+        assert!(i > ms(7) && i < ms(8), "{i:?}");
+        // Faster than the prior (64 MiB in 1 ms): the rate seen counts.
+        assert_eq!(next_interval(ms(1), 64 * mib, 256 * mib), DISK_SAMPLE_MIN);
+        // Nothing left, or a zero interval: the shortest, no division by zero.
+        assert_eq!(next_interval(ms(1), mib, 0), DISK_SAMPLE_MIN);
+        assert_eq!(next_interval(Duration::ZERO, mib, 1 << 30), DISK_SAMPLE_MIN);
     }
 
     #[test]

@@ -831,3 +831,65 @@ fn concurrent_calls_on_one_workspace_share_its_placeholders() {
         .collect();
     assert!(left.is_empty(), "left in the workspace: {left:?}");
 }
+
+#[test]
+fn sixteen_parallel_writers_stay_within_the_disk_bound() {
+    let name = "sixteen_parallel_writers_stay_within_the_disk_bound";
+    if !features_ok(name) {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let ws = Ws::new("disk16");
+    let limit = 32 * MIB;
+    // A long grace period: a disk-limit stop must not wait for it.
+    let sb = ws.prepare(&policy(
+        "workspace",
+        &format!("disk_bytes = {limit}\nfile_size_bytes = 8388608\nkill_grace_ms = 5000"),
+    ));
+    // Sixteen endless writers of 8 MiB files (RLIMIT_FSIZE) in large writes.
+    let script = "for i in $(seq 16); do (trap 'touch termed_$i; exit 7' TERM; j=0; while [ $j -lt 64 ]; do head -c 268435456 /dev/zero > w${i}_$j 2>/dev/null; j=$((j+1)); done) & done; wait; echo finished";
+    let o = sb.run(&ws.req(&["sh", "-c", script])).unwrap();
+    let written: u64 = std::fs::read_dir(ws.0.join("w"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+        .sum();
+    eprintln!(
+        "{name}: {written} bytes ({:.2}x the limit); exit {:?}",
+        written as f64 / limit as f64,
+        o.record.exit
+    );
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert_eq!(
+        o.record.exit.killed_by,
+        Some(ollie_sandbox::KilledBy::DiskLimit)
+    );
+    // No grace: no writer got a SIGTERM to keep running through (its trap leaves a file).
+    let termed = std::fs::read_dir(ws.0.join("w"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("termed"))
+        .count();
+    assert_eq!(termed, 0, "{termed} writers got SIGTERM");
+    // Killed at once, not after the grace period.
+    assert_eq!(
+        o.record.exit.signal,
+        Some(libc::SIGKILL),
+        "{:?}",
+        o.record.exit
+    );
+    let json: serde_json::Value = serde_json::from_str(&o.record.to_json()).unwrap();
+    assert_eq!(json["exit"]["killed_by"], "disk_limit");
+    // The documented bounds (docs/sandbox.md "Disk and inode limits"): noticed within an
+    // eighth of the limit plus 16 MiB (the runner's scheduling delay on a loaded machine),
+    // whatever the number of writers; what the call writes until the kill has stopped every
+    // writer, loosely.
+    let noticed = o.record.exit.disk_limit.as_ref().unwrap().observed;
+    assert!(
+        noticed <= limit + limit / 8 + 16 * MIB,
+        "16 writers had taken {noticed} bytes when noticed"
+    );
+    assert!(written <= 8 * limit, "16 writers left {written} bytes");
+}

@@ -2782,7 +2782,8 @@ case!(j05_disk_budget_cannot_be_outrun, |c| {
     assert_eq!(out.record.limits.file_size_bytes, budget);
     reset_workspace(c);
     // Sixteen writers of 256 MiB each (no file may pass the 32 MiB budget, so at most 512 MiB
-    // without the watchdog): stopped near the budget.
+    // without the watchdog): noticed near the budget and killed at once (the documented
+    // bounds: docs/sandbox.md "Disk and inode limits").
     let out = c.run(
         &pol,
         "for i in $(seq 16); do head -c 268435456 /dev/zero > w$i 2>/dev/null & done; wait; echo done",
@@ -2797,6 +2798,17 @@ case!(j05_disk_budget_cannot_be_outrun, |c| {
         Some(ollie_sandbox::KilledBy::DiskLimit),
         "{:?}",
         out.record.exit
+    );
+    assert_eq!(
+        out.record.exit.signal,
+        Some(libc::SIGKILL),
+        "{:?}",
+        out.record.exit
+    );
+    let noticed = out.record.exit.disk_limit.as_ref().unwrap().observed;
+    assert!(
+        noticed <= budget + budget / 8 + (8 << 20),
+        "{noticed} bytes taken when noticed under a {budget}-byte budget"
     );
     assert!(
         used <= 8 * budget,
