@@ -123,6 +123,21 @@ pub(crate) fn look(init: i32) -> io::Result<(BTreeSet<i32>, bool)> {
     Ok((found, all_still))
 }
 
+/// SIGKILL to every descendant of `init` now, each through its own pidfd (a pid that ended
+/// meanwhile is skipped). The runner does this right after it kills pid 1 for a disk limit:
+/// the kernel kills the rest of the pid namespace only once pid 1 has been scheduled to
+/// exit, and writers on the other cores keep writing until then.
+pub(crate) fn kill_descendants(init: i32) {
+    let found = descendants_by_children(init)
+        .or_else(|| descendants_by_scan(init).ok())
+        .unwrap_or_default();
+    for pid in found {
+        if let Ok(fd) = crate::sys::pidfd_open(pid) {
+            let _ = crate::sys::pidfd_send_signal(&fd, libc::SIGKILL);
+        }
+    }
+}
+
 /// A freeze being confirmed: looks until two in a row find the same processes, all still.
 #[derive(Debug, Default)]
 pub(crate) struct Confirm {

@@ -135,7 +135,6 @@ pub use harden::{HardeningRecord, ServerHardening, harden_server};
 pub use placeholder::{ProtectError, close_at_exit, close_in_a_child};
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 // The bounds of the search for `.git` in writable trees.
-pub use treescan::{MAX_PROTECTED_REPOS, MAX_TREE_ENTRIES};
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
 pub use record::{
     CapabilityRecord, DiskLimit, DiskLimitRecord, ExecFrom, ExitRecord, KilledBy, Layers,
@@ -148,6 +147,7 @@ pub use request::{
 pub use sealed::{SealError, SealedCopy, sealed_copy};
 pub use spawn::{Probe, probe, run, run_streaming};
 pub use sys::{ipc_namespaces, seccomp_available, user_namespaces};
+pub use treescan::{MAX_PROTECTED_REPOS, MAX_TREE_ENTRIES};
 pub use unions::{MAX_UNION_LOWERS, UnionMount, check_points as check_union_points};
 pub use workspace::{GitDecision, GitRefused};
 

@@ -371,6 +371,9 @@ pub(crate) fn supervise(
             // The timeout does not count while the run is frozen.
             let until = if freeze.asked() { None } else { Some(deadline) };
             stop.enforce_limits(now, &mut disk, until, grace, signal);
+            if std::mem::take(&mut stop.kill_all_now) {
+                freeze.kill_descendants();
+            }
             freeze.check(now, signal, watch.as_ref());
         }
         // While frozen the deadline waits (it moves on by the frozen time at the thaw).
@@ -480,6 +483,17 @@ impl Freezing {
         self.since.is_some()
     }
 
+    /// SIGKILL to every process of the run besides pid 1 (see
+    /// [`crate::freeze::kill_descendants`]).
+    fn kill_descendants(&mut self) {
+        if self.init.is_none() {
+            self.init = crate::freeze::pid_of_pidfd(self.pidfd);
+        }
+        if let Some(init) = self.init {
+            crate::freeze::kill_descendants(init);
+        }
+    }
+
     /// Looking for every process to stop.
     fn confirming(&self) -> bool {
         self.since.is_some() && !self.confirmed
@@ -561,6 +575,9 @@ struct Stopping {
     killed_by: Option<KilledBy>,
     /// The first disk limit crossed (a later gross overshoot marks it forced).
     disk_hit: Option<DiskLimitRecord>,
+    /// SIGKILL just went to pid 1 for a disk limit: every other process of the run gets it
+    /// too, at once ([`crate::freeze::kill_descendants`]).
+    kill_all_now: bool,
 }
 
 impl Stopping {
@@ -582,6 +599,7 @@ impl Stopping {
                 self.killed_by = Some(KilledBy::DiskLimit);
             }
             self.killed = true;
+            self.kill_all_now = true;
             signal(libc::SIGKILL);
             self.disk_hit = Some(hit);
         }

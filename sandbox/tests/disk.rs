@@ -269,15 +269,15 @@ fn parallel_writers_in(name: &str, writers: u32, escalated: bool) -> (u64, u64) 
     (written, hit.map_or(u64::MAX, |h| h.observed))
 }
 
-/// The documented bounds (docs/sandbox.md "Disk and inode limits"). Near the limit the
-/// watchdog samples every millisecond, so when it notices, the run has taken at most what
-/// the machine writes in about 2 ms past `disk_bytes` plus the runner's own scheduling delay,
-/// however many writers share it: here at most an eighth of the budget plus 8 MiB. (Before,
-/// sampling every 10 ms, 16 writers were noticed at 1.13-1.72x the budget.)
-const NOTICED_BOUND: u64 = 32 * MIB + 4 * MIB + 8 * MIB;
-/// What the run takes after that, until the SIGKILL of its pid namespace has stopped every
-/// writer, depends on when the kernel schedules the namespace's init (measured up to 3.5x
-/// the budget on a loaded 2-core machine): only a loose bound.
+/// A sanity bound on what the watchdog had seen taken when it noticed. Near the limit it
+/// samples every millisecond, so on an idle machine the run is noticed within about an eighth
+/// of the budget past it however many writers share it (docs/sandbox.md "Disk and inode
+/// limits" has the figures); but the runner is a thread like any other, and on a loaded
+/// machine it is scheduled late (measured up to 2.25x here while other builds ran). The
+/// figures are printed; what is asserted holds under any load.
+const NOTICED_BOUND: u64 = 4 * 32 * MIB;
+/// What the run takes after that, until every writer is dead (the runner kills pid 1 and
+/// then each other process of the run itself): a loose bound.
 const LEFT_BOUND: u64 = 8 * 32 * MIB;
 
 fn within_bounds(writers: u32, (written, noticed): (u64, u64)) {
@@ -321,4 +321,38 @@ fn sixteen_parallel_writers_of_an_escalated_run_stay_within_the_bound() {
         return;
     }
     within_bounds(16, parallel_writers_in(name, 16, true));
+}
+
+/// The stop is a SIGKILL at once, never SIGTERM and a grace period to write through: a
+/// writer appending 1 MiB every 5 ms crosses a 32 MiB budget by less than an eighth (the
+/// watchdog notices within a few chunks), and its SIGTERM trap, which would leave a file,
+/// never runs. (Before, such a crossing got SIGTERM and `kill_grace_ms` to go on writing.)
+#[test]
+fn a_disk_limit_stops_the_run_at_once_without_a_grace_period() {
+    let name = "a_disk_limit_stops_the_run_at_once_without_a_grace_period";
+    if !features_ok(name) {
+        return;
+    }
+    let ws = Ws::new("nograce");
+    let limit = 32 * MIB;
+    let p = policy(&format!(
+        "disk_bytes = {limit}\nfile_size_bytes = 8388608\nkill_grace_ms = 60000"
+    ));
+    let script = "trap 'touch termed; exit 7' TERM; i=0; \
+        while [ $i -lt 96 ]; do head -c 1048576 /dev/zero > f_$i; i=$((i+1)); sleep 0.005; done; \
+        echo finished";
+    let o = ollie_sandbox::run(&p, &ws.req(script)).unwrap();
+    assert_eq!(
+        o.record.exit.killed_by,
+        Some(KilledBy::DiskLimit),
+        "{:?}",
+        o.record.exit
+    );
+    assert_eq!(o.record.exit.signal, Some(9), "{:?}", o.record.exit);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("finished"));
+    assert!(
+        !ws.0.join("termed").exists(),
+        "the run got SIGTERM and a grace period"
+    );
+    clean(&ws.0);
 }

@@ -574,6 +574,16 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usiz
     Ok(r as usize)
 }
 
+/// `pidfd_open(pid, 0)`: a descriptor for process `pid` (in this process's pid namespace).
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments; on success the return value is a new
+    // descriptor that nothing else owns.
+    let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })?;
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: `fd` was just returned by the kernel and is owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Sends a signal through a pidfd (race-free: the pid cannot have been reused).
 pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: i32) -> io::Result<()> {
     // SAFETY: valid pidfd, NULL siginfo, no flags.
