@@ -198,6 +198,7 @@ fn without_a_memory_cgroup_the_run_runs_and_says_so() {
     assert_eq!(doc["required"], true, "{doc}");
     let detail = doc["detail"].as_str().unwrap();
     assert!(detail.contains("RLIMIT_AS only"), "{detail}");
+    assert!(detail.contains("memfd_create fails"), "{detail}");
     assert!(
         doc["fix"].as_str().unwrap().contains("Delegate=yes"),
         "{doc}"
@@ -208,6 +209,7 @@ fn without_a_memory_cgroup_the_run_runs_and_says_so() {
     // The run still runs, and its record says what bounded it and why.
     let mem = recorded_memory(Some(NOBODY), &dir);
     assert_eq!(mem["bound"], "rlimit_as_only", "{mem}");
+    assert_eq!(mem["memfd"], "denied", "{mem}");
     assert!(mem["cgroup"].is_null(), "{mem}");
     assert!(mem["max_bytes"].is_null(), "{mem}");
     let why = mem["reason"].as_str().unwrap();
