@@ -198,6 +198,7 @@ fn without_a_memory_cgroup_the_run_runs_and_says_so() {
     assert_eq!(doc["required"], true, "{doc}");
     let detail = doc["detail"].as_str().unwrap();
     assert!(detail.contains("RLIMIT_AS only"), "{detail}");
+    assert!(detail.contains("memfd_create fails"), "{detail}");
     assert!(
         doc["fix"].as_str().unwrap().contains("Delegate=yes"),
         "{doc}"
@@ -208,11 +209,36 @@ fn without_a_memory_cgroup_the_run_runs_and_says_so() {
     // The run still runs, and its record says what bounded it and why.
     let mem = recorded_memory(Some(NOBODY), &dir);
     assert_eq!(mem["bound"], "rlimit_as_only", "{mem}");
+    assert_eq!(mem["memfd"], "denied", "{mem}");
     assert!(mem["cgroup"].is_null(), "{mem}");
     assert!(mem["max_bytes"].is_null(), "{mem}");
     let why = mem["reason"].as_str().unwrap();
     assert!(why.contains("not delegated to this user"), "{why}");
     assert!(!why.contains('\n'), "{why}");
     assert!(detail.contains(why), "{detail} vs {why}");
+    // What RLIMIT_AS does not count is taken away: `o sandbox` cannot hold 2 GiB in memfds.
+    let fill = "import os\nfds = []\nfor i in range(32):\n    f = os.memfd_create('x')\n    os.posix_fallocate(f, 0, 64 << 20)\n    fds.append(f)\nprint('held', len(fds) * 64, 'MiB')";
+    let out = o(
+        &[
+            "sandbox",
+            "--workdir",
+            dir.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            fill,
+        ],
+        Some(NOBODY),
+        &dir,
+    );
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("held"),
+        "{out:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("PermissionError"),
+        "{out:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

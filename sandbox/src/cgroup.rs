@@ -75,6 +75,20 @@ pub struct MemoryRecord {
     pub oom_kills: u64,
     /// Why there is no memory cgroup.
     pub reason: Option<String>,
+    /// Whether the tool may create memfds: `denied` without a memory cgroup (RLIMIT_AS does
+    /// not count a memfd's pages, so `memfd_create` fails with EPERM; inherited memfds stay
+    /// usable), `allowed` where the cgroup counts them.
+    pub memfd: MemfdAccess,
+}
+
+/// Whether `memfd_create` is open to the tool ([`MemoryRecord::memfd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemfdAccess {
+    /// The memory cgroup counts memfd pages.
+    Allowed,
+    /// No memory cgroup: `memfd_create` fails with EPERM.
+    Denied,
 }
 
 impl MemoryRecord {
@@ -89,6 +103,7 @@ impl MemoryRecord {
             scope,
             oom_kills: 0,
             reason: Some(reason.to_owned()),
+            memfd: MemfdAccess::Denied,
         }
     }
 }
@@ -595,6 +610,11 @@ impl RunCgroups {
         self.pids.as_ref().err().map(String::as_str)
     }
 
+    /// Whether there is a memory cgroup (without one the tool may not create memfds).
+    pub(crate) fn has_memory(&self) -> bool {
+        self.memory.is_ok()
+    }
+
     /// The memory cgroup, if there is one.
     #[cfg(test)]
     pub(crate) fn memory(&self) -> Option<&MemoryCgroup> {
@@ -627,6 +647,7 @@ impl RunCgroups {
                 scope,
                 oom_kills,
                 reason: None,
+                memfd: MemfdAccess::Allowed,
             },
             Err(why) => MemoryRecord::none(scope, why),
         }

@@ -90,6 +90,12 @@ pub enum SandboxError {
         "no pids cgroup could be created: as root, RLIMIT_NPROC does not limit processes (mount a writable pids cgroup, run unprivileged, or set best_effort = true)"
     )]
     ProcessLimit,
+    /// The run's memory cgroup was made but could not take the sandbox.
+    #[error("the sandbox could not enter its memory cgroup: {reason}")]
+    MemoryCgroup {
+        /// Why.
+        reason: String,
+    },
     /// A hardening step failed in the child; the command was not executed.
     #[error("sandbox set-up failed at {stage}; the command did not run")]
     ChildSetup {

@@ -128,7 +128,8 @@ mod unions;
 pub mod workspace;
 
 pub use cgroup::{
-    CgroupProbe, CgroupVersion, ControllerProbe, MemoryBound, MemoryRecord, MemoryScope,
+    CgroupProbe, CgroupVersion, ControllerProbe, MemfdAccess, MemoryBound, MemoryRecord,
+    MemoryScope,
 };
 pub use error::SandboxError;
 pub use harden::{HardeningRecord, ServerHardening, harden_server};

@@ -227,16 +227,19 @@ impl MountPlan {
         // A private /dev/shm (POSIX shared memory, semaphores): never the host's, never
         // another run's or session's. Mounted last, so it is writable while everything around
         // it is read-only.
+        // Its size is also capped at `limits.memory_bytes`: without a memory cgroup nothing
+        // else bounds what it holds.
         let l = resolved.policy.limits;
+        let shm_bytes = l.shm_bytes.min(l.memory_bytes);
         let private_shm = match std::fs::canonicalize(SHM_DIR) {
-            Ok(real) if l.shm_bytes > 0 && real.is_dir() => {
+            Ok(real) if shm_bytes > 0 && real.is_dir() => {
                 steps.push(MountStep::PrivateTmpfs {
                     path: c(&real)?,
                     options: cstr(
                         format!(
                             "size={},nr_inodes={},mode=1777",
-                            l.shm_bytes,
-                            SHM_INODES.min(l.shm_bytes / 1024 + 16)
+                            shm_bytes,
+                            SHM_INODES.min(shm_bytes / 1024 + 16)
                         )
                         .as_bytes(),
                         "tmpfs options",

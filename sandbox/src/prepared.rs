@@ -188,9 +188,12 @@ impl Prepared {
             })
             .map_err(|source| SandboxError::Policy { source })?;
         let ruleset = landlock::build(&resolved, None)?;
+        // The session's cgroups first: without a memory cgroup every call's filter also
+        // denies `memfd_create`.
+        let cgroups = spawn::make_cgroups(&resolved.policy.limits);
         let (programs, seccomp, seccomp_layout) = bpf::programs(
             &resolved.network,
-            &resolved.policy.syscalls.deny,
+            &spawn::tool_deny(&resolved.policy.syscalls.deny, &cgroups),
             bpf::Unproven::Check,
         )?;
         let MountPlan {
@@ -252,7 +255,7 @@ impl Prepared {
         prepared.cgroup_degraded = spawn::place_in_cgroup(
             uid,
             zygote_pid,
-            &l,
+            cgroups,
             prepared.resolved.policy.best_effort,
             &mut prepared.cgroups,
         )?;
@@ -595,7 +598,9 @@ impl Prepared {
         let mut post_run = snapshot_before.diff(&crate::postrun::Snapshot::take(&workdir));
         post_run.add(crate::postrun::setid_flags(&watched, &workdir));
         post_run.add(trees_before.diff(&crate::treescan::scan(&watched), &workdir));
-        let shm_bytes = self.mounts.private_shm.as_ref().map_or(0, |_| l.shm_bytes);
+        let shm_bytes = self.mounts.private_shm.as_ref().map_or(0, |_| {
+            l.shm_bytes.min(self.resolved.policy.limits.memory_bytes)
+        });
         Ok(supervise::run_output(
             req,
             &env,

@@ -129,7 +129,7 @@ pub fn run_streaming(
     let cgroup_degraded = place_in_cgroup(
         uid,
         pid,
-        &l,
+        shot.cgroups,
         shot.resolved.policy.best_effort,
         &mut running.cgroups,
     )?;
@@ -181,7 +181,7 @@ pub fn run_streaming(
         shot.trees_before
             .diff(&crate::treescan::scan(&shot.watched), &shot.workdir),
     );
-    let shm_bytes = l.shm_bytes;
+    let shm_bytes = l.shm_bytes.min(shot.resolved.policy.limits.memory_bytes);
     Ok(run_output(
         req,
         &shot.env,
@@ -223,6 +223,8 @@ struct OneShot {
     /// shipped profiles) and their record.
     filters: Vec<Vec<libc::sock_filter>>,
     seccomp: crate::seccomp::SeccompRecord,
+    /// The run's cgroups, made but not yet entered ([`place_in_cgroup`]).
+    cgroups: RunCgroups,
     /// The tool's working directory.
     cwd: PathBuf,
     /// The policy's limits, narrowed by the request.
@@ -264,14 +266,16 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
     // Landlock ruleset (parent side).
     // (None for an approved unsandboxed run: no Landlock, recorded.)
     let ruleset = landlock::build(&resolved, simulated_abi(req.fault))?;
+    let limits = effective_limits(&resolved.policy.limits, req)?;
+    // The cgroups first: without a memory cgroup the filter also denies `memfd_create`.
+    let cgroups = make_cgroups(&limits);
     let (filters, seccomp, _) = crate::bpf::programs(
         &resolved.network,
-        &resolved.policy.syscalls.deny,
+        &tool_deny(&resolved.policy.syscalls.deny, &cgroups),
         crate::bpf::Unproven::Reference,
     )?;
 
     let cwd = tool_cwd(&workdir, req.cwd.as_deref())?;
-    let limits = effective_limits(&resolved.policy.limits, req)?;
     let writable = crate::mounts::writable_trees(&resolved);
     let private_tmp = crate::mounts::private_tmp(&resolved, &writable);
     let (env, program) = tool_command(&resolved, req, &workdir, &cwd, private_tmp.as_deref())?;
@@ -323,6 +327,7 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
         ruleset,
         filters,
         seccomp,
+        cgroups,
         cwd,
         limits,
         env,
@@ -516,26 +521,63 @@ pub(crate) fn child_plan(
     })
 }
 
-/// Places `pid` (a sandbox's pid 1, before it does anything) in fresh cgroups under the
-/// runner's own: pids (`pids.max` = `limits.processes`) and memory (`limits.memory_bytes`),
+/// Fresh cgroups under the runner's own for a run or session: pids (`pids.max` =
+/// `limits.processes`) and memory (`limits.memory_bytes`), made before the seccomp filter
+/// is chosen ([`tool_deny`]) and entered by [`place_in_cgroup`].
+pub(crate) fn make_cgroups(l: &ollie_policy::Limits) -> RunCgroups {
+    RunCgroups::make(crate::cgroup::Want {
+        processes: l.processes,
+        memory_bytes: l.memory_bytes,
+    })
+}
+
+/// The calls taken out of the tool's profile: the policy's `syscalls.deny`, and
+/// `memfd_create` where there is no memory cgroup. RLIMIT_AS counts only mappings, per
+/// process; a memfd's pages are charged to nothing else, so a tool could hold any amount in
+/// memfds it does not map. EPERM like every denial (glibc has no fallback either way;
+/// programs that need anonymous shared memory fall back to `shm_open` or a file in `$TMPDIR`,
+/// which the `/dev/shm` cap and the disk watchdog bound). Memfds the tool inherits (toolsrv's
+/// sealed scripts) stay usable.
+pub(crate) fn tool_deny<'a>(
+    deny: &'a std::collections::BTreeSet<String>,
+    cgroups: &RunCgroups,
+) -> std::borrow::Cow<'a, std::collections::BTreeSet<String>> {
+    if cgroups.has_memory() || deny.contains(MEMFD_CREATE) {
+        return std::borrow::Cow::Borrowed(deny);
+    }
+    let mut d = deny.clone();
+    d.insert(MEMFD_CREATE.to_owned());
+    std::borrow::Cow::Owned(d)
+}
+
+/// The call denied without a memory cgroup ([`tool_deny`]).
+const MEMFD_CREATE: &str = "memfd_create";
+
+/// Places `pid` (a sandbox's pid 1, before it does anything) in `cgroups` ([`make_cgroups`]),
 /// kept in `slot`, whose owner kills `pid` before it drops them. As root (`uid` 0:
 /// RLIMIT_NPROC does not bind it) a missing pids cgroup fails closed unless `best_effort`;
-/// a missing memory cgroup is recorded ([`MemoryRecord::reason`]), never fatal. Returns
-/// whether the run degraded.
+/// a missing memory cgroup is recorded ([`MemoryRecord::reason`]), never fatal, but one
+/// that was made and then could not take `pid` fails closed: the filter was chosen for a
+/// cgroup that bounds memfds. Returns whether the run degraded.
 pub(crate) fn place_in_cgroup(
     uid: u32,
     pid: libc::pid_t,
-    l: &ollie_policy::Limits,
+    mut cgroups: RunCgroups,
     best_effort: bool,
     slot: &mut Option<RunCgroups>,
 ) -> Result<bool, SandboxError> {
-    let mut cgroups = RunCgroups::make(crate::cgroup::Want {
-        processes: l.processes,
-        memory_bytes: l.memory_bytes,
-    });
+    let had_memory = cgroups.has_memory();
     cgroups.place(pid);
     let pids = cgroups.pids().is_some();
+    let lost_memory = had_memory && !cgroups.has_memory();
+    let reason = cgroups
+        .memory_record(MemoryScope::Run, 0)
+        .reason
+        .unwrap_or_default();
     *slot = Some(cgroups);
+    if lost_memory {
+        return Err(SandboxError::MemoryCgroup { reason });
+    }
     match (uid, pids) {
         (0, false) if best_effort => Ok(true),
         (0, false) => Err(SandboxError::ProcessLimit),

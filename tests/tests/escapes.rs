@@ -1001,8 +1001,13 @@ case!(a13_exec_restriction_is_not_a_boundary, |c| {
     expect(&out, "ldso", &["0"]);
     expect(&out, "interp", &["0"]);
     // memfd exec also runs on this kernel (memfd files live on an internal mount Landlock
-    // does not mediate): recorded in SECURITY.md, asserted so a change is noticed.
-    expect(&out, "memfd", &["0"]);
+    // does not mediate): recorded in SECURITY.md, asserted so a change is noticed. Without a
+    // memory cgroup memfd_create is denied, so it fails there (python exits 1).
+    if out.record.layers.memory.memfd == ollie_sandbox::MemfdAccess::Denied {
+        expect(&out, "memfd", &["1"]);
+    } else {
+        expect(&out, "memfd", &["0"]);
+    }
 });
 
 fn secrets_script(c: &Ctx) -> String {
@@ -2078,6 +2083,95 @@ case!(f42b_memory_held_by_fds_stops_at_the_memory_cgroup, |c| {
         "{} MiB of Shmem left after the run",
         left >> 20
     );
+});
+
+case!(f42c_memory_held_by_fds_is_bounded_in_every_mode, |c| {
+    // The attack of f42b in every mode, with or without a memory cgroup: hold 2 GiB in memfds,
+    // then in /dev/shm files, under a 256 MiB budget. With a cgroup it stops there; without
+    // one (an unprivileged user without delegation) `memfd_create` is denied and the private
+    // /dev/shm is no larger than `memory_bytes` (here `shm_bytes` asks for 1 GiB). An approved
+    // unsandboxed run mounts nothing: it has the host's /dev/shm, which the script leaves alone
+    // (documented residual risk).
+    use memory::{MIB, SLACK};
+    use std::os::unix::fs::MetadataExt;
+    let host_shm = std::fs::metadata("/dev/shm").map_or(0, |m| m.dev());
+    let bound = 256 * MIB;
+    let pol = p_std_with(|t| {
+        with_limits(
+            t,
+            &format!(
+                "memory_bytes = {bound}\naddress_space_bytes = {bound}\nshm_bytes = {}\ntimeout_seconds = 120\nkill_grace_ms = 200",
+                1024 * MIB
+            ),
+        )
+    });
+    let script = format!(
+        "python3 - <<'EOF'\n{}\nfill('memfd', {}, {})\nif os.stat('/dev/shm').st_dev == {host_shm}:\n    print('host shm')\nelse:\n    fill('shm', {}, {})\nEOF",
+        memory::FILL_PY,
+        64 * MIB,
+        2048 * MIB,
+        64 * MIB,
+        2048 * MIB
+    );
+    let sampler = std::sync::Mutex::new(Some(memory::ShmemSampler::start()));
+    in_every_mode(c, &pol, &script, &|mode, out| {
+        let growth = sampler.lock().unwrap().take().map_or(0, |s| s.stop());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let m = &out.record.layers.memory;
+        let held: Vec<u64> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("held "))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect();
+        assert!(
+            !text.lines().any(|l| l.starts_with("all ")),
+            "{mode}: the fill completed: {text} ({m:?})"
+        );
+        assert!(
+            held.iter().all(|h| *h <= bound),
+            "{mode}: held more than {} MiB: {text} ({m:?})",
+            bound >> 20
+        );
+        assert!(
+            growth <= bound + SLACK,
+            "{mode}: host Shmem grew by {} MiB under a {} MiB bound: {text}",
+            growth >> 20,
+            bound >> 20
+        );
+        if m.bound == ollie_sandbox::MemoryBound::RlimitAsOnly {
+            assert_eq!(m.memfd, ollie_sandbox::MemfdAccess::Denied, "{mode}: {m:?}");
+            let stops: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("stopped "))
+                .collect();
+            if mode == "unsandboxed" {
+                assert_eq!(stops, ["EPERM"], "{mode}: {text}");
+                assert!(text.contains("host shm"), "{mode}: {text}");
+            } else {
+                assert_eq!(stops, ["EPERM", "ENOSPC"], "{mode}: {text}");
+            }
+            let json: serde_json::Value = serde_json::from_str(&out.record.to_json()).unwrap();
+            assert_eq!(json["layers"]["memory"]["memfd"], "denied", "{mode}");
+        } else {
+            assert_eq!(
+                m.memfd,
+                ollie_sandbox::MemfdAccess::Allowed,
+                "{mode}: {m:?}"
+            );
+        }
+        eprintln!(
+            "{}: {mode}: bound {:?}, memfd {:?}, held at most {} MiB, host Shmem grew by at most {} MiB",
+            c.name,
+            m.bound,
+            m.memfd,
+            held.iter().max().copied().unwrap_or(0) >> 20,
+            growth >> 20
+        );
+        *sampler.lock().unwrap() = Some(memory::ShmemSampler::start());
+    });
+    if let Some(s) = sampler.lock().unwrap().take() {
+        s.stop();
+    }
 });
 
 case!(f43_cpu_burn, |c| {

@@ -1096,6 +1096,60 @@ async fn memory_held_by_fds_stops_at_the_sessions_memory_cgroup() {
     assert_eq!(r.exit(), Some(0), "{r:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_memory_cgroup_toolsrv_calls_cannot_hold_memory_in_fds() {
+    // The same attack where no memory cgroup can be made (an unprivileged user without
+    // delegation): every call's filter denies memfd_create and the private /dev/shm is no
+    // larger than memory_bytes, so 2 GiB asked for under a 256 MiB budget is not held.
+    use common::memory::{FILL_PY, MIB, SLACK, ShmemSampler, fill_call, parse_fill};
+    let case = "without_a_memory_cgroup_toolsrv_calls_cannot_hold_memory_in_fds";
+    if !features_ok(case) {
+        return;
+    }
+    if ollie_sandbox::probe().cgroups.memory.available() {
+        // memory_held_by_fds_stops_at_the_sessions_memory_cgroup covers this user.
+        skip(&format!("SKIP {case}: a memory cgroup is available here"));
+        return;
+    }
+    let bound = 256 * MIB;
+    let t = small_memory_toolsrv(bound).await;
+    let a = t.attach("a").await;
+    for kind in ["memfd", "shm"] {
+        let src = format!("{FILL_PY}\n{}\n", fill_call(kind, 64 * MIB, 2048 * MIB));
+        let sampler = ShmemSampler::start();
+        let (line, v, rest) = run_with_record(&a, &format!("record=1\n{}", code("python3", &src)))
+            .await
+            .expect("the fill");
+        let growth = sampler.stop();
+        let r = Run::parse(&rest);
+        let fill = parse_fill(&r.body);
+        assert!(!fill.all, "{kind}: the fill completed: {fill:?} {rest}");
+        let want = if kind == "memfd" { "EPERM" } else { "ENOSPC" };
+        assert_eq!(
+            fill.stopped.as_deref(),
+            Some(want),
+            "{kind}: {fill:?} {line}"
+        );
+        assert!(fill.held <= bound, "{kind}: {fill:?}");
+        assert!(
+            growth <= bound + SLACK,
+            "{kind}: host Shmem grew by {} MiB under a {} MiB budget",
+            growth >> 20,
+            bound >> 20
+        );
+        let mem = &v["record"]["layers"]["memory"];
+        assert_eq!(mem["bound"], "rlimit_as_only", "{line}");
+        assert_eq!(mem["memfd"], "denied", "{line}");
+        assert_eq!(mem["scope"], "session", "{line}");
+        eprintln!(
+            "{case}: {kind} fill held {} MiB ({want}), host Shmem grew by at most {} MiB (budget {} MiB)",
+            fill.held >> 20,
+            growth >> 20,
+            bound >> 20
+        );
+    }
+}
+
 /// Pids whose parent is `ppid`.
 fn children_of(ppid: i32) -> Vec<i32> {
     let mut out = Vec::new();

@@ -162,7 +162,7 @@ fn items(p: &Probe, uid: u32) -> Vec<Item> {
             )
         } else {
             format!(
-                "{}: runs are bounded by RLIMIT_AS only, which shared memory held by file descriptors (memfd, tmpfs) bypasses",
+                "{}: runs are bounded by RLIMIT_AS only; the tool may not create memfds (memfd_create fails with EPERM) and its private /dev/shm is capped at limits.memory_bytes, but files in writable tmpfs trees are bounded only by the disk limits",
                 mem.reason.clone().unwrap_or_default()
             )
         },
