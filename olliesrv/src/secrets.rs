@@ -18,7 +18,7 @@ const SHARED_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 
 /// The server's secret locations: its state directory; `config` (its configuration file, the
 /// `agents/` and `policy/` directories beside it, and the backends' key files: see
-/// [`config_paths`](crate::secrets::config_paths)); the unix sockets it
+/// [`config_paths`]); the unix sockets it
 /// serves and their directories (unless a shared one such as `/tmp`, the home or a system
 /// tree); and [`ollie_link::instances::env_secrets`] (the default state and configuration
 /// directories of the environment, and every other state directory of this user). Each as
