@@ -254,7 +254,7 @@ fn is_absent(e: &std::io::Error) -> bool {
 
 /// Opens the directory `rel` beneath the root for listing (read permission needed): a new
 /// open file description, also for the root itself, so no two listings share an offset.
-fn open_dir(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+pub(crate) fn open_dir(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
     let rel = if rel.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -265,7 +265,7 @@ fn open_dir(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
 
 /// An `O_PATH` descriptor for `rel` beneath the root, the last component not followed: for
 /// lookups and `stat`s, which need only search permission on the way.
-fn reach(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
+pub(crate) fn reach(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
     if rel.as_os_str().is_empty() {
         return root.try_clone();
     }

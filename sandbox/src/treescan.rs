@@ -15,7 +15,7 @@
 //!   repositories than can be protected, a [`FlagKind::SearchCut`] flag says so after every
 //!   run (so [`crate::workspace::Workspace`] refuses host-side git until a human looked).
 
-use crate::postrun::{FlagKind, PostRunFlag};
+use crate::postrun::{FlagKind, PostRunFlag, open_dir, reach};
 use crate::sys;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::ControlFlow;
@@ -161,24 +161,6 @@ pub(crate) fn scan(trees: &[PathBuf]) -> TreeScan {
         }
     }
     out
-}
-
-const DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK;
-
-fn open_dir(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
-    let rel = if rel.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rel
-    };
-    sys::openat2_beneath(root.as_raw_fd(), rel, DIR, 0)
-}
-
-fn reach(root: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
-    if rel.as_os_str().is_empty() {
-        return root.try_clone();
-    }
-    sys::openat2_beneath(root.as_raw_fd(), rel, libc::O_PATH | libc::O_NOFOLLOW, 0)
 }
 
 impl TreeScan {
