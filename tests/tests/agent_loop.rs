@@ -519,9 +519,22 @@ async fn an_approved_escalation_runs_once_with_the_grant() {
     sorted.sort_unstable();
     assert_eq!(
         sorted,
-        ["decision", "decision-refused", "ran", "request"],
+        [
+            "decision",
+            "decision-refused",
+            "hold",
+            "ran",
+            "release",
+            "request"
+        ],
         "{audit}"
     );
+    // The session's hold (its two log events, read apart from the request) aside, the
+    // request comes first.
+    let events: Vec<serde_json::Value> = events
+        .into_iter()
+        .filter(|e| e["event"] != "hold")
+        .collect();
     assert_eq!(events[0]["event"], "request", "{audit}");
     assert_eq!(events[0]["id"], id.as_str(), "{audit}");
     assert_eq!(
@@ -635,12 +648,23 @@ async fn a_sandboxed_tool_cannot_answer_a_pending_request() {
         .unwrap();
     let req: serde_json::Value = serde_json::from_slice(&req).unwrap();
     let id = req["id"].as_str().unwrap().to_owned();
-    // The attacker: another agent of the session, on the other replay script.
-    rdwr(&root, "session/s/agent/new", "name=b backend=other")
+    // The attacker: an agent of another session, in another tree, on the other replay
+    // script (a call of the same session, or of one in the same tree, waits until the
+    // request is answered: nothing else of it runs meanwhile).
+    let elsewhere = srv.dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    rdwr(
+        &root,
+        "session/new",
+        &format!("name=t cwd={}", elsewhere.display()),
+    )
+    .await
+    .unwrap();
+    rdwr(&root, "session/t/agent/new", "name=b backend=other")
         .await
         .unwrap();
-    write(&root, "session/s/agent/b/prompt", "try").await;
-    let raw = wait_for(&root, "session/s/agent/b/log", "[[[assistant\ntried").await;
+    write(&root, "session/t/agent/b/prompt", "try").await;
+    let raw = wait_for(&root, "session/t/agent/b/log", "[[[assistant\ntried").await;
     assert!(raw.contains("connect refused"), "{raw}");
     assert!(!raw.contains("\nCONNECTED\n"), "{raw}");
     assert!(
