@@ -48,12 +48,12 @@ unset XDG_CONFIG_HOME XDG_STATE_HOME XDG_DATA_HOME XDG_CACHE_HOME OLLIE_TOOLSRV
 # The server, as the README's set-up command starts it (its own process group, to stop it).
 (cd "$tmp/ollie" && exec setsid bash -c "$run_cmd" >"$tmp/server.log" 2>&1) &
 server=$!
-for _ in $(seq 1 1800); do
+for _ in $(seq 1 4500); do
 	[ -S "$NAMESPACE/ollie" ] && break
 	kill -0 "$server" 2>/dev/null || fail "the server exited: $(tail -n 20 "$tmp/server.log")"
 	sleep 0.2
 done
-[ -S "$NAMESPACE/ollie" ] || fail "no socket at $NAMESPACE/ollie after 6 minutes: $(tail -n 20 "$tmp/server.log")"
+[ -S "$NAMESPACE/ollie" ] || fail "no socket at $NAMESPACE/ollie after 15 minutes: $(tail -n 20 "$tmp/server.log")"
 built=$SECONDS
 
 # The quickstart block, verbatim, from the checkout.
