@@ -21,14 +21,19 @@ const MIB: u64 = 1 << 20;
 mod common;
 use common::features_ok;
 
-struct Ws(PathBuf);
+/// A workspace; while it exists no other test of this file runs. The watchdog samples the
+/// whole filesystem, so files another test deletes meanwhile would hide what the tool wrote.
+struct Ws(PathBuf, std::sync::MutexGuard<'static, ()>);
+
+static QUIET: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Ws {
     fn new(name: &str) -> Ws {
+        let quiet = QUIET.lock().unwrap_or_else(|p| p.into_inner());
         let d = std::env::temp_dir().join(format!("ollie-disk-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
-        Ws(std::fs::canonicalize(&d).unwrap())
+        Ws(std::fs::canonicalize(&d).unwrap(), quiet)
     }
     fn req(&self, script: &str) -> RunRequest {
         let mut r = RunRequest::new(
