@@ -318,6 +318,13 @@ impl ToolLink {
         })
     }
 
+    /// A session without a working directory: no toolsrv until one comes, and `why` says so.
+    pub(crate) fn no_workspace(&self, session: &str) {
+        self.state.send_replace(LinkState::Failed(format!(
+            "session {session} has no working directory yet, so no toolsrv: an agent created with cwd=DIR gives it one"
+        )));
+    }
+
     /// The connection, waiting up to `wait` for one.
     pub async fn conn(&self, wait: Duration) -> Result<Arc<Conn>, String> {
         let mut rx = self.state.subscribe();
@@ -328,6 +335,10 @@ impl ToolLink {
                 LinkState::Up(c) => return Ok(c),
                 LinkState::Stopped => {
                     return Err("file does not exist: the session was killed".into());
+                }
+                // Nothing is starting one (a session without a working directory).
+                LinkState::Failed(r) if !*self.running.borrow() => {
+                    return Err(format!("toolsrv is not available ({r})"));
                 }
                 _ => {}
             }

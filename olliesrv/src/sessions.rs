@@ -40,7 +40,8 @@ impl Registry {
             let s = self.build_session(
                 r.id.clone(),
                 r.name.clone(),
-                r.cwd.clone(),
+                // Empty: made without a cwd, and no agent has given it one yet.
+                (!r.cwd.as_os_str().is_empty()).then(|| r.cwd.clone()),
                 (r.backend.clone(), r.model.clone(), r.profile.clone()),
                 r.remote.clone(),
                 r.created,
@@ -75,9 +76,14 @@ impl Registry {
             if let Ok(mut v) = self.sessions.write() {
                 v.push(Arc::clone(&s));
             }
-            supervise::start(Arc::clone(&s), Arc::clone(self));
+            if s.cwd().is_some() {
+                supervise::start(Arc::clone(&s), Arc::clone(self));
+            } else {
+                s.link.no_workspace(&s.name());
+            }
             for a in s.agents() {
                 crate::agent::turn::start_worker(Arc::clone(&a), Arc::clone(self), false);
+                crate::agent::feed::start(a);
             }
         }
         self.order.fetch_max(max_order + 1, Ordering::Relaxed);
@@ -124,7 +130,7 @@ impl Registry {
             (Some(_), Some(c)) => {
                 let d = remote_dir(c)?;
                 refuse_broad(&d, None, spec.force)?;
-                d
+                Some(d)
             }
             (Some(r), None) => {
                 return Err(format!(
@@ -132,12 +138,10 @@ impl Registry {
                     clip(r)
                 ));
             }
-            (None, Some(c)) => workspace_dir(c, spec.force)?,
-            (None, None) => {
-                let home = std::env::var("HOME").unwrap_or_else(|_| "/".to_owned());
-                workspace_dir(&home, spec.force)
-                    .map_err(|e| format!("no cwd= given, and the default is refused: {e}"))?
-            }
+            (None, Some(c)) => Some(workspace_dir(c, spec.force)?),
+            // As in the seed (`name=myproj`): the working directory comes with the first
+            // agent (`agent/new … cwd=DIR`).
+            (None, None) => None,
         };
         let _g = lock(&self.naming);
         let name = match &spec.name {
@@ -149,7 +153,8 @@ impl Registry {
                 n.clone()
             }
             None => self.unique_session_name(
-                cwd.file_name()
+                cwd.as_deref()
+                    .and_then(|c| c.file_name())
                     .and_then(|n| n.to_str())
                     .filter(|n| validate_name(n).is_ok())
                     .unwrap_or("session"),
@@ -170,7 +175,11 @@ impl Registry {
             v.push(Arc::clone(&s));
         }
         self.bump();
-        supervise::start(Arc::clone(&s), Arc::clone(self));
+        if s.cwd().is_some() {
+            supervise::start(Arc::clone(&s), Arc::clone(self));
+        } else {
+            s.link.no_workspace(&s.name());
+        }
         self.events.emit(
             "session-created",
             ev(&[
@@ -226,14 +235,21 @@ impl Registry {
         }
         let config = self.config();
         let mut settings = AgentSettings {
-            cwd: s.cwd.clone(),
+            cwd: s.cwd().cloned().unwrap_or_default(),
             backend: s.backend.clone(),
             model: s.model.clone(),
             profile: s.profile.clone(),
             ..AgentSettings::default()
         };
-        if let Some(c) = &spec.cwd {
-            settings.cwd = workspace_dir(c, spec.force)?;
+        match &spec.cwd {
+            Some(c) => settings.cwd = workspace_dir(c, spec.force)?,
+            None if s.cwd().is_none() => {
+                return Err(format!(
+                    "session {} has no working directory of its own: give the agent one (cwd=DIR)",
+                    s.name()
+                ));
+            }
+            None => {}
         }
         for (k, v) in [
             ("backend", &spec.backend),
@@ -295,9 +311,19 @@ impl Registry {
         if let Ok(mut v) = s.agents.write() {
             v.push(Arc::clone(&a));
         }
+        // A session made without a cwd takes its first agent's as its workspace, and its
+        // toolsrv starts now.
+        let adopted = s.cwd().is_none() && s.cwd.set(settings.cwd.clone()).is_ok();
+        if adopted && let Err(e) = s.save() {
+            tracing::warn!(session = %s.id, error = %e, "cannot record the session's working directory; it is kept until olliesrv stops");
+        }
         self.bump();
         drop(_g);
+        if adopted {
+            supervise::start(Arc::clone(s), Arc::clone(self));
+        }
         crate::agent::turn::start_worker(Arc::clone(&a), Arc::clone(self), true);
+        crate::agent::feed::start(Arc::clone(&a));
         self.events.emit(
             "agent-created",
             ev(&[

@@ -57,7 +57,8 @@ fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
         .map_or_else(|| "workspace".to_owned(), |p| p.policy.clone());
     let mut b = Bootstrap::new(
         s.id.clone(),
-        s.cwd.clone(),
+        // Started only once the session has one (`sessions.rs`).
+        s.cwd().cloned().unwrap_or_default(),
         // A remote toolsrv uses its own user's home on its host (empty: see `Bootstrap`).
         if s.remote.is_some() {
             PathBuf::new()

@@ -205,9 +205,13 @@ pub trait Filesystem: Send + Sync + 'static {
         data: Bytes,
     ) -> impl Future<Output = Result<u32>> + Send;
 
-    /// Tclunk (and connection teardown): the fid is gone.
-    fn clunk(&self, _fid: Self::Fid) -> impl Future<Output = ()> + Send {
-        async {}
+    /// Tclunk (and connection teardown): the fid is gone. The fid is released whatever this
+    /// returns; an error reaches the client as the Rclunk's Rerror when nothing else was
+    /// queued on the fid (the reply then follows the clunk's effect), and is dropped otherwise
+    /// (the reply went at once, see [`Filesystem`]'s clunk rule in the server loop) and at
+    /// teardown.
+    fn clunk(&self, _fid: Self::Fid) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
     }
 
     /// Tremove: remove the file; the fid is gone whether or not this succeeds.
@@ -289,6 +293,10 @@ enum Op<T> {
         data: Bytes,
     },
     Remove {
+        slot: Slot<T>,
+    },
+    /// A Tclunk of a fid no other request holds: replied once the filesystem has clunked it.
+    Clunk {
         slot: Slot<T>,
     },
     Stat {
@@ -440,6 +448,10 @@ async fn exec<F: Filesystem>(
             fs.remove(e.fs).await?;
             Ok(Outcome::ok(Rmsg::Remove))
         }
+        Op::Clunk { slot } => {
+            retire_slot(fs, slot).await?;
+            Ok(Outcome::ok(Rmsg::Clunk))
+        }
         Op::Stat { slot } => {
             let mut g = slot.lock().await;
             let e = g.as_mut().ok_or_else(unknown_fid)?;
@@ -524,7 +536,7 @@ async fn walk<F: Filesystem>(
                 Some(mut ng) => *ng = Some(entry),
                 None => {
                     let old = std::mem::replace(e, entry);
-                    fs.clunk(old.fs).await;
+                    let _ = fs.clunk(old.fs).await;
                 }
             }
             Ok(Outcome::ok(Rmsg::Walk { wqids: qids }))
@@ -1109,15 +1121,16 @@ async fn shed_pending<L: Listener>(listener: &L) -> usize {
 
 /// Clunks a slot's state once every request queued on it is done (removing the file if it was
 /// opened with ORCLOSE; a failed remove is not reported, as with Tclunk).
-async fn retire_slot<F: Filesystem>(fs: &F, slot: Slot<F::Fid>) {
+async fn retire_slot<F: Filesystem>(fs: &F, slot: Slot<F::Fid>) -> Result<()> {
     let e = slot.lock().await.take();
     if let Some(e) = e {
         if e.open.is_some_and(|m| m & om::ORCLOSE != 0) {
             let _ = fs.remove(e.fs).await;
         } else {
-            fs.clunk(e.fs).await;
+            return fs.clunk(e.fs).await;
         }
     }
+    Ok(())
 }
 
 /// After the listener stops: lets connections finish on their own for up to `grace` (so replies
@@ -1391,10 +1404,15 @@ impl<F: Filesystem> Conn<F> {
             return;
         }
         if let Tmsg::Clunk { fid } = msg {
-            // The fid is gone now: its number may be reused at once, and the reply does not
-            // wait for requests still queued on it (a parked read would otherwise hold it
-            // forever). The filesystem sees the clunk after those requests, in order.
+            // The fid is gone now: its number may be reused at once. With requests still
+            // queued on it, the reply does not wait for them (a parked read would otherwise
+            // hold it forever); the filesystem sees the clunk after them, in order. Without,
+            // the clunk runs as a request, so its reply follows its effect (a prompt written
+            // on the fid is queued) and carries its error.
             match self.take_fid(fid) {
+                Some(slot) if Arc::strong_count(&slot) == 1 => {
+                    self.start(tag, Op::Clunk { slot }, None);
+                }
                 Some(slot) => {
                     self.retire(slot);
                     self.reply(tag, &Rmsg::Clunk);
@@ -1425,6 +1443,14 @@ impl<F: Filesystem> Conn<F> {
                 return;
             }
         };
+        self.start(tag, op, creates);
+    }
+
+    /// Runs a request: polled once inline, else as a task whose reply comes back through the
+    /// channel. A clunk's task is not aborted by Tflush (its effect happens; only the reply
+    /// is dropped), so a flushed clunk still clunks.
+    fn start(&mut self, tag: u16, op: Op<F::Fid>, creates: Created<F::Fid>) {
+        let abortable = !matches!(op, Op::Clunk { .. });
         let mut fut: BoxFuture<'static, Outcome> =
             Box::pin(run_op(Arc::clone(&self.ctx), self.msize, op));
         // First poll inline, in arrival order: this takes the fid lock's place in line, and most
@@ -1445,7 +1471,7 @@ impl<F: Filesystem> Conn<F> {
             tag,
             Inflight {
                 seq,
-                abort: Some(handle.abort_handle()),
+                abort: abortable.then(|| handle.abort_handle()),
                 creates,
             },
         );
@@ -1507,7 +1533,9 @@ impl<F: Filesystem> Conn<F> {
         }
         let fs = Arc::clone(&self.srv.fs);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { retire_slot(&*fs, slot).await });
+            rt.spawn(async move {
+                let _ = retire_slot(&*fs, slot).await;
+            });
         }
     }
 
@@ -1530,7 +1558,7 @@ impl<F: Filesystem> Conn<F> {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 for slot in fids {
-                    retire_slot(&*fs, slot).await;
+                    let _ = retire_slot(&*fs, slot).await;
                 }
             });
         }

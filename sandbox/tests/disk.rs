@@ -23,7 +23,11 @@ use common::features_ok;
 
 /// A workspace; while it exists no other test of this file runs. The watchdog samples the
 /// whole filesystem, so files another test deletes meanwhile would hide what the tool wrote.
-struct Ws(PathBuf, std::sync::MutexGuard<'static, ()>);
+struct Ws(
+    PathBuf,
+    #[allow(dead_code, reason = "held for the workspace's life, never read")]
+    std::sync::MutexGuard<'static, ()>,
+);
 
 static QUIET: std::sync::Mutex<()> = std::sync::Mutex::new(());
 

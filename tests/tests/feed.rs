@@ -240,11 +240,49 @@ fn same(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
-/// `ollie-9p read PATH` as a fresh process: the current value.
-fn ollie9p_read(srv: &Srv, path: &str) -> Vec<u8> {
-    let o = ollie9p(&srv.addr(), &["read", path], b"");
-    assert!(o.status.success(), "ollie-9p read: {}", text(&o.stderr));
-    o.stdout
+/// `ollie-9p read PATH` as a fresh process, started now: it prints the first value newer than
+/// the one current at its open.
+struct FreshRead(Child);
+
+impl FreshRead {
+    fn start(srv: &Srv, path: &str) -> FreshRead {
+        let c = Command::new(bin("ollie-9p"))
+            .arg("-a")
+            .arg(srv.addr())
+            .args(["read", path])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        FreshRead(c)
+    }
+
+    /// Still waiting after `d` (the value current at its open did not end it).
+    fn still_waiting(&mut self, d: Duration) -> bool {
+        std::thread::sleep(d);
+        self.0.try_wait().unwrap().is_none()
+    }
+
+    /// What it printed once it exited (read as it goes: a value fills a pipe).
+    fn value(self) -> Vec<u8> {
+        let c = self.0;
+        let pid = c.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(c.wait_with_output());
+        });
+        let Ok(o) = rx.recv_timeout(STEP_GUARD) else {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("ollie-9p read did not return within {STEP_GUARD:?}");
+        };
+        let o = o.unwrap();
+        assert!(o.status.success(), "ollie-9p read: {}", text(&o.stderr));
+        o.stdout
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,15 +309,16 @@ async fn seed_diff_loop_gives_one_value_per_changed_iteration() {
         assert!(tokio::time::Instant::now() < deadline, "the loop stopped");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // A fresh `ollie-9p read` sees the one value, not iterations joined.
-    same(
-        &ollie9p_read(&srv, FEED),
-        &d1,
-        "ollie-9p read after unchanged iterations",
+    // A fresh `ollie-9p read` starts from the current value: the unchanged iterations (one
+    // every 5 s) do not end it.
+    let mut fresh = FreshRead::start(&srv, FEED);
+    assert!(
+        fresh.still_waiting(Duration::from_secs(7)),
+        "a fresh read returned the value current at its open"
     );
 
     // A change: the next value this reader gets is the new diff (the unchanged iterations
-    // woke nobody).
+    // woke nobody), and the fresh read gets it too, whole.
     repo.write(2);
     let d2 = repo.diff();
     same(
@@ -287,11 +326,7 @@ async fn seed_diff_loop_gives_one_value_per_changed_iteration() {
         &d2,
         "changed iteration",
     );
-    same(
-        &ollie9p_read(&srv, FEED),
-        &d2,
-        "ollie-9p read after the change",
-    );
+    same(&fresh.value(), &d2, "ollie-9p read after the change");
     assert!(values.try_recv().is_err(), "an extra value");
 }
 
@@ -327,7 +362,6 @@ async fn seed_statewait_loop_gives_one_value_per_state_change() {
         };
         same(&got, &want, &format!("value after state change {version}"));
     }
-    same(&ollie9p_read(&srv, FEED), &repo.diff(), "ollie-9p read");
 }
 
 /// Writes `chunks` on `w` from `offset`, one Twrite each; returns the offset after them.

@@ -69,8 +69,6 @@ async fn broad_working_directories_are_refused_unless_forced() {
         ),
         ("name=a cwd=/", "cwd / is the root directory"),
         (&format!("name=a cwd={home_s}"), "is your home directory"),
-        // No cwd=: the default, the home directory, is refused too.
-        ("name=a", "no cwd= given, and the default is refused"),
         ("name=a cwd=/etc force=maybe", "force: give yes or no"),
     ] {
         let e = rdwr(&root, "session/new", spec)
@@ -86,6 +84,31 @@ async fn broad_working_directories_are_refused_unless_forced() {
             .await
             .is_err(),
         "a refused session exists"
+    );
+    // No cwd= (the seed's `name=myproj`): a session without a working directory, never the
+    // home directory by default. Its agents must name one, and the same rules apply to it.
+    rdwr(&root, "session/new", "name=bare").await.unwrap();
+    let cfg = read(&root, "session/bare/cfg").await;
+    assert!(cfg.contains("cwd=\n"), "{cfg}");
+    assert!(!cfg.contains(&home_s), "{cfg}");
+    let e = rdwr(&root, "session/bare/agent/new", "name=x")
+        .await
+        .expect_err("an agent without a cwd in a session without one");
+    assert!(e.contains("has no working directory of its own"), "{e}");
+    assert!(e.contains("cwd=DIR"), "{e}");
+    let e = rdwr(
+        &root,
+        "session/bare/agent/new",
+        &format!("name=x cwd={home_s}"),
+    )
+    .await
+    .expect_err("an agent in the home directory");
+    assert!(e.contains("is your home directory"), "{e}");
+    assert!(
+        ollie_testkit::client::walk(&root, "session/bare/agent/x")
+            .await
+            .is_err(),
+        "a refused agent exists"
     );
     // Forced: the home directory is accepted.
     rdwr(

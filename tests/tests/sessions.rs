@@ -81,10 +81,12 @@ async fn rdwr(root: &Fid, path: &str, data: &str) -> Result<String, String> {
     reply(&f).await
 }
 
-/// Opens `path` OWRITE (with OTRUNC, as `echo data > path` does) and writes `data`.
+/// Opens `path` OWRITE (with OTRUNC, as `echo data > path` does), writes `data` and clunks
+/// (a prompt is queued at the clunk, whose error is returned).
 async fn write(root: &Fid, path: &str, data: &str) -> Result<(), String> {
     let f = try_open(root, path, om::OWRITE | om::OTRUNC).await?;
-    put(&f, data).await.map(|_| ())
+    put(&f, data).await?;
+    within("clunk", f.clunk()).await.map_err(|e| msg(&e))
 }
 
 fn expect_err(r: Result<impl std::fmt::Debug, String>, what: &str) -> String {
@@ -1055,9 +1057,12 @@ async fn cfg_reads_writes_and_refuses_bad_values() {
             "max_tokens",
             "top_p",
             "max_steps",
-            "context_limit"
+            "context_limit",
+            "feed",
+            "feed_prompt"
         ]
     );
+    assert_eq!(get(&c0, "feed"), "turn");
     assert_eq!(get(&c0, "name"), "a");
     assert_eq!(get(&c0, "id"), id);
     assert_eq!(get(&c0, "cwd"), "/tmp");
@@ -1092,8 +1097,10 @@ async fn cfg_reads_writes_and_refuses_bad_values() {
     let cases: &[(&str, &str)] = &[
         (
             "colour=red",
-            r#"unknown key "colour" (valid: backend, model, profile, cwd, temperature, max_tokens, top_p, max_steps, context_limit)"#,
+            r#"unknown key "colour" (valid: backend, model, profile, cwd, temperature, max_tokens, top_p, max_steps, context_limit, feed, feed_prompt)"#,
         ),
+        ("feed=sometimes", r#"feed: "sometimes" is not turn or off"#),
+        ("feed_prompt=no placeholder", "has no {feed}"),
         ("temperature=5", "temperature"),
         ("temperature=warm", "temperature"),
         ("max_steps=0", "max_steps"),
@@ -1222,12 +1229,16 @@ async fn feed_wakes_readers_only_on_a_new_value() {
     );
     put_feed(&root, feed, "v2").await;
     assert_eq!(&data(within("v2", second).await)[..], b"v2");
-    // A fid that has read nothing gets the current value at once.
+    // A fresh fid starts from the value current at its open (as statewait does): it waits
+    // for the next one, so a loop of opens returns once per new value.
     let fresh = open(&root, feed, om::OREAD).await;
-    assert_eq!(
-        &within("fresh", fresh.read(0, 4096)).await.unwrap()[..],
-        b"v2"
+    let mut third = fresh.read_call(0, 4096).unwrap();
+    assert!(
+        tokio::time::timeout(QUIET, &mut third).await.is_err(),
+        "a fresh fid returned the value current at its open"
     );
+    put_feed(&root, feed, "v3").await;
+    assert_eq!(&data(within("v3", third).await)[..], b"v3");
     // How a value written in pieces, or by an endless pipe, becomes values: tests/tests/feed.rs.
 }
 

@@ -336,15 +336,19 @@ async fn write(root: &Fid, path: &str, lines: bool) -> Result<(), Failure> {
                 .read_line(&mut line)
                 .map_err(|e| Failure::Usage(format!("reading standard input: {e}")))?;
             if n == 0 {
-                return Ok(());
+                break;
             }
             off += f
                 .write_all(off, line.as_bytes())
                 .await
                 .map_err(server(path))?;
         }
+    } else {
+        copy_in(&f, path).await?;
     }
-    copy_in(&f, path).await
+    // What the open wrote is complete at the clunk (a prompt is queued then): its error is
+    // the command's.
+    f.clunk().await.map_err(server(path))
 }
 
 async fn create(root: &Fid, path: &str) -> Result<(), Failure> {
@@ -356,7 +360,8 @@ async fn create(root: &Fid, path: &str) -> Result<(), Failure> {
     f.create(&name, 0o644, om::OWRITE)
         .await
         .map_err(server(path))?;
-    copy_in(&f, path).await
+    copy_in(&f, path).await?;
+    f.clunk().await.map_err(server(path))
 }
 
 /// Copies standard input to the file as it arrives: each read of standard input (a pipe's
@@ -383,15 +388,11 @@ async fn copy_in(f: &Fid, path: &str) -> Result<(), Failure> {
 async fn rdwr(root: &Fid, path: &str) -> Result<(), Failure> {
     let f = open(root, path, om::ORDWR).await?;
     let data = read_stdin()?;
-    if data.len() > f.iounit() as usize {
-        return Err(Failure::Usage(format!(
-            "{path}: request of {} bytes is larger than one message ({} bytes)",
-            data.len(),
-            f.iounit()
-        )));
-    }
-    f.write(0, Bytes::from(data)).await.map_err(server(path))?;
-    copy_out(&f, path, 0).await
+    // A request larger than one message goes in pieces at increasing offsets (agent/new's
+    // prompt= is the rest of what the open writes; a ctl refuses it).
+    f.write_all(0, &data).await.map_err(server(path))?;
+    copy_out(&f, path, 0).await?;
+    f.clunk().await.map_err(server(path))
 }
 
 async fn ls(root: &Fid, path: &str, long: bool, dir_itself: bool) -> Result<(), Failure> {

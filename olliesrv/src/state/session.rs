@@ -103,6 +103,9 @@ pub struct Agent {
     pub(crate) in_turn: Mutex<Option<String>>,
     /// A prompt written to an idle agent goes straight to its turn (locked after `queue`).
     pub(crate) handoff: Mutex<Handoff>,
+    /// The newest `feed` value waiting to be this agent's turn ([`crate::agent::feed`]);
+    /// locked after `in_turn`. It runs when the queue is empty.
+    pub(crate) feed_turn: Mutex<Option<String>>,
     /// Why the `agent_spawn` hook blocked the agent: every turn fails with it.
     pub(crate) blocked: Mutex<Option<String>>,
     /// While running: what the turn is doing (`thinking`, `calling: TOOL`, `limitretry`, …).
@@ -382,6 +385,18 @@ impl Agent {
         closed
     }
 
+    /// Offers a feed value's prompt as the next turn after the queue: it replaces one that
+    /// still waits, so a fast producer never builds a queue.
+    pub(crate) fn offer_feed_turn(&self, prompt: String) {
+        *lock(&self.feed_turn) = Some(prompt);
+        self.queue_bell.notify_one();
+    }
+
+    /// How many prompts wait in the queue.
+    pub fn queued(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
     /// Queues a prompt (durably: the queue is part of the agent's record).
     pub fn enqueue(&self, prompt: String) -> Result<(), String> {
         if prompt.trim().is_empty() {
@@ -444,7 +459,7 @@ impl Agent {
         match *lock(&self.handoff) {
             Handoff::Ready => !paused,
             Handoff::Saving => false,
-            Handoff::None => !paused && !q.is_empty(),
+            Handoff::None => !paused && (!q.is_empty() || lock(&self.feed_turn).is_some()),
         }
     }
 
@@ -461,7 +476,10 @@ impl Agent {
             }
             Handoff::Saving => None,
             Handoff::None => {
-                let p = q.pop_front()?;
+                let p = match q.pop_front() {
+                    Some(p) => p,
+                    None => lock(&self.feed_turn).take()?,
+                };
                 *t = Some(p.clone());
                 Some((p, true))
             }
@@ -505,6 +523,11 @@ impl Agent {
             }
         });
         Ok(())
+    }
+
+    /// The current `feed` value (none before the first).
+    pub fn feed_value(&self) -> Option<Bytes> {
+        self.feed.borrow().clone()
     }
 
     /// `feed` read: the value once it differs from `last` (what this fid read before);
@@ -602,9 +625,11 @@ impl Agent {
             out.push_str(&format!("{k}={}\n", v.as_deref().unwrap_or("")));
         }
         for k in &CFG_KEYS[4..] {
+            // `feed` shows its default: the agent takes its feed as turns.
+            let unset = if *k == "feed" { "turn" } else { "" };
             out.push_str(&format!(
                 "{k}={}\n",
-                s.cfg.get(*k).map(String::as_str).unwrap_or("")
+                s.cfg.get(*k).map(String::as_str).unwrap_or(unset)
             ));
         }
         out
@@ -781,7 +806,11 @@ pub struct Session {
     pub created: u64,
     pub(crate) order: u64,
     pub(crate) name: RwLock<String>,
-    pub cwd: PathBuf,
+    /// The session's working directory: toolsrv's workspace. A session made without `cwd=`
+    /// has none until its first agent brings one ([`Registry::create_agent`]).
+    ///
+    /// [`Registry::create_agent`]: crate::state::Registry::create_agent
+    pub(crate) cwd: std::sync::OnceLock<PathBuf>,
     pub backend: Option<String>,
     pub model: Option<String>,
     pub profile: Option<String>,
@@ -802,6 +831,18 @@ pub struct Session {
 impl Session {
     pub fn name(&self) -> String {
         read(&self.name)
+    }
+
+    /// The working directory, if the session has one yet.
+    pub fn cwd(&self) -> Option<&PathBuf> {
+        self.cwd.get()
+    }
+
+    /// The working directory as `cfg` and `env` show it (empty while there is none).
+    fn cwd_text(&self) -> String {
+        self.cwd()
+            .map(|c| c.display().to_string())
+            .unwrap_or_default()
     }
 
     pub fn paused(&self) -> bool {
@@ -827,7 +868,8 @@ impl Session {
         SessionRecord {
             id: self.id.clone(),
             name: self.name(),
-            cwd: self.cwd.clone(),
+            // Stored empty while there is none.
+            cwd: self.cwd().cloned().unwrap_or_default(),
             backend: self.backend.clone(),
             model: self.model.clone(),
             profile: self.profile.clone(),
@@ -876,7 +918,7 @@ impl Session {
             "OLLIE_SESSION_ID={}\nOLLIE_SESSION_NAME={}\nOLLIE_SESSION_CWD={}\n",
             self.id,
             self.name(),
-            self.cwd.display()
+            self.cwd_text()
         );
         let mut extra: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("OLLIE_") && !k.starts_with("OLLIE_SESSION_"))
@@ -898,7 +940,7 @@ impl Session {
             "name={}\nid={}\ncwd={}\nbackend={}\nmodel={}\nprofile={}\nremote={}\n{}",
             self.name(),
             self.id,
-            self.cwd.display(),
+            self.cwd_text(),
             o(&self.backend),
             o(&self.model),
             o(&self.profile),

@@ -18,7 +18,14 @@ pub const CFG_KEYS: &[&str] = &[
     "top_p",
     "max_steps",
     "context_limit",
+    "feed",
+    "feed_prompt",
 ];
+
+/// Where `feed_prompt` puts the feed's value.
+pub const FEED_PLACEHOLDER: &str = "{feed}";
+/// Longest `feed_prompt`.
+pub const MAX_FEED_PROMPT: usize = 4096;
 
 /// Mutable settings of an agent.
 #[derive(Debug, Clone, Default)]
@@ -154,6 +161,31 @@ pub fn apply_setting(
                 s.cfg.insert(k.to_owned(), x.to_string());
             } else {
                 s.cfg.remove(k);
+            }
+        }
+        "feed" => match v {
+            "" | "turn" => {
+                s.cfg.remove(k);
+            }
+            "off" => {
+                s.cfg.insert(k.to_owned(), v.to_owned());
+            }
+            _ => return Err(format!("feed: {:?} is not turn or off", clip(v))),
+        },
+        "feed_prompt" => {
+            if v.is_empty() {
+                s.cfg.remove(k);
+            } else if !v.contains(FEED_PLACEHOLDER) {
+                return Err(format!(
+                    "feed_prompt: {:?} has no {FEED_PLACEHOLDER} (where the value goes)",
+                    clip(v)
+                ));
+            } else if v.len() > MAX_FEED_PROMPT || v.contains(char::is_control) {
+                return Err(format!(
+                    "feed_prompt: at most {MAX_FEED_PROMPT} printable characters (\\n for a newline)"
+                ));
+            } else {
+                s.cfg.insert(k.to_owned(), v.to_owned());
             }
         }
         other => {

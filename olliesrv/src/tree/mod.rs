@@ -10,6 +10,7 @@
 mod ctl;
 mod feed;
 mod node;
+mod prompt;
 mod proxy;
 mod read;
 mod skills;
@@ -31,7 +32,6 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::state::events::Events;
-use crate::state::session::parse_spec;
 use crate::state::{ChatKind, Registry, Session};
 use node::{Class, Node, OllieFid, TcpAuth, manages, may_open};
 use read::{content_at, dir_at, reply_at};
@@ -473,6 +473,9 @@ impl Filesystem for OllieFs {
             Node::S(s, SFile::Id) => fid.content = Some(Bytes::from(format!("{}\n", s.id))),
             Node::S(s, SFile::AgentIdx) => fid.content = Some(Bytes::from(Self::agents_idx(s))),
             Node::A(a, AFile::Statewait) => fid.cursor = a.state().0,
+            // Like statewait: the value current at the open is this reader's baseline, so a
+            // loop of opens (`while :; do cat feed; done`) returns once per new value.
+            Node::A(a, AFile::Feed) => fid.last_feed = a.feed_value(),
             Node::A(a, AFile::Log) => fid.content = Some(a.chat.tail(64 * 1024)),
             Node::A(a, AFile::Cfg) => fid.content = Some(Bytes::from(a.cfg_text())),
             Node::A(a, AFile::Stats) => {
@@ -525,6 +528,8 @@ impl Filesystem for OllieFs {
             | Node::S(_, SFile::Ctl | SFile::NsCtl)
             | Node::A(_, AFile::Ctl | AFile::NsCtl) => Ok(reply_at(fid, offset, count)),
             Node::S(_, SFile::AgentNew) => {
+                // The request written so far is complete: its prompt is queued.
+                self.finish_prompt(fid)?;
                 if fid.reply.is_none()
                     && let Some((a, after)) = fid.waiting.clone()
                 {
@@ -557,6 +562,8 @@ impl Filesystem for OllieFs {
             }
             Node::A(a, AFile::Fifo) => {
                 if offset == 0 || fid.content.is_none() {
+                    // What this fid wrote is queued before it reads.
+                    self.finish_prompt(fid)?;
                     let p = a.dequeue().map_err(err)?;
                     fid.content = Some(Bytes::from(p.unwrap_or_default()));
                 }
@@ -668,10 +675,12 @@ impl Filesystem for OllieFs {
         Ok((qid, 0))
     }
 
-    async fn remove(&self, fid: OllieFid) -> Result<()> {
+    async fn remove(&self, mut fid: OllieFid) -> Result<()> {
         if let Some(w) = &fid.feed {
             w.finish();
         }
+        // Tremove clunks the fid: what it wrote is queued as at a clunk.
+        self.finish_prompt(&mut fid)?;
         if fid.proxy.is_some() {
             return Err(err("permission denied: a view of toolsrv is read-only"));
         }
@@ -699,11 +708,19 @@ impl Filesystem for OllieFs {
         u.remove().map_err(err)
     }
 
-    async fn clunk(&self, fid: OllieFid) {
-        // A feed value being written is complete when its writer lets go.
+    async fn clunk(&self, mut fid: OllieFid) -> Result<()> {
+        // A feed value or a prompt being written is complete when its writer lets go.
         if let Some(w) = &fid.feed {
             w.finish();
         }
+        let r = self.finish_prompt(&mut fid);
+        if let Err(e) = &r
+            && fid.class != Class::Agent
+        {
+            self.shared
+                .note_error(&fid.user, &self.path_of(&fid.node), e);
+        }
+        r
     }
 
     async fn stat(&self, fid: &mut OllieFid) -> Result<Stat> {
@@ -823,28 +840,24 @@ impl OllieFs {
                 reg.rename_session(s, t).map_err(err)?;
                 fid.content = Some(Bytes::from(format!("{t}\n")));
             }
-            Node::S(s, SFile::AgentNew) => {
-                fid.reply = None;
-                fid.waiting = None;
-                let spec = parse_spec(
-                    text(&data)?,
-                    &[
-                        "name", "cwd", "backend", "model", "profile", "prompt", "force",
-                    ],
-                )
-                .map_err(err)?;
-                let a = reg.create_agent(s, &spec).map_err(err)?;
-                match spec.prompt {
-                    Some(p) => {
-                        let after = a.turn_seq();
-                        a.enqueue(p).map_err(err)?;
-                        fid.waiting = Some((a, after));
+            Node::S(s, SFile::AgentNew) => self.write_agent_new(fid, s, offset, &data)?,
+            Node::A(a, AFile::Prompt | AFile::Fifo) => {
+                if let Some(w) = &mut fid.prompt
+                    && w.draft.continues(offset)
+                {
+                    w.draft.write(offset, &data).map_err(err)?;
+                } else {
+                    // A write at offset 0 starts the next prompt: the one before is complete.
+                    if let Some(w) = fid.prompt.take() {
+                        w.finish().map_err(err)?;
                     }
-                    None => fid.reply = Some(Bytes::from(format!("{}\n", a.id))),
+                    prompt::may_queue(a).map_err(err)?;
+                    let draft = prompt::PromptDraft::new(offset, &data).map_err(err)?;
+                    fid.prompt = Some(prompt::PromptWriter {
+                        agent: Arc::clone(a),
+                        draft,
+                    });
                 }
-            }
-            Node::A(a, AFile::Prompt) | Node::A(a, AFile::Fifo) => {
-                a.enqueue(text(&data)?.to_owned()).map_err(err)?;
             }
             Node::A(a, AFile::Feed) => fid
                 .feed

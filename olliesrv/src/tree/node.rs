@@ -104,6 +104,8 @@ pub struct OllieFid {
     pub(super) seen: std::collections::HashSet<String>,
     /// agent/new with prompt=: the agent and the turn to wait for.
     pub(super) waiting: Option<(Arc<Agent>, u64)>,
+    /// prompt, fifo, agent/new's prompt=: the prompt being written ([`super::prompt`]).
+    pub(super) prompt: Option<super::prompt::PromptWriter>,
     /// Opened for writing with OTRUNC (plan).
     pub(super) trunc: bool,
     /// An auth fid (TCP): where its exchange is.
@@ -138,6 +140,7 @@ impl OllieFid {
             feed: None,
             seen: std::collections::HashSet::new(),
             waiting: None,
+            prompt: None,
             trunc: false,
             auth: None,
             ufile: None,

@@ -204,7 +204,7 @@ pub const SESSIONS_FILES: &[FileDef<RootFile>] = &[
         "new",
         RootFile::SessionNew,
         0o666,
-        "create a session: write name= cwd= backend= model= profile= remote= [force=yes], read its name; remote=NAME (a [remotes.NAME] of config.toml) runs its tools on that host over ssh, and cwd= is then a directory there; a cwd of /, your home directory or a system tree (/etc, /usr, /var, …) is refused without force=yes",
+        "create a session: write name= [cwd=] backend= model= profile= remote= [force=yes], read its name; without cwd= the session has no working directory until its first agent names one (agent/new cwd=); remote=NAME (a [remotes.NAME] of config.toml) runs its tools on that host over ssh, and cwd= is then a directory there; a cwd of /, your home directory or a system tree (/etc, /usr, /var, …) is refused without force=yes",
     ),
     f(
         "idx",
@@ -300,7 +300,7 @@ pub const AGENTS_FILES: &[FileDef<SFile>] = &[
         "new",
         SFile::AgentNew,
         0o666,
-        "create an agent: write name= cwd= backend= model= profile= [prompt=] [force=yes], read its id (with prompt=, the reply); cwd= as for session/new",
+        "create an agent: write name= cwd= backend= model= profile= [force=yes] [prompt=], read its id (with prompt=, the reply); cwd= as for session/new (required when the session has none); prompt= comes last and its value is the rest of what the open writes (see prompts below; \\n is a newline)",
     ),
     f(
         "idx",
@@ -316,19 +316,19 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "prompt",
         AFile::Prompt,
         0o222,
-        "write a prompt: it is queued and runs as a turn",
+        "write a prompt: what one open writes is one prompt, queued when the fid is clunked (see prompts below); it runs as a turn",
     ),
     f(
         "fifo",
         AFile::Fifo,
         0o666,
-        "the prompt queue: write enqueues, read dequeues the next prompt (empty when none)",
+        "the prompt queue: write enqueues (one open's writes are one prompt, as for prompt), read dequeues the next prompt (empty when none)",
     ),
     f(
         "feed",
         AFile::Feed,
         0o666,
-        "write a value (one fid's writes without a pause are one value: see feed values below); a read blocks until the value differs from what that fid read last, then returns all of it",
+        "the agent's input: write a value (see feed values below), and each new one becomes a turn (cfg feed=turn; feed=off: not); a read blocks until the value differs from the one current at the open (then from what that fid read last) and returns all of it",
     ),
     f(
         "chat",
@@ -364,7 +364,7 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "cfg",
         AFile::Cfg,
         0o666,
-        "key=value settings; write key=value lines to change them (unknown keys and bad values are errors)",
+        "key=value settings; write key=value lines to change them (unknown keys and bad values are errors); feed=turn|off, feed_prompt=TEMPLATE ({feed} is the value, \\n a newline)",
     ),
     f(
         "ctl",
@@ -602,6 +602,7 @@ pub fn help_text() -> String {
          for something new for that fid; flushing the read cancels it; they end when their\n  \
          session or agent goes away.\n",
     );
+    s.push_str(&prompts());
     s.push_str(&feed_values());
     s.push_str(
         "  bead namespaces (ns/): reads search the members in order, first hit wins, and the\n  \
@@ -623,6 +624,19 @@ pub fn help_text() -> String {
     s
 }
 
+/// The `help` paragraph on how writes become prompts (the rule is in `tree/prompt.rs`).
+fn prompts() -> String {
+    format!(
+        "  prompts (prompt, fifo, agent/new's prompt=): a prompt is what one fid writes from offset\n  \
+         0 on, in any number of writes (a pipe's chunks, msize-sized pieces, a FUSE mount's\n  \
+         writes); it is queued when the fid is clunked, or when the fid writes at offset 0 again\n  \
+         (that write starts the next one); agent/new queues it when the fid is read or clunked.\n  \
+         A prompt over {} bytes is refused whole: the write that crosses the limit fails with\n  \
+         the size, and nothing of it is queued; a blank one is not queued (the clunk says so).\n",
+        crate::state::session::MAX_PROMPT
+    )
+}
+
 /// The `help` paragraph on how `feed` writes become values (the rule is in `tree/feed.rs`).
 fn feed_values() -> String {
     let q = super::feed::FEED_QUIET.as_secs();
@@ -634,7 +648,11 @@ fn feed_values() -> String {
          after its last write, when the next one starts, or when the fid is clunked; readers\n  \
          never see part of one, and a value equal to the current one wakes nobody. So\n  \
          `while :; do git diff HEAD --; sleep 5; done | ollie-9p write …/feed` gives one value\n  \
-         per iteration (iterations less than {q}s apart join into one). At most {} bytes.\n",
+         per iteration (iterations less than {q}s apart join into one). At most {} bytes.\n  \
+         Each new value is the agent's next turn (after its queued prompts); while a turn runs\n  \
+         only the newest value waits, so a fast producer never builds a queue. A reader's first\n  \
+         read waits for a value newer than the one current at its open, so `while :; do cat\n  \
+         feed; done` returns once per new value.\n",
         crate::state::session::MAX_FEED
     )
 }

@@ -8,14 +8,14 @@ use bytes::Bytes;
 use ollie_p9::{Error, Result};
 
 use crate::link::LinkState;
-use crate::state::Agent;
 use crate::state::session::parse_spec;
+use crate::state::{Agent, Session};
 use crate::util::clip;
 
 use super::node::{Node, OllieFid, TcpAuth};
 use super::table::{AFile, RootFile, SFile};
 use super::union::{self, NsOwner};
-use super::{OllieFs, err, text};
+use super::{OllieFs, err, prompt, text};
 
 /// Compares without an early exit on the first difference.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -109,6 +109,87 @@ impl OllieFs {
             _ => return Err(Error::permission_denied()),
         };
         Ok(Bytes::from(reply))
+    }
+
+    /// A Twrite of `agent/new`: a request (`key=value` pairs) creates the agent at once; a
+    /// `prompt=` (the last key) runs to the end of what the fid writes, and is queued when
+    /// the fid is read or clunked ([`super::prompt`] has the rule).
+    pub(super) fn write_agent_new(
+        &self,
+        fid: &mut OllieFid,
+        s: &Arc<Session>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        if let Some(w) = &mut fid.prompt
+            && w.draft.continues(offset)
+        {
+            return w.draft.write(offset, data).map_err(err);
+        }
+        // A new request: the one before is complete.
+        self.finish_prompt(fid)?;
+        fid.reply = None;
+        fid.waiting = None;
+        // The keys must be UTF-8; the prompt may end inside a character (a split write).
+        let valid = match std::str::from_utf8(data) {
+            Ok(t) => t,
+            Err(e) => std::str::from_utf8(data.get(..e.valid_up_to()).unwrap_or_default())
+                .unwrap_or_default(),
+        };
+        let (keys, at) = prompt::split_prompt_key(valid);
+        if at.is_none() && valid.len() != data.len() {
+            return Err(Error::invalid("not utf-8"));
+        }
+        let spec = parse_spec(
+            keys,
+            &[
+                "name", "cwd", "backend", "model", "profile", "prompt", "force",
+            ],
+        )
+        .map_err(err)?;
+        let first = at.and_then(|i| data.get(i..)).unwrap_or_default();
+        if at.is_some() && first.iter().all(u8::is_ascii_whitespace) {
+            return Err(err("empty prompt"));
+        }
+        let a = self.reg().create_agent(s, &spec).map_err(err)?;
+        match at {
+            Some(i) => {
+                let draft = prompt::PromptDraft::new(offset + i as u64, first).map_err(|e| {
+                    err(format!(
+                        "agent {} was created without its prompt: {e}",
+                        a.name()
+                    ))
+                })?;
+                fid.prompt = Some(prompt::PromptWriter { agent: a, draft });
+            }
+            None => fid.reply = Some(Bytes::from(format!("{}\n", a.id))),
+        }
+        Ok(())
+    }
+
+    /// Completes the prompt a fid was writing (at its clunk, a read, or the next request):
+    /// queues it. For `agent/new` the read then waits for that prompt's turn.
+    pub(super) fn finish_prompt(&self, fid: &mut OllieFid) -> Result<()> {
+        let Some(w) = fid.prompt.take() else {
+            return Ok(());
+        };
+        if matches!(fid.node, Node::S(_, SFile::AgentNew)) {
+            let a = Arc::clone(&w.agent);
+            let t = match w.draft.finish().map_err(err)? {
+                prompt::Finished::Prompt(t) => prompt::spawn_prompt_text(&t),
+                prompt::Finished::Blank => return Err(err("empty prompt")),
+                prompt::Finished::Refused => return Ok(()),
+            };
+            let after = a.turn_seq();
+            a.enqueue(t).map_err(err)?;
+            fid.waiting = Some((a, after));
+            return Ok(());
+        }
+        let refused = w.draft.is_refused();
+        if !w.finish().map_err(err)? && !refused {
+            return Err(err("empty prompt: nothing was queued"));
+        }
+        Ok(())
     }
 
     /// An agent's `cfg`: `key=value` lines. `name=` and `id=` are shown too, so `cat cfg >

@@ -253,8 +253,9 @@ impl Filesystem for TestFs {
         }
     }
 
-    async fn clunk(&self, _fid: TestFid) {
+    async fn clunk(&self, _fid: TestFid) -> Result<()> {
         self.clunks.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     async fn remove(&self, _fid: TestFid) -> Result<()> {

@@ -75,6 +75,8 @@ pub enum Command {
         turn runs and standard error is a terminal, one self-overwriting line there shows what \
         the agent does and for how long (⠋ thinking · 12s; --quiet or OLLIE_NO_PROGRESS=1 turn \
         it off; without it, each state is a line of its own).\n\
+        Each line typed is a prompt; a multi-line paste on a terminal is one prompt, and from \
+        a pipe each line is one.\n\
         Ctrl-C stops the running turn; a second Ctrl-C within a second quits. End of input \
         (Ctrl-D) quits once the agent is idle.\n\n\
         EXAMPLES:\n  o attach proj\n  o attach proj/reviewer --history\n  \
@@ -891,8 +893,12 @@ async fn wait_turn(
 }
 
 /// Queues `text` as one prompt.
-async fn send_prompt(prompt_fid: &Fid, text: &str) -> Result<(), Fail> {
-    write_one(prompt_fid, text).await
+/// Sends one prompt: its own open of `prompt`, written in as many pieces as it takes, queued
+/// at the clunk (whose error is the prompt's).
+async fn send_prompt(agent_dir: &Fid, text: &str) -> Result<(), Fail> {
+    let pf = open(agent_dir, &["prompt"], om::OWRITE).await?;
+    pf.write_all(0, text.as_bytes()).await.map_err(remote)?;
+    pf.clunk().await.map_err(remote)
 }
 
 /// What `o prompt --json` prints when the turn has ended.
@@ -955,11 +961,10 @@ async fn prompt(
     let a = conn.agent(t, true).await?;
     let mut states = StateFeed::start(&a, false, status.clone()).await?;
     let off = stream_len(&a.dir, "chat.raw").await?;
-    let pf = open(&a.dir, &["prompt"], om::OWRITE).await?;
     // From here until the turn has ended (or this fails): the progress line.
     status.begin("waiting");
     let animation = status.animate();
-    send_prompt(&pf, text).await?;
+    send_prompt(&a.dir, text).await?;
     if read_all(&conn.session(&t.session).await?, &["paused"])
         .await?
         .trim()
@@ -1070,30 +1075,50 @@ async fn logs(a: &AgentRef, follow: bool, raw: bool) -> Result<(), Fail> {
     stream_chat(f, 0, None, tx, Status::off()).await
 }
 
-/// Reads prompts from standard input, one per line, until end of input; then waits for the
-/// last one's turn (or a running one) to end.
+/// On a terminal, lines that arrive closer together than this are one prompt: a paste
+/// delivers its lines at once, a person presses Enter far more slowly.
+const PASTE_GAP: std::time::Duration = std::time::Duration::from_millis(30);
+
+/// Reads prompts from standard input until end of input, then waits for the last one's turn
+/// (or a running one) to end. A line is a prompt; on a terminal, a multi-line paste is one.
 async fn read_prompts(
     a: Arc<AgentRef>,
     mut rx: watch::Receiver<Option<String>>,
     status: Status,
 ) -> Result<(), Fail> {
-    let pf = open(&a.dir, &["prompt"], om::OWRITE).await?;
+    let tty = std::io::stdin().is_terminal();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut last: Option<(u64, String)> = None;
+    let read_err = |e: std::io::Error| Fail::Usage(format!("reading standard input: {e}"));
     loop {
-        let line = match lines.next_line().await {
+        let mut prompt = match lines.next_line().await {
             Ok(Some(l)) => l,
             Ok(None) => break,
-            Err(e) => return Err(Fail::Usage(format!("reading standard input: {e}"))),
+            Err(e) => return Err(read_err(e)),
         };
-        if line.trim().is_empty() {
-            continue;
+        let mut ended = false;
+        // More lines already there (a paste) belong to this prompt.
+        while tty && !ended {
+            match tokio::time::timeout(PASTE_GAP, lines.next_line()).await {
+                Err(_) => break,
+                Ok(Ok(Some(l))) => {
+                    prompt.push('\n');
+                    prompt.push_str(&l);
+                }
+                Ok(Ok(None)) => ended = true,
+                Ok(Err(e)) => return Err(read_err(e)),
+            }
         }
-        let off = stream_len(&a.dir, "chat.raw").await?;
-        match send_prompt(&pf, &line).await {
-            Ok(()) => last = Some((off, line)),
-            Err(Fail::Server(m)) | Err(Fail::Usage(m)) => status.eprintln(&format!("o: {m}")),
-            Err(e) => return Err(e),
+        if !prompt.trim().is_empty() {
+            let off = stream_len(&a.dir, "chat.raw").await?;
+            match send_prompt(&a.dir, &prompt).await {
+                Ok(()) => last = Some((off, prompt)),
+                Err(Fail::Server(m)) | Err(Fail::Usage(m)) => status.eprintln(&format!("o: {m}")),
+                Err(e) => return Err(e),
+            }
+        }
+        if ended {
+            break;
         }
     }
     wait_turn(&a, last.as_ref(), &mut rx).await
