@@ -494,12 +494,18 @@ pub const AGENT_CTL: &[(&str, &str)] = &[
     ("kill", "remove the agent"),
     (
         "inject TEXT",
-        "add TEXT to the context without starting a turn (alias: i)",
+        "add TEXT (the rest of the write, any number of lines) to the context without starting a turn (alias: i)",
     ),
     ("agent [PROFILE]", "show or switch the agent profile"),
-    ("model [NAME]", "show or switch the model"),
+    (
+        "model [NAME]",
+        "show the agent's own model (an empty line: its profile's, session's or backend's applies) or switch it",
+    ),
     ("models", "list available models"),
-    ("backend", "show the current backend"),
+    (
+        "backend",
+        "show the current backend: NAME<TAB>KIND (read-only: switch with backend=NAME in cfg)",
+    ),
     ("name [NAME]", "show or set the name"),
     (
         "cwd [PATH [force]]",
