@@ -346,7 +346,7 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "statewait",
         AFile::Statewait,
         0o444,
-        "blocks until the agent's state changes after the fid was opened (or last read); returns it",
+        "blocks until the agent's state changes after the fid was opened (or last read); returns the state then. So `cat statewait` of an agent that is already idle waits for its next turn to start (forever if none comes), and of a busy one returns at its next step (calling: TOOL), not only at idle: to wait until a turn is over, read the state in agent/idx and block in statewait only while it is not idle",
     ),
     f(
         "log",
