@@ -189,6 +189,11 @@ impl OllieFs {
     }
 
     pub(super) async fn agent_ctl(&self, a: &Arc<Agent>, cmd: &str) -> Result<String> {
+        // `inject`'s text is everything after the verb, so it may run over several lines
+        // (`{ echo inject; cat notes; }`); every other command is one line.
+        if let Some(text) = inject_text(cmd) {
+            return self.agent_inject(a, text);
+        }
         let line = single_command(cmd)?;
         let (verb, rest) = match line.split_once(char::is_whitespace) {
             Some((v, r)) => (v, r.trim()),
@@ -234,7 +239,6 @@ impl OllieFs {
                 reg.kill_agent(a).map_err(err)?;
                 Ok("killed\n".into())
             }
-            "inject" | "i" => self.agent_inject(a, rest),
             "agent" => self.agent_profile(a, rest).await,
             "model" => {
                 if rest.is_empty() {
@@ -252,16 +256,7 @@ impl OllieFs {
                 no_args(verb)?;
                 self.agent_models(a).await
             }
-            "backend" => {
-                no_args(verb)?;
-                let (name, cfg) = crate::backend::select::resolve(
-                    crate::agent::turn::backend_name(a, &config),
-                    &config,
-                )
-                .await
-                .map_err(err)?;
-                Ok(format!("{name}\t{}\n", cfg.kind.name()))
-            }
+            "backend" => self.agent_backend(a, rest).await,
             "name" => {
                 if rest.is_empty() {
                     return Ok(format!("{}\n", a.name()));
@@ -295,8 +290,9 @@ impl OllieFs {
                 ))
             }
             other => Err(err(format!(
-                "unknown command {:?} (write help for the list)",
-                clip(other)
+                "unknown command {:?} (valid: {})",
+                clip(other),
+                agent_verbs()
             ))),
         }
     }
@@ -353,6 +349,24 @@ impl OllieFs {
         Ok(format!("profile {rest}\n"))
     }
 
+    /// `backend`: the backend the agent's next turn uses, `NAME<TAB>KIND`. Read-only, as
+    /// in the seed (cfg's `backend=` switches it).
+    async fn agent_backend(&self, a: &Agent, rest: &str) -> Result<String> {
+        let config = self.shared.config();
+        if !rest.is_empty() {
+            return Err(err(format!(
+                "backend: read-only here, {:?} not applied (switch with backend=NAME in cfg; configured: {})",
+                clip(rest),
+                names_or_none(config.backends.keys())
+            )));
+        }
+        let (name, cfg) =
+            crate::backend::select::resolve(crate::agent::turn::backend_name(a, &config), &config)
+                .await
+                .map_err(err)?;
+        Ok(format!("{name}\t{}\n", cfg.kind.name()))
+    }
+
     /// `models`: what the agent's backend serves.
     async fn agent_models(&self, a: &Agent) -> Result<String> {
         let config = self.shared.config();
@@ -377,6 +391,12 @@ impl OllieFs {
     async fn agent_tool(&self, a: &Agent, verb: &str, rest: &str) -> Result<String> {
         let config = self.shared.config();
         let names = ollie_link::tools::names();
+        if rest.is_empty() {
+            return Err(err(format!(
+                "{verb}: give a tool name (tools: {})",
+                names.join(", ")
+            )));
+        }
         if !names.contains(&rest) {
             return Err(err(format!(
                 "{verb}: unknown tool {:?} (tools: {})",
@@ -451,5 +471,65 @@ impl OllieFs {
         } else {
             Err(Error::new(format!("no process {pid} (proc lists them)")))
         }
+    }
+}
+
+/// The text of an `inject TEXT` (or `i TEXT`) write: all of it after the verb, trimmed, over
+/// any number of lines; `None` when the write is another command.
+fn inject_text(cmd: &str) -> Option<&str> {
+    let t = cmd.trim_start();
+    let (verb, rest) = t.split_once(char::is_whitespace).unwrap_or((t, ""));
+    matches!(verb, "inject" | "i").then(|| rest.trim())
+}
+
+/// The agent ctl's verbs (the first word of each [`AGENT_CTL`] entry, and `i`), for errors.
+fn agent_verbs() -> String {
+    let mut v: Vec<&str> = Vec::new();
+    for (c, _) in AGENT_CTL {
+        let w = c.split_whitespace().next().unwrap_or(c);
+        if !v.contains(&w) {
+            v.push(w);
+        }
+        if w == "inject" {
+            v.push("i");
+        }
+    }
+    v.join(", ")
+}
+
+/// `a, b, c`, or `none`.
+fn names_or_none<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let v: Vec<&str> = names.map(String::as_str).collect();
+    if v.is_empty() {
+        "none".to_owned()
+    } else {
+        v.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inject_takes_the_rest_of_the_write() {
+        assert_eq!(inject_text("inject a\nb\n"), Some("a\nb"));
+        assert_eq!(inject_text("  i  x "), Some("x"));
+        assert_eq!(inject_text("inject"), Some(""));
+        assert_eq!(inject_text("inject\n"), Some(""));
+        assert_eq!(inject_text("injected x"), None);
+        assert_eq!(inject_text("stop"), None);
+        assert_eq!(inject_text(""), None);
+        assert_eq!(inject_text("\n\ninject a"), Some("a"));
+    }
+
+    #[test]
+    fn agent_verbs_name_every_command_once() {
+        let v = agent_verbs();
+        assert_eq!(
+            v,
+            "stop, compact, clear, kill, inject, i, agent, model, models, backend, name, cwd, \
+             tools, tool_load, tool_unload, proc, systemprompt, help"
+        );
     }
 }

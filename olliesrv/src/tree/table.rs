@@ -346,7 +346,7 @@ pub const AGENT_FILES: &[FileDef<AFile>] = &[
         "statewait",
         AFile::Statewait,
         0o444,
-        "blocks until the agent's state changes after the fid was opened (or last read); returns it",
+        "blocks until the agent's state changes after the fid was opened (or last read); returns the state then. So `cat statewait` of an agent that is already idle waits for its next turn to start (forever if none comes), and of a busy one returns at its next step (calling: TOOL), not only at idle: to wait until a turn is over, read the state in agent/idx and block in statewait only while it is not idle",
     ),
     f(
         "log",
@@ -494,12 +494,18 @@ pub const AGENT_CTL: &[(&str, &str)] = &[
     ("kill", "remove the agent"),
     (
         "inject TEXT",
-        "add TEXT to the context without starting a turn (alias: i)",
+        "add TEXT (the rest of the write, any number of lines) to the context without starting a turn (alias: i)",
     ),
     ("agent [PROFILE]", "show or switch the agent profile"),
-    ("model [NAME]", "show or switch the model"),
+    (
+        "model [NAME]",
+        "show the agent's own model (an empty line: its profile's, session's or backend's applies) or switch it",
+    ),
     ("models", "list available models"),
-    ("backend", "show the current backend"),
+    (
+        "backend",
+        "show the current backend: NAME<TAB>KIND (read-only: switch with backend=NAME in cfg)",
+    ),
     ("name [NAME]", "show or set the name"),
     (
         "cwd [PATH [force]]",

@@ -25,13 +25,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// `generate`'s input: a prompt, or `{"prompt": …, "backend": …}`.
+/// `generate`'s input: a prompt (without the line end `echo` adds), or, when the write
+/// begins with `{`, `{"prompt": …, "backend": …}`. Errors are one line, whatever the input.
 fn generate_request(t: &str) -> Result<(String, Option<String>)> {
+    const EMPTY: &str = "generate: empty prompt (write a prompt, or {\"prompt\":…})";
     if t.trim().is_empty() {
-        return Err(Error::invalid("empty prompt"));
+        return Err(Error::invalid(EMPTY));
     }
     if !t.trim_start().starts_with('{') {
-        return Ok((t.to_owned(), None));
+        return Ok((t.trim_end_matches(['\n', '\r']).to_owned(), None));
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -40,8 +42,34 @@ fn generate_request(t: &str) -> Result<(String, Option<String>)> {
         #[serde(default)]
         backend: Option<String>,
     }
-    let g: Gen = serde_json::from_str(t).map_err(|e| Error::invalid(format!("generate: {e}")))?;
+    let g: Gen = serde_json::from_str(t).map_err(|e| {
+        Error::invalid(format!(
+            "generate: a write beginning with {{ is the JSON form {{\"prompt\":…, \"backend\":…}}: {}",
+            clip_long(&e.to_string())
+        ))
+    })?;
+    if g.prompt.trim().is_empty() {
+        return Err(Error::invalid(EMPTY));
+    }
     Ok((g.prompt, g.backend))
+}
+
+/// At most 200 characters of `s` on one line: control characters (a newline in a JSON key
+/// the decoder quotes back) escaped.
+fn clip_long(s: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == 200 {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 impl OllieFs {
@@ -239,5 +267,59 @@ impl OllieFs {
                 .map_err(err)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(t: &str) -> String {
+        generate_request(t)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn generate_takes_a_plain_prompt_or_json() {
+        let plain = generate_request("summarize this repo\n").ok();
+        assert_eq!(plain, Some(("summarize this repo".to_owned(), None)));
+        let two = generate_request("line one\nline two\r\n").ok();
+        assert_eq!(two, Some(("line one\nline two".to_owned(), None)));
+        let j = generate_request("{\"prompt\":\"explain recursion\"}\n").ok();
+        assert_eq!(j, Some(("explain recursion".to_owned(), None)));
+        let j = generate_request(r#" {"prompt": "x", "backend": "b"}"#).ok();
+        assert_eq!(j, Some(("x".to_owned(), Some("b".to_owned()))));
+        let j = generate_request(r#"{"prompt": "x", "backend": null}"#).ok();
+        assert_eq!(j, Some(("x".to_owned(), None)));
+    }
+
+    #[test]
+    fn bad_generate_input_is_one_line() {
+        for (t, want) in [
+            ("", "empty prompt"),
+            ("  \n\n", "empty prompt"),
+            (r#"{"prompt":""}"#, "empty prompt"),
+            (r#"{"prompt":" \n"}"#, "empty prompt"),
+            ("{}", "missing field `prompt`"),
+            (r#"{"prompt":"x","colour":1}"#, "unknown field `colour`"),
+            (r#"{"prompt":1}"#, "invalid type"),
+            (r#"{"prompt":"x"} and more"#, "trailing characters"),
+            (r#"{"prompt":"x","prompt":"y"}"#, "duplicate field"),
+            ("{oops", "JSON form"),
+            ("{\"a\\nb\":1}", "unknown field `a\\nb`"),
+        ] {
+            let m = e(t);
+            assert!(m.contains(want), "{t:?}: {m:?}");
+            assert!(
+                m.starts_with("invalid argument: generate: "),
+                "{t:?}: {m:?}"
+            );
+            assert!(!m.contains('\n'), "{t:?}: {m:?}");
+        }
+        let long = format!("{{\"{}\":1}}", "k".repeat(5000));
+        let m = e(&long);
+        assert!(m.len() < 400 && m.ends_with('…'), "{m}");
     }
 }
