@@ -124,7 +124,11 @@ fn server() -> Srv {
             ),
             (
                 "ro",
-                lines(&[serde_json::json!({"text": "Watching the feed."})]),
+                lines(&[
+                    serde_json::json!({"text": "Watching the feed."}),
+                    // The feed's diff is obs's next turn.
+                    serde_json::json!({"text": "The diff fixes a.txt and b.txt."}),
+                ]),
             ),
         ];
         let mut toml = String::from("default_backend = \"ro\"\n");
@@ -357,6 +361,13 @@ fn readme_walkthrough_runs_through_o_mount() {
         "{}",
         fail("waits")
     );
+    // The diff written to obs's feed is obs's second turn (its input); once it is over,
+    // every agent is idle.
+    let deadline = Instant::now() + GUARD;
+    while !ok(&p9(&srv, &["read", "session/proj/agent/obs/stats"], b"")).contains("\nturns=2\n") {
+        assert!(Instant::now() < deadline, "{}", fail("obs's feed turn"));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let j: serde_json::Value = serde_json::from_str(ok(&o(&srv, &["ls", "--json"]))).unwrap();
     let agents = j[0]["agents"].as_array().unwrap();
     assert_eq!(agents.len(), 3, "{j}");
@@ -369,8 +380,15 @@ fn readme_walkthrough_runs_through_o_mount() {
         diff.contains("+fixed by a") && diff.contains("+fixed by b"),
         "{diff}"
     );
-    let feed = p9(&srv, &["read", "session/proj/agent/obs/feed"], b"");
-    assert_eq!(ok(&feed), diff, "the feed through ollie-9p");
+    let obs = p9(&srv, &["read", "session/proj/agent/obs/log"], b"");
+    assert!(
+        ok(&obs).contains(&format!("[[[user\n{diff}")),
+        "the feed's value as obs's prompt: {obs:?}"
+    );
+    assert!(
+        ok(&obs).contains("The diff fixes a.txt and b.txt."),
+        "{obs:?}"
+    );
     assert!(
         out.contains(&diff),
         "{}",
