@@ -1110,7 +1110,7 @@ async fn the_api_key_is_sent_in_x_api_key_and_never_shown() {
     assert_no_key("cfg", &read(&h.root, &format!("{A}/cfg")).await);
     let models = read(&h.root, "models").await;
     assert!(
-        models.starts_with("# fake: fake: http 403: invalid x-api-key: <redacted>"),
+        models.starts_with("# fake: http 403: invalid x-api-key: <redacted>"),
         "{models}"
     );
     assert_no_key("models", &models);
@@ -1185,7 +1185,7 @@ async fn an_unset_key_variable_fails_the_turn_without_a_request() {
     assert!(models.contains("fake\tclaude-x\n"), "{models}");
     assert!(
         models.contains(&format!(
-            "# nokey: nokey: environment variable {VAR} (api_key_env) is not set or empty\n"
+            "# nokey: environment variable {VAR} (api_key_env) is not set or empty\n"
         )),
         "{models}"
     );
