@@ -141,7 +141,7 @@ pub struct Backend {
 pub struct Timeouts {
     /// `connect_timeout_s`: for the connection (TCP and TLS) to be made.
     pub connect: std::time::Duration,
-    /// `first_byte_timeout_s`: from sending a model request to the first byte of the reply's
+    /// `first_byte_timeout_s`: from sending any request to the first byte of the reply's
     /// body, which is when the model starts answering (a long prompt on a slow local model
     /// takes a while).
     pub first_byte: std::time::Duration,

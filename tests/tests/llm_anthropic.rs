@@ -1110,7 +1110,7 @@ async fn the_api_key_is_sent_in_x_api_key_and_never_shown() {
     assert_no_key("cfg", &read(&h.root, &format!("{A}/cfg")).await);
     let models = read(&h.root, "models").await;
     assert!(
-        models.starts_with("# fake: fake: http 403: invalid x-api-key: <redacted>"),
+        models.starts_with("# fake: http 403: invalid x-api-key: <redacted>"),
         "{models}"
     );
     assert_no_key("models", &models);
@@ -1185,7 +1185,7 @@ async fn an_unset_key_variable_fails_the_turn_without_a_request() {
     assert!(models.contains("fake\tclaude-x\n"), "{models}");
     assert!(
         models.contains(&format!(
-            "# nokey: nokey: environment variable {VAR} (api_key_env) is not set or empty\n"
+            "# nokey: environment variable {VAR} (api_key_env) is not set or empty\n"
         )),
         "{models}"
     );
@@ -1196,4 +1196,42 @@ async fn an_unset_key_variable_fails_the_turn_without_a_request() {
         Some(KEY)
     );
     assert_no_key("stderr", &srv.stderr());
+}
+
+/// Every request is bounded by the backend's timeouts (`first_byte_timeout_s = 2` here):
+/// `models` against a `/v1/models` that sends its head and stalls shows that timeout, with
+/// the backend and the path, before its own 10 s; a server that accepts and never answers a
+/// messages request fails the turn (after its retries) naming it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stalls_runs_out_of_the_backends_timeouts() {
+    let fake = FakeLlm::start((0..4).map(|_| Reply::silent()).collect()).await;
+    let head_only = Reply {
+        chunks: Vec::new(),
+        ..Reply::json(200, &json!({}))
+    };
+    fake.route("/v1/models", head_only.hang());
+    let (srv, work) = olliesrv_with(
+        "anthropic",
+        &format!("{}/v1", fake.url()),
+        "",
+        "first_byte_timeout_s = 2\n",
+    );
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    let ev = events(&root).await;
+    assert_eq!(
+        read(&root, "models").await,
+        "# fake: /v1/models: timed out: no reply within 2 s (first_byte_timeout_s)\n"
+    );
+    write(&root, &format!("{A}/prompt"), "hi").await.unwrap();
+    assert_eq!(
+        states_until(&ev, &["idle", "error"]).await.last().unwrap(),
+        "error"
+    );
+    let bs = blocks(&read(&root, &format!("{A}/log")).await);
+    assert_eq!(
+        bs.last().unwrap().body,
+        "model call failed: fake: /v1/messages: timed out: no reply within 2 s (first_byte_timeout_s)\n"
+    );
+    assert_eq!(fake.posts().len(), 4);
 }

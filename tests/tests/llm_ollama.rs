@@ -950,3 +950,39 @@ async fn a_configured_key_is_sent_and_never_shown() {
     assert!(!e.contains(KEY), "{e}");
     assert!(!srv.stderr().contains(KEY), "{}", srv.stderr());
 }
+
+/// Every request is bounded by the backend's timeouts (`first_byte_timeout_s = 2` here):
+/// `models` and `ctl models` against an `/api/tags` that never answers show that timeout,
+/// with the backend and the path, before their own 10 s; a chat whose replies send a head
+/// and stall fails the turn (after its retries) naming it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stalls_runs_out_of_the_backends_timeouts() {
+    let stall = || {
+        Reply {
+            chunks: Vec::new(),
+            ..answer("never")
+        }
+        .hang()
+    };
+    let fake = FakeLlm::start((0..4).map(|_| stall()).collect()).await;
+    fake.route("/api/tags", Reply::silent());
+    let (srv, work) =
+        fake_llm::olliesrv_with("ollama", &fake.url(), "", "first_byte_timeout_s = 2\n");
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    let ev = events(&root).await;
+    let timed_out = "fake: /api/tags: timed out: no reply within 2 s (first_byte_timeout_s)";
+    assert_eq!(read(&root, "models").await, format!("# {timed_out}\n"));
+    let e = rdwr(&root, "session/s/agent/a/ctl", "models")
+        .await
+        .unwrap_err();
+    assert!(e.contains(timed_out), "{e}");
+
+    assert_eq!(turn(&root, &ev, "hi").await.last().unwrap(), "error");
+    let (_, bs) = log(&root).await;
+    assert_eq!(
+        bs.last().unwrap().body,
+        "model call failed: fake: /api/chat: timed out: no reply within 2 s (first_byte_timeout_s)\n"
+    );
+    assert_eq!(fake.posts().len(), 4);
+}

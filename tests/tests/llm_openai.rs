@@ -1484,3 +1484,72 @@ async fn a_reply_cut_at_the_token_limit_is_marked_and_a_cut_call_runs_nothing() 
     );
     nothing_ran(&h.root).await;
 }
+
+/// A reply that sends its head and then stalls: no body byte ever comes.
+fn head_then_stall() -> Reply {
+    Reply {
+        chunks: Vec::new(),
+        ..Reply::json(200, &json!({}))
+    }
+    .hang()
+}
+
+/// The context-window lookup is bounded by the backend's timeouts, not by a limit of its
+/// own: with `first_byte_timeout_s = 2` and a `/v1/models` that never answers (or sends its
+/// head and stalls), the lookup ends at that timeout, says so in the log (backend, path,
+/// timeout), and the turn goes on as when the server tells no window: the default limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_that_gets_no_answer_ends_at_the_backends_timeout_and_the_turn_goes_on() {
+    for stall in [Reply::silent(), head_then_stall()] {
+        let h = start_with(vec![answer("still here")], "", "first_byte_timeout_s = 2\n").await;
+        h.fake.route("/v1/models", stall);
+        session_with_agent(&h.root, &h.work).await;
+        assert_eq!(turn(&h.root, "hi").await, states(&["thinking", "idle"]));
+        let bs = chat_blocks(&h.root).await;
+        assert_eq!(kinds(&bs), ["user", "assistant"], "{bs:?}");
+        assert_eq!(bs[1].body, "still here\n");
+        assert_kv(&stats(&h.root).await, &[("context_limit", "128000")]);
+        let log = h.srv.stderr();
+        assert!(
+            log.contains("fake: /v1/models: timed out: no reply within 2 s (first_byte_timeout_s)"),
+            "{log}"
+        );
+        let gets: Vec<Got> = h
+            .fake
+            .got()
+            .into_iter()
+            .filter(|g| g.method == "GET")
+            .collect();
+        assert_eq!(gets.len(), 1, "{gets:?}");
+    }
+}
+
+/// The case found by a user: a server that accepts connections and never answers, with
+/// `first_byte_timeout_s = 2`. The lookup and every chat attempt end at that timeout (no
+/// 60 s of the lookup's own first), and the turn fails with one line naming the backend,
+/// the path and the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_fails_the_turn_at_the_backends_timeout() {
+    let h = start_with(
+        (0..4).map(|_| Reply::silent()).collect(),
+        "",
+        "first_byte_timeout_s = 2\n",
+    )
+    .await;
+    h.fake.route("/v1/models", Reply::silent());
+    session_with_agent(&h.root, &h.work).await;
+    assert_eq!(turn(&h.root, "hi").await.last().unwrap(), "error");
+    let bs = chat_blocks(&h.root).await;
+    let last = bs.last().unwrap();
+    assert_eq!(last.kind, "error", "{bs:?}");
+    assert_eq!(
+        last.body,
+        "model call failed: fake: /v1/chat/completions: timed out: no reply within 2 s (first_byte_timeout_s)\n"
+    );
+    let log = h.srv.stderr();
+    assert!(
+        log.contains("fake: /v1/models: timed out: no reply within 2 s (first_byte_timeout_s)"),
+        "{log}"
+    );
+    assert_eq!(h.fake.posts().len(), 4);
+}

@@ -161,7 +161,7 @@ impl Anthropic {
             url.query_pairs_mut().append_pair("after_id", a);
         }
         let rb = self.authorized(self.http.client.get(url), key)?;
-        http::get_json(&self.http.name, rb, key, "/models").await
+        self.http.get_json(rb, key, "/models").await
     }
 
     /// `rb` with the version header and, when there is a key, `x-api-key` (marked sensitive).
@@ -614,7 +614,7 @@ mod tests {
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::sync::mpsc;
 
-    use crate::backend::testserver::{Got, KEY, Reply, fake_env};
+    use crate::backend::testserver::{self, Got, KEY, Reply, fake_env};
 
     /// The shared test server, with the API's `/v1` base path.
     async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>) {
@@ -1388,6 +1388,35 @@ mod tests {
             ids[MAX_MODEL_PAGES - 1],
             format!("m{}", MAX_MODEL_PAGES - 1)
         );
+    }
+
+    /// Every request is bounded by the backend's timeouts: a model page and a messages
+    /// request to a server that never answers (or sends a head and stalls) end at
+    /// `first_byte_timeout_s`, naming it and the path.
+    #[tokio::test]
+    async fn every_request_runs_out_of_the_backends_timeouts() {
+        for reply in [b"" as &[u8], testserver::JSON_HEAD] {
+            let url = testserver::stalling(vec![reply]).await;
+            let c = BackendCfg {
+                timeouts: testserver::only("first_byte"),
+                ..cfg(Some(&format!("{url}/v1")), None)
+            };
+            let b = Anthropic::new("claude", &c).unwrap();
+            assert_eq!(
+                b.list_models().await.unwrap_err(),
+                BackendError::Transient(
+                    "claude: /v1/models: timed out: no reply within 1 s (first_byte_timeout_s)"
+                        .into()
+                )
+            );
+            assert_eq!(
+                run(&b, &request()).await.0.unwrap_err(),
+                BackendError::Transient(
+                    "claude: /v1/messages: timed out: no reply within 1 s (first_byte_timeout_s)"
+                        .into()
+                )
+            );
+        }
     }
 
     #[tokio::test]

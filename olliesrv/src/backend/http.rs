@@ -1,6 +1,10 @@
 //! What the HTTP backends share: the endpoint (base URL checks, the client, proxy bypass for
 //! loopback), the API key (from an environment variable or a 0600 file, never shown), error
 //! classification of HTTP replies, server-sent event framing and tool-argument parsing.
+//!
+//! Every request to a backend goes through [`Conn::send`] (a model list or lookup through
+//! [`Conn::get_json`]), so that each is bounded by the backend's configured timeouts
+//! ([`Timeouts`]): the connection, the reply's first byte, each silence after it.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -26,8 +30,9 @@ use crate::config::Timeouts;
 
 /// The media type of server-sent events (the `Accept` of a streamed request).
 pub(super) const SSE: &str = "text/event-stream";
-/// The whole of a model-list request.
-pub(super) const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most a model list or context-window lookup may take as a whole, on top of the
+/// backend's own timeouts (which still bound each of its waits).
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most of an error body read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// How long reading an error body may take (then the status alone classifies it).
@@ -62,8 +67,8 @@ pub(super) struct Endpoint {
 impl Endpoint {
     /// The endpoint of config entry `name`: `base_url` (or `default`) must be an `http`/`https`
     /// URL with a host and without credentials, query or fragment. Loopback hosts bypass any
-    /// configured proxy. Connecting may take `timeouts.connect`; the other two apply to
-    /// streamed replies ([`Conn::send`], [`Stream::chunk`]).
+    /// configured proxy. Connecting may take `timeouts.connect`; the other two apply to every
+    /// reply once the request is sent through [`Conn::send`] ([`Stream::chunk`]).
     pub fn new(
         name: &str,
         base_url: Option<&str>,
@@ -280,6 +285,8 @@ pub(super) struct Conn {
     pub model: Option<String>,
     pub client: reqwest::Client,
     pub timeouts: Timeouts,
+    /// How long a model list or lookup may take as a whole ([`LIST_TIMEOUT`]).
+    pub list_limit: Duration,
 }
 
 impl Conn {
@@ -292,6 +299,7 @@ impl Conn {
             model: cfg.model.clone(),
             client: ep.client,
             timeouts: ep.timeouts,
+            list_limit: LIST_TIMEOUT,
         }
     }
 
@@ -347,30 +355,87 @@ impl Conn {
             .body(body)
     }
 
-    /// Sends the streamed request `rb`: the reply's head must come within
+    /// Sends the request `rb`, the way every request to the backend goes: the connection
+    /// must be made within `connect_timeout_s` and the reply's head must come within
     /// `first_byte_timeout_s`, which also bounds the wait for its first body byte
     /// ([`Stream::chunk`]). Transport errors are classified as by [`Conn::transport`].
     pub async fn send(&self, rb: reqwest::RequestBuilder) -> Result<Stream, BackendError> {
+        let (client, req) = rb.build_split();
+        let req = req.map_err(|e| transport(&self.name, "request", e))?;
+        self.execute(&client, req).await
+    }
+
+    /// [`Conn::send`] of a built request.
+    async fn execute(
+        &self,
+        client: &reqwest::Client,
+        req: reqwest::Request,
+    ) -> Result<Stream, BackendError> {
         let t = self.timeouts;
+        let path = req.url().path().to_owned();
         let first_by = tokio::time::Instant::now() + t.first_byte;
-        match tokio::time::timeout_at(first_by, rb.send()).await {
-            Err(_) => Err(timed_out(&self.name, "first_byte_timeout_s", t.first_byte)),
-            Ok(Err(e)) => Err(self.transport("request", e)),
+        match tokio::time::timeout_at(first_by, client.execute(req)).await {
+            Err(_) => Err(timed_out(
+                &self.name,
+                &path,
+                "first_byte_timeout_s",
+                t.first_byte,
+            )),
+            Ok(Err(e)) => Err(self.transport(&path, "request", e)),
             Ok(Ok(resp)) => Ok(Stream {
                 resp,
+                path,
                 first_by: Some(first_by),
                 timeouts: t,
             }),
         }
     }
 
-    /// A connection or read failure (see [`transport`]); a connection that could not be made
-    /// within `connect_timeout_s` says so.
-    pub fn transport(&self, what: &str, e: reqwest::Error) -> BackendError {
+    /// A connection or read failure (see [`transport`]); a connection to `path` that could
+    /// not be made within `connect_timeout_s` says so.
+    pub fn transport(&self, path: &str, what: &str, e: reqwest::Error) -> BackendError {
         if e.is_connect() && e.is_timeout() {
-            return timed_out(&self.name, "connect_timeout_s", self.timeouts.connect);
+            return timed_out(&self.name, path, "connect_timeout_s", self.timeouts.connect);
         }
         transport(&self.name, what, e)
+    }
+
+    /// Sends a model-list or lookup request (`what` names it in errors, e.g. `/models`) and
+    /// reads its JSON reply: under the backend's timeouts as every request ([`Conn::send`],
+    /// [`Stream::chunk`]), and whole within `list_limit`. Transport failures and
+    /// timeouts are transient, HTTP errors classified, the body capped at [`MAX_LIST_BODY`].
+    pub async fn get_json(
+        &self,
+        rb: reqwest::RequestBuilder,
+        key: Option<&ApiKey>,
+        what: &str,
+    ) -> Result<Value, BackendError> {
+        let name = &self.name;
+        let (client, req) = rb.build_split();
+        let req = req.map_err(|e| transport(name, "request", e))?;
+        let path = req.url().path().to_owned();
+        let whole = async {
+            let mut s = self.execute(&client, req).await?;
+            if !s.resp.status().is_success() {
+                return Err(status_error(name, s, key).await);
+            }
+            s.read_capped(name, MAX_LIST_BODY).await
+        };
+        let limit = self.list_limit;
+        let body = tokio::time::timeout(limit, whole).await.map_err(|_| {
+            BackendError::Transient(format!(
+                "{name}: {path}: timed out: no whole reply within {} s (the limit of a model list)",
+                limit.as_secs()
+            ))
+        })??;
+        if body.len() >= MAX_LIST_BODY {
+            return Err(BackendError::Fatal(format!(
+                "{name}: {what} reply is larger than {} MiB",
+                MAX_LIST_BODY >> 20
+            )));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| BackendError::Fatal(format!("{name}: {what} reply is not json: {e}")))
     }
 
     /// [`Conn::send`], then an unsuccessful status is classified.
@@ -381,7 +446,7 @@ impl Conn {
     ) -> Result<Stream, BackendError> {
         let s = self.send(rb).await?;
         if !s.resp.status().is_success() {
-            return Err(status_error(&self.name, s.resp, key).await);
+            return Err(status_error(&self.name, s, key).await);
         }
         Ok(s)
     }
@@ -610,10 +675,12 @@ pub(super) async fn read_sse(
 const RELEASE_LIMIT: usize = 64 << 10;
 const RELEASE_TIME: Duration = Duration::from_secs(5);
 
-/// A streamed reply, read under the backend's timeouts.
+/// A reply, read under the backend's timeouts.
 #[derive(Debug)]
 pub(super) struct Stream {
     pub resp: Response,
+    /// The request's URL path, for errors.
+    path: String,
     /// Until the first body byte: when `first_byte_timeout_s` runs out.
     first_by: Option<tokio::time::Instant>,
     timeouts: Timeouts,
@@ -624,6 +691,7 @@ impl Stream {
     #[cfg(test)]
     pub fn new(resp: Response, timeouts: Timeouts) -> Stream {
         Stream {
+            path: resp.url().path().to_owned(),
             resp,
             first_by: Some(tokio::time::Instant::now() + timeouts.first_byte),
             timeouts,
@@ -664,56 +732,40 @@ impl Stream {
             ),
         };
         match tokio::time::timeout_at(deadline, self.resp.chunk()).await {
-            Err(_) => Err(timed_out(name, key, limit)),
+            Err(_) => Err(timed_out(name, &self.path, key, limit)),
             Ok(r) => {
                 self.first_by = None;
                 r.map_err(|e| transport(name, "reading the stream", e))
             }
         }
     }
+
+    /// At most `cap` bytes of the body, read as by [`Stream::chunk`] (the rest is dropped
+    /// with the connection).
+    pub async fn read_capped(&mut self, name: &str, cap: usize) -> Result<Vec<u8>, BackendError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = self.chunk(name).await? {
+            let room = cap.saturating_sub(out.len());
+            out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if out.len() >= cap {
+                break;
+            }
+        }
+        Ok(out)
+    }
 }
 
-/// A request that ran out of the timeout `key` (`limit`): worth a retry.
-fn timed_out(name: &str, key: &str, limit: Duration) -> BackendError {
+/// A request to `path` that ran out of the timeout `key` (`limit`): worth a retry.
+fn timed_out(name: &str, path: &str, key: &str, limit: Duration) -> BackendError {
     let what = match key {
         "connect_timeout_s" => "no connection",
         "first_byte_timeout_s" => "no reply",
         _ => "the reply stalled: nothing more",
     };
     BackendError::Transient(format!(
-        "{name}: timed out: {what} within {} s ({key})",
+        "{name}: {path}: timed out: {what} within {} s ({key})",
         limit.as_secs()
     ))
-}
-
-/// Sends a model-list request (`what` names it in errors, e.g. `/models`) and reads its JSON
-/// reply: transport failures are transient, HTTP errors classified, the body capped at
-/// [`MAX_LIST_BODY`].
-pub(super) async fn get_json(
-    name: &str,
-    rb: reqwest::RequestBuilder,
-    key: Option<&ApiKey>,
-    what: &str,
-) -> Result<Value, BackendError> {
-    let resp = rb
-        .timeout(LIST_TIMEOUT)
-        .send()
-        .await
-        .map_err(|e| transport(name, "request", e))?;
-    if !resp.status().is_success() {
-        return Err(status_error(name, resp, key).await);
-    }
-    let body = read_capped(resp, MAX_LIST_BODY)
-        .await
-        .map_err(|e| transport(name, &format!("reading {what}"), e))?;
-    if body.len() >= MAX_LIST_BODY {
-        return Err(BackendError::Fatal(format!(
-            "{name}: {what} reply is larger than {} MiB",
-            MAX_LIST_BODY >> 20
-        )));
-    }
-    serde_json::from_slice(&body)
-        .map_err(|e| BackendError::Fatal(format!("{name}: {what} reply is not json: {e}")))
 }
 
 /// A connection or read failure: worth a retry.
@@ -733,21 +785,22 @@ pub(super) fn transport(name: &str, what: &str, e: reqwest::Error) -> BackendErr
 }
 
 /// An unsuccessful HTTP status, classified (the key scrubbed from the server's message).
-pub(super) async fn status_error(name: &str, resp: Response, key: Option<&ApiKey>) -> BackendError {
-    let status = resp.status().as_u16();
-    let retry = retry_after(resp.headers());
-    let mut body = error_body(resp).await;
+pub(super) async fn status_error(name: &str, resp: Stream, key: Option<&ApiKey>) -> BackendError {
+    let status = resp.resp.status().as_u16();
+    let retry = retry_after(resp.resp.headers());
+    let mut body = error_body(name, resp).await;
     if let Some(k) = key {
         body = k.scrub(&body);
     }
     classify_http(name, status, retry, &body)
 }
 
-/// The text of an error reply (at most [`MAX_ERROR_BODY`] bytes, within
-/// [`ERROR_BODY_TIMEOUT`]); a body that cannot be read is empty, so that the status alone
-/// classifies the error.
-pub(super) async fn error_body(resp: Response) -> String {
-    let body = tokio::time::timeout(ERROR_BODY_TIMEOUT, read_capped(resp, MAX_ERROR_BODY))
+/// The text of an error reply (at most [`MAX_ERROR_BODY`] bytes, read under the backend's
+/// timeouts and within [`ERROR_BODY_TIMEOUT`]); a body that cannot be read is empty, so that
+/// the status alone classifies the error.
+pub(super) async fn error_body(name: &str, mut resp: Stream) -> String {
+    let read = resp.read_capped(name, MAX_ERROR_BODY);
+    let body = tokio::time::timeout(ERROR_BODY_TIMEOUT, read)
         .await
         .ok()
         .and_then(Result::ok)
@@ -916,7 +969,7 @@ impl Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::testserver::{self, Reply};
+    use crate::backend::testserver::{self, JSON_HEAD, Reply, only, stalling};
     use std::os::unix::fs::PermissionsExt;
 
     fn keys(file: &std::path::Path) -> KeySource {
@@ -1024,18 +1077,6 @@ mod tests {
         assert!(matches!(r, Err(BackendError::Fatal(m)) if m == "no"));
     }
 
-    /// Timeouts of 60 s but for the one named (`connect`, `first_byte`, `idle`): 1 s, so
-    /// that only it can end a request.
-    fn only(which: &str) -> Timeouts {
-        let (one, long) = (Duration::from_secs(1), Duration::from_secs(60));
-        let pick = |w: &str| if w == which { one } else { long };
-        Timeouts {
-            connect: pick("connect"),
-            first_byte: pick("first_byte"),
-            idle: pick("idle"),
-        }
-    }
-
     /// A connection to `url` under `t`.
     fn conn_with(url: &str, t: Timeouts) -> Conn {
         let cfg = crate::config::Backend {
@@ -1053,24 +1094,6 @@ mod tests {
         Conn::new("t", &cfg, Endpoint::new("t", Some(url), url, t).unwrap())
     }
 
-    /// A loopback peer that reads the request, writes `reply`, and then holds the connection
-    /// open without a further byte until the test ends.
-    async fn stalling_peer(reply: &'static [u8]) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", l.local_addr().unwrap());
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((mut s, _)) = l.accept().await {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s.write_all(reply).await;
-                held.push(s);
-            }
-        });
-        url
-    }
-
     fn transient(r: Result<impl fmt::Debug, BackendError>) -> String {
         match r {
             Err(BackendError::Transient(m)) => m,
@@ -1080,32 +1103,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_that_never_answers_runs_out_of_first_byte_timeout() {
-        let url = stalling_peer(b"").await;
+        let url = stalling(vec![b""]).await;
         let c = conn_with(&url, only("first_byte"));
         let m = transient(c.send(c.post("/x", SSE, "{}".into())).await);
         assert_eq!(
             m,
-            "t: timed out: no reply within 1 s (first_byte_timeout_s)"
+            "t: /x: timed out: no reply within 1 s (first_byte_timeout_s)"
         );
         // A head without a body byte after it is no answer either.
-        let url = stalling_peer(
+        let url = stalling(vec![
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
-        )
+        ])
         .await;
         let c = conn_with(&url, only("first_byte"));
         let r = c.stream_sse(c.post("/x", SSE, "{}".into()), None, |_| Ok(false));
         let m = transient(r.await);
         assert_eq!(
             m,
-            "t: timed out: no reply within 1 s (first_byte_timeout_s)"
+            "t: /x: timed out: no reply within 1 s (first_byte_timeout_s)"
         );
     }
 
     #[tokio::test]
     async fn a_stream_that_stalls_runs_out_of_idle_timeout() {
-        let url = stalling_peer(
+        let url = stalling(vec![
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n",
-        )
+        ])
         .await;
         let c = conn_with(&url, only("idle"));
         let mut frames = Vec::new();
@@ -1116,7 +1139,7 @@ mod tests {
         let m = transient(r.await);
         assert_eq!(
             m,
-            "t: timed out: the reply stalled: nothing more within 1 s (idle_timeout_s)"
+            "t: /x: timed out: the reply stalled: nothing more within 1 s (idle_timeout_s)"
         );
         assert_eq!(
             frames,
@@ -1125,11 +1148,11 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_listener_that_never_accepts_runs_out_of_connect_timeout() {
-        // A listener with the shortest accept queue, filled by connections nobody accepts:
-        // the kernel then drops new handshakes, so connecting hangs. (listen again on a
-        // listening socket sets its backlog.)
+    /// A loopback address whose listener never accepts: its accept queue (the shortest) is
+    /// filled by connections nobody accepts, so the kernel drops new handshakes and
+    /// connecting hangs. (`listen` again on a listening socket sets its backlog.) The
+    /// listener and the queued connections are returned to be kept open.
+    fn unaccepted() -> (std::net::TcpListener, Vec<std::net::TcpStream>, String) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         nix::sys::socket::listen(&l, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
         let target = l.local_addr().unwrap();
@@ -1139,15 +1162,90 @@ mod tests {
             queued.push(s);
             assert!(queued.len() < 64, "the accept queue never filled");
         }
+        (l, queued, format!("http://{target}"))
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_never_accepts_runs_out_of_connect_timeout() {
+        let (l, queued, url) = unaccepted();
         // The first-byte bound runs from the request's start: well behind, so that only the
         // connect timeout can end it.
-        let c = conn_with(&format!("http://{target}"), only("connect"));
+        let c = conn_with(&url, only("connect"));
         let m = transient(c.send(c.post("/x", SSE, "{}".into())).await);
         assert_eq!(
             m,
-            "t: timed out: no connection within 1 s (connect_timeout_s)"
+            "t: /x: timed out: no connection within 1 s (connect_timeout_s)"
         );
-        drop(l);
+        // A model list or lookup too.
+        let r = c.get_json(c.client.get(format!("{url}/models")), None, "/models");
+        assert_eq!(
+            transient(r.await),
+            "t: /models: timed out: no connection within 1 s (connect_timeout_s)"
+        );
+        drop((l, queued));
+    }
+
+    /// A model list or lookup runs out of the same timeouts as a chat request, not of a
+    /// limit of its own: no answer, a head alone, a body that stalls.
+    #[tokio::test]
+    async fn a_model_list_runs_out_of_the_backends_timeouts() {
+        async fn list(c: &Conn, url: &str) -> Result<Value, BackendError> {
+            let rb = c.client.get(format!("{url}/v1/models"));
+            c.get_json(rb, None, "/models").await
+        }
+        for reply in [b"" as &[u8], JSON_HEAD] {
+            let url = stalling(vec![reply]).await;
+            let c = conn_with(&url, only("first_byte"));
+            assert_eq!(
+                transient(list(&c, &url).await),
+                "t: /v1/models: timed out: no reply within 1 s (first_byte_timeout_s)"
+            );
+        }
+        let url = stalling(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n1\r\n{\r\n",
+        ])
+        .await;
+        let c = conn_with(&url, only("idle"));
+        assert_eq!(
+            transient(list(&c, &url).await),
+            "t: /v1/models: timed out: the reply stalled: nothing more within 1 s (idle_timeout_s)"
+        );
+        // An error reply whose body stalls is classified by its status alone, once the idle
+        // timeout ends the body's reading.
+        let url = stalling(vec![
+            b"HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked\r\n\r\n1\r\n{\r\n",
+        ])
+        .await;
+        let c = conn_with(&url, only("idle"));
+        assert_eq!(
+            transient(list(&c, &url).await),
+            "t: http 500: internal server error"
+        );
+    }
+
+    /// A list that keeps coming, never stalling for the idle timeout, ends at the list's own
+    /// limit, which says so.
+    #[tokio::test]
+    async fn a_model_list_that_never_ends_runs_out_of_the_list_limit() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let _ = s.read(&mut [0u8; 4096]).await;
+            let _ = s.write_all(JSON_HEAD).await;
+            // A space of JSON at a time, well within the idle timeout.
+            while s.write_all(b"1\r\n \r\n").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let mut c = conn_with(&url, Timeouts::default());
+        c.list_limit = Duration::from_secs(1);
+        let r = c.get_json(c.client.get(format!("{url}/props")), None, "/props");
+        assert_eq!(
+            transient(r.await),
+            "t: /props: timed out: no whole reply within 1 s (the limit of a model list)"
+        );
     }
 
     #[test]

@@ -49,7 +49,7 @@ use std::fmt;
 use std::time::Duration;
 
 use ollie_link::text::{clip, one_line};
-use reqwest::{Response, Url};
+use reqwest::Url;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -149,7 +149,7 @@ impl Ollama {
             c.client.get(format!("{}/api/tags", c.base_url)),
             key.as_ref(),
         )?;
-        let v = http::get_json(&c.name, rb, key.as_ref(), "/api/tags").await?;
+        let v = c.get_json(rb, key.as_ref(), "/api/tags").await?;
         Ok(c.listed(&v, "/api/tags", "models")?
             .iter()
             .filter_map(|m| {
@@ -163,10 +163,10 @@ impl Ollama {
 
     /// An unsuccessful HTTP reply, classified as by [`http::status_error`], and a context
     /// overflow also when Ollama's message says something exceeds the context.
-    async fn status_error(&self, resp: Response, key: Option<&ApiKey>) -> BackendError {
-        let status = resp.status().as_u16();
-        let retry = retry_after(resp.headers());
-        let mut body = http::error_body(resp).await;
+    async fn status_error(&self, resp: http::Stream, key: Option<&ApiKey>) -> BackendError {
+        let status = resp.resp.status().as_u16();
+        let retry = retry_after(resp.resp.headers());
+        let mut body = http::error_body(&self.http.name, resp).await;
         if let Some(k) = key {
             body = k.scrub(&body);
         }
@@ -189,7 +189,7 @@ impl HttpApi for Ollama {
         let resp = c.send(rb).await?;
         if !resp.resp.status().is_success() {
             // Ollama's own context wording, on top of the shared classification.
-            return Err(self.status_error(resp.resp, key.as_ref()).await);
+            return Err(self.status_error(resp, key.as_ref()).await);
         }
         let mut state = StreamState::default();
         http::read_stream(&c.name, resp, LineSplitter::default(), |line| {
@@ -474,7 +474,7 @@ mod tests {
     use crate::config::{Backend as BackendCfg, BackendKind};
     use tokio::net::TcpListener;
 
-    use crate::backend::testserver::{KEY, Reply, fake_env, serve};
+    use crate::backend::testserver::{self, KEY, Reply, fake_env, serve};
 
     fn cfg(base_url: Option<&str>) -> BackendCfg {
         BackendCfg {
@@ -1126,6 +1126,47 @@ mod tests {
             BackendError::Fatal(
                 "remote: no model (set model in the backend or the agent profile)".into()
             )
+        );
+    }
+
+    /// Every request is bounded by the backend's timeouts: the model list and the chat of a
+    /// server that never answers (or sends a head and stalls) end at `first_byte_timeout_s`,
+    /// naming it and the path; an error reply whose body stalls ends at `idle_timeout_s` and
+    /// is classified by its status.
+    #[tokio::test]
+    async fn every_request_runs_out_of_the_backends_timeouts() {
+        let timed = |url: &str, which| {
+            let cfg = BackendCfg {
+                timeouts: testserver::only(which),
+                ..cfg(Some(url))
+            };
+            Ollama::new("local", &cfg).unwrap()
+        };
+        for reply in [b"" as &[u8], testserver::JSON_HEAD] {
+            let url = testserver::stalling(vec![reply]).await;
+            let b = timed(&url, "first_byte");
+            assert_eq!(
+                b.list_models().await.unwrap_err(),
+                BackendError::Transient(
+                    "local: /api/tags: timed out: no reply within 1 s (first_byte_timeout_s)"
+                        .into()
+                )
+            );
+            assert_eq!(
+                run(&b, &request()).await.0.unwrap_err(),
+                BackendError::Transient(
+                    "local: /api/chat: timed out: no reply within 1 s (first_byte_timeout_s)"
+                        .into()
+                )
+            );
+        }
+        let url = testserver::stalling(vec![
+            b"HTTP/1.1 400 Bad Request\r\ntransfer-encoding: chunked\r\n\r\n1\r\n{\r\n",
+        ])
+        .await;
+        assert_eq!(
+            run(&timed(&url, "idle"), &request()).await.0.unwrap_err(),
+            BackendError::Fatal("local: http 400: bad request".into())
         );
     }
 

@@ -92,7 +92,9 @@ impl OpenAi {
     /// entries' `context_length` (OpenRouter), `context_window`, `max_model_len` (vLLM) or
     /// `meta.n_ctx_train` (llama.cpp); for llama.cpp's server, whose slots may be smaller than
     /// the model was trained for, `GET /props`'s `default_generation_settings.n_ctx` instead.
-    /// Nothing on any error: the window is then unknown.
+    /// Both requests are bounded like every other ([`Conn::get_json`]). Nothing on any error
+    /// (logged): the window is then unknown, as when the server tells none, and the turn goes
+    /// on (a missing key is the chat request's to report).
     async fn fetch_windows(&self) -> BTreeMap<String, u64> {
         let c = &self.http;
         let Ok(key) = c.api_key() else {
@@ -101,7 +103,15 @@ impl OpenAi {
         let key = &key;
         let get = |url: String, what: &'static str| async move {
             let rb = c.bearer(c.client.get(url), key.as_ref()).ok()?;
-            http::get_json(&c.name, rb, key.as_ref(), what).await.ok()
+            c.get_json(rb, key.as_ref(), what)
+                .await
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        backend = %c.name,
+                        "context window lookup failed, the window is unknown: {e}"
+                    );
+                })
+                .ok()
         };
         let Some(v) = get(format!("{}/models", c.base_url), "/models").await else {
             return BTreeMap::new();
@@ -139,7 +149,7 @@ impl OpenAi {
         let c = &self.http;
         let key = c.api_key()?;
         let rb = c.bearer(c.client.get(format!("{}/models", c.base_url)), key.as_ref())?;
-        let v = http::get_json(&c.name, rb, key.as_ref(), "/models").await?;
+        let v = c.get_json(rb, key.as_ref(), "/models").await?;
         Ok(c.listed(&v, "/models", "data")?
             .iter()
             .filter_map(|m| m.get("id").and_then(Value::as_str))
@@ -484,7 +494,7 @@ mod tests {
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
 
-    use crate::backend::testserver::{Got, KEY, Reply, fake_env};
+    use crate::backend::testserver::{self, Got, KEY, Reply, fake_env};
 
     /// The shared test server, with the API's `/v1` base path.
     async fn serve(replies: Vec<Reply>) -> (String, mpsc::UnboundedReceiver<Got>) {
@@ -493,6 +503,11 @@ mod tests {
     }
 
     fn backend(base_url: &str, key_var: Option<&str>) -> OpenAi {
+        timed(base_url, key_var, Default::default())
+    }
+
+    /// [`backend`] with the timeouts `t`.
+    fn timed(base_url: &str, key_var: Option<&str>, t: crate::config::Timeouts) -> OpenAi {
         let cfg = BackendCfg {
             kind: BackendKind::OpenAi,
             base_url: Some(base_url.to_owned()),
@@ -501,7 +516,7 @@ mod tests {
             file: None,
             api_key_file: None,
             context_limit: None,
-            timeouts: Default::default(),
+            timeouts: t,
             force_first_tool: false,
             tool_prefill: None,
         };
@@ -1195,6 +1210,35 @@ mod tests {
         // An error: unknown, not a failure.
         let (url, _rx) = serve(vec![Reply::json(500, "oops")]).await;
         assert_eq!(backend(&url, None).context_window("a").await, None);
+    }
+
+    /// The context-window lookup and the model list are bounded by the backend's timeouts
+    /// (here `first_byte_timeout_s = 1`): against a server that never answers, or sends a head
+    /// and stalls, the list fails naming the path and the timeout, and the lookup ends with the
+    /// window unknown (the turn goes on with the default), not after a limit of its own.
+    #[tokio::test]
+    async fn lookups_and_lists_run_out_of_the_backends_timeouts() {
+        let first_byte = testserver::only("first_byte");
+        for reply in [b"" as &[u8], testserver::JSON_HEAD] {
+            let url = testserver::stalling(vec![reply]).await;
+            let b = timed(&format!("{url}/v1"), None, first_byte);
+            assert_eq!(
+                b.list_models().await.unwrap_err(),
+                BackendError::Transient(
+                    "local: /v1/models: timed out: no reply within 1 s (first_byte_timeout_s)"
+                        .into()
+                )
+            );
+            assert_eq!(b.context_window("m").await, None);
+        }
+        // llama.cpp's /props stalls after /models answered: the window /models told stands.
+        let url = testserver::stalling(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 74\r\n\r\n{\"data\":[{\"id\":\"smol\",\"owned_by\":\"llamacpp\",\"meta\":{\"n_ctx_train\":8192}}]}",
+            b"",
+        ])
+        .await;
+        let b = timed(&format!("{url}/v1"), None, first_byte);
+        assert_eq!(b.context_window("smol").await, Some(8192));
     }
 
     #[tokio::test]

@@ -208,7 +208,9 @@ pub async fn all(config: &Config) -> Vec<(String, BackendCfg)> {
 }
 
 /// `backend<TAB>model` for every model each backend lists (queried concurrently, each
-/// within `timeout`), then `# backend: error` lines for those that could not be asked.
+/// within `timeout` and within the backend's own timeouts, whichever ends first), then
+/// `# backend: error` lines for those that could not be asked (the error's own leading
+/// backend name is not repeated).
 pub async fn models_text(config: &Config, timeout: Duration) -> String {
     let mut tasks = tokio::task::JoinSet::new();
     for (i, (name, cfg)) in all(config).await.into_iter().enumerate() {
@@ -235,7 +237,10 @@ pub async fn models_text(config: &Config, timeout: Duration) -> String {
                     text.push_str(&format!("{name}\t{m}\n"));
                 }
             }
-            Err(e) => errors.push_str(&format!("# {name}: {}\n", one_line(&e))),
+            Err(e) => {
+                let e = e.strip_prefix(&format!("{name}: ")).unwrap_or(&e);
+                errors.push_str(&format!("# {name}: {}\n", one_line(e)));
+            }
         }
     }
     text + &errors

@@ -193,3 +193,43 @@ pub async fn serve_kept(
     });
     (format!("http://{addr}"), rx)
 }
+
+/// A loopback peer that reads each request and writes the next of `replies` (raw bytes,
+/// head and all; the last one again for every later connection), then holds the connection
+/// open without a further byte until the test ends: an empty reply is a server that accepts
+/// and never answers, a head alone one that stalls before the body. Returns the server root
+/// URL.
+pub async fn stalling(replies: Vec<&'static [u8]>) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        for conn in 0.. {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let reply = replies[conn.min(replies.len() - 1)];
+            let _ = s.write_all(reply).await;
+            held.push(s);
+        }
+    });
+    url
+}
+
+/// The head of a chunked `200` JSON reply, for [`stalling`]: a body may follow.
+pub const JSON_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+
+/// Timeouts of 60 s but for the one named (`connect`, `first_byte`, `idle`): 1 s, so that
+/// only it can end a request.
+pub fn only(which: &str) -> crate::config::Timeouts {
+    let (one, long) = (Duration::from_secs(1), Duration::from_secs(60));
+    let pick = |w: &str| if w == which { one } else { long };
+    crate::config::Timeouts {
+        connect: pick("connect"),
+        first_byte: pick("first_byte"),
+        idle: pick("idle"),
+    }
+}

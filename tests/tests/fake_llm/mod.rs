@@ -3,7 +3,8 @@
 //! POST requests get the next [`Reply`] of the script in order (a script that has run out
 //! answers 599); GET requests are answered from fixed routes (model lists). Every request is
 //! recorded ([`Got`]) so tests can check what olliesrv sent. Responses carry no length and end
-//! when the connection closes, so a [`Reply::cut`] reply is a stream dropped mid-message.
+//! when the connection closes, so a [`Reply::cut`] reply is a stream dropped mid-message;
+//! [`Reply::silent`] and [`Reply::hang`] are servers that stall.
 //! Only loopback, only this test's server.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -25,6 +26,10 @@ pub struct Reply {
     pub gap: Duration,
     /// Stop after this many chunks and drop the connection.
     pub cut_after: Option<usize>,
+    /// Write nothing at all, not even the head ([`Reply::silent`]).
+    pub silent: bool,
+    /// After the chunks, hold the connection open without a further byte ([`Reply::hang`]).
+    pub hang: bool,
 }
 
 impl Reply {
@@ -35,6 +40,17 @@ impl Reply {
             chunks,
             gap: Duration::from_millis(2),
             cut_after: None,
+            silent: false,
+            hang: false,
+        }
+    }
+
+    /// A server that accepts the connection, reads the request and never answers.
+    pub fn silent() -> Reply {
+        Reply {
+            silent: true,
+            hang: true,
+            ..Reply::new(200, "application/json", Vec::new())
         }
     }
 
@@ -80,6 +96,13 @@ impl Reply {
     /// Drops the connection after `n` chunks.
     pub fn cut(mut self, n: usize) -> Reply {
         self.cut_after = Some(n);
+        self
+    }
+
+    /// Holds the connection open after the chunks (none: after the head) without a further
+    /// byte, until the client closes it: a server that stalls.
+    pub fn hang(mut self) -> Reply {
+        self.hang = true;
         self
     }
 
@@ -234,19 +257,26 @@ async fn serve(mut sock: TcpStream, st: Arc<Mutex<State>>) -> std::io::Result<()
             &serde_json::json!({"error": {"message": format!("the fake server has no reply for {method} {path}")}}),
         )
     });
-    let mut out = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", reply.status);
-    for (k, v) in &reply.headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    sock.write_all(out.as_bytes()).await?;
-    for (i, c) in reply.chunks.iter().enumerate() {
-        if reply.cut_after == Some(i) {
-            break;
+    if !reply.silent {
+        let mut out = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", reply.status);
+        for (k, v) in &reply.headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
         }
-        sock.write_all(c).await?;
-        sock.flush().await?;
-        tokio::time::sleep(reply.gap).await;
+        out.push_str("\r\n");
+        sock.write_all(out.as_bytes()).await?;
+        for (i, c) in reply.chunks.iter().enumerate() {
+            if reply.cut_after == Some(i) {
+                break;
+            }
+            sock.write_all(c).await?;
+            sock.flush().await?;
+            tokio::time::sleep(reply.gap).await;
+        }
+    }
+    if reply.hang {
+        // Until the client gives up and closes (or the test ends).
+        while sock.read(&mut chunk).await? > 0 {}
+        return Ok(());
     }
     let _ = sock.shutdown().await;
     Ok(())
