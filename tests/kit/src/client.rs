@@ -64,8 +64,9 @@ pub async fn write_mode(root: &Fid, path: &str, mode: u8, data: &str) -> Result<
     let r = within(path, f.write(0, Bytes::from(data.to_owned())))
         .await
         .map(|_| ());
-    let _ = within(path, f.clunk()).await;
-    r
+    // A prompt is queued at the clunk: its error is the write's.
+    let c = within(path, f.clunk()).await;
+    r.and(c)
 }
 
 /// Opens `path` OWRITE and writes `data` in one Twrite.
