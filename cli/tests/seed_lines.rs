@@ -30,9 +30,10 @@
 //! filter runs on a terminal (script(1)), as a user sees it: through a pipe, grep buffers its
 //! output and shows nothing while the chat streams (grep's doing, not the server's).
 //!
-//! One seed line does not do what the seed says: the statewait loop, with a coder whose turns
-//! are quick, gives obs joined diffs (`known_failure_statewait_loop_quick_turns_join_diffs`,
-//! ignored; it fails until the server is fixed).
+//! The statewait loop with a coder whose turns are quick writes the same diff several times
+//! within the feed's quiet interval; they join into one value, which the feed takes as that
+//! diff once ("same data written repeatedly never wakes the reader"):
+//! `statewait_loop_with_quick_turns_gives_one_turn_per_distinct_diff`.
 //!
 //! Needs the workspace binaries (`cargo build --workspace --bins`), bash, git and script(1).
 // Scenario tests read top to bottom; splitting them would hide the story.
@@ -1236,7 +1237,7 @@ fn seed_statewait_loop_gives_the_observer_one_turn_per_distinct_diff() {
     // A change of the work tree, then of coder's state: obs's second turn, that diff.
     // coder is held in its turn again, so that its turn's end (the next change) comes more
     // than the feed's quiet interval after this diff: two changes closer together make two
-    // diffs that join into one value (known_failure_statewait_loop_quick_turns_join_diffs).
+    // diffs that join into one value (statewait_loop_with_quick_turns_gives_one_turn_per_distinct_diff).
     repo.edit(2);
     let d2 = repo.diff();
     model.close("coder");
@@ -1258,20 +1259,15 @@ fn seed_statewait_loop_gives_the_observer_one_turn_per_distinct_diff() {
     );
 }
 
-/// KNOWN FAILURE, ignored so the suite stays green (run it with `--ignored`): the seed's
-/// statewait loop with a coder whose turns are quick, as a turn that only answers is. A turn
-/// changes coder's state twice (idle → thinking → idle), often less than the feed's quiet
-/// interval (1 s) apart; when the loop's next statewait is open before the second change, the
-/// loop writes the same diff again within that interval, and the feed rule joins the writes
-/// into one value: the diff repeated. That value differs from the diff, so obs gets a turn
-/// for it. Seen: here (five turns back to back) the loop wrote the diff 6 to 8 times, all
-/// joined into one value, so obs's one turn had the diff 6 to 8 times over (1235 or 1647
-/// bytes for a diff of 205); with the turns 3 s apart (replay backend, by hand) obs had 3 turns for one
-/// unchanged diff — the diff, the diff twice over, the diff. The seed promises one turn per
-/// distinct diff ("dedup is automatic"), and that is the check.
+/// The seed's statewait loop with a coder whose turns are quick, as a turn that only answers
+/// is. A turn changes coder's state twice (idle → thinking → idle), often less than the
+/// feed's quiet interval (1 s) apart, so the loop writes the same diff again within that
+/// interval and the feed rule joins the writes into one value: the diff repeated (before the
+/// fix, obs got a turn with the diff 6 to 8 times over). The feed takes a block of whole lines
+/// written repeatedly as that block, so obs gets one turn per distinct diff, as the seed says
+/// ("dedup is automatic").
 #[test]
-#[ignore = "known failure: a quick turn's two diffs join into one new feed value (see the comment)"]
-fn known_failure_statewait_loop_quick_turns_join_diffs() {
+fn statewait_loop_with_quick_turns_gives_one_turn_per_distinct_diff() {
     let model = Model::start();
     let srv = server(&model);
     let repo = Repo::new();

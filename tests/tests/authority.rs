@@ -151,6 +151,8 @@ async fn agent_keeps_its_rights(owner: &Fid, agent: &Fid) {
     within("write", f.write(0, Bytes::from_static(b"hello")))
         .await
         .unwrap();
+    // The prompt is queued at the clunk.
+    within("clunk", f.clunk()).await.unwrap();
     wait_for_text(owner, "session/s/agent/a/log", "replayed", GUARD).await;
 }
 
@@ -221,6 +223,7 @@ async fn an_agent_cannot_signal_a_tool_process() {
     within("write", f.write(0, Bytes::from_static(b"sleep")))
         .await
         .unwrap();
+    within("clunk", f.clunk()).await.unwrap();
     wait_for_text(&owner, "session/s/agent/a/proc/top", "running", GUARD).await;
     let (_ac, agent) = attach(&srv, "agent").await;
     for mode in [om::OWRITE, om::ORDWR] {

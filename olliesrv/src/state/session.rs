@@ -514,6 +514,7 @@ impl Agent {
                 v.len()
             ));
         }
+        let v = collapse(v);
         self.feed.send_if_modified(|cur| {
             if cur.as_ref() == Some(&v) {
                 false
@@ -964,6 +965,28 @@ impl Session {
     }
 }
 
+/// A feed value that is one block of whole lines written more than once is that block: "same
+/// data written repeatedly never wakes the reader" (the seed). A producer that prints the
+/// same diff twice in quick succession (`while :; do ollie-9p read …/statewait; git diff;
+/// done`, two state changes within the feed's quiet interval) sends both in one value.
+fn collapse(v: Bytes) -> Bytes {
+    let n = v.len();
+    for p in 1..=n / 2 {
+        if n.is_multiple_of(p) && v.get(p - 1) == Some(&b'\n') && repeats(&v, &v[..p]) {
+            return v.slice(..p);
+        }
+    }
+    v
+}
+
+/// Whether `v` is `unit` written one or more times.
+fn repeats(v: &[u8], unit: &[u8]) -> bool {
+    if unit.is_empty() {
+        return v.is_empty();
+    }
+    !v.is_empty() && v.len().is_multiple_of(unit.len()) && v.chunks(unit.len()).all(|c| c == unit)
+}
+
 /// Names of variables that must never be shown.
 pub fn looks_secret(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
@@ -1059,6 +1082,27 @@ pub fn parse_spec(text: &str, valid: &[&str]) -> Result<NewSpec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_value_written_repeatedly_is_no_new_value() {
+        assert!(repeats(b"d\n", b"d\n"));
+        assert!(repeats(b"d\nd\nd\n", b"d\n"));
+        assert!(repeats(b"", b""));
+        assert!(!repeats(b"d\nd", b"d\n"));
+        assert!(!repeats(b"d\ne\n", b"d\n"));
+        assert!(!repeats(b"", b"d\n"));
+        assert!(!repeats(b"d\n", b""));
+        // A block of whole lines written again is that block; anything else is as written.
+        let c = |v: &'static [u8]| collapse(Bytes::from_static(v));
+        assert_eq!(
+            &c(b"diff a\n+x\ndiff a\n+x\ndiff a\n+x\n")[..],
+            b"diff a\n+x\n"
+        );
+        assert_eq!(&c(b"diff a\n+x\n")[..], b"diff a\n+x\n");
+        assert_eq!(&c(b"abab")[..], b"abab");
+        assert_eq!(&c(b"a\nb\na\n")[..], b"a\nb\na\n");
+        assert_eq!(&c(b"")[..], b"");
+    }
 
     #[test]
     fn specs() {

@@ -652,7 +652,8 @@ fn feed_values() -> String {
          chunks, msize-sized pieces); a write at offset 0, on a fresh open, at another offset or\n  \
          after a pause of {q}s starts the next. A value is published when it is complete: {q}s\n  \
          after its last write, when the next one starts, or when the fid is clunked; readers\n  \
-         never see part of one, and a value equal to the current one wakes nobody. So\n  \
+         never see part of one. A block of whole lines written more than once in one value is\n  \
+         that block, and a value equal to the current one wakes nobody. So\n  \
          `while :; do git diff HEAD --; sleep 5; done | ollie-9p write …/feed` gives one value\n  \
          per iteration (iterations less than {q}s apart join into one). At most {} bytes.\n  \
          Each new value is the agent's next turn (after its queued prompts); while a turn runs\n  \
