@@ -54,6 +54,7 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ollie_testkit::gitrepo::DiffRepo;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -217,7 +218,7 @@ impl Drop for Model {
 
 /// Answers one connection's request.
 fn answer(mut s: TcpStream, st: &(Mutex<Gate>, Condvar)) {
-    let Some((head, body)) = read_request(&mut s) else {
+    let Some((head, body)) = ollie_testkit::model::read_request_blocking(&mut s) else {
         return;
     };
     let reply = |ct: &str, b: String| {
@@ -268,40 +269,6 @@ fn held_reply(st: &(Mutex<Gate>, Condvar), model: &str, user: &str) -> String {
         .push(text.clone());
     cv.notify_all();
     text
-}
-
-/// One HTTP/1.1 request: its head and its body (by Content-Length).
-fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16384];
-    let end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = buf[end..].to_vec();
-    while body.len() < len {
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Some((head, body))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1029,122 +996,41 @@ fn seed_shell_lines_through_o_mount() {
 // The feed loops, run in the project (they name the server's files through ollie-9p, and
 // git diff needs the work tree).
 
-/// A git work tree whose diff changes on demand, and a `git` wrapper that counts its runs.
-struct Repo {
-    dir: tempfile::TempDir,
-}
+/// The shared repository ([`DiffRepo`]) with a small `main.go`.
+struct Repo(DiffRepo);
 
 impl Repo {
     fn new() -> Repo {
-        let dir = tempfile::tempdir().unwrap();
-        let r = Repo { dir };
-        for d in [r.home(), r.work(), r.shim()] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        let real = String::from_utf8(
-            Command::new("sh")
-                .args(["-c", "command -v git"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        let shim = r.shim().join("git");
-        std::fs::write(
-            &shim,
+        Repo(DiffRepo::new("main.go", |v| {
             format!(
-                "#!/bin/sh\necho run >> '{}'\nexec '{}' \"$@\"\n",
-                r.runs_file().display(),
-                real.trim()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        r.edit(0);
-        for args in [
-            &["init", "-q"][..],
-            &["add", "main.go"],
-            &[
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "commit",
-                "-qm",
-                "v0",
-            ],
-        ] {
-            let o = r.git().args(args).output().unwrap();
-            assert!(o.status.success(), "git {args:?}: {o:?}");
-        }
-        r
-    }
-
-    fn home(&self) -> PathBuf {
-        self.dir.path().join("home")
+                "package main\n\nimport \"fmt\"\n\nfunc main() {{\n\tfmt.Println(\"version {v}\")\n}}\n"
+            )
+        }))
     }
 
     fn work(&self) -> PathBuf {
-        self.dir.path().join("work")
+        self.0.work()
     }
 
-    fn shim(&self) -> PathBuf {
-        self.dir.path().join("shim")
-    }
-
-    fn runs_file(&self) -> PathBuf {
-        self.dir.path().join("git-runs")
-    }
-
-    fn env(&self, c: &mut Command) {
-        c.current_dir(self.work())
-            .env("HOME", self.home())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_PAGER", "cat");
-    }
-
-    fn git(&self) -> Command {
-        let mut c = Command::new("git");
-        self.env(&mut c);
-        c
-    }
-
-    /// Replaces main.go with version `v` (by rename: a `git diff` running now sees the old
-    /// or the new one).
     fn edit(&self, v: usize) {
-        let body = format!(
-            "package main\n\nimport \"fmt\"\n\nfunc main() {{\n\tfmt.Println(\"version {v}\")\n}}\n"
-        );
-        let tmp = self.dir.path().join("main.go.tmp");
-        std::fs::write(&tmp, body).unwrap();
-        std::fs::rename(&tmp, self.work().join("main.go")).unwrap();
+        self.0.edit(v);
     }
 
     /// What `git diff HEAD --` prints now.
     fn diff(&self) -> String {
-        let o = self.git().args(["diff", "HEAD", "--"]).output().unwrap();
-        assert!(o.status.success(), "git diff: {o:?}");
-        String::from_utf8(o.stdout).unwrap()
+        String::from_utf8(self.0.diff()).unwrap()
     }
 
     /// How many times the loop has run git.
     fn runs(&self) -> usize {
-        std::fs::read_to_string(self.runs_file())
-            .map(|s| s.lines().count())
-            .unwrap_or(0)
+        self.0.runs()
     }
 
     /// Starts `line` with `bash -c` in the work tree, the counting `git` first on `PATH`,
     /// `NAMESPACE=ns`.
     fn spawn(&self, ns: &Path, line: &str) -> Bg {
-        let mut c = Command::new("bash");
-        self.env(&mut c);
-        c.arg("-c")
-            .arg(line)
-            .env("NAMESPACE", ns)
-            .env("PATH", path_with_bins(Some(&self.shim())))
-            .env("LC_ALL", "C");
+        let mut c = self.0.bash(ns, &bin_dir(), line);
+        c.env("LC_ALL", "C");
         Bg::spawn(c)
     }
 }
@@ -1317,6 +1203,31 @@ fn statewait_loop_with_quick_turns_gives_one_turn_per_distinct_diff() {
 // ---------------------------------------------------------------------------------------------
 // Issue items 2 and 3: prompt sizes, and the feed read loop.
 
+/// After `big` was written to coding's prompt: a small prompt `after` through ollie-9p, then
+/// coding has had two turns, the first `big` whole (one turn) and the second `after`; the
+/// size of the first, with its line end.
+fn big_prompt_was_one_turn(srv: &Srv, model: &Model, big: &str, after: &str) -> usize {
+    p9_ok(
+        srv,
+        &["write", "session/myproj/agent/coding/prompt"],
+        format!("{after}\n").as_bytes(),
+    );
+    wait_turns(srv, "myproj/coding", 2);
+    let got = user_blocks(srv, model, "myproj/coding", "coding");
+    assert_eq!(
+        got.len(),
+        2,
+        "turns: {:?}",
+        got.iter().map(String::len).collect::<Vec<_>>()
+    );
+    assert!(
+        got[0] == big.trim_end(),
+        "the 300 KB prompt was not one turn, whole"
+    );
+    assert_eq!(got[1], after);
+    got[0].len() + 1
+}
+
 #[test]
 fn prompt_sizes_through_ollie_9p() {
     let model = Model::start();
@@ -1333,28 +1244,8 @@ fn prompt_sizes_through_ollie_9p() {
     std::fs::write(&file, &big).unwrap();
     let o = sh(&ns, here, line, &[("BIG", &file)]);
     assert_eq!(o.code, Some(0), "{line} (300 KB): {o:?}");
-    p9_ok(
-        &srv,
-        &["write", "session/myproj/agent/coding/prompt"],
-        b"after 300 KB\n",
-    );
-    wait_turns(&srv, "myproj/coding", 2);
-    let got = user_blocks(&srv, &model, "myproj/coding", "coding");
-    assert_eq!(
-        got.len(),
-        2,
-        "turns: {:?}",
-        got.iter().map(String::len).collect::<Vec<_>>()
-    );
-    assert!(
-        got[0] == big.trim_end(),
-        "the 300 KB prompt was not one turn, whole"
-    );
-    assert_eq!(got[1], "after 300 KB");
-    eprintln!(
-        "300 KB prompt through ollie-9p write: 1 turn added of {} bytes",
-        got[0].len() + 1
-    );
+    let n = big_prompt_was_one_turn(&srv, &model, &big, "after 300 KB");
+    eprintln!("300 KB prompt through ollie-9p write: 1 turn added of {n} bytes");
 
     // 20 MB: refused once, one line with the size and the limit; nothing queued.
     let file = here.join("big20m");
@@ -1405,28 +1296,8 @@ fn prompt_of_300_kb_through_o_mount_is_one_turn() {
     let line = "cat \"$BIG\" > session/myproj/agent/coding/prompt";
     let o = sh(&ns, mnt.path(), line, &[("BIG", &file)]);
     assert_eq!(o.code, Some(0), "{line}: {o:?}");
-    p9_ok(
-        &srv,
-        &["write", "session/myproj/agent/coding/prompt"],
-        b"after the mount\n",
-    );
-    wait_turns(&srv, "myproj/coding", 2);
-    let got = user_blocks(&srv, &model, "myproj/coding", "coding");
-    assert_eq!(
-        got.len(),
-        2,
-        "turns: {:?}",
-        got.iter().map(String::len).collect::<Vec<_>>()
-    );
-    assert!(
-        got[0] == big.trim_end(),
-        "the 300 KB prompt was not one turn, whole"
-    );
-    assert_eq!(got[1], "after the mount");
-    eprintln!(
-        "300 KB prompt by cat > prompt through o mount: 1 turn added of {} bytes",
-        got[0].len() + 1
-    );
+    let n = big_prompt_was_one_turn(&srv, &model, &big, "after the mount");
+    eprintln!("300 KB prompt by cat > prompt through o mount: 1 turn added of {n} bytes");
     let un = mnt.unmount();
     assert_eq!(un.code, Some(0), "o mount -u: {un:?}");
 }

@@ -318,11 +318,12 @@ impl ToolLink {
         })
     }
 
-    /// A session without a working directory: no toolsrv until one comes, and `why` says so.
-    pub(crate) fn no_workspace(&self, session: &str) {
-        self.state.send_replace(LinkState::Failed(format!(
-            "session {session} has no working directory yet, so no toolsrv: an agent created with cwd=DIR gives it one"
-        )));
+    /// A session without a working directory: no toolsrv until one comes, and the state's
+    /// reason says so.
+    pub(crate) fn no_workspace(&self) {
+        self.state.send_replace(LinkState::Failed(
+            "the session has no working directory yet, so no toolsrv: an agent created with cwd=DIR gives it one".into(),
+        ));
     }
 
     /// The connection, waiting up to `wait` for one.

@@ -76,11 +76,7 @@ impl Registry {
             if let Ok(mut v) = self.sessions.write() {
                 v.push(Arc::clone(&s));
             }
-            if s.cwd().is_some() {
-                supervise::start(Arc::clone(&s), Arc::clone(self));
-            } else {
-                s.link.no_workspace(&s.name());
-            }
+            self.start_toolsrv(&s);
             for a in s.agents() {
                 crate::agent::turn::start_worker(Arc::clone(&a), Arc::clone(self), false);
                 crate::agent::feed::start(a);
@@ -89,6 +85,16 @@ impl Registry {
         self.order.fetch_max(max_order + 1, Ordering::Relaxed);
         self.bump();
     }
+    /// Starts the session's toolsrv supervisor, or, for a session without a working
+    /// directory yet, says why there is none (its first agent starts it).
+    fn start_toolsrv(self: &Arc<Self>, s: &Arc<Session>) {
+        if s.cwd().is_some() {
+            supervise::start(Arc::clone(s), Arc::clone(self));
+        } else {
+            s.link.no_workspace();
+        }
+    }
+
     /// `session/new`.
     pub fn create_session(self: &Arc<Self>, spec: NewSpec) -> Result<Arc<Session>, String> {
         let config = self.config();
@@ -175,11 +181,7 @@ impl Registry {
             v.push(Arc::clone(&s));
         }
         self.bump();
-        if s.cwd().is_some() {
-            supervise::start(Arc::clone(&s), Arc::clone(self));
-        } else {
-            s.link.no_workspace(&s.name());
-        }
+        self.start_toolsrv(&s);
         self.events.emit(
             "session-created",
             ev(&[

@@ -17,6 +17,7 @@ use common::*;
 use ollie_p9::Fid;
 use ollie_p9::wire::om;
 use ollie_testkit::client::{open, rdwr_text};
+use ollie_testkit::gitrepo::DiffRepo;
 use tokio::sync::mpsc;
 
 const FEED: &str = "session/myproj/agent/obs/feed";
@@ -36,136 +37,47 @@ const STEP_GUARD: Duration = Duration::from_secs(90);
 /// feed in many pipe reads and Twrites.
 const LINES: usize = 2000;
 
-/// A git repository whose diff changes on demand, and a `git` wrapper that counts its runs.
-struct Repo {
-    dir: tempfile::TempDir,
-}
+/// The shared repository ([`DiffRepo`]) with `big.txt` of [`LINES`] lines, so that its
+/// diff is well over 64 KiB.
+struct Repo(DiffRepo);
 
 impl Repo {
     fn new() -> Repo {
-        let dir = tempfile::tempdir().unwrap();
-        let r = Repo { dir };
-        std::fs::create_dir_all(r.home()).unwrap();
-        std::fs::create_dir_all(r.work()).unwrap();
-        std::fs::create_dir_all(r.shim_dir()).unwrap();
-        let real = which("git");
-        let shim = r.shim_dir().join("git");
-        std::fs::write(
-            &shim,
-            format!(
-                "#!/bin/sh\necho run >> '{}'\nexec '{}' \"$@\"\n",
-                r.runs_file().display(),
-                real.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        r.write(0);
-        for args in [
-            &["init", "-q"][..],
-            &["add", "big.txt"],
-            &[
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "commit",
-                "-qm",
-                "v0",
-            ],
-        ] {
-            let o = r.git().args(args).output().unwrap();
-            assert!(o.status.success(), "git {args:?}: {}", text(&o.stderr));
-        }
-        r
-    }
-
-    fn home(&self) -> PathBuf {
-        self.dir.path().join("home")
+        Repo(DiffRepo::new("big.txt", |version| {
+            (0..LINES)
+                .map(|i| format!("line {i} of the file, version {version}\n"))
+                .collect()
+        }))
     }
 
     fn work(&self) -> PathBuf {
-        self.dir.path().join("work")
+        self.0.work()
     }
 
-    fn shim_dir(&self) -> PathBuf {
-        self.dir.path().join("shim")
-    }
-
-    fn runs_file(&self) -> PathBuf {
-        self.dir.path().join("git-runs")
-    }
-
-    fn env(&self, c: &mut Command) {
-        c.current_dir(self.work())
-            .env("HOME", self.home())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_PAGER", "cat");
-    }
-
-    /// The real git, in the work tree.
-    fn git(&self) -> Command {
-        let mut c = Command::new(which("git"));
-        self.env(&mut c);
-        c
-    }
-
-    /// Replaces the file (by rename: a `git diff` running now sees the old or the new one).
     fn write(&self, version: usize) {
-        let body: String = (0..LINES)
-            .map(|i| format!("line {i} of the file, version {version}\n"))
-            .collect();
-        let tmp = self.dir.path().join("big.tmp");
-        std::fs::write(&tmp, body).unwrap();
-        std::fs::rename(&tmp, self.work().join("big.txt")).unwrap();
+        self.0.edit(version);
     }
 
-    /// What `git diff HEAD --` prints now.
+    /// What `git diff HEAD --` prints now (many pipe reads' worth).
     fn diff(&self) -> Vec<u8> {
-        let o = self.git().args(["diff", "HEAD", "--"]).output().unwrap();
-        assert!(o.status.success(), "git diff: {}", text(&o.stderr));
-        assert!(o.stdout.len() > 128 * 1024, "diff of {}", o.stdout.len());
-        o.stdout
+        let d = self.0.diff();
+        assert!(d.len() > 128 * 1024, "diff of {}", d.len());
+        d
     }
 
-    /// How many times the loop has run `git`.
     fn runs(&self) -> usize {
-        std::fs::read_to_string(self.runs_file())
-            .map(|s| s.lines().count())
-            .unwrap_or(0)
+        self.0.runs()
     }
 
     /// Starts `script` with `bash -c`, `git` and `ollie-9p` on its PATH and `NAMESPACE` set
     /// to the server's directory, in its own process group.
     fn spawn(&self, srv: &Srv, script: &str) -> Loop {
-        let path = format!(
-            "{}:{}:{}",
-            self.shim_dir().display(),
-            bin_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let ns = srv.sock.parent().unwrap();
-        let mut c = Command::new("bash");
-        self.env(&mut c);
-        c.arg("-c")
-            .arg(script)
-            .env("PATH", path)
-            .env("NAMESPACE", ns)
-            .stdin(Stdio::null())
+        let mut c = self.0.bash(srv.sock.parent().unwrap(), &bin_dir(), script);
+        c.stdin(Stdio::null())
             .stdout(Stdio::null())
             .process_group(0);
         Loop(c.spawn().unwrap())
     }
-}
-
-fn which(name: &str) -> PathBuf {
-    let o = Command::new("sh")
-        .args(["-c", &format!("command -v {name}")])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{name} not found");
-    PathBuf::from(text(&o.stdout).trim())
 }
 
 /// A running shell loop; dropping it kills its process group.

@@ -58,11 +58,7 @@ fn render(template: Option<&str>, value: &str) -> String {
     let template = template.unwrap_or(FEED_PLACEHOLDER);
     let room = MAX_PROMPT.saturating_sub(template.len() + CUT_NOTE.len());
     let value = if value.len() > room {
-        let mut end = room;
-        while !value.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{}{CUT_NOTE}", &value[..end])
+        format!("{}{CUT_NOTE}", ollie_link::text::prefix_bytes(value, room))
     } else {
         value.to_owned()
     };

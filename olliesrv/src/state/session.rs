@@ -150,6 +150,10 @@ pub const MAX_FEED: usize = 1 << 20;
 /// Prompts an agent may have queued.
 pub const MAX_QUEUE: usize = 256;
 
+fn queue_full() -> String {
+    format!("too many queued prompts (limit {MAX_QUEUE})")
+}
+
 impl Agent {
     /// The agent's profile (its own, else `default`).
     pub fn profile<'c>(&self, config: &'c Config) -> Option<&'c Profile> {
@@ -392,9 +396,16 @@ impl Agent {
         self.queue_bell.notify_one();
     }
 
-    /// How many prompts wait in the queue.
-    pub fn queued(&self) -> usize {
-        lock(&self.queue).len()
+    /// Whether the agent can take one more prompt now: it is alive and its queue has room
+    /// (checked again when the prompt is queued).
+    pub fn has_room(&self) -> Result<(), String> {
+        if self.is_killed() {
+            return Err("file does not exist: the agent was killed".into());
+        }
+        if lock(&self.queue).len() >= MAX_QUEUE {
+            return Err(queue_full());
+        }
+        Ok(())
     }
 
     /// Queues a prompt (durably: the queue is part of the agent's record).
@@ -408,13 +419,11 @@ impl Agent {
                 prompt.len()
             ));
         }
-        if self.is_killed() {
-            return Err("file does not exist: the agent was killed".into());
-        }
+        self.has_room()?;
         let handed = {
             let mut q = lock(&self.queue);
             if q.len() >= MAX_QUEUE {
-                return Err(format!("too many queued prompts (limit {MAX_QUEUE})"));
+                return Err(queue_full());
             }
             let mut h = lock(&self.handoff);
             let mut t = lock(&self.in_turn);

@@ -357,7 +357,7 @@ impl OllieFs {
             return Err(err(format!(
                 "backend: read-only here, {:?} not applied (switch with backend=NAME in cfg; configured: {})",
                 clip(rest),
-                names_or_none(config.backends.keys())
+                crate::state::settings::list_or_none(config.backends.keys())
             )));
         }
         let (name, cfg) =
@@ -495,16 +495,6 @@ fn agent_verbs() -> String {
         }
     }
     v.join(", ")
-}
-
-/// `a, b, c`, or `none`.
-fn names_or_none<'a>(names: impl Iterator<Item = &'a String>) -> String {
-    let v: Vec<&str> = names.map(String::as_str).collect();
-    if v.is_empty() {
-        "none".to_owned()
-    } else {
-        v.join(", ")
-    }
 }
 
 #[cfg(test)]

@@ -529,7 +529,7 @@ impl Filesystem for OllieFs {
             | Node::A(_, AFile::Ctl | AFile::NsCtl) => Ok(reply_at(fid, offset, count)),
             Node::S(_, SFile::AgentNew) => {
                 // The request written so far is complete: its prompt is queued.
-                self.finish_prompt(fid)?;
+                self.finish_prompt(fid, true)?;
                 if fid.reply.is_none()
                     && let Some((a, after)) = fid.waiting.clone()
                 {
@@ -563,7 +563,7 @@ impl Filesystem for OllieFs {
             Node::A(a, AFile::Fifo) => {
                 if offset == 0 || fid.content.is_none() {
                     // What this fid wrote is queued before it reads.
-                    self.finish_prompt(fid)?;
+                    self.finish_prompt(fid, true)?;
                     let p = a.dequeue().map_err(err)?;
                     fid.content = Some(Bytes::from(p.unwrap_or_default()));
                 }
@@ -680,7 +680,7 @@ impl Filesystem for OllieFs {
             w.finish();
         }
         // Tremove clunks the fid: what it wrote is queued as at a clunk.
-        self.finish_prompt(&mut fid)?;
+        self.finish_prompt(&mut fid, true)?;
         if fid.proxy.is_some() {
             return Err(err("permission denied: a view of toolsrv is read-only"));
         }
@@ -713,7 +713,7 @@ impl Filesystem for OllieFs {
         if let Some(w) = &fid.feed {
             w.finish();
         }
-        let r = self.finish_prompt(&mut fid);
+        let r = self.finish_prompt(&mut fid, true);
         if let Err(e) = &r
             && fid.class != Class::Agent
         {
@@ -848,10 +848,8 @@ impl OllieFs {
                     w.draft.write(offset, &data).map_err(err)?;
                 } else {
                     // A write at offset 0 starts the next prompt: the one before is complete.
-                    if let Some(w) = fid.prompt.take() {
-                        w.finish().map_err(err)?;
-                    }
-                    prompt::may_queue(a).map_err(err)?;
+                    self.finish_prompt(fid, false)?;
+                    a.has_room().map_err(err)?;
                     let draft = prompt::PromptDraft::new(offset, &data).map_err(err)?;
                     fid.prompt = Some(prompt::PromptWriter {
                         agent: Arc::clone(a),

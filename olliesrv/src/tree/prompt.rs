@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use crate::state::Agent;
-use crate::state::session::{MAX_PROMPT, MAX_QUEUE};
+use crate::state::session::MAX_PROMPT;
 
 /// One fid's prompt being written.
 #[derive(Debug)]
@@ -43,11 +43,6 @@ impl PromptDraft {
         };
         d.write(offset, first)?;
         Ok(d)
-    }
-
-    /// Whether it went over the limit (and was refused).
-    pub fn is_refused(&self) -> bool {
-        self.refused
     }
 
     /// Where the prompt's writes end (a write here continues it).
@@ -123,32 +118,11 @@ fn too_big(n: usize) -> String {
     )
 }
 
-/// Checked before a prompt's first byte is kept: the agent can take one more.
-pub fn may_queue(a: &Agent) -> Result<(), String> {
-    if a.is_killed() {
-        return Err("file does not exist: the agent was killed".into());
-    }
-    if a.queued() >= MAX_QUEUE {
-        return Err(format!("too many queued prompts (limit {MAX_QUEUE})"));
-    }
-    Ok(())
-}
-
-/// A fid of `prompt` or `fifo`: the agent and the prompt being written.
+/// A fid of `prompt`, `fifo` or `agent/new`: the agent and the prompt being written.
 #[derive(Debug)]
 pub struct PromptWriter {
     pub agent: Arc<Agent>,
     pub draft: PromptDraft,
-}
-
-impl PromptWriter {
-    /// Queues the prompt (`Ok(false)`: it was blank, or refused already).
-    pub fn finish(self) -> Result<bool, String> {
-        match self.draft.finish()? {
-            Finished::Prompt(p) => self.agent.enqueue(p).map(|()| true),
-            Finished::Blank | Finished::Refused => Ok(false),
-        }
-    }
 }
 
 /// Splits an `agent/new` request at its `prompt=` key: the keys before it, and the prompt's

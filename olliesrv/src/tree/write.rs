@@ -58,11 +58,7 @@ fn generate_request(t: &str) -> Result<(String, Option<String>)> {
 /// the decoder quotes back) escaped.
 fn clip_long(s: &str) -> String {
     let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i == 200 {
-            out.push('…');
-            break;
-        }
+    for c in ollie_link::text::clip(s, 200).chars() {
         if c.is_control() {
             out.extend(c.escape_default());
         } else {
@@ -155,7 +151,7 @@ impl OllieFs {
             return w.draft.write(offset, data).map_err(err);
         }
         // A new request: the one before is complete.
-        self.finish_prompt(fid)?;
+        self.finish_prompt(fid, false)?;
         fid.reply = None;
         fid.waiting = None;
         // The keys must be UTF-8; the prompt may end inside a character (a split write).
@@ -196,27 +192,29 @@ impl OllieFs {
     }
 
     /// Completes the prompt a fid was writing (at its clunk, a read, or the next request):
-    /// queues it. For `agent/new` the read then waits for that prompt's turn.
-    pub(super) fn finish_prompt(&self, fid: &mut OllieFid) -> Result<()> {
+    /// queues it. For `agent/new` the read then waits for that prompt's turn. A blank prompt
+    /// is not queued, and is an error when `blank_is_error` (its fid is let go or read; at
+    /// the start of the next prompt it is dropped without one).
+    pub(super) fn finish_prompt(&self, fid: &mut OllieFid, blank_is_error: bool) -> Result<()> {
         let Some(w) = fid.prompt.take() else {
             return Ok(());
         };
-        if matches!(fid.node, Node::S(_, SFile::AgentNew)) {
-            let a = Arc::clone(&w.agent);
-            let t = match w.draft.finish().map_err(err)? {
-                prompt::Finished::Prompt(t) => prompt::spawn_prompt_text(&t),
-                prompt::Finished::Blank => return Err(err("empty prompt")),
-                prompt::Finished::Refused => return Ok(()),
-            };
-            let after = a.turn_seq();
-            a.enqueue(t).map_err(err)?;
-            fid.waiting = Some((a, after));
-            return Ok(());
+        let t = match w.draft.finish().map_err(err)? {
+            prompt::Finished::Prompt(t) => t,
+            prompt::Finished::Refused => return Ok(()),
+            prompt::Finished::Blank if blank_is_error => {
+                return Err(err("empty prompt: nothing was queued"));
+            }
+            prompt::Finished::Blank => return Ok(()),
+        };
+        if !matches!(fid.node, Node::S(_, SFile::AgentNew)) {
+            return w.agent.enqueue(t).map_err(err);
         }
-        let refused = w.draft.is_refused();
-        if !w.finish().map_err(err)? && !refused {
-            return Err(err("empty prompt: nothing was queued"));
-        }
+        let after = w.agent.turn_seq();
+        w.agent
+            .enqueue(prompt::spawn_prompt_text(&t))
+            .map_err(err)?;
+        fid.waiting = Some((w.agent, after));
         Ok(())
     }
 

@@ -19,6 +19,7 @@
 pub mod cases;
 pub mod client;
 pub mod fstree;
+pub mod gitrepo;
 pub mod llama;
 pub mod model;
 pub mod probe;

@@ -99,8 +99,8 @@ async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
+        if let Some(i) = head_end(&buf) {
+            break i;
         }
         let n = s.read(&mut chunk).await.ok()?;
         if n == 0 {
@@ -109,14 +109,7 @@ async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
         buf.extend_from_slice(&chunk[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
+    let len = content_length(&head);
     let mut body = buf[end..].to_vec();
     while body.len() < len {
         let n = s.read(&mut chunk).await.ok()?;
@@ -126,6 +119,49 @@ async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
         body.extend_from_slice(&chunk[..n]);
     }
     Some((head, body))
+}
+
+/// [`read_request`] from a blocking stream (a stand-in served by threads).
+pub fn read_request_blocking(s: &mut impl std::io::Read) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    let end = loop {
+        if let Some(i) = head_end(&buf) {
+            break i;
+        }
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let len = content_length(&head);
+    let mut body = buf[end..].to_vec();
+    while body.len() < len {
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some((head, body))
+}
+
+/// Where a request's head ends (after its blank line), once `buf` holds it.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// The head's Content-Length (0 without one).
+fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0)
 }
 
 fn answer(

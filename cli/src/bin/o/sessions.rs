@@ -892,7 +892,6 @@ async fn wait_turn(
     }
 }
 
-/// Queues `text` as one prompt.
 /// Sends one prompt: its own open of `prompt`, written in as many pieces as it takes, queued
 /// at the clunk (whose error is the prompt's).
 async fn send_prompt(agent_dir: &Fid, text: &str) -> Result<(), Fail> {
