@@ -988,8 +988,32 @@ fn seed_shell_lines_through_o_mount() {
         assert_eq!(user_blocks(&srv, &model, a, &name(a)), want, "{a}");
     }
 
+    // script(1) runs the chat filter in a session of its own, so killing script leaves its
+    // cat to end on the hang-up: wait for every process to let go of the mount.
+    wait_for("no process using the mount", GUARD, || {
+        users_of(mnt.path()).is_empty()
+    });
     let un = mnt.unmount();
     assert_eq!(un.code, Some(0), "o mount -u: {un:?}");
+}
+
+/// The processes whose working directory or an open file is under `dir`.
+fn users_of(dir: &Path) -> Vec<u32> {
+    let under = |l: PathBuf| l.starts_with(dir);
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let p = PathBuf::from(format!("/proc/{pid}"));
+            std::fs::read_link(p.join("cwd")).is_ok_and(under)
+                || std::fs::read_dir(p.join("fd")).is_ok_and(|fds| {
+                    fds.flatten()
+                        .any(|f| std::fs::read_link(f.path()).is_ok_and(under))
+                })
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
