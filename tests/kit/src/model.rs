@@ -121,7 +121,8 @@ async fn read_request(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
-/// [`read_request`] from a blocking stream (a stand-in served by threads).
+/// One HTTP/1.1 request (head, and body by Content-Length) from a blocking stream: for a
+/// stand-in served by threads.
 pub fn read_request_blocking(s: &mut impl std::io::Read) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16384];
