@@ -577,10 +577,44 @@ impl Bg {
 
 impl Drop for Bg {
     fn drop(&mut self) {
-        let pg = nix::unistd::Pid::from_raw(-(self.child.id() as i32));
-        let _ = nix::sys::signal::kill(pg, nix::sys::signal::Signal::SIGKILL);
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        // Its descendants first: script(1) puts its shell in a session of its own, out of
+        // the group, and a SIGHUP ignored by whoever started the tests (nohup) would not
+        // end that shell's blocked reader.
+        let pid = self.child.id();
+        for d in descendants(pid) {
+            let _ = kill(Pid::from_raw(d as i32), Signal::SIGKILL);
+        }
+        let _ = kill(Pid::from_raw(-(pid as i32)), Signal::SIGKILL);
         let _ = self.child.wait();
     }
+}
+
+/// Every process below `pid` (by their parent links in /proc), deepest last.
+fn descendants(pid: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let p: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+                    // pid (comm) state ppid …: the comm may hold spaces and parentheses.
+                    let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+                    Some((p, ppid.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = vec![];
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        for (c, _) in parents.iter().filter(|(_, pp)| *pp == p) {
+            out.push(*c);
+            next.push(*c);
+        }
+    }
+    out
 }
 
 /// Polls `cond` (every 20 ms) until it holds, failing with `what` after `guard`.
@@ -988,11 +1022,33 @@ fn seed_shell_lines_through_o_mount() {
         assert_eq!(user_blocks(&srv, &model, a, &name(a)), want, "{a}");
     }
 
-    // script(1) runs the chat filter in a session of its own, so killing script leaves its
-    // cat to end on the hang-up: wait for every process to let go of the mount.
-    wait_for("no process using the mount", GUARD, || {
-        users_of(mnt.path()).is_empty()
-    });
+    // The killed processes end asynchronously (a reader blocked in the mount is
+    // interrupted first): wait for every process to let go of the mount.
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let users = users_of(mnt.path());
+        if users.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let who: Vec<String> = users
+                .iter()
+                .map(|p| {
+                    let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                    let status =
+                        std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                    let sig = status
+                        .lines()
+                        .filter(|l| l.starts_with("Sig") || l.starts_with("State"))
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    format!("{p} {:?} {sig}", String::from_utf8_lossy(&cmd))
+                })
+                .collect();
+            panic!("processes still use the mount after {GUARD:?}: {who:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let un = mnt.unmount();
     assert_eq!(un.code, Some(0), "o mount -u: {un:?}");
 }
