@@ -12,6 +12,10 @@ pub enum Grant {
     Net,
     /// TCP connect to one port.
     NetPort(u16),
+    /// Requests through the session's proxy to one domain pattern (normalised, as
+    /// [`crate::domains::DomainPattern`] spells it): what the proxy asks for a domain its
+    /// policy does not list ([`Network::Proxy`]).
+    NetDomain(String),
     /// Read access to a path.
     Read(PathBuf),
     /// Write access to a path.
@@ -26,7 +30,7 @@ impl Grant {
     /// The escalation kind this grant belongs to.
     pub fn kind(&self) -> EscalationKind {
         match self {
-            Grant::Net | Grant::NetPort(_) => EscalationKind::Net,
+            Grant::Net | Grant::NetPort(_) | Grant::NetDomain(_) => EscalationKind::Net,
             Grant::Read(_) => EscalationKind::Read,
             Grant::Write(_) => EscalationKind::Write,
             Grant::Unsandboxed => EscalationKind::Unsandboxed,
@@ -52,10 +56,18 @@ impl Grant {
             "unsandboxed" => return Ok(Grant::Unsandboxed),
             _ => {}
         }
-        if let Some(port) = s.strip_prefix("net:") {
-            return match parse_port(port) {
-                Ok(p) => Ok(Grant::NetPort(p)),
-                Err(why) => bad(why),
+        if let Some(rest) = s.strip_prefix("net:") {
+            // A domain has a dot (a single label is no public name); anything else is a port.
+            if !rest.contains('.') {
+                return match parse_port(rest) {
+                    Ok(p) => Ok(Grant::NetPort(p)),
+                    Err(why) => bad(why),
+                };
+            }
+            return match crate::domains::DomainPattern::parse(rest) {
+                Ok(d) if d.to_string() == rest => Ok(Grant::NetDomain(d.to_string())),
+                Ok(d) => bad(&format!("the domain is spelled net:{d}")),
+                Err(e) => bad(&e.to_string()),
             };
         }
         let (path, make): (&str, fn(PathBuf) -> Grant) = if let Some(p) = s.strip_prefix("read:") {
@@ -73,8 +85,7 @@ impl Grant {
 }
 
 /// The valid grant spellings, for error messages.
-const VALID_GRANTS: &str =
-    "net, net:<port 1..=65535>, read:<absolute path>, write:<absolute path>, unsandboxed";
+const VALID_GRANTS: &str = "net, net:<port 1..=65535>, net:<domain or *.domain>, read:<absolute path>, write:<absolute path>, unsandboxed";
 
 /// The offending input as shown in an error: quoted, escaped, and cut at 80 characters.
 fn shown(s: &str) -> String {
@@ -141,6 +152,7 @@ impl fmt::Display for Grant {
         match self {
             Grant::Net => f.write_str("net"),
             Grant::NetPort(p) => write!(f, "net:{p}"),
+            Grant::NetDomain(d) => write!(f, "net:{d}"),
             Grant::Read(p) => write!(f, "read:{}", p.display()),
             Grant::Write(p) => write!(f, "write:{}", p.display()),
             Grant::Unsandboxed => f.write_str("unsandboxed"),
@@ -168,6 +180,9 @@ pub enum DenyReason {
     SecretLocation(PathBuf),
     /// The policy does not let agents ask for this kind of escalation.
     KindNotAllowed(EscalationKind),
+    /// The domain is in the policy's `deny_domains` (deny wins: no human is asked), or the
+    /// network mode cannot reach domains (`tcp`: a proxied grant would take its ports away).
+    DomainRefused(String),
 }
 
 /// The outcome of [`decide`].
@@ -190,6 +205,19 @@ pub(crate) fn normal_abs(p: &std::path::Path) -> bool {
             .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
         && p.components().collect::<PathBuf>().as_os_str() == p.as_os_str()
         && !p.as_os_str().as_encoded_bytes().contains(&0)
+}
+
+/// Why a `net:DOMAIN` grant can never be given under `network`, if so: a denied domain, or a
+/// TCP network (which a proxy would narrow).
+fn domain_refusal(network: &Network, d: &str) -> Option<String> {
+    match network {
+        Network::Proxy(p) => crate::proxynet::denied_by(d, p)
+            .map(|deny| format!("net:{d} is refused by the policy's deny_domains entry {deny}")),
+        Network::Tcp { .. } => Some(format!(
+            "net:{d} needs network.mode = \"proxy\" (or \"off\"); this policy's mode is \"tcp\""
+        )),
+        Network::Off | Network::All => None,
+    }
 }
 
 /// Decides an escalation request against a resolved policy.
@@ -217,6 +245,13 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
         }
     }
     for g in &req.grants {
+        if let Grant::NetDomain(d) = g
+            && let Some(why) = domain_refusal(&policy.network, d)
+        {
+            return Decision::Deny(DenyReason::DomainRefused(why));
+        }
+    }
+    for g in &req.grants {
         if !policy.policy.escalations.contains(&g.kind()) {
             return Decision::Deny(DenyReason::KindNotAllowed(g.kind()));
         }
@@ -226,7 +261,13 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
         Grant::NetPort(port) => match &policy.network {
             Network::Off => false,
             Network::Tcp { connect, .. } => connect.contains(port),
+            Network::Proxy(p) => p.ports.contains(port),
             Network::All => true,
+        },
+        Grant::NetDomain(d) => match &policy.network {
+            Network::All => true,
+            Network::Proxy(p) => crate::proxynet::pattern_allowed(d, p),
+            Network::Off | Network::Tcp { .. } => false,
         },
         Grant::Read(p) => policy.access_of(p).is_some(),
         Grant::Write(p) => policy.access_of(p) == Some(Access::ReadWrite),
@@ -387,6 +428,11 @@ mod tests {
             ("write:/w/out", Grant::Write("/w/out".into())),
             ("write:/tmp/a b/ü", Grant::Write("/tmp/a b/ü".into())),
             ("unsandboxed", Grant::Unsandboxed),
+            ("net:pypi.org", Grant::NetDomain("pypi.org".into())),
+            (
+                "net:*.pythonhosted.org",
+                Grant::NetDomain("*.pythonhosted.org".into()),
+            ),
         ] {
             assert_eq!(Grant::parse(s), Ok(g.clone()), "{s}");
             assert_eq!(g.to_string(), s);
@@ -405,6 +451,8 @@ mod tests {
             ("net:0x50", "decimal digits only"),
             ("net:080", "leading zeros"),
             ("net:", "the port is missing"),
+            ("net:PyPI.org", "the domain is spelled net:pypi.org"),
+            ("net:*.org", "broad"),
             ("read:relative", "must be absolute"),
             ("read:/a/../b", "`.` or `..`"),
             ("read:/a/./b", "`.` or `..`"),

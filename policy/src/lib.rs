@@ -34,6 +34,7 @@ mod decide;
 pub mod domains;
 mod model;
 mod narrow;
+pub mod proxynet;
 mod raw;
 pub mod secrets;
 pub mod syscalls;
@@ -42,10 +43,11 @@ mod widen;
 pub use decide::{Decision, DenyReason, EscalationRequest, Grant, decide};
 pub use model::{
     Access, DEFAULT_LANDLOCK_MIN_ABI, EnvPolicy, EscalationKind, FsRules, Limits,
-    MAX_DENIED_SYSCALLS, Network, PathAnchor, PathTemplate, Policy, PolicyError, ResolveContext,
-    ResolvedFs, ResolvedPolicy, SyscallProfile, Syscalls, env_name_is_forbidden,
+    MAX_DENIED_SYSCALLS, Network, PathAnchor, PathTemplate, Policy, PolicyError, RESOLVER_FILES,
+    ResolveContext, ResolvedFs, ResolvedPolicy, SyscallProfile, Syscalls, env_name_is_forbidden,
 };
 pub use narrow::{Layer, NarrowError};
+pub use proxynet::{PROXY_PORT, ProxyNetwork};
 
 /// The profiles shipped in `packaging/policy/`, by name. `workspace` is the default.
 pub const SHIPPED_PROFILES: &[(&str, &str)] = &[
@@ -60,6 +62,10 @@ pub const SHIPPED_PROFILES: &[(&str, &str)] = &[
     (
         "network",
         include_str!("../../packaging/policy/network.toml"),
+    ),
+    (
+        "packages",
+        include_str!("../../packaging/policy/packages.toml"),
     ),
 ];
 
@@ -191,7 +197,7 @@ mod tests {
         let e = resolve_profile("workspace", Some(dir.path())).unwrap_err();
         assert!(
             e.ends_with(
-                "workspace.toml: \"workspace\" is a shipped policy and cannot be redefined; use another name (shipped: readonly, workspace, network)"
+                "workspace.toml: \"workspace\" is a shipped policy and cannot be redefined; use another name (shipped: readonly, workspace, network, packages)"
             ),
             "{e}"
         );

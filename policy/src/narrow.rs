@@ -14,8 +14,10 @@ pub struct Layer {
     pub write: Option<Vec<PathTemplate>>,
     /// Extra protected paths (adding protection narrows).
     pub protect: Vec<PathTemplate>,
-    /// Replacement network; must be a subset of the base (`Off` < `Tcp { .. }` < `All`; a TCP
-    /// layer on a TCP base only keeps ports the base lists).
+    /// Replacement network; must be a subset of the base (`Off` < `Proxy(..)`, `Tcp { .. }` <
+    /// `All`; a TCP layer on a TCP base only keeps ports the base lists, a proxy layer on a
+    /// TCP base only ports it lists, a proxy layer on a proxy base only what
+    /// [`crate::ProxyNetwork::within`] allows).
     pub network: Option<Network>,
     /// Replacement limits; each must be ≤ the base.
     pub limits: Option<Limits>,
@@ -189,8 +191,12 @@ impl Policy {
 fn network_within(base: &Network, net: &Network) -> bool {
     match (base, net) {
         (_, Network::Off) | (Network::All, _) => true,
-        (Network::Off, Network::Tcp { .. } | Network::All)
-        | (Network::Tcp { .. }, Network::All) => false,
+        (Network::Off, Network::Tcp { .. } | Network::All | Network::Proxy(_))
+        | (Network::Tcp { .. } | Network::Proxy(_), Network::All)
+        | (Network::Proxy(_), Network::Tcp { .. }) => false,
+        // Any domain on a port the base may reach directly.
+        (Network::Tcp { connect, .. }, Network::Proxy(p)) => p.ports.is_subset(connect),
+        (Network::Proxy(b), Network::Proxy(l)) => l.within(b),
         (
             Network::Tcp {
                 connect: bc,

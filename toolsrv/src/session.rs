@@ -706,6 +706,7 @@ impl Session {
                     DenyReason::KindNotAllowed(k) => {
                         format!("this agent's policy does not let it ask for {k}")
                     }
+                    DenyReason::DomainRefused(why) => why,
                 };
                 return Err(format!(
                     "escalation refused without asking: {why}; nothing was run"
