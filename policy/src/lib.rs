@@ -17,6 +17,10 @@
 //!   policy file or layer can produce.
 //! - [`decide()`] is a pure function from a policy and an escalation request to a
 //!   [`Decision`] (`Allow | Deny(reason) | NeedsApproval(request)`).
+//! - [`domains`] holds the egress proxy's pure half: a host is compared only in its one
+//!   normalised form ([`domains::normalize_host`]: lower case, punycode, canonical IP literals,
+//!   NUL, `%`, `@`, ports and look-alike scripts refused), and [`domains::DomainRules::decide`]
+//!   lets a deny pattern win over an allow pattern.
 //!
 //! Not guaranteed here: enforcement. This crate does no I/O and knows nothing about the kernel;
 //! `ollie-sandbox` turns a [`ResolvedPolicy`] into Landlock rules, seccomp filters, mounts and
@@ -27,6 +31,7 @@
 #![forbid(unsafe_code)]
 
 mod decide;
+pub mod domains;
 mod model;
 mod narrow;
 mod raw;
