@@ -197,11 +197,11 @@ pub(crate) fn normal_abs(p: &std::path::Path) -> bool {
 /// Order: empty → deny; malformed or secret paths → deny (no human can grant a secret);
 /// kinds the policy does not allow → deny; already covered → allow; else ask.
 ///
-/// Covered means: `net` by [`Network::All`] only; `net:PORT` by `All` or a TCP connect set
-/// holding `PORT`; `read:P` / `write:P` by the policy's rules ([`ResolvedPolicy::access_of`]);
-/// `unsandboxed` only by a policy an approved `unsandboxed` grant already widened
-/// ([`ResolvedPolicy::unsandboxed`]), which no policy file or layer can be, so for every
-/// stored policy it needs a human.
+/// Covered means: `net` by [`Network::All`] only; `net:PORT` by `All`, a TCP connect set
+/// holding `PORT` or a proxy whose ports hold it; `read:P` / `write:P` by the policy's rules
+/// ([`ResolvedPolicy::access_of`]); `unsandboxed` only by a policy an approved `unsandboxed`
+/// grant already widened ([`ResolvedPolicy::unsandboxed`]), which no policy file or layer can
+/// be, so for every stored policy it needs a human.
 pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
     if req.grants.is_empty() {
         return Decision::Deny(DenyReason::Empty);
@@ -226,6 +226,7 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
         Grant::NetPort(port) => match &policy.network {
             Network::Off => false,
             Network::Tcp { connect, .. } => connect.contains(port),
+            Network::Proxy(proxy) => proxy.ports.contains(port),
             Network::All => true,
         },
         Grant::Read(p) => policy.access_of(p).is_some(),
@@ -326,6 +327,12 @@ mod tests {
         for port in [1, 22, 443, 8080, 65535] {
             assert_eq!(d(&all, Grant::NetPort(port)), Decision::Allow, "{port}");
         }
+        // Proxy: net:PORT where the proxy's ports hold it, net never.
+        let mut proxy = off.clone();
+        proxy.network = Network::Proxy(crate::ProxyNetwork::closed());
+        assert_eq!(d(&proxy, Grant::NetPort(443)), Decision::Allow);
+        assert!(asks(d(&proxy, Grant::NetPort(22))));
+        assert!(asks(d(&proxy, Grant::Net)));
         // unsandboxed: never covered by a stored policy, however wide its network.
         for p in [&off, &tcp, &all] {
             assert!(asks(d(p, Grant::Unsandboxed)), "{:?}", p.network);

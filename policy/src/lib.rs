@@ -29,6 +29,7 @@
 mod decide;
 mod model;
 mod narrow;
+mod proxynet;
 mod raw;
 pub mod secrets;
 pub mod syscalls;
@@ -41,6 +42,7 @@ pub use model::{
     ResolvedFs, ResolvedPolicy, SyscallProfile, Syscalls, env_name_is_forbidden,
 };
 pub use narrow::{Layer, NarrowError};
+pub use proxynet::{PROXY_PORT, ProxyNetwork};
 
 /// The profiles shipped in `packaging/policy/`, by name. `workspace` is the default.
 pub const SHIPPED_PROFILES: &[(&str, &str)] = &[

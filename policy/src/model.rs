@@ -182,6 +182,10 @@ pub enum Network {
     /// AF_UNIX sockets stay denied, as under `Tcp`. What an approved `net` grant gives
     /// ([`ResolvedPolicy::with_grants`]).
     All,
+    /// A network namespace of the tool's own whose only way out is the session's proxy at
+    /// `127.0.0.1:`[`crate::PROXY_PORT`] (TCP connect to that port only, no bind, no UDP);
+    /// the proxy decides which domains and ports it reaches.
+    Proxy(crate::ProxyNetwork),
 }
 
 /// The seccomp profile.

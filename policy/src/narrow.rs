@@ -189,8 +189,11 @@ impl Policy {
 fn network_within(base: &Network, net: &Network) -> bool {
     match (base, net) {
         (_, Network::Off) | (Network::All, _) => true,
-        (Network::Off, Network::Tcp { .. } | Network::All)
-        | (Network::Tcp { .. }, Network::All) => false,
+        (Network::Off, Network::Tcp { .. } | Network::All | Network::Proxy(_))
+        | (Network::Tcp { .. }, Network::All)
+        | (Network::Proxy(_), Network::Tcp { .. } | Network::All) => false,
+        (Network::Proxy(b), Network::Proxy(l)) => l.ports.is_subset(&b.ports),
+        (Network::Tcp { connect, .. }, Network::Proxy(l)) => l.ports.is_subset(connect),
         (
             Network::Tcp {
                 connect: bc,
@@ -364,6 +367,28 @@ mod tests {
             off.narrow(&layer(Network::Off)).unwrap().network,
             Network::Off
         );
+    }
+
+    #[test]
+    fn a_proxy_narrows_by_its_ports_and_only_to_itself_or_off() {
+        let proxy = |ports: &[u16]| {
+            let mut p = crate::ProxyNetwork::closed();
+            p.ports = ports.iter().copied().collect();
+            Network::Proxy(p)
+        };
+        let base = with_network(proxy(&[80, 443]));
+        for n in [proxy(&[443]), proxy(&[]), proxy(&[80, 443]), Network::Off] {
+            assert_eq!(base.narrow(&layer(n.clone())).unwrap().network, n);
+        }
+        for wider in [proxy(&[22]), tcp(&[443], &[]), Network::All] {
+            assert!(base.narrow(&layer(wider.clone())).is_err(), "{wider:?}");
+        }
+        // Under TCP, a proxy whose ports are connect ports; under all, any; under off, none.
+        let t = with_network(tcp(&[443], &[8080]));
+        assert!(t.narrow(&layer(proxy(&[443]))).is_ok());
+        assert!(t.narrow(&layer(proxy(&[80, 443]))).is_err());
+        assert!(with_network(Network::All).narrow(&layer(proxy(&[1, 2]))).is_ok());
+        assert!(with_network(Network::Off).narrow(&layer(proxy(&[]))).is_err());
     }
 
     #[test]

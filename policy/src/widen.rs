@@ -10,7 +10,8 @@ use crate::model::{Access, Network, PathTemplate, Policy, ResolveContext, Resolv
 use std::collections::BTreeSet;
 
 /// `net:PORT` on a network: `Off` becomes TCP with just that connect port (and no bind
-/// ports), TCP gains the connect port, `All` already allows it.
+/// ports), TCP gains the connect port, the proxy may connect to the port, `All` already
+/// allows it.
 fn add_connect_port(network: &mut Network, port: u16) {
     match network {
         Network::Off => {
@@ -21,6 +22,9 @@ fn add_connect_port(network: &mut Network, port: u16) {
         }
         Network::Tcp { connect, .. } => {
             connect.insert(port);
+        }
+        Network::Proxy(proxy) => {
+            proxy.ports.insert(port);
         }
         Network::All => {}
     }
@@ -277,6 +281,15 @@ mod tests {
             bind: BTreeSet::new(),
         };
         assert_eq!(after, expected);
+
+        // Under the proxy the port is one more the proxy may connect to.
+        let mut proxy = off.clone();
+        proxy.network = Network::Proxy(crate::ProxyNetwork::closed());
+        let after = proxy.with_grants(&[g("net:22")]).unwrap();
+        let Network::Proxy(p) = &after.network else {
+            panic!("{:?}", after.network);
+        };
+        assert_eq!(p.ports, BTreeSet::from([22, 80, 443]));
     }
 
     #[test]
