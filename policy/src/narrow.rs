@@ -387,8 +387,16 @@ mod tests {
         let t = with_network(tcp(&[443], &[8080]));
         assert!(t.narrow(&layer(proxy(&[443]))).is_ok());
         assert!(t.narrow(&layer(proxy(&[80, 443]))).is_err());
-        assert!(with_network(Network::All).narrow(&layer(proxy(&[1, 2]))).is_ok());
-        assert!(with_network(Network::Off).narrow(&layer(proxy(&[]))).is_err());
+        assert!(
+            with_network(Network::All)
+                .narrow(&layer(proxy(&[1, 2])))
+                .is_ok()
+        );
+        assert!(
+            with_network(Network::Off)
+                .narrow(&layer(proxy(&[])))
+                .is_err()
+        );
     }
 
     #[test]

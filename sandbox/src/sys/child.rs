@@ -5,6 +5,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
+use super::netns::{hand_over_proxy_listener, replace_file};
 use super::probe::*;
 use super::raw::*;
 
@@ -71,6 +72,15 @@ pub(crate) enum MountStep {
         point: CString,
         rule_access: u64,
     },
+    /// Replace the file at `path` by a read-only file holding `content` (a detached tmpfs's,
+    /// see `netns::replace_file`; a proxied run's `/etc/resolv.conf`), and grant
+    /// `rule_access` (file rights) on it in the run's Landlock ruleset: the rule must name the
+    /// new file, Landlock does not look at the mount point beneath it.
+    ReplaceFile {
+        path: CString,
+        content: Vec<u8>,
+        rule_access: u64,
+    },
 }
 
 /// One entry of the new root ([`MountStep::NewRoot`]).
@@ -122,6 +132,7 @@ pub(crate) enum Stage {
     UnionRoot,
     CallIslands,
     CallUnions,
+    Network,
 }
 
 impl Stage {
@@ -147,6 +158,7 @@ impl Stage {
             UnionRoot,
             CallIslands,
             CallUnions,
+            Network,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -176,6 +188,7 @@ impl Stage {
             }
             Stage::CallIslands => "binding the call's protected paths",
             Stage::CallUnions => "mounting the call's unions",
+            Stage::Network => "network namespace set-up (loopback and the proxy's listener)",
         }
     }
 }
@@ -247,19 +260,26 @@ pub(crate) struct ChildPlan {
     /// `exec_fd` stays open across the exec (a `#!` script: the kernel hands its interpreter
     /// `/dev/fd/N`); otherwise it is close-on-exec.
     pub exec_fd_inherit: bool,
+    /// Non-zero: pid 1 gets a network namespace of its own and hands the runner a listener
+    /// at `127.0.0.1:proxy_port` over its start-up socket (`sync_r`, then a unix socket; the
+    /// zygote's control link), before the tool exists (`netns.rs`).
+    pub proxy_port: u16,
 }
 
 /// Namespaces the init stage is always created in.
 const BASE_NAMESPACE_FLAGS: libc::c_ulong =
     (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) as libc::c_ulong;
 
-/// The namespaces a run's init stage gets, as recorded.
-pub(crate) fn namespace_names() -> Vec<&'static str> {
+/// The namespaces a run's init stage gets, as recorded (`net`: a proxied run's own).
+pub(crate) fn namespace_names(net: bool) -> Vec<&'static str> {
+    let mut v = vec!["user", "pid", "mount"];
     if ipc_namespaces() {
-        vec!["user", "pid", "mount", "ipc"]
-    } else {
-        vec!["user", "pid", "mount"]
+        v.push("ipc");
     }
+    if net {
+        v.push("net");
+    }
+    v
 }
 
 /// Target fd numbers in the child.
@@ -287,14 +307,16 @@ pub(crate) fn spawn_init(plan: &ChildPlan) -> io::Result<(libc::pid_t, OwnedFd)>
             "too many descriptors to pass",
         ));
     }
-    clone_namespaced(&plan.mounts, init_main, plan)
+    clone_namespaced(&plan.mounts, plan.proxy_port != 0, init_main, plan)
 }
 
-/// Clones `child_main(arg)` as pid 1 of new user, pid, mount and IPC namespaces (the one-shot
-/// init stage, or a prepared sandbox's zygote), with every signal blocked across the clone (as
-/// posix_spawn does): no handler of the runner can run in the child. Returns `(pid, pidfd)`.
+/// Clones `child_main(arg)` as pid 1 of new user, pid, mount and IPC namespaces, and of a new
+/// network namespace with `net` (the one-shot init stage, or a prepared sandbox's zygote),
+/// with every signal blocked across the clone (as posix_spawn does): no handler of the
+/// runner can run in the child. Returns `(pid, pidfd)`.
 pub(super) fn clone_namespaced<T>(
     mounts: &[MountStep],
+    net: bool,
     child_main: fn(&T) -> !,
     arg: &T,
 ) -> io::Result<(libc::pid_t, OwnedFd)> {
@@ -311,7 +333,12 @@ pub(super) fn clone_namespaced<T>(
             "too many writable paths",
         ));
     }
-    let flags = BASE_NAMESPACE_FLAGS | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong;
+    let newnet = if net {
+        libc::CLONE_NEWNET as libc::c_ulong
+    } else {
+        0
+    };
+    let flags = BASE_NAMESPACE_FLAGS | newnet | CLONE_PIDFD | libc::SIGCHLD as libc::c_ulong;
     let ipc = libc::CLONE_NEWIPC as libc::c_ulong;
     let mut pidfd: RawFd = -1;
     // SAFETY: plain sigset manipulation on stack values; pthread_sigmask only affects this
@@ -496,6 +523,18 @@ fn run_mounts(plan: &ChildPlan) {
                     attach(slots[*slot], point, Stage::Mount);
                     if *rule_access != 0 {
                         add_rule_beneath(point, *rule_access);
+                    }
+                }
+                MountStep::ReplaceFile {
+                    path,
+                    content,
+                    rule_access,
+                } => {
+                    if let Err(e) = replace_file(path, content) {
+                        fail(Stage::Mount, e);
+                    }
+                    if *rule_access != 0 {
+                        add_rule_on(path, *rule_access, 0);
                     }
                 }
             }
@@ -1041,20 +1080,30 @@ pub(super) unsafe fn mount_call_unions(
             MountStep::NewRoot {
                 root_rule_access, ..
             } if *root_rule_access != 0 => add_rule_beneath(c"/", *root_rule_access),
+            MountStep::ReplaceFile {
+                path, rule_access, ..
+            } if *rule_access != 0 => add_rule_on(path, *rule_access, 0),
             _ => {}
         }
     }
 }
 
-/// Grants `access` beneath the object at `path` (as the child's mounts have it now) in the
-/// run's Landlock ruleset (`FD_RULESET`). Child only.
+/// Grants `access` beneath the directory at `path` (as the child's mounts have it now) in
+/// the run's Landlock ruleset (`FD_RULESET`). Child only.
 fn add_rule_beneath(path: &CStr, access: u64) {
+    add_rule_on(path, access, libc::O_DIRECTORY);
+}
+
+/// Grants `access` on the object at `path` (opened with `flags` besides `O_PATH`, never
+/// following a final symlink; a file takes file rights only) in the run's Landlock ruleset
+/// (`FD_RULESET`). Child only.
+fn add_rule_on(path: &CStr, access: u64, flags: libc::c_int) {
     // SAFETY: a valid C string and a live, packed rule struct; the O_PATH fd is closed before
     // returning.
     unsafe {
         let fd = libc::open(
             path.as_ptr(),
-            libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            libc::O_PATH | libc::O_CLOEXEC | libc::O_NOFOLLOW | flags,
         );
         if fd < 0 {
             fail(Stage::Mount, errno());
@@ -1151,8 +1200,15 @@ fn init_main(plan: &ChildPlan) -> ! {
         if libc::read(FD_SYNC, b.as_mut_ptr().cast(), 1) != 1 {
             fail(Stage::Sync, libc::ECANCELED);
         }
-        libc::close(FD_SYNC);
         map_ids_and_mount(plan);
+        // A proxied run's network: loopback up, the proxy's listener handed to the runner
+        // over the start-up socket (every capability still held; the tool does not exist).
+        if plan.proxy_port != 0
+            && let Err(e) = hand_over_proxy_listener(FD_SYNC, plan.proxy_port)
+        {
+            fail(Stage::Network, e);
+        }
+        libc::close(FD_SYNC);
 
         // The tool shares init's memory until it execs (CLONE_VM | CLONE_VFORK, like
         // posix_spawn), on its own freshly mapped stack: no second copy of the runner's

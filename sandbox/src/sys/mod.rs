@@ -5,12 +5,14 @@
 //! async-signal-safe system calls: it never allocates, locks, or unwinds.
 //!
 //! The files, each using only those after it: `zygote` (prepared sandboxes) → `child` (the
-//! one-shot runtime) → `probe` (feature probes) → `raw` (thin wrappers). The rest of the crate
+//! one-shot runtime) → `netns` (a proxied run's network namespace) → `probe` (feature
+//! probes) → `raw` (thin wrappers). The rest of the crate
 //! names everything as `sys::X`, through the re-exports below.
 #![allow(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod child;
+mod netns;
 mod probe;
 mod raw;
 mod zygote;
