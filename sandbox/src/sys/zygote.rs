@@ -1,12 +1,14 @@
 //! The zygote protocol of prepared sandboxes: a long-lived zygote that forks one tool per
-//! call. Uses `child` and `raw`.
+//! call. Uses `child`, `mount`, `netns`, `stage` and `raw`.
 
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
 use super::child::*;
+use super::mount::{mount_call_unions, protect_call_islands};
 use super::netns::hand_over_proxy_listener;
 use super::raw::*;
+use super::stage::*;
 
 // ---------------------------------------------------------------------------------------------
 // Prepared sandboxes (`prepared.rs`): a long-lived zygote that forks one tool per call.
