@@ -62,7 +62,7 @@ enum Class {
     Unshare,
     Personality,
     Socketpair,
-    /// `socket(2)` under `Network::Tcp`: TCP over IPv4/IPv6.
+    /// `socket(2)` under `Network::Tcp` and `Network::Proxy`: TCP over IPv4/IPv6.
     Socket,
     /// `socket(2)` under `Network::All`: TCP and UDP over IPv4/IPv6.
     SocketAll,
@@ -91,7 +91,7 @@ fn classes(network: &Network, deny: &BTreeSet<i64>) -> Vec<Class> {
     let groups = seccomp::BASE_GROUPS.into_iter().chain([net.inet_calls()]);
     let socket = match network {
         Network::Off => None,
-        Network::Tcp { .. } => Some(Class::Socket),
+        Network::Tcp { .. } | Network::Proxy(_) => Some(Class::Socket),
         Network::All => Some(Class::SocketAll),
     };
     for g in groups {
@@ -677,7 +677,7 @@ mod tests {
     }
 
     /// Every network shape, with no denied calls (the shipped profiles).
-    fn shapes() -> [Network; 4] {
+    fn shapes() -> [Network; 5] {
         [
             Network::Off,
             Network::Tcp {
@@ -689,6 +689,7 @@ mod tests {
                 bind: [8080].into(),
             },
             Network::All,
+            Network::Proxy(ollie_policy::ProxyNetwork::closed()),
         ]
     }
 
@@ -853,7 +854,8 @@ mod tests {
             connect: [80].into(),
             bind: Default::default(),
         };
-        for network in [Network::Off, tcp.clone(), Network::All] {
+        let proxy = Network::Proxy(ollie_policy::ProxyNetwork::closed());
+        for network in [Network::Off, tcp.clone(), Network::All, proxy.clone()] {
             let p = compile(&network, &BTreeSet::new()).unwrap();
             for (nr, arg) in seccomp::MODE_ARGS {
                 for (mode, want) in [
@@ -923,20 +925,41 @@ mod tests {
                 );
             }
         }
-        // Binding: nothing under tcp without bind ports; inet address sizes otherwise.
-        let p = compile(&tcp, &BTreeSet::new()).unwrap();
-        for nr in [
-            libc::SYS_bind,
-            libc::SYS_listen,
-            libc::SYS_accept,
-            libc::SYS_accept4,
-        ] {
-            assert_eq!(verdict(&p, nr, [3, 0, 16, 0, 0, 0]), EPERM);
+        // Binding: nothing under tcp without bind ports or under the proxy; inet address
+        // sizes otherwise.
+        for network in [&tcp, &proxy] {
+            let p = compile(network, &BTreeSet::new()).unwrap();
+            for nr in [
+                libc::SYS_bind,
+                libc::SYS_listen,
+                libc::SYS_accept,
+                libc::SYS_accept4,
+            ] {
+                assert_eq!(verdict(&p, nr, [3, 0, 16, 0, 0, 0]), EPERM);
+            }
+            assert_eq!(
+                verdict(&p, libc::SYS_connect, [3, 0, 16, 0, 0, 0]),
+                RET_ALLOW
+            );
+            // TCP sockets only: no UDP, raw or AF_UNIX socket.
+            let stream = libc::SOCK_STREAM as u64;
+            let inet = libc::AF_INET as u64;
+            assert_eq!(
+                verdict(&p, libc::SYS_socket, [inet, stream, 0, 0, 0, 0]),
+                RET_ALLOW
+            );
+            for (family, ty) in [
+                (inet, libc::SOCK_DGRAM as u64),
+                (inet, libc::SOCK_RAW as u64),
+                (libc::AF_UNIX as u64, stream),
+                (libc::AF_NETLINK as u64, libc::SOCK_RAW as u64),
+            ] {
+                assert_eq!(
+                    verdict(&p, libc::SYS_socket, [family, ty, 0, 0, 0, 0]),
+                    EPERM
+                );
+            }
         }
-        assert_eq!(
-            verdict(&p, libc::SYS_connect, [3, 0, 16, 0, 0, 0]),
-            RET_ALLOW
-        );
         let bind = Network::Tcp {
             connect: Default::default(),
             bind: [8080].into(),

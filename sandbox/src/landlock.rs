@@ -413,7 +413,16 @@ pub fn build(
     }
     let (path_rules, carved, root_access) = (sink.added, sink.carved, sink.root_access);
     let mut port_rules = 0;
-    if let (Network::Tcp { connect, bind }, true) = (&policy.network, handled_net != 0) {
+    // Under the proxy: connect to the proxy's port only (in the run's own network namespace,
+    // where only the proxy listens there), bind nothing.
+    let proxy_port = BTreeSet::from([ollie_policy::PROXY_PORT]);
+    let no_port = BTreeSet::new();
+    let ports = match &policy.network {
+        Network::Tcp { connect, bind } => Some((connect, bind)),
+        Network::Proxy(_) => Some((&proxy_port, &no_port)),
+        Network::Off | Network::All => None,
+    };
+    if let (Some((connect, bind)), true) = (ports, handled_net != 0) {
         for (ports, right) in [(connect, NET_CONNECT_TCP), (bind, NET_BIND_TCP)] {
             for port in ports {
                 sys::landlock_add_port_rule(&fd, *port, right).map_err(|source| {

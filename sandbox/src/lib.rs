@@ -78,9 +78,12 @@
 //!
 //! Network modes (`ollie_policy::Network`): `off` (no inet socket at all), `tcp` (TCP only,
 //! Landlock filters the connect and bind ports), `all` (TCP and UDP, any port; what an
-//! approved `net` grant gives). No mode allows raw, packet, netlink or AF_UNIX sockets
-//! (`socketpair(AF_UNIX)` excepted). There is no network namespace: inet sockets reach the
-//! host's network, loopback included.
+//! approved `net` grant gives), `proxy` (a network namespace of the run's own, or of the
+//! prepared session's, holding only the runner's proxy listener at `127.0.0.1:3128`; TCP
+//! connect to that port only: see [`ProxyHandoff`] and [`Prepared::take_proxy_listener`]).
+//! No mode allows raw, packet, netlink or AF_UNIX sockets (`socketpair(AF_UNIX)` excepted).
+//! Except under `proxy` there is no network namespace: inet sockets reach the host's network,
+//! loopback included.
 //!
 //! An approved `unsandboxed` grant (`ollie_policy::Policy::with_grants`, the only way to one)
 //! makes [`run`] skip the filesystem and network confinement: no Landlock ruleset (so no
@@ -116,6 +119,7 @@ mod mounts;
 mod placeholder;
 pub mod postrun;
 mod prepared;
+mod proxy;
 mod record;
 mod request;
 mod sealed;
@@ -137,6 +141,9 @@ pub use placeholder::{ProtectError, close_at_exit, close_in_a_child};
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 // The bounds of the search for `.git` in writable trees.
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
+pub use proxy::{
+    NO_PROXY, NetNamespace, NetworkRecord, PROXY_URL, ProxyHandoff, RESOLV_CONF, proxy_env,
+};
 pub use record::{
     CapabilityRecord, DiskLimit, DiskLimitRecord, ExecFrom, ExitRecord, KilledBy, Layers,
     LimitsRecord, MountRecord, OutputRecord, RunOutput, RunRecord, RusageRecord,

@@ -157,6 +157,7 @@ impl MountPlan {
                     private_tmp: None,
                     unions: unions.to_vec(),
                     hidden: Vec::new(),
+                    resolv_conf: None,
                 },
                 islands: Protected::default(),
             });
@@ -224,6 +225,22 @@ impl MountPlan {
                 dir: *dir,
             });
         }
+        // A proxied run has no resolver: its resolver configuration says so (readable, since
+        // it holds nothing of the host's), unless it is hidden or writable anyway.
+        let resolv_conf = crate::proxy::own_namespace(&resolved.network)
+            .then(crate::proxy::resolv_conf_target)
+            .flatten()
+            .filter(|r| {
+                !hide.iter().any(|(h, _)| r.starts_with(h))
+                    && !writable.iter().any(|w| r.starts_with(w))
+            });
+        if let Some(r) = &resolv_conf {
+            steps.push(MountStep::ReplaceFile {
+                path: c(r)?,
+                content: crate::proxy::RESOLV_CONF.as_bytes().to_vec(),
+                rule_access: landlock::fs::READ_FILE,
+            });
+        }
         // A private /dev/shm (POSIX shared memory, semaphores): never the host's, never
         // another run's or session's. Mounted last, so it is writable while everything around
         // it is read-only.
@@ -277,6 +294,7 @@ impl MountPlan {
                 private_tmp,
                 unions: unions.to_vec(),
                 hidden: hide.into_iter().map(|(p, _)| p).collect(),
+                resolv_conf,
             },
             islands,
         })

@@ -73,10 +73,12 @@ use std::time::Instant;
 /// namespace, and, for a call with protected islands, its own copy of the session's mount
 /// namespace that holds them.
 pub fn prepared_namespaces() -> Vec<&'static str> {
-    call_namespaces(false)
+    call_namespaces(false, false)
 }
 
-fn call_namespaces(islands: bool) -> Vec<&'static str> {
+/// A call's namespaces (`islands`: a mount namespace of its own; `net`: the session's own
+/// network namespace, under `network.mode = "proxy"`).
+fn call_namespaces(islands: bool, net: bool) -> Vec<&'static str> {
     let mut v = vec![
         "user (session, inherited)",
         "pid (session, inherited)",
@@ -88,6 +90,9 @@ fn call_namespaces(islands: bool) -> Vec<&'static str> {
     ];
     if sys::ipc_namespaces() {
         v.push("ipc (session, inherited)");
+    }
+    if net {
+        v.push("net (session, inherited)");
     }
     v.push("pid (per call)");
     v
@@ -136,6 +141,8 @@ pub struct Prepared {
     cgroup_degraded: bool,
     policy_hash: String,
     seccomp_layout: &'static str,
+    /// The session's proxy listener (`network.mode = "proxy"`) until its owner takes it.
+    proxy_listener: Mutex<Option<std::net::TcpListener>>,
     reaped: bool,
 }
 
@@ -223,6 +230,8 @@ impl Prepared {
             programs,
         )?;
         base.err_w = err_w.as_raw_fd();
+        base.proxy_port = crate::proxy::listen_port(&resolved.network);
+        let proxied = base.proxy_port != 0;
         let plan = ZygotePlan {
             base,
             control: control_child.as_raw_fd(),
@@ -247,6 +256,7 @@ impl Prepared {
             cgroups: None,
             cgroup_degraded: false,
             seccomp_layout,
+            proxy_listener: Mutex::new(None),
             reaped: false,
         };
         // The session's pids and memory cgroups, before the zygote does anything: all calls
@@ -262,6 +272,15 @@ impl Prepared {
         {
             let control = prepared.lock();
             sys::send_byte(&control).map_err(io_err("start the sandbox"))?;
+            // A proxied session's listener, handed over before the zygote is ready.
+            if proxied {
+                let l =
+                    crate::proxy::receive_listener(&control, &err_r, Path::new(""), Path::new(""))?;
+                *prepared
+                    .proxy_listener
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(l);
+            }
         }
         if let Some(msg) = read_report(&err_r)? {
             return Err(stage_error(msg, Path::new(""), Path::new("")));
@@ -275,6 +294,18 @@ impl Prepared {
         self.control
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The listener of the session's proxy under `network.mode = "proxy"`: the zygote's
+    /// network namespace (every call's) holds nothing else, and the tools reach it at
+    /// `127.0.0.1:3128`. Available from [`Prepared::new`] on, once (`None` afterwards, and
+    /// for other modes); connections wait in its backlog until the owner accepts them.
+    /// Dropping it leaves the calls' connects refused.
+    pub fn take_proxy_listener(&self) -> Option<std::net::TcpListener> {
+        self.proxy_listener
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// The host pid of the zygote (pid 1 of the session's namespaces), for monitoring.
@@ -306,6 +337,12 @@ impl Prepared {
         ];
         if unions {
             set_up_once.insert(2, "a new root holding the union points");
+        }
+        if crate::proxy::own_namespace(&self.resolved.network) {
+            set_up_once.insert(
+                1,
+                "network namespace of the session's own (loopback and the proxy's listener only)",
+            );
         }
         let mut per_call = vec![
             "mount namespace of its own with the protected paths (when the policy has any)",
@@ -614,7 +651,9 @@ impl Prepared {
                     self.seccomp.clone(),
                     call_namespaces(
                         !mount_record.protected.is_empty() || !mount_record.unions.is_empty(),
+                        crate::proxy::own_namespace(&self.resolved.network),
                     ),
+                    crate::proxy::NetworkRecord::of(&self.resolved.network, true),
                     mount_record,
                     self.pids_cgroup(),
                     self.cgroup_degraded,
@@ -674,6 +713,11 @@ fn check_call(req: &RunRequest, points: &[PathBuf]) -> Result<(), SandboxError> 
     if req.exec_fd.is_some() || !req.pass_fds.is_empty() {
         return Err(SandboxError::InvalidRequest {
             reason: "exec_fd and pass_fds are supported by one-shot runs only".into(),
+        });
+    }
+    if req.proxy.is_some() {
+        return Err(SandboxError::InvalidRequest {
+            reason: "a prepared sandbox has one proxy listener per session (Prepared::take_proxy_listener); RunRequest::proxy is for one-shot runs".into(),
         });
     }
     Ok(())

@@ -3,6 +3,7 @@
 
 use crate::cgroup::MemoryRecord;
 use crate::landlock::{self, LandlockRecord};
+use crate::proxy::NetworkRecord;
 use crate::request::file_size_limit;
 use crate::seccomp::SeccompRecord;
 use crate::unions::UnionMount;
@@ -50,6 +51,10 @@ pub struct MountRecord {
     /// over a file): secret locations, the runner's state and configuration, homes and
     /// `/run/user` that hold none of the policy's paths.
     pub hidden: Vec<PathBuf>,
+    /// The resolver configuration (the real path of `/etc/resolv.conf`) replaced, read-only,
+    /// by one without a `nameserver` line: `network.mode = "proxy"`, where names are the
+    /// proxy's business (`crate::proxy`).
+    pub resolv_conf: Option<PathBuf>,
 }
 
 /// The layers active for a run.
@@ -69,8 +74,11 @@ pub struct Layers {
     pub capabilities: CapabilityRecord,
     /// `no_new_privs` is set.
     pub no_new_privs: bool,
-    /// Namespaces the tool runs in.
+    /// Namespaces the tool runs in (`net` only for `network.mode = "proxy"`: otherwise the
+    /// tool shares the runner's network namespace).
     pub namespaces: Vec<&'static str>,
+    /// The network: the policy's mode, whose network namespace, the proxy's address.
+    pub network: NetworkRecord,
     /// Mounts.
     pub mounts: MountRecord,
     /// The pids cgroup, when one was made (required as root: RLIMIT_NPROC does not bind
@@ -291,10 +299,12 @@ impl Layers {
     /// `no_new_privs` (the child fails closed otherwise); degraded when the cgroup was
     /// missing or Landlock only partially enforced (`best_effort` only); unsandboxed when
     /// Landlock was not applied (which only an approved `unsandboxed` grant does).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn enforced(
         landlock: LandlockRecord,
         seccomp: SeccompRecord,
         namespaces: Vec<&'static str>,
+        network: NetworkRecord,
         mounts: MountRecord,
         cgroup: Option<PathBuf>,
         cgroup_degraded: bool,
@@ -316,6 +326,7 @@ impl Layers {
             },
             no_new_privs: true,
             namespaces,
+            network,
             mounts,
             cgroup,
             memory,

@@ -353,6 +353,12 @@ pub struct RunRequest {
     /// [`pass_fd_path`]`(i)` (`/proc/self/fd/7`, …), open across its `execve`. At most
     /// [`MAX_PASS_FDS`]. One-shot runs only; [`crate::Prepared::run`] refuses them.
     pub pass_fds: Vec<Arc<OwnedFd>>,
+    /// Where a one-shot run under `network.mode = "proxy"` hands the proxy's listener
+    /// (`127.0.0.1:3128` in the run's own network namespace; see [`crate::ProxyHandoff`]):
+    /// required under that mode (the run is refused without it), unused otherwise. A
+    /// [`crate::Prepared`] sandbox has one listener per session instead
+    /// ([`crate::Prepared::take_proxy_listener`]) and refuses a call that sets this.
+    pub proxy: Option<crate::ProxyHandoff>,
     /// Tests only: force a failure.
     pub fault: Option<Fault>,
 }
@@ -403,6 +409,7 @@ impl RunRequest {
             unions: Vec::new(),
             exec_fd: None,
             pass_fds: Vec::new(),
+            proxy: None,
             fault: None,
         }
     }
@@ -630,7 +637,8 @@ pub(crate) fn tool_command(
 pub(crate) type ToolEnv = Vec<(String, Vec<u8>)>;
 
 /// The environment a tool gets from `base_env` under `resolved`: cleared, then the policy's
-/// allowlist (never a forbidden name), then its fixed values; sorted by name. This is what
+/// allowlist (never a forbidden name), then its fixed values, then, under
+/// `network.mode = "proxy"`, the proxy's address ([`crate::proxy_env`]); sorted by name. This is what
 /// [`run`](crate::run) gives the tool (it also creates `TMPDIR` when that lies in the workspace).
 pub fn tool_environment(
     resolved: &ResolvedPolicy,
@@ -648,6 +656,13 @@ pub fn tool_environment(
     for (k, v) in &resolved.env_set {
         env.retain(|(n, _)| n != k);
         env.push((k.clone(), v.as_bytes().to_vec()));
+    }
+    // The proxy's address last: neither the allowlist nor a fixed value replaces it.
+    if crate::proxy::own_namespace(&resolved.network) {
+        for (k, v) in crate::proxy::proxy_env() {
+            env.retain(|(n, _)| n != k);
+            env.push((k.to_owned(), v.as_bytes().to_vec()));
+        }
     }
     env.sort();
     env

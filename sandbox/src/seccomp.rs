@@ -477,7 +477,7 @@ pub(crate) const GROUP_CONNECT: &[Call] = calls![SYS_connect];
 pub(crate) enum NetFilter {
     /// `Network::Off`: no inet socket.
     Off,
-    /// `Network::Tcp` without bind ports: TCP sockets that connect.
+    /// `Network::Tcp` without bind ports, and `Network::Proxy`: TCP sockets that connect.
     Connect,
     /// `Network::Tcp` with bind ports: TCP sockets that connect, bind, listen and accept.
     ConnectBind,
@@ -491,6 +491,8 @@ impl NetFilter {
         match network {
             Network::Off => NetFilter::Off,
             Network::Tcp { bind, .. } if bind.is_empty() => NetFilter::Connect,
+            // Its own network namespace; TCP connects only (Landlock: to the proxy's port).
+            Network::Proxy(_) => NetFilter::Connect,
             Network::Tcp { .. } => NetFilter::ConnectBind,
             Network::All => NetFilter::All,
         }
@@ -517,14 +519,14 @@ impl NetFilter {
 }
 
 /// The `socket(2)` calls a network mode allows, as `(family, type & 0xf, protocol)`: none
-/// without network; TCP over IPv4/IPv6 for `Tcp` (no UDP, raw, MPTCP or SCTP, and no AF_UNIX
+/// without network; TCP over IPv4/IPv6 for `Tcp` and `Proxy` (no UDP, raw, MPTCP or SCTP, and no AF_UNIX
 /// sockets that could reach pathname sockets); TCP and UDP over IPv4/IPv6 for `All` (still no
 /// raw, packet, ICMP, MPTCP, SCTP, netlink or AF_UNIX sockets). Protocol 0 is the family's
 /// default for the type (TCP for streams, UDP for datagrams).
 pub(crate) fn socket_triples(network: &Network) -> Vec<(i32, i32, i32)> {
     let types: &[(i32, i32)] = match network {
         Network::Off => &[],
-        Network::Tcp { .. } => &[(SOCK_STREAM, IPPROTO_TCP)],
+        Network::Tcp { .. } | Network::Proxy(_) => &[(SOCK_STREAM, IPPROTO_TCP)],
         Network::All => &[(SOCK_STREAM, IPPROTO_TCP), (SOCK_DGRAM, IPPROTO_UDP)],
     };
     let mut out = Vec::new();
@@ -878,6 +880,13 @@ mod tests {
         let fc = filters(&tcp_connect, &BTreeSet::new()).unwrap();
         let fb = filters(&tcp_bind, &BTreeSet::new()).unwrap();
         assert_ne!(fc.record.hash, fb.record.hash);
+        // The proxy mode's filter is the connect-only one (its network namespace and
+        // Landlock's single connect port do the rest).
+        let proxy = Network::Proxy(ollie_policy::ProxyNetwork::closed());
+        assert_eq!(extra(&proxy), with(GROUP_CONNECT));
+        assert_eq!(socket_triples(&proxy), socket_triples(&tcp_connect));
+        let fp = filters(&proxy, &BTreeSet::new()).unwrap();
+        assert_eq!(fp.record.hash, fc.record.hash);
         let rules = build_allowlist(&Network::Off, &BTreeSet::new()).unwrap();
         for denied in [
             SYS_io_uring_setup,

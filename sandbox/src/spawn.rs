@@ -6,6 +6,7 @@ use crate::error::{SandboxError, cstr, io_err};
 use crate::landlock;
 use crate::mounts::MountPlan;
 use crate::placeholder::Protected;
+use crate::proxy::NetworkRecord;
 use crate::record::{Layers, LimitsRecord, MountRecord, RunOutput, RusageRecord};
 use crate::request::{
     CancelWatch, MAX_PASS_FDS, RunRequest, Stream, ToolEnv, canonical_workdir, child_fault,
@@ -90,7 +91,14 @@ pub fn run_streaming(
     let (errout_r, errout_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (err_r, err_w) = sys::pipe().map_err(io_err("create pipes"))?;
     let (status_r, status_w) = sys::pipe().map_err(io_err("create pipes"))?;
-    let (sync_r, sync_w) = sys::pipe().map_err(io_err("create pipes"))?;
+    // A proxied run's init hands its listener back on the start-up link: a socket then.
+    let proxy_port = crate::proxy::listen_port(&shot.resolved.network);
+    let (sync_r, sync_w) = if proxy_port != 0 {
+        sys::seqpacket_pair()
+    } else {
+        sys::pipe()
+    }
+    .map_err(io_err("create pipes"))?;
     let (uid, _) = sys::ids();
     let mut plan = child_plan(
         shot.ruleset.fd.as_ref().map(AsRawFd::as_raw_fd),
@@ -104,6 +112,7 @@ pub fn run_streaming(
     plan.err_w = err_w.as_raw_fd();
     plan.status_w = status_w.as_raw_fd();
     plan.sync_r = sync_r.as_raw_fd();
+    plan.proxy_port = proxy_port;
     set_exec(
         &mut plan,
         req,
@@ -141,6 +150,14 @@ pub fn run_streaming(
     // The disk watchdog's baseline, taken before the tool can write anything.
     let disk = DiskWatch::start(&shot.watched, &l, Instant::now())?;
     let go = sys::write_all(sync_w.as_raw_fd(), b"g");
+    if go.is_ok()
+        && proxy_port != 0
+        && let Some(handoff) = &req.proxy
+    {
+        // Before the tool exists: the caller serves the listener from here on.
+        let listener = crate::proxy::receive_listener(&sync_w, &err_r, &shot.program, &shot.cwd)?;
+        handoff.hand(listener);
+    }
     drop(sync_w);
     go.map_err(io_err("start the sandbox"))?;
 
@@ -193,7 +210,8 @@ pub fn run_streaming(
             layers: Layers::enforced(
                 shot.ruleset.record,
                 shot.seccomp,
-                sys::namespace_names(),
+                sys::namespace_names(proxy_port != 0),
+                NetworkRecord::of(&shot.resolved.network, false),
                 shot.mount_record,
                 cgroup,
                 cgroup_degraded,
@@ -262,6 +280,9 @@ fn plan_run(policy: &Policy, req: &RunRequest) -> Result<OneShot, SandboxError> 
     let resolved = policy
         .resolve(&ctx)
         .map_err(|source| SandboxError::Policy { source })?;
+    if crate::proxy::own_namespace(&resolved.network) && req.proxy.is_none() {
+        return Err(crate::proxy::no_handoff());
+    }
 
     // Landlock ruleset (parent side).
     // (None for an approved unsandboxed run: no Landlock, recorded.)
@@ -518,6 +539,7 @@ pub(crate) fn child_plan(
         pass: Vec::new(),
         exec_fd: -1,
         exec_fd_inherit: false,
+        proxy_port: 0,
     })
 }
 

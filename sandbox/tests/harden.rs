@@ -14,7 +14,9 @@
 //!   shipped `workspace` profile (`/bin/true`, a write into WORKDIR, a write into OUTSIDE) and
 //!   a one-shot run, and one tool under the shipped `network` profile with the listener's port
 //!   added to `connect` (so only the server's own restriction can stop it) that connects to
-//!   the listener. Prints one JSON object.
+//!   the listener; and, under `network.mode = "proxy"`, a one-shot run and a prepared call
+//!   that connect to the proxy's listener (handed out by the sandbox). Prints one JSON
+//!   object.
 //!
 //! Skips (printing `SKIP <test>: <reason>`) without Landlock ABI 7 or user namespaces; with
 //! `OLLIE_TEST_REQUIRE=all` a missing kernel feature fails instead.
@@ -222,7 +224,43 @@ fn serve_probe(allow_inet: bool, workdir: &Path, home: &Path, outside: &Path) ->
     }
     // The tool has exited: a connection it made waits in the listener's queue.
     v["listener_saw_connection"] = json!(listener.accept().is_ok());
+    proxied_probe(&mut v, workspace, workdir, home);
     v
+}
+
+/// `network.mode = "proxy"` under the hardened server: pid 1 makes the proxy's listener in
+/// the run's (or session's) own network namespace, and a tool's connection to
+/// 127.0.0.1:3128 waits on it (one-shot `proxy_oneshot`, prepared `proxy_prepared`; whether
+/// the handed listener holds a connection afterwards in `…_connected`).
+fn proxied_probe(v: &mut Value, mut policy: ollie_policy::Policy, workdir: &Path, home: &Path) {
+    policy.network = ollie_policy::Network::Proxy(ollie_policy::ProxyNetwork::closed());
+    let connect = || {
+        req(
+            &[
+                "bash",
+                "-c",
+                "exec 3<>/dev/tcp/127.0.0.1/3128 && echo connected",
+            ],
+            workdir,
+            home,
+        )
+    };
+    let waiting = |l: Option<std::net::TcpListener>| {
+        json!(l.is_some_and(|l| l.set_nonblocking(true).is_ok() && l.accept().is_ok()))
+    };
+    let (handoff, rx) = ollie_sandbox::ProxyHandoff::channel();
+    let mut r = connect();
+    r.proxy = Some(handoff);
+    v["proxy_oneshot"] = outcome(ollie_sandbox::run(&policy, &r));
+    v["proxy_oneshot_connected"] = waiting(rx.try_recv().ok());
+    match Prepared::new(&policy, workdir, home) {
+        Err(e) => v["proxy_prepared"] = json!({ "error": error_chain(&e) }),
+        Ok(sb) => {
+            let l = sb.take_proxy_listener();
+            v["proxy_prepared"] = outcome(sb.run(&connect()));
+            v["proxy_prepared_connected"] = waiting(l);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,6 +416,12 @@ fn hardened_server_denies_and_still_runs_sandboxes() {
     );
     assert_ne!(v["net_tool"]["status"], 0, "{v:#}");
     assert_eq!(v["listener_saw_connection"], false, "{v:#}");
+    // A server without inet sockets cannot make a proxied run's listener: refused, naming
+    // the step.
+    for k in ["proxy_oneshot", "proxy_prepared"] {
+        let e = v[k]["error"].as_str().unwrap_or_default();
+        assert!(e.contains("network namespace set-up"), "{k}: {v:#}");
+    }
 }
 
 fn allow_inet_keeps_tcp_for_the_server_and_its_tools() {
@@ -407,4 +451,10 @@ fn allow_inet_keeps_tcp_for_the_server_and_its_tools() {
     assert_eq!(v["net_prepared_new"], "ok", "{v:#}");
     assert_eq!(v["net_tool"]["stdout"], "connected\n", "{v:#}");
     assert_eq!(v["listener_saw_connection"], true, "{v:#}");
+    // network.mode = "proxy" works under the server's restriction (what toolsrv's
+    // `needs_inet` gives a session with such a policy): one-shot and prepared.
+    for k in ["proxy_oneshot", "proxy_prepared"] {
+        assert_eq!(v[k]["stdout"], "connected\n", "{k}: {v:#}");
+        assert_eq!(v[format!("{k}_connected")], true, "{k}: {v:#}");
+    }
 }

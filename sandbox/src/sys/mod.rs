@@ -5,18 +5,25 @@
 //! async-signal-safe system calls: it never allocates, locks, or unwinds.
 //!
 //! The files, each using only those after it: `zygote` (prepared sandboxes) → `child` (the
-//! one-shot runtime) → `probe` (feature probes) → `raw` (thin wrappers). The rest of the crate
-//! names everything as `sys::X`, through the re-exports below.
+//! one-shot runtime) → `mount` (the mount-namespace steps) → `netns` (a proxied run's network
+//! namespace) → `stage` (failure reports) → `probe` (feature probes) → `raw` (thin
+//! wrappers). The rest of the crate names everything as `sys::X`, through the re-exports
+//! below.
 #![allow(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod child;
+mod mount;
+mod netns;
 mod probe;
 mod raw;
+mod stage;
 mod zygote;
 
 pub(crate) use child::*;
+pub(crate) use mount::*;
 pub(crate) use probe::*;
 pub use probe::{ipc_namespaces, seccomp_available, user_namespaces};
 pub(crate) use raw::*;
+pub(crate) use stage::*;
 pub(crate) use zygote::*;

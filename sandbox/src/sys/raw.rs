@@ -29,6 +29,8 @@ pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
 /// `MOUNT_ATTR_NODEV`.
 pub(super) const MOUNT_ATTR_NODEV: u64 = 0x4;
+/// `MOUNT_ATTR_NOEXEC`.
+pub(super) const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 pub(super) const FSOPEN_CLOEXEC: libc::c_uint = 0x1;
 pub(super) const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
 pub(super) const FSCONFIG_SET_FLAG: libc::c_uint = 0;

@@ -1,11 +1,14 @@
 //! The zygote protocol of prepared sandboxes: a long-lived zygote that forks one tool per
-//! call. Uses `child` and `raw`.
+//! call. Uses `child`, `mount`, `netns`, `stage` and `raw`.
 
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 
 use super::child::*;
+use super::mount::{mount_call_unions, protect_call_islands};
+use super::netns::hand_over_proxy_listener;
 use super::raw::*;
+use super::stage::*;
 
 // ---------------------------------------------------------------------------------------------
 // Prepared sandboxes (`prepared.rs`): a long-lived zygote that forks one tool per call.
@@ -199,11 +202,12 @@ impl RegionCache {
     }
 }
 
-/// Starts the zygote: pid 1 of new user, pid, mount and IPC namespaces, which sets up the
-/// session's mounts once and then serves call requests. Every signal stays blocked in the
-/// zygote (it waits for SIGCHLD with a signalfd). Returns `(pid, pidfd)`.
+/// Starts the zygote: pid 1 of new user, pid, mount and IPC namespaces (and of a network
+/// namespace of the session's own with `base.proxy_port`), which sets up the session's
+/// mounts (and network) once and then serves call requests. Every signal stays blocked in
+/// the zygote (it waits for SIGCHLD with a signalfd). Returns `(pid, pidfd)`.
 pub(crate) fn spawn_zygote(z: &ZygotePlan) -> io::Result<(libc::pid_t, OwnedFd)> {
-    clone_namespaced(&z.base.mounts, zygote_main, z)
+    clone_namespaced(&z.base.mounts, z.base.proxy_port != 0, zygote_main, z)
 }
 
 /// The zygote. Never returns; exits when the control socket reaches EOF (the runner dropped
@@ -228,6 +232,13 @@ fn zygote_main(z: &ZygotePlan) -> ! {
         // dumps, and its /proc entries closed to the session's uid (extra hardening on top
         // of Landlock's ptrace scoping): not dumpable once its id maps are written.
         map_ids_and_mount(&z.base);
+        // A proxied session's network, once for every call (each call's init is cloned into
+        // it): loopback up, the proxy's listener handed to the runner over the control link.
+        if z.base.proxy_port != 0
+            && let Err(e) = hand_over_proxy_listener(FD_CONTROL, z.base.proxy_port)
+        {
+            fail(Stage::Network, e);
+        }
         // Set up once and inherited by every call: default dispositions for every signal
         // (all stay blocked until the tool unblocks them right before seccomp and execve),
         // and an empty capability bounding set (it can only shrink).
