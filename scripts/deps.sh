@@ -10,7 +10,8 @@ set -euo pipefail
 # package and the boot test; fusermount3 (setuid) lets a user other than root `o mount`. sshd
 # and ssh-keygen are for the remote-session suite (tests/tests/remote.rs: its own sshd on
 # 127.0.0.1). cmake and g++ build llama-server for the real-model suite (tests/tests/llama.rs,
-# scripts/local-model.sh --prepare).
+# scripts/local-model.sh --prepare). curl, pip, npm and git are the egress suite's clients
+# (tests/tests/egress.rs: real installs through the session's proxy from local origins).
 tools="python3:python3 pip3:python3-pip git:git make:make gcc:gcc curl:curl wget:wget
 ssh:openssh-client ssh-keygen:openssh-client sshd:openssh-server ping:iputils-ping strace:strace gdb:gdb tmux:tmux screen:screen
 dbus-send:dbus busctl:systemd systemd-run:systemd gpg-connect-agent:gnupg flock:util-linux
@@ -18,7 +19,7 @@ unshare:util-linux ipcmk:util-linux runuser:util-linux setsid:util-linux ps:proc
 useradd:passwd sudo:sudo bwrap:bubblewrap
 systemd-analyze:systemd systemd-socket-activate:systemd systemd-nspawn:systemd-container
 debootstrap:debootstrap dpkg-deb:dpkg dpkg-shlibdeps:dpkg-dev help2man:help2man
-fusermount3:fuse3 cmake:cmake g++:g++"
+fusermount3:fuse3 cmake:cmake g++:g++ npm:npm"
 need_apt=()
 for pair in $tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need_apt+=("${pair#*:}")

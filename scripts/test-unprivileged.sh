@@ -1,7 +1,7 @@
 #!/bin/sh
-# Runs the policy, sandbox, escape, toolsrv, broker, approval hold, authority, openai, limits,
-# hooks and remote suites, and the README's `o mount` walk-through, as the unprivileged user
-# `ollietest`.
+# Runs the policy, sandbox, escape, toolsrv, broker, approval hold, egress, authority, openai,
+# limits, hooks and remote suites, and the README's `o mount` walk-through, as the unprivileged
+# user `ollietest`.
 #
 # Run as root from anywhere: builds the test binaries (`cargo test --no-run`) and the binaries
 # the cross-process suites start (toolsrv, olliesrv, o, ollie-9p), copies them to a
@@ -31,6 +31,8 @@ build() {
 }
 build -p ollie-policy -p ollie-sandbox
 build -p ollie-tests --test escapes --test toolsrv --test broker --test approval_hold
+# Egress by domain: proxied runs in network namespaces of their own, through toolsrv's proxy.
+build -p ollie-tests --test egress
 # What a client attached as agent may do; redaction of a tool call that really runs; the
 # bounds on 9P clients.
 build -p ollie-tests --test authority --test llm_openai --test limits

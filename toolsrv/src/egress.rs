@@ -10,8 +10,9 @@
 //!   pattern lists becomes a request for the grant `net:DOMAIN` (shown with the domain, the
 //!   port and the command), and the connection waits for the verdict (bounded by the
 //!   broker's deadline). An approval holds for the rest of the run (its proxy remembers it);
-//!   with `"scope":"session"` the broker remembers it for the rest of the session (the
-//!   request's digest names only the domain). A deny pattern is never asked about;
+//!   with `"scope":"session"` the broker remembers it for the agent for the rest of the
+//!   session (the request's digest names the agent and the domain, not the command). A deny
+//!   pattern is never asked about;
 //! - `bypass/log` as the event sink: one `net` event per request (time, agent, call, command,
 //!   method, domain, port, address, verdict, reason, bytes each way, duration), which
 //!   olliesrv writes to the audit log and streams as `session/NAME/net`.
@@ -137,9 +138,9 @@ pub fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| format!("the proxy listener: {e}"))?;
     let task = rt.spawn(async move {
-        if let Err(e) = proxy.serve(listener, caller).await {
-            tracing::warn!(error = %e, "a run's proxy listener failed");
-        }
+        // Serving ends only with an error (`Ok` is `Infallible`).
+        let Err(e) = proxy.serve(listener, caller).await;
+        tracing::warn!(error = %e, "a run's proxy listener failed");
     });
     Ok(Served(task.abort_handle()))
 }
@@ -208,7 +209,11 @@ impl Asker for BrokerAsker {
                 )
                 .into(),
             );
-            let digest = ollie_link::bypass::sha256_hex(format!("net-domain\0{}", r.domain).as_bytes());
+            // The agent and the domain: a session-scope approval (or a remembered denial)
+            // is the asking agent's, as for every other escalation, never another agent's.
+            let digest = ollie_link::bypass::sha256_hex(
+                format!("net-domain\0{}\0{}", r.caller.agent, r.domain).as_bytes(),
+            );
             let asked = s.broker.ask(Ask {
                 agent: r.caller.agent.clone(),
                 digest,
