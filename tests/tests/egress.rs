@@ -138,7 +138,10 @@ fn policy(network: &str, escalations: &str) -> String {
             "set = { PATH = \"/usr/local/bin:/usr/bin:/bin\", HOME = \"{workdir}\" }",
             set.as_str(),
         ),
-        ("[escalations]\nallow = [\"net\", \"read\", \"write\"]", escalations),
+        (
+            "[escalations]\nallow = [\"net\", \"read\", \"write\"]",
+            escalations,
+        ),
         ("timeout_seconds = 120", "timeout_seconds = 90"),
     ] {
         assert!(text.contains(from), "the workspace policy has no {from:?}");
@@ -151,7 +154,8 @@ fn policy(network: &str, escalations: &str) -> String {
 /// - `proxied`: proxy mode, [`ALLOWED`] allowed but `*.bad.corp.test`, no escalations;
 /// - `asking`: proxy mode, only `pypi.test` allowed (and `*.bad.corp.test` denied), net
 ///   escalations allowed;
-/// - `all`: `mode = "all"` (the host's network), no escalations.
+/// - `all`: `mode = "all"` (the host's network), no escalations;
+/// - `tcp`: `mode = "tcp"` with port 443, no escalations.
 fn test_policies(ports: &[u16]) -> Vec<(&'static str, String)> {
     let ports = ports
         .iter()
@@ -176,6 +180,13 @@ fn test_policies(ports: &[u16]) -> Vec<(&'static str, String)> {
             "all",
             policy("[network]\nmode = \"all\"\n", "[escalations]\nallow = []"),
         ),
+        (
+            "tcp",
+            policy(
+                "[network]\nmode = \"tcp\"\nconnect = [443]\n",
+                "[escalations]\nallow = []",
+            ),
+        ),
     ]
 }
 
@@ -183,7 +194,10 @@ fn test_policies(ports: &[u16]) -> Vec<(&'static str, String)> {
 /// `other.example` to 127.0.0.1, the [`REBINDING`] names to theirs.
 fn pins() -> BTreeMap<String, Vec<String>> {
     let mut p = BTreeMap::new();
-    for n in CERT_NAMES.iter().chain(&["x.bad.corp.test", "other.example"]) {
+    for n in CERT_NAMES
+        .iter()
+        .chain(&["x.bad.corp.test", "other.example"])
+    {
         p.insert((*n).to_owned(), vec!["127.0.0.1".to_owned()]);
     }
     for (n, a) in REBINDING {
@@ -237,8 +251,11 @@ impl World {
     /// Whether a proxied run can be made here (network namespaces); prints the SKIP line,
     /// or fails under the rule, when it cannot.
     async fn netns_ok(&self, case: &str) -> bool {
-        let r = run(&self.a, &tool("execute_code", json!({"language": "bash", "code": "true"})))
-            .await;
+        let r = run(
+            &self.a,
+            &tool("execute_code", json!({"language": "bash", "code": "true"})),
+        )
+        .await;
         let why = match r {
             Ok(r) if r.exit() == Some(0) => return true,
             Ok(r) => r.raw,
@@ -270,7 +287,9 @@ impl World {
 
     /// Runs bash `code` as agent `a` (bounded by [`TOOL_TIMEOUT`]).
     async fn sh(&self, code: &str) -> Run {
-        call(&self.a, code).await.unwrap_or_else(|e| panic!("{code}: {e}"))
+        call(&self.a, code)
+            .await
+            .unwrap_or_else(|e| panic!("{code}: {e}"))
     }
 }
 
@@ -494,17 +513,26 @@ async fn curl_reaches_allowed_names_over_https_and_plain_http() {
     ] {
         assert!(r.body.contains(&format!("{v}\n")), "{v}: {r:?}");
     }
-    assert!(!r.body.contains("127.0.0.2:9") && !r.body.contains("no_proxy=*"), "{r:?}");
+    assert!(
+        !r.body.contains("127.0.0.2:9") && !r.body.contains("no_proxy=*"),
+        "{r:?}"
+    );
     // The origins saw exactly these requests, by these names.
     let tls = w.tls.requests();
     assert_eq!(tls.len(), 2, "{}", w.tls.report());
     for (seen, name) in tls.iter().zip(["pypi.test", "y.corp.test"]) {
         assert_eq!(seen.sni.as_deref(), Some(name), "{}", w.tls.report());
-        assert_eq!((seen.host.as_str(), seen.path.as_str()), (name, "/hello.txt"));
+        assert_eq!(
+            (seen.host.as_str(), seen.path.as_str()),
+            (name, "/hello.txt")
+        );
     }
     let plain = w.plain.requests();
     assert_eq!(plain.len(), 1, "{}", w.plain.report());
-    assert_eq!((plain[0].host.as_str(), plain[0].path.as_str()), ("plain.test", "/hello.txt"));
+    assert_eq!(
+        (plain[0].host.as_str(), plain[0].path.as_str()),
+        ("plain.test", "/hello.txt")
+    );
 
     // (12) One net event each, as the documentation lists them.
     let ev = wait_net_events(&w.op, 3).await;
@@ -514,7 +542,10 @@ async fn curl_reaches_allowed_names_over_https_and_plain_http() {
     // (A tunnel's reason may go on with how it ended: a client that closes with bytes
     // unread resets it.)
     assert!(
-        wild["reason"].as_str().unwrap().starts_with("allowed by *.corp.test"),
+        wild["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("allowed by *.corp.test"),
         "{wild}"
     );
     let https = event_for(&ev, "pypi.test");
@@ -525,11 +556,21 @@ async fn curl_reaches_allowed_names_over_https_and_plain_http() {
     // (A tunnel's reason may go on with how it ended: a client that closes with bytes
     // unread resets it.)
     assert!(
-        https["reason"].as_str().unwrap().starts_with("allowed by pypi.test"),
+        https["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("allowed by pypi.test"),
         "{https}"
     );
-    assert_eq!(https["address"], format!("127.0.0.1:{}", w.tls.port), "{https}");
-    assert!(https["command"].as_str().unwrap().starts_with("curl "), "{https}");
+    assert_eq!(
+        https["address"],
+        format!("127.0.0.1:{}", w.tls.port),
+        "{https}"
+    );
+    assert!(
+        https["command"].as_str().unwrap().starts_with("curl "),
+        "{https}"
+    );
     // The tunnel carried the TLS handshake and the request both ways.
     let body_len = "hello from the origin\n".len() as u64;
     assert!(https["bytes_up"].as_u64().unwrap() > 100, "{https}");
@@ -540,10 +581,28 @@ async fn curl_reaches_allowed_names_over_https_and_plain_http() {
     assert_eq!(http["port"], w.plain.port, "{http}");
     assert_eq!(http["verdict"], "allowed", "{http}");
     assert_eq!(http["bytes_down"], body_len, "{http}");
-    assert_eq!(http["call"], https["call"], "one tool call made both: {ev:?}");
+    assert_eq!(
+        http["call"], https["call"],
+        "one tool call made both: {ev:?}"
+    );
+
+    // A name is normalised before it is decided (case, one trailing dot), and the TLS
+    // server name check agrees.
+    let r = w
+        .sh(&curl(&format!(
+            "https://PyPI.Test.:{}/hello.txt",
+            w.tls.port
+        )))
+        .await;
+    assert!(r.body.contains("hello from the origin"), "{r:?}");
+    let ev = wait_net_events(&w.op, 4).await;
+    assert_eq!(ev[3]["domain"], "pypi.test", "{:?}", ev[3]);
+    assert_eq!(ev[3]["verdict"], "allowed", "{:?}", ev[3]);
 
     // The run record says the tool had a namespace of its own with the proxy in it.
-    let rec = read(&w.a, &format!("proc/{}/record", r.pid())).await.unwrap();
+    let rec = read(&w.a, &format!("proc/{}/record", r.pid()))
+        .await
+        .unwrap();
     let rec: Value = serde_json::from_str(&rec).unwrap_or_else(|e| panic!("{e}: {rec}"));
     let net = &rec["layers"]["network"];
     assert_eq!(net["mode"], "proxy", "{rec}");
@@ -581,7 +640,9 @@ async fn pip_installs_a_wheel_from_a_local_index() {
     let paths: Vec<String> = w.tls.requests().iter().map(|s| s.path.clone()).collect();
     assert!(
         paths.iter().any(|p| p == "/simple/ollie-demo/")
-            && paths.iter().any(|p| p == "/files/ollie_demo-1.0-py3-none-any.whl"),
+            && paths
+                .iter()
+                .any(|p| p == "/files/ollie_demo-1.0-py3-none-any.whl"),
         "{}",
         w.tls.report()
     );
@@ -601,7 +662,13 @@ async fn pip_installs_a_wheel_from_a_local_index() {
             (&json!("pypi.test"), &json!("allowed"), &json!("CONNECT")),
             "{e}"
         );
-        assert!(e["command"].as_str().unwrap().starts_with("python3 -m pip install"), "{e}");
+        assert!(
+            e["command"]
+                .as_str()
+                .unwrap()
+                .starts_with("python3 -m pip install"),
+            "{e}"
+        );
     }
 }
 
@@ -629,8 +696,9 @@ async fn npm_installs_from_a_local_registry() {
     let seen = w.tls.requests();
     for p in ["/ollie-demo", "/ollie-demo/-/ollie-demo-1.0.0.tgz"] {
         assert!(
-            seen.iter()
-                .any(|s| s.path == p && s.sni.as_deref() == Some("registry.test") && s.status == 200),
+            seen.iter().any(|s| s.path == p
+                && s.sni.as_deref() == Some("registry.test")
+                && s.status == 200),
             "{p}: {}",
             w.tls.report()
         );
@@ -669,7 +737,10 @@ async fn git_clones_over_dumb_http() {
     std::fs::write(src.join("README"), "cloned through the proxy\n").unwrap();
     git(&["add", "README"], &src);
     git(&["commit", "-q", "-m", "first"], &src);
-    git(&["clone", "-q", "--bare", "src", "srv/repo.git"], w.t.dirs.dir.path());
+    git(
+        &["clone", "-q", "--bare", "src", "srv/repo.git"],
+        w.t.dirs.dir.path(),
+    );
     git(&["update-server-info"], &w.srv.join("repo.git"));
 
     let r = w
@@ -752,7 +823,11 @@ async fn check_refusals(w: &World, cases: Vec<Refused>, canaries: &[&Canary]) {
     let mut table = ollie_testkit::cases::Cases::new();
     for c in cases {
         let before = (w.tls.connections(), w.plain.connections());
-        let seen_before = (w.tls.handshakes(), w.tls.requests().len(), w.plain.requests().len());
+        let seen_before = (
+            w.tls.handshakes(),
+            w.tls.requests().len(),
+            w.plain.requests().len(),
+        );
         let events_before = net_events(&w.op).await.len();
         let r = w.sh(&c.code).await;
         let mut problems = Vec::new();
@@ -761,7 +836,11 @@ async fn check_refusals(w: &World, cases: Vec<Refused>, canaries: &[&Canary]) {
                 problems.push(format!("{o:?} not in the output {:?}", r.body));
             }
         }
-        let seen = (w.tls.handshakes(), w.tls.requests().len(), w.plain.requests().len());
+        let seen = (
+            w.tls.handshakes(),
+            w.tls.requests().len(),
+            w.plain.requests().len(),
+        );
         if seen != seen_before
             || (!c.after_connect && (w.tls.connections(), w.plain.connections()) != before)
         {
@@ -784,9 +863,8 @@ async fn check_refusals(w: &World, cases: Vec<Refused>, canaries: &[&Canary]) {
                 Some(e) => {
                     check_event_shape(e);
                     let got_reason = e["reason"].as_str().unwrap_or("");
-                    let unconnected = e["address"] == Value::Null
-                        && e["bytes_up"] == 0
-                        && e["bytes_down"] == 0;
+                    let unconnected =
+                        e["address"] == Value::Null && e["bytes_up"] == 0 && e["bytes_down"] == 0;
                     if e["port"] != *port
                         || e["verdict"] != *verdict
                         || !got_reason.contains(reason.as_str())
@@ -803,6 +881,257 @@ async fn check_refusals(w: &World, cases: Vec<Refused>, canaries: &[&Canary]) {
         table.check(c.name, &c.code, problems);
     }
     table.finish();
+}
+
+/// The event a refusal must leave: domain, port, verdict and a piece of the reason.
+fn expect(
+    domain: &str,
+    port: u16,
+    verdict: &'static str,
+    reason: &str,
+) -> Option<(String, u16, &'static str, String)> {
+    Some((domain.to_owned(), port, verdict, reason.to_owned()))
+}
+
+/// `http://NAME:PORT/hello.txt`.
+fn http(port: u16, name: &str, path: &str) -> String {
+    format!("http://{name}:{port}/{path}")
+}
+
+/// (5) a name no pattern lists (and no escalations), (6) a denied wildcard inside an
+/// allowed one; `tp` and `pp` are the HTTPS and plain origins' ports.
+fn listing_refusals(tp: u16, pp: u16) -> Vec<Refused> {
+    vec![
+        // (5) Not listed, and the policy allows no escalations.
+        Refused::new(
+            "a name no pattern lists, over CONNECT",
+            curl(&format!("https://other.example:{tp}/hello.txt")),
+            vec!["connect=403".into()],
+            expect(
+                "other.example",
+                tp,
+                "refused",
+                "not in the session's allowed domains",
+            ),
+        ),
+        Refused::new(
+            "a name no pattern lists, plain",
+            curl(&format!("http://other.example:{pp}/hello.txt")),
+            vec![
+                format!(
+                    "ollie proxy: refused other.example:{pp}: not in the session's allowed domains; add it to [network] allow_domains"
+                ),
+                "http_code=403".into(),
+            ],
+            expect(
+                "other.example",
+                pp,
+                "refused",
+                "not in the session's allowed domains",
+            ),
+        ),
+        Refused::new(
+            "a name no pattern lists: the CONNECT answer's body",
+            raw_request(
+                format!("CONNECT other.example:{tp} HTTP/1.1\r\nHost: other.example:{tp}\r\n\r\n")
+                    .as_bytes(),
+            ),
+            vec![
+                "HTTP/1.1 403 Forbidden".into(),
+                format!(
+                    "ollie proxy: refused other.example:{tp}: not in the session's allowed domains"
+                ),
+            ],
+            expect(
+                "other.example",
+                tp,
+                "refused",
+                "not in the session's allowed domains",
+            ),
+        ),
+        // (6) A denied wildcard inside an allowed one.
+        Refused::new(
+            "a denied wildcard, over CONNECT",
+            curl(&format!("https://x.bad.corp.test:{tp}/hello.txt")),
+            vec!["connect=403".into()],
+            expect(
+                "x.bad.corp.test",
+                tp,
+                "refused",
+                "denied by *.bad.corp.test",
+            ),
+        ),
+        Refused::new(
+            "a denied wildcard, plain",
+            curl(&format!("http://x.bad.corp.test:{pp}/hello.txt")),
+            vec![
+                format!(
+                    "ollie proxy: refused x.bad.corp.test:{pp}: denied by *.bad.corp.test; the pattern is in [network] deny_domains"
+                ),
+                "http_code=403".into(),
+            ],
+            expect(
+                "x.bad.corp.test",
+                pp,
+                "refused",
+                "denied by *.bad.corp.test",
+            ),
+        ),
+    ]
+}
+
+/// (7) a NUL in the name, escaped and raw (hyper refuses the request line); fronting by
+/// TLS server name and by Host header; IP literals.
+fn malformed_refusals(tp: u16, pp: u16) -> Vec<Refused> {
+    vec![
+        // (7) A NUL in the name, escaped and raw: hyper refuses the request line.
+        Refused::new(
+            "%00 in a CONNECT name",
+            raw_request(format!("CONNECT a%00.pypi.test:{tp} HTTP/1.1\r\nHost: a%00.pypi.test:{tp}\r\n\r\n").as_bytes()),
+            vec!["HTTP/1.1 400 Bad Request".into()],
+            expect("", 0, "refused", "the request is not valid http/1.1"),
+        ),
+        Refused::new(
+            "a raw NUL in a CONNECT name",
+            raw_request(format!("CONNECT a\0.pypi.test:{tp} HTTP/1.1\r\nHost: pypi.test:{tp}\r\n\r\n").as_bytes()),
+            vec!["HTTP/1.1 400 Bad Request".into()],
+            expect("", 0, "refused", "the request is not valid http/1.1"),
+        ),
+        Refused::new(
+            "a raw NUL in a plain request's name",
+            raw_request(format!("GET http://pypi.test\0.other.example:{pp}/hello.txt HTTP/1.1\r\nHost: pypi.test:{pp}\r\n\r\n").as_bytes()),
+            vec!["HTTP/1.1 400 Bad Request".into()],
+            expect("", 0, "refused", "the request is not valid http/1.1"),
+        ),
+        Refused::new(
+            "curl with %00 in the name",
+            curl(&format!("https://a%00.pypi.test:{tp}/hello.txt")),
+            vec!["http_code=000".into()],
+            None,
+        ),
+        // Fronting: a TLS server name other than the CONNECT host (the tunnel is closed
+        // before the origin gets a byte), a Host header other than the URI's.
+        Refused {
+            after_connect: true,
+            ..Refused::new(
+                "a TLS server name other than the CONNECT host",
+                python(FRONTED_PY, &format!("pypi.test:{tp}")),
+                vec![
+                    "HTTP/1.1 200 Connection established".into(),
+                    "tls failed".into(),
+                ],
+                expect(
+                    "pypi.test",
+                    tp,
+                    "refused",
+                    "the tls server name other.test is not the connect host pypi.test (domain fronting)",
+                ),
+            )
+        },
+        Refused::new(
+            "a Host header other than the URI's host",
+            curl_with("-H 'Host: other.example'", &http(pp, "plain.test", "hello.txt")),
+            vec![
+                format!("ollie proxy: refused plain.test:{pp}: the host header names other.example, not the request's host"),
+                "http_code=403".into(),
+            ],
+            expect("plain.test", pp, "refused", "the host header names other.example"),
+        ),
+        // IP literals: only an allow_domains entry naming the literal lets one through, and
+        // only the canonical form parses.
+        Refused::new(
+            "an IP literal no pattern lists",
+            curl_with("--noproxy '' -x http://127.0.0.1:3128", &http(pp, "127.0.0.1", "hello.txt")),
+            vec![
+                format!("ollie proxy: refused 127.0.0.1:{pp}: not in the session's allowed domains"),
+                "http_code=403".into(),
+            ],
+            expect("127.0.0.1", pp, "refused", "not in the session's allowed domains"),
+        ),
+        Refused::new(
+            "a non-canonical IPv4 literal",
+            raw_request(format!("GET http://127.1:{pp}/hello.txt HTTP/1.1\r\nHost: 127.1:{pp}\r\n\r\n").as_bytes()),
+            vec![
+                "HTTP/1.1 400 Bad Request".into(),
+                format!("ollie proxy: refused 127.1:{pp}: the name is an ip literal in a non-canonical form"),
+            ],
+            expect("127.1", pp, "refused", "non-canonical form"),
+        ),
+    ]
+}
+
+/// (9) allowed names pinned to addresses `127.0.0.1/32` does not cover; an origin that is
+/// down (`dp`, listed); (10) a port not listed (`up`).
+fn address_refusals(tp: u16, pp: u16, dp: u16, up: u16) -> Vec<Refused> {
+    vec![
+        // (9) Allowed names pinned to addresses 127.0.0.1/32 does not cover.
+        Refused::new(
+            "an allowed name rebinding to 127.0.0.2",
+            curl(&format!("https://rebind.test:{tp}/hello.txt")),
+            vec!["connect=403".into()],
+            expect(
+                "rebind.test",
+                tp,
+                "refused",
+                "it resolves only to refused addresses (127.0.0.2: loopback)",
+            ),
+        ),
+        Refused::new(
+            "an allowed name rebinding to 127.0.0.2, plain: the body says why",
+            curl(&format!("http://rebind.test:{pp}/hello.txt")),
+            vec![
+                format!(
+                    "ollie proxy: refused rebind.test:{pp}: it resolves only to refused addresses (127.0.0.2: loopback); the proxy connects to such addresses only if the operator lists them in allow_addresses"
+                ),
+                "http_code=403".into(),
+            ],
+            expect("rebind.test", pp, "refused", "127.0.0.2: loopback"),
+        ),
+        Refused::new(
+            "an allowed name rebinding to ::ffff:127.0.0.2",
+            curl(&format!("https://mapped.test:{tp}/hello.txt")),
+            vec!["connect=403".into()],
+            expect("mapped.test", tp, "refused", "(::ffff:127.0.0.2: loopback)"),
+        ),
+        Refused::new(
+            "an allowed name rebinding to 0.0.0.0",
+            curl(&format!("https://zero.test:{tp}/hello.txt")),
+            vec!["connect=403".into()],
+            expect("zero.test", tp, "refused", "(0.0.0.0: unspecified)"),
+        ),
+        // Allowed, but nothing listens there: a 502, and the verdict stays "allowed".
+        Refused::new(
+            "an allowed name whose origin is down",
+            curl(&format!("https://pypi.test:{dp}/hello.txt")),
+            vec!["connect=502".into()],
+            expect("pypi.test", dp, "allowed", "cannot reach the origin"),
+        ),
+        Refused::new(
+            "an allowed name whose origin is down, plain",
+            curl(&format!("http://plain.test:{dp}/hello.txt")),
+            vec![
+                format!("ollie proxy: plain.test:{dp}: cannot reach the origin: "),
+                "http_code=502".into(),
+            ],
+            expect("plain.test", dp, "allowed", "cannot reach the origin"),
+        ),
+        // (10) A port the policy does not list.
+        Refused::new(
+            "a port not listed",
+            curl(&format!("https://pypi.test:{up}/hello.txt")),
+            vec!["connect=403".into()],
+            expect("pypi.test", up, "refused", "port not allowed"),
+        ),
+        Refused::new(
+            "a port not listed, plain",
+            curl(&format!("http://pypi.test:{up}/hello.txt")),
+            vec![
+                format!("ollie proxy: refused pypi.test:{up}: port not allowed (allowed: "),
+                "http_code=403".into(),
+            ],
+            expect("pypi.test", up, "refused", "port not allowed"),
+        ),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -822,185 +1151,14 @@ async fn refused_requests_name_the_host_and_reach_nothing() {
         .expect("a canary on 127.0.0.2");
     let unlisted = Canary::bind("127.0.0.1:0").await.unwrap();
     let up = unlisted.addr.port();
-    let ev = |d: &str, p: u16, v: &'static str, r: &str| Some((d.to_owned(), p, v, r.to_owned()));
-    let cases = vec![
-        // (5) Not listed, and the policy allows no escalations.
-        Refused::new(
-            "a name no pattern lists, over CONNECT",
-            curl(&format!("https://other.example:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            ev("other.example", tp, "refused", "not in the session's allowed domains"),
-        ),
-        Refused::new(
-            "a name no pattern lists, plain",
-            curl(&format!("http://other.example:{pp}/hello.txt")),
-            vec![
-                format!("ollie proxy: refused other.example:{pp}: not in the session's allowed domains; add it to [network] allow_domains"),
-                "http_code=403".into(),
-            ],
-            ev("other.example", pp, "refused", "not in the session's allowed domains"),
-        ),
-        Refused::new(
-            "a name no pattern lists: the CONNECT answer's body",
-            raw_request(format!("CONNECT other.example:{tp} HTTP/1.1\r\nHost: other.example:{tp}\r\n\r\n").as_bytes()),
-            vec![
-                "HTTP/1.1 403 Forbidden".into(),
-                format!("ollie proxy: refused other.example:{tp}: not in the session's allowed domains"),
-            ],
-            ev("other.example", tp, "refused", "not in the session's allowed domains"),
-        ),
-        // (6) A denied wildcard inside an allowed one.
-        Refused::new(
-            "a denied wildcard, over CONNECT",
-            curl(&format!("https://x.bad.corp.test:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            ev("x.bad.corp.test", tp, "refused", "denied by *.bad.corp.test"),
-        ),
-        Refused::new(
-            "a denied wildcard, plain",
-            curl(&format!("http://x.bad.corp.test:{pp}/hello.txt")),
-            vec![
-                format!("ollie proxy: refused x.bad.corp.test:{pp}: denied by *.bad.corp.test; the pattern is in [network] deny_domains"),
-                "http_code=403".into(),
-            ],
-            ev("x.bad.corp.test", pp, "refused", "denied by *.bad.corp.test"),
-        ),
-        // (7) A NUL in the name, escaped and raw: hyper refuses the request line.
-        Refused::new(
-            "%00 in a CONNECT name",
-            raw_request(format!("CONNECT a%00.pypi.test:{tp} HTTP/1.1\r\nHost: a%00.pypi.test:{tp}\r\n\r\n").as_bytes()),
-            vec!["HTTP/1.1 400 Bad Request".into()],
-            ev("", 0, "refused", "the request is not valid http/1.1"),
-        ),
-        Refused::new(
-            "a raw NUL in a CONNECT name",
-            raw_request(format!("CONNECT a\0.pypi.test:{tp} HTTP/1.1\r\nHost: pypi.test:{tp}\r\n\r\n").as_bytes()),
-            vec!["HTTP/1.1 400 Bad Request".into()],
-            ev("", 0, "refused", "the request is not valid http/1.1"),
-        ),
-        Refused::new(
-            "a raw NUL in a plain request's name",
-            raw_request(format!("GET http://pypi.test\0.other.example:{pp}/hello.txt HTTP/1.1\r\nHost: pypi.test:{pp}\r\n\r\n").as_bytes()),
-            vec!["HTTP/1.1 400 Bad Request".into()],
-            ev("", 0, "refused", "the request is not valid http/1.1"),
-        ),
-        Refused::new(
-            "curl with %00 in the name",
-            curl(&format!("https://a%00.pypi.test:{tp}/hello.txt")),
-            vec!["http_code=000".into()],
-            None,
-        ),
-        // Fronting: a TLS server name other than the CONNECT host (the tunnel is closed
-        // before the origin gets a byte), a Host header other than the URI's.
-        Refused {
-            after_connect: true,
-            ..Refused::new(
-                "a TLS server name other than the CONNECT host",
-                python(FRONTED_PY, &format!("pypi.test:{tp}")),
-                vec![
-                    "HTTP/1.1 200 Connection established".into(),
-                    "tls failed".into(),
-                ],
-                ev(
-                    "pypi.test",
-                    tp,
-                    "refused",
-                    "the tls server name other.test is not the connect host pypi.test (domain fronting)",
-                ),
-            )
-        },
-        Refused::new(
-            "a Host header other than the URI's host",
-            curl_with("-H 'Host: other.example'", &w.http("plain.test", "hello.txt")),
-            vec![
-                format!("ollie proxy: refused plain.test:{pp}: the host header names other.example, not the request's host"),
-                "http_code=403".into(),
-            ],
-            ev("plain.test", pp, "refused", "the host header names other.example"),
-        ),
-        // IP literals: only an allow_domains entry naming the literal lets one through, and
-        // only the canonical form parses.
-        Refused::new(
-            "an IP literal no pattern lists",
-            curl_with("--noproxy '' -x http://127.0.0.1:3128", &w.http("127.0.0.1", "hello.txt")),
-            vec![
-                format!("ollie proxy: refused 127.0.0.1:{pp}: not in the session's allowed domains"),
-                "http_code=403".into(),
-            ],
-            ev("127.0.0.1", pp, "refused", "not in the session's allowed domains"),
-        ),
-        Refused::new(
-            "a non-canonical IPv4 literal",
-            raw_request(format!("GET http://127.1:{pp}/hello.txt HTTP/1.1\r\nHost: 127.1:{pp}\r\n\r\n").as_bytes()),
-            vec![
-                "HTTP/1.1 400 Bad Request".into(),
-                format!("ollie proxy: refused 127.1:{pp}: the name is an ip literal in a non-canonical form"),
-            ],
-            ev("127.1", pp, "refused", "non-canonical form"),
-        ),
-        // (9) Allowed names pinned to addresses 127.0.0.1/32 does not cover.
-        Refused::new(
-            "an allowed name rebinding to 127.0.0.2",
-            curl(&format!("https://rebind.test:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            ev("rebind.test", tp, "refused", "it resolves only to refused addresses (127.0.0.2: loopback)"),
-        ),
-        Refused::new(
-            "an allowed name rebinding to 127.0.0.2, plain: the body says why",
-            curl(&format!("http://rebind.test:{pp}/hello.txt")),
-            vec![
-                format!("ollie proxy: refused rebind.test:{pp}: it resolves only to refused addresses (127.0.0.2: loopback); the proxy connects to such addresses only if the operator lists them in allow_addresses"),
-                "http_code=403".into(),
-            ],
-            ev("rebind.test", pp, "refused", "127.0.0.2: loopback"),
-        ),
-        Refused::new(
-            "an allowed name rebinding to ::ffff:127.0.0.2",
-            curl(&format!("https://mapped.test:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            ev("mapped.test", tp, "refused", "(::ffff:127.0.0.2: loopback)"),
-        ),
-        Refused::new(
-            "an allowed name rebinding to 0.0.0.0",
-            curl(&format!("https://zero.test:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            ev("zero.test", tp, "refused", "(0.0.0.0: unspecified)"),
-        ),
-        // Allowed, but nothing listens there: a 502, and the verdict stays "allowed".
-        Refused::new(
-            "an allowed name whose origin is down",
-            curl(&format!("https://pypi.test:{dp}/hello.txt")),
-            vec!["connect=502".into()],
-            ev("pypi.test", dp, "allowed", "cannot reach the origin"),
-        ),
-        Refused::new(
-            "an allowed name whose origin is down, plain",
-            curl(&format!("http://plain.test:{dp}/hello.txt")),
-            vec![
-                format!("ollie proxy: plain.test:{dp}: cannot reach the origin: "),
-                "http_code=502".into(),
-            ],
-            ev("plain.test", dp, "allowed", "cannot reach the origin"),
-        ),
-        // (10) A port the policy does not list.
-        Refused::new(
-            "a port not listed",
-            curl(&format!("https://pypi.test:{up}/hello.txt")),
-            vec!["connect=403".into()],
-            ev("pypi.test", up, "refused", "port not allowed"),
-        ),
-        Refused::new(
-            "a port not listed, plain",
-            curl(&format!("http://pypi.test:{up}/hello.txt")),
-            vec![
-                format!("ollie proxy: refused pypi.test:{up}: port not allowed (allowed: "),
-                "http_code=403".into(),
-            ],
-            ev("pypi.test", up, "refused", "port not allowed"),
-        ),
-    ];
+    let mut cases = listing_refusals(tp, pp);
+    cases.extend(malformed_refusals(tp, pp));
+    cases.extend(address_refusals(tp, pp, dp, up));
     check_refusals(&w, cases, &[&rebound, &unlisted]).await;
-    assert_eq!(w.tls.saw_name("pypi.test") + w.tls.saw_name("other.example"), 0);
+    assert_eq!(
+        w.tls.saw_name("pypi.test") + w.tls.saw_name("other.example"),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1026,7 +1184,9 @@ async fn loopback_is_refused_unless_the_operator_allows_it() {
             "an allowed name pinned to 127.0.0.1, plain",
             curl(&w.http("plain.test", "hello.txt")),
             vec![
-                format!("ollie proxy: refused plain.test:{pp}: {why}; the proxy connects to such addresses only if the operator lists them in allow_addresses"),
+                format!(
+                    "ollie proxy: refused plain.test:{pp}: {why}; the proxy connects to such addresses only if the operator lists them in allow_addresses"
+                ),
                 "http_code=403".into(),
             ],
             Some(("plain.test".into(), pp, "refused", why.into())),
@@ -1039,21 +1199,13 @@ async fn loopback_is_refused_unless_the_operator_allows_it() {
 // ---------------------------------------------------------------------------------------------
 // (11) Net escalations
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
-    let case = "unlisted_names_are_asked_about_and_wait_for_the_operator";
-    if !clients(case, &["curl"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "asking", |_| {}).await else {
-        return;
-    };
-    let url = w.https("asked.test", "hello.txt");
+/// An unlisted name asked about and approved once: the call waits, the request shows
+/// domain, port and command; both fetches of the call go through on the one answer.
+async fn approved_once(w: &World, url: &str) {
     let tp = w.tls.port;
-
     // Approved once: the call waits, the request shows domain, port and command; both
     // fetches of the call go through on the one answer.
-    let twice = format!("{} && {}", curl(&url), curl(&url));
+    let twice = format!("{} && {}", curl(url), curl(url));
     let mut first = start_call(&w.a, &code("bash", &twice)).await;
     let v = Pending::open(&w.op).await.next().await;
     assert_eq!(v["domain"], "asked.test", "{v}");
@@ -1065,23 +1217,41 @@ async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
         v["command"].as_str().unwrap().starts_with("curl -sS"),
         "{v}"
     );
-    assert!(v["reason"].as_str().unwrap().contains(&format!("asked.test:{tp}")), "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("asked.test:{tp}")),
+        "{v}"
+    );
     let id = v["id"].as_str().unwrap().to_owned();
-    assert!(first.still_waiting().await, "curl did not wait for the verdict");
-    assert_eq!(w.tls.connections(), 0, "the origin was reached before the verdict");
+    assert!(
+        first.still_waiting().await,
+        "curl did not wait for the verdict"
+    );
+    assert_eq!(
+        w.tls.connections(),
+        0,
+        "the origin was reached before the verdict"
+    );
     resolve(&w.op, &approve(&id)).await.expect("approve");
     let r = first.finish().await.expect("the approved call");
     assert_eq!(r.exit(), Some(0), "{r:?}");
     assert_eq!(r.body.matches("hello from the origin").count(), 2, "{r:?}");
     assert_eq!(w.tls.saw_name("asked.test"), 2, "{}", w.tls.report());
     assert!(nothing_pending(&w.op).await, "the second fetch asked again");
+}
 
+/// A new call for the same name asks again; denied, curl gets 403 and the origin nothing;
+/// asked again at once, it is refused without a question.
+async fn denied_and_not_asked_again(w: &World, url: &str) {
     // A new call asks again; denied, curl gets 403 and the origin nothing.
     let before = w.tls.connections();
-    let second = start_call(&w.a, &code("bash", &curl(&url))).await;
+    let second = start_call(&w.a, &code("bash", &curl(url))).await;
     let id2 = next_id(&w.op).await;
-    assert_ne!(id2, id);
-    resolve(&w.op, &deny(&id2, "not this one")).await.expect("deny");
+    resolve(&w.op, &deny(&id2, "not this one"))
+        .await
+        .expect("deny");
     let r = second.finish().await.expect("the denied call ran");
     assert!(r.body.contains("connect=403"), "{r:?}");
     assert_ne!(r.exit(), Some(0), "{r:?}");
@@ -1089,11 +1259,17 @@ async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
 
     // The denied domain is not asked about again for a while (the broker's memo of the
     // operator's denial): refused at once, with the operator's words.
-    let r = w.sh(&curl(&url)).await;
+    let r = w.sh(&curl(url)).await;
     assert!(r.body.contains("connect=403"), "{r:?}");
-    assert!(nothing_pending(&w.op).await, "a denied domain was asked again at once");
+    assert!(
+        nothing_pending(&w.op).await,
+        "a denied domain was asked again at once"
+    );
     assert_eq!(w.tls.connections(), before, "{}", w.tls.report());
+}
 
+/// Approved for the session: a later call is not asked.
+async fn approved_for_the_session(w: &World) {
     // Approved for the session: a later call is not asked.
     let other = w.https("other.test", "hello.txt");
     let third = start_call(&w.a, &code("bash", &curl(&other))).await;
@@ -1108,29 +1284,28 @@ async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
     .expect("approve for the session");
     assert_eq!(third.finish().await.unwrap().exit(), Some(0));
     let r = w.sh(&curl(&other)).await;
-    assert_eq!(r.exit(), Some(0), "asked again after a session approval: {r:?}");
+    assert_eq!(
+        r.exit(),
+        Some(0),
+        "asked again after a session approval: {r:?}"
+    );
     assert!(r.body.contains("hello from the origin"), "{r:?}");
     assert!(nothing_pending(&w.op).await);
     assert_eq!(w.tls.saw_name("other.test"), 2, "{}", w.tls.report());
+}
 
-    // A denied pattern is never asked about; a listed name is not either.
-    let r = w
-        .sh(&format!(
-            "{}; {}",
-            curl(&w.https("x.bad.corp.test", "hello.txt")),
-            curl(&w.https("pypi.test", "hello.txt"))
-        ))
-        .await;
-    assert!(r.body.contains("connect=403"), "{r:?}");
-    assert!(r.body.contains("hello from the origin"), "{r:?}");
-    assert!(nothing_pending(&w.op).await, "a denied name was asked about");
-
+/// (12) The events of [`unlisted_names_are_asked_about_and_wait_for_the_operator`].
+fn check_question_events(ev: &[Value], tp: u16) {
     // (12) The events: approved (twice on one answer), denied, refused on the memo,
     // approved, approved for the session without asking, refused, allowed.
-    let ev = wait_net_events(&w.op, 8).await;
     let verdicts: Vec<(&str, &str)> = ev
         .iter()
-        .map(|e| (e["domain"].as_str().unwrap(), e["verdict"].as_str().unwrap()))
+        .map(|e| {
+            (
+                e["domain"].as_str().unwrap(),
+                e["verdict"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         verdicts,
@@ -1146,7 +1321,7 @@ async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
         ],
         "{ev:?}"
     );
-    for e in &ev {
+    for e in ev {
         check_event_shape(e);
         assert_eq!(e["port"], tp, "{e}");
     }
@@ -1175,6 +1350,38 @@ async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
         ev[3]
     );
     assert!(ev[5]["bytes_down"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
+    let case = "unlisted_names_are_asked_about_and_wait_for_the_operator";
+    if !clients(case, &["curl"]) {
+        return;
+    }
+    let Some(w) = World::start(case, "asking", |_| {}).await else {
+        return;
+    };
+    let url = w.https("asked.test", "hello.txt");
+    approved_once(&w, &url).await;
+    denied_and_not_asked_again(&w, &url).await;
+    approved_for_the_session(&w).await;
+    // A denied pattern is never asked about; a listed name is not either.
+    let r = w
+        .sh(&format!(
+            "{}; {}",
+            curl(&w.https("x.bad.corp.test", "hello.txt")),
+            curl(&w.https("pypi.test", "hello.txt"))
+        ))
+        .await;
+    assert!(r.body.contains("connect=403"), "{r:?}");
+    assert!(r.body.contains("hello from the origin"), "{r:?}");
+    assert!(
+        nothing_pending(&w.op).await,
+        "a denied name was asked about"
+    );
+
+    let ev = wait_net_events(&w.op, 8).await;
+    check_question_events(&ev, w.tls.port);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1218,7 +1425,10 @@ async fn net_questions_are_joined_withdrawn_and_expire() {
         .expect("kill the waiting call");
     let r = stopped.finish().await.expect("the stopped call");
     assert_ne!(r.exit(), Some(0), "{r:?}");
-    assert!(wait_nothing_pending(&w.op).await, "the question outlived its run");
+    assert!(
+        wait_nothing_pending(&w.op).await,
+        "the question outlived its run"
+    );
     let e = resolve(&w.op, &approve(&id))
         .await
         .expect_err("an answer to a withdrawn question was taken");
@@ -1226,7 +1436,8 @@ async fn net_questions_are_joined_withdrawn_and_expire() {
     assert_eq!(w.tls.saw_name("other.test"), 0, "{}", w.tls.report());
     let log = log_events(&w.op).await;
     assert!(
-        log.iter().any(|e| e["event"] == "withdrawn" && e["id"] == id.as_str()),
+        log.iter()
+            .any(|e| e["event"] == "withdrawn" && e["id"] == id.as_str()),
         "{log:?}"
     );
 
@@ -1288,6 +1499,93 @@ async fn a_session_approval_is_the_asking_agents_only() {
     assert_eq!(r.exit(), Some(0), "{r:?}");
     assert!(nothing_pending(&w.op).await);
     assert_eq!(w.tls.saw_name("other.test"), 2, "{}", w.tls.report());
+    // A profile without net escalations: b's proxy has no one to ask, and says how to
+    // allow the name.
+    write(&w.op, "ctl", "escalations b none")
+        .await
+        .expect("ctl escalations");
+    let r = call(&b, &curl(&w.http("registry.test", "hello.txt")))
+        .await
+        .expect("b's call");
+    assert!(
+        r.body.contains(&format!(
+            "ollie proxy: refused registry.test:{}: not in the session's allowed domains; add it to [network] allow_domains in the agent's policy, or allow net escalations",
+            w.plain.port
+        )),
+        "{r:?}"
+    );
+    assert!(
+        nothing_pending(&w.op).await,
+        "b's proxy asked without net escalations"
+    );
+    assert_eq!(w.plain.connections(), 0, "{}", w.plain.report());
+}
+
+/// Asks the run's proxy for `{ARG}` (a name no pattern lists), then closes the connection
+/// once FIFO `go` is written, and ends once FIFO `end` is.
+const ASK_THEN_LEAVE_PY: &str = r#"import socket
+s = socket.create_connection(('127.0.0.1', 3128), timeout=60)
+s.sendall(b'CONNECT {ARG} HTTP/1.1\r\nHost: {ARG}\r\n\r\n')
+print('asked', flush=True)
+open('go').read()
+s.close()
+print('closed', flush=True)
+open('end').read()
+print('done', flush=True)"#;
+
+/// Writes a line to the FIFO `path` (bounded: the reader must be there or come).
+async fn fifo_write(path: &Path) {
+    let p = path.to_path_buf();
+    tokio::time::timeout(
+        IO_TIMEOUT,
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut w = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+            w.write_all(b"go\n").unwrap();
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("nobody read {}", path.display()))
+    .unwrap();
+}
+
+/// Makes a FIFO in the workspace.
+fn fifo(w: &World, name: &str) -> PathBuf {
+    let p = w.ws().join(name);
+    nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_is_withdrawn_when_its_client_leaves() {
+    let case = "a_question_is_withdrawn_when_its_client_leaves";
+    if !clients(case, &["python3"]) {
+        return;
+    }
+    let Some(w) = World::start(case, "asking", |_| {}).await else {
+        return;
+    };
+    let (go, end) = (fifo(&w, "go"), fifo(&w, "end"));
+    let target = format!("other.test:{}", w.tls.port);
+    let pid = run_bg(&w.a, &code("bash", &python(ASK_THEN_LEAVE_PY, &target)))
+        .await
+        .expect("the run");
+    let v = Pending::open(&w.op).await.next().await;
+    assert_eq!(v["domain"], "other.test", "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    fifo_write(&go).await;
+    wait_out(&w.a, pid, "closed").await;
+    // The run goes on, but the connection that asked is gone: so is the question.
+    let withdrawn = wait_nothing_pending(&w.op).await;
+    let late = resolve(&w.op, &approve(&id)).await;
+    fifo_write(&end).await;
+    wait_out(&w.a, pid, "done").await;
+    assert!(
+        withdrawn,
+        "the question outlived the connection that asked it"
+    );
+    assert!(late.is_err(), "an answer for a closed connection was taken");
+    assert_eq!(w.tls.connections(), 0, "{}", w.tls.report());
 }
 
 /// Whether `bypass/log` shows a `joined` event (bounded poll).
@@ -1330,12 +1628,18 @@ async fn an_approved_net_domain_grant_widens_only_that_runs_proxy() {
     let r = asked.finish().await.expect("the approved call");
     assert_eq!(r.exit(), Some(0), "{r:?}");
     assert!(r.body.contains("hello from the origin"), "{r:?}");
-    assert!(nothing_pending(&w.op).await, "the granted domain was asked about again");
+    assert!(
+        nothing_pending(&w.op).await,
+        "the granted domain was asked about again"
+    );
     let ev = net_events(&w.op).await;
     let e = event_for(&ev, "registry.test");
     assert_eq!(e["verdict"], "allowed", "{e}");
     assert!(
-        e["reason"].as_str().unwrap().starts_with("allowed by registry.test"),
+        e["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("allowed by registry.test"),
         "{e}"
     );
     assert_eq!(w.tls.saw_name("registry.test"), 1, "{}", w.tls.report());
@@ -1370,10 +1674,15 @@ async fn an_approved_net_domain_grant_widens_only_that_runs_proxy() {
                    "escalate": {"grants": [grant], "reason": "r"}}),
         );
         let e = run(&w.a, &payload).await.expect_err(grant);
-        assert!(e.contains("escalation refused without asking"), "{grant}: {e}");
+        assert!(
+            e.contains("escalation refused without asking"),
+            "{grant}: {e}"
+        );
         assert!(e.contains(why), "{grant}: {e}");
     }
-    write(&w.op, "ctl", "policy a network").await.expect("ctl policy");
+    write(&w.op, "ctl", "policy a network")
+        .await
+        .expect("ctl policy");
     let payload = tool(
         "execute_code",
         json!({"language": "bash", "code": "true",
@@ -1385,7 +1694,9 @@ async fn an_approved_net_domain_grant_widens_only_that_runs_proxy() {
 
     // On the shipped workspace policy (no network) the grant makes the run a proxied one
     // reaching just that name, on the default ports 80 and 443 only.
-    write(&w.op, "ctl", "policy a workspace").await.expect("ctl policy");
+    write(&w.op, "ctl", "policy a workspace")
+        .await
+        .expect("ctl policy");
     let payload = tool(
         "execute_code",
         json!({"language": "bash", "code": curl(&w.http("plain.test", "hello.txt")),
@@ -1402,7 +1713,9 @@ async fn an_approved_net_domain_grant_widens_only_that_runs_proxy() {
         )),
         "{r:?}"
     );
-    let rec = read(&w.a, &format!("proc/{}/record", r.pid())).await.unwrap();
+    let rec = read(&w.a, &format!("proc/{}/record", r.pid()))
+        .await
+        .unwrap();
     let rec: Value = serde_json::from_str(&rec).unwrap();
     assert_eq!(rec["layers"]["network"]["mode"], "proxy", "{rec}");
     assert_eq!(w.plain.connections(), 0, "{}", w.plain.report());
@@ -1433,13 +1746,15 @@ async fn a_session_cannot_reach_another_sessions_proxy() {
         return;
     };
     // B's run holds its listener open until the test writes to its FIFO.
-    let fifo = b.ws().join("go");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let go = fifo(&b, "go");
     let b_pid = run_bg(
         &b.a,
         &code(
             "bash",
-            &format!("echo ready; read line < go; {}", curl(&b.https("pypi.test", "hello.txt"))),
+            &format!(
+                "echo ready; read line < go; {}",
+                curl(&b.https("pypi.test", "hello.txt"))
+            ),
         ),
     )
     .await
@@ -1473,7 +1788,10 @@ async fn a_session_cannot_reach_another_sessions_proxy() {
     assert!(r.body.contains("hello from the origin"), "{r:?}");
     let a_ev = wait_net_events(&a.op, 1).await;
     assert_eq!(a_ev.len(), 1, "{a_ev:?}");
-    assert!(net_events(&b.op).await.is_empty(), "B's proxy heard of A's call");
+    assert!(
+        net_events(&b.op).await.is_empty(),
+        "B's proxy heard of A's call"
+    );
     assert_eq!(b.tls.connections() + b.plain.connections(), 0);
     if let Some(c) = &canary {
         assert_eq!(c.connections(), 0, "the host's 127.0.0.2:3128 was reached");
@@ -1482,25 +1800,18 @@ async fn a_session_cannot_reach_another_sessions_proxy() {
     }
 
     // B's run goes on and uses its own proxy.
-    let f = fifo.clone();
-    tokio::time::timeout(
-        IO_TIMEOUT,
-        tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            let mut w = std::fs::OpenOptions::new().write(true).open(f).unwrap();
-            w.write_all(b"go\n").unwrap();
-        }),
-    )
-    .await
-    .expect("B's run never read its FIFO")
-    .unwrap();
+    fifo_write(&go).await;
     let out = wait_out(&b.a, b_pid, "http_code=").await;
     assert!(out.contains("hello from the origin"), "{out}");
     let b_ev = wait_net_events(&b.op, 1).await;
     assert_eq!(b_ev.len(), 1, "{b_ev:?}");
     assert_eq!(b_ev[0]["call"], b_pid.to_string(), "{b_ev:?}");
     assert_eq!(b_ev[0]["port"], b.tls.port, "{b_ev:?}");
-    assert_eq!(net_events(&a.op).await.len(), 1, "A's proxy heard of B's call");
+    assert_eq!(
+        net_events(&a.op).await.len(),
+        1,
+        "A's proxy heard of B's call"
+    );
     assert_eq!(a.tls.saw_name("pypi.test"), 1, "{}", a.tls.report());
     assert_eq!(b.tls.saw_name("pypi.test"), 1, "{}", b.tls.report());
 }
@@ -1540,7 +1851,10 @@ async fn a_proxied_run_has_no_resolver_and_no_udp() {
         .await;
     assert!(!r.body.contains("getent=0"), "{r:?}");
     assert!(r.body.contains("getent="), "{r:?}");
-    assert!(r.body.contains("\n0\n") || r.body.starts_with("0\n"), "{r:?}");
+    assert!(
+        r.body.contains("\n0\n") || r.body.starts_with("0\n"),
+        "{r:?}"
+    );
     assert!(r.body.contains("comment=yes"), "{r:?}");
     assert!(r.body.contains("getaddrinfo failed: gaierror"), "{r:?}");
     assert!(!r.body.contains("resolved"), "{r:?}");
@@ -1572,11 +1886,24 @@ async fn the_resolver_files_are_readable_where_the_network_is_granted() {
         return;
     };
     let show = "cat /etc/resolv.conf; echo cat=$?; getent hosts localhost; echo getent=$?";
-    // mode = "all": the policy's read list lacks /etc/resolv.conf; it is readable anyway.
-    let r = w.sh(show).await;
-    assert!(r.body.contains(&host_conf), "{r:?}");
-    assert!(r.body.contains("cat=0"), "{r:?}");
-    assert!(r.body.contains("localhost") && r.body.contains("getent=0"), "{r:?}");
+    // Neither policy's read list has /etc/resolv.conf (nor /etc/gai.conf); under both it is
+    // readable anyway.
+    for p in ["all", "tcp"] {
+        write(&w.op, "ctl", &format!("policy a {p}"))
+            .await
+            .expect("ctl policy");
+        let r = w.sh(show).await;
+        assert!(r.body.contains(&host_conf), "{p}: {r:?}");
+        assert!(r.body.contains("cat=0"), "{p}: {r:?}");
+        assert!(
+            r.body.contains("localhost") && r.body.contains("getent=0"),
+            "{p}: {r:?}"
+        );
+        if Path::new("/etc/gai.conf").is_file() {
+            let r = w.sh("cat /etc/gai.conf >/dev/null; echo cat=$?").await;
+            assert!(r.body.contains("cat=0"), "{p}: {r:?}");
+        }
+    }
 
     // The shipped workspace policy (no network): not readable ...
     write(&w.op, "ctl", "policy a workspace")

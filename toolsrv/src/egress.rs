@@ -60,9 +60,10 @@ impl Egress {
         for (name, addrs) in &boot.resolve {
             let mut v = Vec::new();
             for a in addrs {
-                v.push(a.parse::<IpAddr>().map_err(|_| {
-                    format!("proxy.resolve.{name}: {a:?} is not an IP address")
-                })?);
+                v.push(
+                    a.parse::<IpAddr>()
+                        .map_err(|_| format!("proxy.resolve.{name}: {a:?} is not an IP address"))?,
+                );
             }
             if v.is_empty() {
                 return Err(format!("proxy.resolve.{name}: no address"));
@@ -175,9 +176,10 @@ struct Withdraw<'a> {
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            self.session
-                .broker
-                .withdraw(&id, "the run's connection ended before the operator answered");
+            self.session.broker.withdraw(
+                &id,
+                "the run's connection ended before the operator answered",
+            );
         }
     }
 }
@@ -257,20 +259,38 @@ mod tests {
 
     #[test]
     fn operator_settings_are_checked() {
-        let mut b = ProxyBoot::default();
-        b.allow_addresses = vec!["127.0.0.1/32".into(), "::1".into()];
-        b.resolve.insert("pypi.test".into(), vec!["127.0.0.1".into()]);
+        let pin = |name: &str, addr: &str| {
+            std::collections::BTreeMap::from([(name.to_owned(), vec![addr.to_owned()])])
+        };
+        let b = ProxyBoot {
+            allow_addresses: vec!["127.0.0.1/32".into(), "::1".into()],
+            resolve: pin("pypi.test", "127.0.0.1"),
+        };
         let e = Egress::new(&b).unwrap();
         assert_eq!(e.allow.len(), 2);
         assert_eq!(e.pins.len(), 1);
-        let mut bad = ProxyBoot::default();
-        bad.allow_addresses = vec!["10.0.0.0/33".into()];
-        assert!(Egress::new(&bad).unwrap_err().starts_with("proxy.allow_addresses[0]:"));
-        let mut bad = ProxyBoot::default();
-        bad.resolve.insert("pypi.test".into(), vec!["localhost".into()]);
-        assert!(Egress::new(&bad).unwrap_err().starts_with("proxy.resolve.pypi.test:"));
-        let mut bad = ProxyBoot::default();
-        bad.resolve.insert("a\u{0}.test".into(), vec!["127.0.0.1".into()]);
+        let bad = ProxyBoot {
+            allow_addresses: vec!["10.0.0.0/33".into()],
+            ..ProxyBoot::default()
+        };
+        assert!(
+            Egress::new(&bad)
+                .unwrap_err()
+                .starts_with("proxy.allow_addresses[0]:")
+        );
+        let bad = ProxyBoot {
+            resolve: pin("pypi.test", "localhost"),
+            ..ProxyBoot::default()
+        };
+        assert!(
+            Egress::new(&bad)
+                .unwrap_err()
+                .starts_with("proxy.resolve.pypi.test:")
+        );
+        let bad = ProxyBoot {
+            resolve: pin("a\u{0}.test", "127.0.0.1"),
+            ..ProxyBoot::default()
+        };
         assert!(Egress::new(&bad).is_err());
     }
 }

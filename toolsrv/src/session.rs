@@ -897,26 +897,7 @@ impl Session {
                     req.exec_fd = Some(pinned.exec);
                     req.pass_fds = pinned.pass_fds;
                     pinned_log = Some((pinned.exec_copied, pinned.scripts));
-                    let pr = Arc::clone(&proc);
-                    let policy = e.widened;
-                    // Proxied (the policy's own mode, or an approved net:DOMAIN on a closed
-                    // one): the run's listener is served for as long as it runs.
-                    let served = match &policy.network {
-                        Network::Proxy(_) => self.proxy_handoff(&proc, &policy).map(Some),
-                        _ => Ok(None),
-                    };
-                    match served {
-                        Err(why) => Err(why),
-                        Ok(served) => {
-                            req.proxy = served.as_ref().map(|s| s.handoff.clone());
-                            let r =
-                                tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
-                                    .await
-                                    .map_err(|e| format!("the runner thread failed: {e}"));
-                            drop(served);
-                            r
-                        }
-                    }
+                    self.run_approved(&proc, e.widened, req).await
                 }
             },
         };
@@ -956,6 +937,28 @@ impl Session {
         }
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "escalated process ended");
         self.procs.finish(&proc, f);
+    }
+
+    /// Runs an approved escalation's pinned `req` under `policy` (the widened one) on a
+    /// blocking thread. Proxied (the policy's own mode, or an approved `net:DOMAIN` on a
+    /// closed one): the run's listener is served for as long as it runs.
+    async fn run_approved(
+        self: &Arc<Self>,
+        proc: &Arc<Proc>,
+        policy: Policy,
+        mut req: RunRequest,
+    ) -> Result<Result<ollie_sandbox::RunOutput, SandboxError>, String> {
+        let served = match &policy.network {
+            Network::Proxy(_) => Some(self.proxy_handoff(proc, &policy)?),
+            _ => None,
+        };
+        req.proxy = served.as_ref().map(|s| s.handoff.clone());
+        let pr = Arc::clone(proc);
+        let r = tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
+            .await
+            .map_err(|e| format!("the runner thread failed: {e}"));
+        drop(served);
+        r
     }
 
     /// Waits until this session's running calls are seen stopped, then (when olliesrv holds
@@ -1319,7 +1322,11 @@ impl Session {
     /// The proxy of `proc`'s run under `policy` (a proxy mode one) and the handoff that
     /// serves the run's listener with it. The broker is the proxy's asker when the agent may
     /// ask for `net` (its policy, and its profile when it names kinds).
-    fn proxy_handoff(self: &Arc<Self>, proc: &Proc, policy: &Policy) -> Result<ProxyServed, String> {
+    fn proxy_handoff(
+        self: &Arc<Self>,
+        proc: &Proc,
+        policy: &Policy,
+    ) -> Result<ProxyServed, String> {
         let Network::Proxy(network) = &policy.network else {
             return Err("the run's policy has no proxy".into());
         };
