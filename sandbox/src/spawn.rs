@@ -616,6 +616,7 @@ pub fn probe() -> Probe {
         user_namespaces: sys::user_namespaces(),
         seccomp: sys::seccomp_available(),
         ipc_namespaces: sys::ipc_namespaces(),
+        network_namespaces: sys::network_namespaces(),
         cgroups: crate::cgroup::probe(),
         fuse: std::fs::OpenOptions::new()
             .read(true)
@@ -636,6 +637,9 @@ pub struct Probe {
     pub seccomp: bool,
     /// IPC namespaces may be created (optional: runs share the runner's otherwise).
     pub ipc_namespaces: bool,
+    /// Network namespaces may be created (runs under `network.mode = "proxy"` need one each;
+    /// without, they fail with the reason).
+    pub network_namespaces: bool,
     /// Whether runs get pids and memory cgroups here, and why not.
     pub cgroups: crate::cgroup::CgroupProbe,
     /// `/dev/fuse` can be opened (`o mount`; not the sandbox).

@@ -137,9 +137,8 @@ pub fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| format!("the proxy listener: {e}"))?;
     let task = rt.spawn(async move {
-        if let Err(e) = proxy.serve(listener, caller).await {
-            tracing::warn!(error = %e, "a run's proxy listener failed");
-        }
+        let Err(e) = proxy.serve(listener, caller).await;
+        tracing::warn!(error = %e, "a run's proxy listener failed");
     });
     Ok(Served(task.abort_handle()))
 }

@@ -219,7 +219,7 @@ fn lossy(argv: &[OsString]) -> Vec<String> {
 
 /// The `escalate` argument: exactly `{"grants": [..], "reason": ".."}`.
 fn parse_escalate(v: &serde_json::Value) -> Result<ollie_policy::EscalationRequest, String> {
-    const USAGE: &str = "escalate must be {\"grants\": [\"net:PORT\" | \"read:PATH\" | \"write:PATH\" | \"unsandboxed\", …], \"reason\": \"why\"}";
+    const USAGE: &str = "escalate must be {\"grants\": [\"net:PORT\" | \"net:DOMAIN\" | \"read:PATH\" | \"write:PATH\" | \"unsandboxed\", …], \"reason\": \"why\"}";
     let o = v.as_object().ok_or_else(|| USAGE.to_owned())?;
     if let Some(k) = o.keys().find(|k| *k != "grants" && *k != "reason") {
         return Err(format!(
