@@ -36,6 +36,8 @@ mod conn;
 mod doctor;
 #[path = "o/doctor_system.rs"]
 mod doctor_system;
+#[path = "o/egress.rs"]
+mod egress;
 #[path = "o/fuse.rs"]
 mod fuse;
 #[path = "o/mount.rs"]
@@ -241,6 +243,18 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     // stdin: forwarded (through the runner, never as the fd itself) when it is a pipe or a
     // file; a terminal is never handed to a tool, which then reads /dev/null.
     req.stdin_fd = ollie_sandbox::forwardable_stdin().map(std::sync::Arc::new);
+    // Proxied: the proxy a server would run, here, for as long as the run runs.
+    let _served = match egress::for_run(&policy) {
+        Ok(Some((handoff, served))) => {
+            req.proxy = Some(handoff);
+            Some(served)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("o sandbox: {}", one_line(&e));
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
     // Output is streamed live; the run's own capture (capped) only feeds the record.
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
