@@ -76,15 +76,7 @@ fn proxied() -> Policy {
 fn ok<T>(r: Result<T, SandboxError>) -> T {
     match r {
         Ok(o) => o,
-        Err(e) => {
-            let mut chain = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                chain.push_str(&format!(": {s}"));
-                src = s.source();
-            }
-            panic!("run failed: {chain}")
-        }
+        Err(e) => panic!("run failed: {}", common::error_chain(&e)),
     }
 }
 
