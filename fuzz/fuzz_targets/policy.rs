@@ -103,8 +103,17 @@ fuzz_target!(|data: &[u8]| {
         }
         (_, Network::All) => {}
         (Network::All, Network::Tcp { .. }) => panic!("the whole network opened by a layer"),
-        (Network::Tcp { .. } | Network::All, Network::Off) => {
+        (Network::Tcp { .. } | Network::All | Network::Proxy(_), Network::Off) => {
             panic!("network turned on by a layer")
+        }
+        (Network::Proxy(p), Network::Tcp { connect, .. }) => {
+            assert!(p.ports.is_subset(connect), "proxy ports widened");
+        }
+        (Network::Proxy(p), Network::Proxy(p0)) => {
+            assert!(p.within(p0), "proxy rules widened");
+        }
+        (Network::Tcp { .. } | Network::All, Network::Proxy(_)) => {
+            panic!("a proxied network opened by a layer")
         }
     }
     for p in &base.fs.protected {

@@ -69,6 +69,26 @@ pub struct Bootstrap {
     /// trees are on another host).
     #[serde(default)]
     pub hold_peers: bool,
+    /// The operator's settings for the egress proxy of runs under `network.mode = "proxy"`
+    /// (olliesrv's `[proxy]`).
+    #[serde(default)]
+    pub proxy: ProxyBoot,
+}
+
+/// The operator's egress proxy settings (`[proxy]` in olliesrv's `config.toml`): what only
+/// the operator may open, never a policy or an agent.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyBoot {
+    /// Address ranges (CIDR, or a single address) the proxy may connect to although they are
+    /// loopback, private, link-local, multicast or unspecified, e.g. `127.0.0.1/32` for
+    /// integration tests against local services.
+    #[serde(default)]
+    pub allow_addresses: Vec<String>,
+    /// Names the proxy resolves to these addresses without asking DNS (as curl's
+    /// `--resolve`): a pinned address still passes the address check.
+    #[serde(default)]
+    pub resolve: BTreeMap<String, Vec<String>>,
 }
 
 fn default_agent_procs() -> usize {
@@ -104,6 +124,7 @@ impl Bootstrap {
             read_grants: Vec::new(),
             hidden: Vec::new(),
             hold_peers: false,
+            proxy: ProxyBoot::default(),
         }
     }
 }

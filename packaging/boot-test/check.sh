@@ -95,6 +95,11 @@ check_run_record() {
 		die "seccomp not applied: $(printf '%s' "$rec" | jq -c .layers.seccomp)"
 	printf '%s' "$rec" | jq -e '.layers.no_new_privs == true and .layers.unsandboxed == false' >/dev/null ||
 		die "no_new_privs/unsandboxed wrong: $(printf '%s' "$rec" | jq -c '.layers | {no_new_privs, unsandboxed}')"
+	# Memory: the run's own memory cgroup, or (none in these units) memfd_create denied, so
+	# shared memory held by a file descriptor cannot escape RLIMIT_AS.
+	printf '%s' "$rec" | jq -e '.layers.memory.bound == "cgroup" or .layers.memory.memfd == "denied"' >/dev/null ||
+		die "memory unbounded: $(printf '%s' "$rec" | jq -c .layers.memory)"
+	note "memory $(printf '%s' "$rec" | jq -r '"\(.layers.memory.bound), memfd \(.layers.memory.memfd)"')"
 	note "Landlock $status (ABI $abi), seccomp $(printf '%s' "$rec" | jq -r '"\(.layers.seccomp.filters) filter(s), \(.layers.seccomp.allowed_syscalls) syscalls allowed"')"
 }
 

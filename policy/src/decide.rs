@@ -12,6 +12,10 @@ pub enum Grant {
     Net,
     /// TCP connect to one port.
     NetPort(u16),
+    /// Requests through the session's proxy to one domain pattern (normalised, as
+    /// [`crate::domains::DomainPattern`] spells it): what the proxy asks for a domain its
+    /// policy does not list ([`Network::Proxy`]).
+    NetDomain(String),
     /// Read access to a path.
     Read(PathBuf),
     /// Write access to a path.
@@ -26,7 +30,7 @@ impl Grant {
     /// The escalation kind this grant belongs to.
     pub fn kind(&self) -> EscalationKind {
         match self {
-            Grant::Net | Grant::NetPort(_) => EscalationKind::Net,
+            Grant::Net | Grant::NetPort(_) | Grant::NetDomain(_) => EscalationKind::Net,
             Grant::Read(_) => EscalationKind::Read,
             Grant::Write(_) => EscalationKind::Write,
             Grant::Unsandboxed => EscalationKind::Unsandboxed,
@@ -52,10 +56,18 @@ impl Grant {
             "unsandboxed" => return Ok(Grant::Unsandboxed),
             _ => {}
         }
-        if let Some(port) = s.strip_prefix("net:") {
-            return match parse_port(port) {
-                Ok(p) => Ok(Grant::NetPort(p)),
-                Err(why) => bad(why),
+        if let Some(rest) = s.strip_prefix("net:") {
+            // A domain has a dot (a single label is no public name); anything else is a port.
+            if !rest.contains('.') {
+                return match parse_port(rest) {
+                    Ok(p) => Ok(Grant::NetPort(p)),
+                    Err(why) => bad(why),
+                };
+            }
+            return match crate::domains::DomainPattern::parse(rest) {
+                Ok(d) if d.to_string() == rest => Ok(Grant::NetDomain(d.to_string())),
+                Ok(d) => bad(&format!("the domain is spelled net:{d}")),
+                Err(e) => bad(&e.to_string()),
             };
         }
         let (path, make): (&str, fn(PathBuf) -> Grant) = if let Some(p) = s.strip_prefix("read:") {
@@ -73,8 +85,7 @@ impl Grant {
 }
 
 /// The valid grant spellings, for error messages.
-const VALID_GRANTS: &str =
-    "net, net:<port 1..=65535>, read:<absolute path>, write:<absolute path>, unsandboxed";
+const VALID_GRANTS: &str = "net, net:<port 1..=65535>, net:<domain or *.domain>, read:<absolute path>, write:<absolute path>, unsandboxed";
 
 /// The offending input as shown in an error: quoted, escaped, and cut at 80 characters.
 fn shown(s: &str) -> String {
@@ -141,6 +152,7 @@ impl fmt::Display for Grant {
         match self {
             Grant::Net => f.write_str("net"),
             Grant::NetPort(p) => write!(f, "net:{p}"),
+            Grant::NetDomain(d) => write!(f, "net:{d}"),
             Grant::Read(p) => write!(f, "read:{}", p.display()),
             Grant::Write(p) => write!(f, "write:{}", p.display()),
             Grant::Unsandboxed => f.write_str("unsandboxed"),
@@ -168,6 +180,9 @@ pub enum DenyReason {
     SecretLocation(PathBuf),
     /// The policy does not let agents ask for this kind of escalation.
     KindNotAllowed(EscalationKind),
+    /// The domain is in the policy's `deny_domains` (deny wins: no human is asked), or the
+    /// network mode cannot reach domains (`tcp`: a proxied grant would take its ports away).
+    DomainRefused(String),
 }
 
 /// The outcome of [`decide`].
@@ -192,16 +207,29 @@ pub(crate) fn normal_abs(p: &std::path::Path) -> bool {
         && !p.as_os_str().as_encoded_bytes().contains(&0)
 }
 
+/// Why a `net:DOMAIN` grant can never be given under `network`, if so: a denied domain, or a
+/// TCP network (which a proxy would narrow).
+fn domain_refusal(network: &Network, d: &str) -> Option<String> {
+    match network {
+        Network::Proxy(p) => crate::proxynet::denied_by(d, p)
+            .map(|deny| format!("net:{d} is refused by the policy's deny_domains entry {deny}")),
+        Network::Tcp { .. } => Some(format!(
+            "net:{d} needs network.mode = \"proxy\" (or \"off\"); this policy's mode is \"tcp\""
+        )),
+        Network::Off | Network::All => None,
+    }
+}
+
 /// Decides an escalation request against a resolved policy.
 ///
 /// Order: empty → deny; malformed or secret paths → deny (no human can grant a secret);
 /// kinds the policy does not allow → deny; already covered → allow; else ask.
 ///
-/// Covered means: `net` by [`Network::All`] only; `net:PORT` by `All`, a TCP connect set
-/// holding `PORT` or a proxy whose ports hold it; `read:P` / `write:P` by the policy's rules
-/// ([`ResolvedPolicy::access_of`]); `unsandboxed` only by a policy an approved `unsandboxed`
-/// grant already widened ([`ResolvedPolicy::unsandboxed`]), which no policy file or layer can
-/// be, so for every stored policy it needs a human.
+/// Covered means: `net` by [`Network::All`] only; `net:PORT` by `All` or a TCP connect set
+/// holding `PORT`; `read:P` / `write:P` by the policy's rules ([`ResolvedPolicy::access_of`]);
+/// `unsandboxed` only by a policy an approved `unsandboxed` grant already widened
+/// ([`ResolvedPolicy::unsandboxed`]), which no policy file or layer can be, so for every
+/// stored policy it needs a human.
 pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
     if req.grants.is_empty() {
         return Decision::Deny(DenyReason::Empty);
@@ -217,6 +245,13 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
         }
     }
     for g in &req.grants {
+        if let Grant::NetDomain(d) = g
+            && let Some(why) = domain_refusal(&policy.network, d)
+        {
+            return Decision::Deny(DenyReason::DomainRefused(why));
+        }
+    }
+    for g in &req.grants {
         if !policy.policy.escalations.contains(&g.kind()) {
             return Decision::Deny(DenyReason::KindNotAllowed(g.kind()));
         }
@@ -226,8 +261,13 @@ pub fn decide(policy: &ResolvedPolicy, req: &EscalationRequest) -> Decision {
         Grant::NetPort(port) => match &policy.network {
             Network::Off => false,
             Network::Tcp { connect, .. } => connect.contains(port),
-            Network::Proxy(proxy) => proxy.ports.contains(port),
+            Network::Proxy(p) => p.ports.contains(port),
             Network::All => true,
+        },
+        Grant::NetDomain(d) => match &policy.network {
+            Network::All => true,
+            Network::Proxy(p) => crate::proxynet::pattern_allowed(d, p),
+            Network::Off | Network::Tcp { .. } => false,
         },
         Grant::Read(p) => policy.access_of(p).is_some(),
         Grant::Write(p) => policy.access_of(p) == Some(Access::ReadWrite),
@@ -327,12 +367,6 @@ mod tests {
         for port in [1, 22, 443, 8080, 65535] {
             assert_eq!(d(&all, Grant::NetPort(port)), Decision::Allow, "{port}");
         }
-        // Proxy: net:PORT where the proxy's ports hold it, net never.
-        let mut proxy = off.clone();
-        proxy.network = Network::Proxy(crate::ProxyNetwork::closed());
-        assert_eq!(d(&proxy, Grant::NetPort(443)), Decision::Allow);
-        assert!(asks(d(&proxy, Grant::NetPort(22))));
-        assert!(asks(d(&proxy, Grant::Net)));
         // unsandboxed: never covered by a stored policy, however wide its network.
         for p in [&off, &tcp, &all] {
             assert!(asks(d(p, Grant::Unsandboxed)), "{:?}", p.network);
@@ -394,6 +428,11 @@ mod tests {
             ("write:/w/out", Grant::Write("/w/out".into())),
             ("write:/tmp/a b/ü", Grant::Write("/tmp/a b/ü".into())),
             ("unsandboxed", Grant::Unsandboxed),
+            ("net:pypi.org", Grant::NetDomain("pypi.org".into())),
+            (
+                "net:*.pythonhosted.org",
+                Grant::NetDomain("*.pythonhosted.org".into()),
+            ),
         ] {
             assert_eq!(Grant::parse(s), Ok(g.clone()), "{s}");
             assert_eq!(g.to_string(), s);
@@ -412,6 +451,8 @@ mod tests {
             ("net:0x50", "decimal digits only"),
             ("net:080", "leading zeros"),
             ("net:", "the port is missing"),
+            ("net:PyPI.org", "the domain is spelled net:pypi.org"),
+            ("net:*.org", "broad"),
             ("read:relative", "must be absolute"),
             ("read:/a/../b", "`.` or `..`"),
             ("read:/a/./b", "`.` or `..`"),

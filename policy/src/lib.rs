@@ -17,6 +17,10 @@
 //!   policy file or layer can produce.
 //! - [`decide()`] is a pure function from a policy and an escalation request to a
 //!   [`Decision`] (`Allow | Deny(reason) | NeedsApproval(request)`).
+//! - [`domains`] holds the egress proxy's pure half: a host is compared only in its one
+//!   normalised form ([`domains::normalize_host`]: lower case, punycode, canonical IP literals,
+//!   NUL, `%`, `@`, ports and look-alike scripts refused), and [`domains::DomainRules::decide`]
+//!   lets a deny pattern win over an allow pattern.
 //!
 //! Not guaranteed here: enforcement. This crate does no I/O and knows nothing about the kernel;
 //! `ollie-sandbox` turns a [`ResolvedPolicy`] into Landlock rules, seccomp filters, mounts and
@@ -27,9 +31,10 @@
 #![forbid(unsafe_code)]
 
 mod decide;
+pub mod domains;
 mod model;
 mod narrow;
-mod proxynet;
+pub mod proxynet;
 mod raw;
 pub mod secrets;
 pub mod syscalls;
@@ -38,8 +43,8 @@ mod widen;
 pub use decide::{Decision, DenyReason, EscalationRequest, Grant, decide};
 pub use model::{
     Access, DEFAULT_LANDLOCK_MIN_ABI, EnvPolicy, EscalationKind, FsRules, Limits,
-    MAX_DENIED_SYSCALLS, Network, PathAnchor, PathTemplate, Policy, PolicyError, ResolveContext,
-    ResolvedFs, ResolvedPolicy, SyscallProfile, Syscalls, env_name_is_forbidden,
+    MAX_DENIED_SYSCALLS, Network, PathAnchor, PathTemplate, Policy, PolicyError, RESOLVER_FILES,
+    ResolveContext, ResolvedFs, ResolvedPolicy, SyscallProfile, Syscalls, env_name_is_forbidden,
 };
 pub use narrow::{Layer, NarrowError};
 pub use proxynet::{PROXY_PORT, ProxyNetwork};
@@ -57,6 +62,10 @@ pub const SHIPPED_PROFILES: &[(&str, &str)] = &[
     (
         "network",
         include_str!("../../packaging/policy/network.toml"),
+    ),
+    (
+        "packages",
+        include_str!("../../packaging/policy/packages.toml"),
     ),
 ];
 
@@ -188,7 +197,7 @@ mod tests {
         let e = resolve_profile("workspace", Some(dir.path())).unwrap_err();
         assert!(
             e.ends_with(
-                "workspace.toml: \"workspace\" is a shipped policy and cannot be redefined; use another name (shipped: readonly, workspace, network)"
+                "workspace.toml: \"workspace\" is a shipped policy and cannot be redefined; use another name (shipped: readonly, workspace, network, packages)"
             ),
             "{e}"
         );

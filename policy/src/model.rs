@@ -161,11 +161,14 @@ pub struct FsRules {
     pub read_all: bool,
 }
 
-/// Network policy, from narrowest to widest: `Off` < `Tcp { .. }` < `All` (a layer may only
-/// move down this order: [`Policy::narrow`]).
+/// Network policy, from narrowest to widest: `Off` < `Proxy(..)`, `Tcp { .. }` < `All` (a
+/// layer may only move down this order: [`Policy::narrow`]; a proxy layer on a TCP base keeps
+/// only ports the base lists).
 ///
 /// In a policy file: `network.mode = "off"` (the default; no port lists), `"tcp"` (with
-/// `connect` and `bind` port lists) or `"all"` (no port lists: every port is allowed).
+/// `connect` and `bind` port lists), `"proxy"` (with `allow_domains`, `deny_domains`,
+/// `presets` and `ports`: [`crate::proxynet`]) or `"all"` (no port lists: every port is
+/// allowed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Network {
     /// No sockets except AF_UNIX socketpairs; no connect/bind/listen.
@@ -177,15 +180,57 @@ pub enum Network {
         /// Ports that may be bound.
         bind: BTreeSet<u16>,
     },
+    /// Egress by domain: the run has a network namespace of its own whose only peer is the
+    /// session's proxy at `127.0.0.1:`[`crate::PROXY_PORT`]; the proxy allows a request by its
+    /// domain and port ([`crate::ProxyNetwork`]). TCP sockets only, connect to the proxy's
+    /// port only, no bind.
+    Proxy(crate::ProxyNetwork),
     /// The host network: TCP and UDP over IPv4 and IPv6 to any host and port (so DNS over
     /// UDP works), bind and listen allowed, ports unfiltered. Raw, packet, netlink and
     /// AF_UNIX sockets stay denied, as under `Tcp`. What an approved `net` grant gives
     /// ([`ResolvedPolicy::with_grants`]).
     All,
-    /// A network namespace of the tool's own whose only way out is the session's proxy at
-    /// `127.0.0.1:`[`crate::PROXY_PORT`] (TCP connect to that port only, no bind, no UDP);
-    /// the proxy decides which domains and ports it reaches.
-    Proxy(crate::ProxyNetwork),
+}
+
+impl Network {
+    /// Whether runs use the host's resolver: TCP or the whole host network. Their policy then
+    /// reads [`RESOLVER_FILES`] too ([`Policy::resolve`], and so every widened copy), since a
+    /// name that cannot be resolved makes the granted network useless. Under `Proxy` the
+    /// proxy resolves, and under `Off` there is nothing to reach.
+    pub fn uses_host_resolver(&self) -> bool {
+        matches!(self, Network::Tcp { .. } | Network::All)
+    }
+}
+
+/// What the C library's resolver reads (glibc and musl): the name service switch, the hosts
+/// file, the resolver configuration and address sorting, and systemd-resolved's stub file,
+/// which `/etc/resolv.conf` usually links to (a rule on a link also covers its target; the
+/// stub is named for hosts where a tool opens it directly). Read-only; none holds a secret.
+pub const RESOLVER_FILES: &[&str] = &[
+    "/etc/resolv.conf",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/run/systemd/resolve/stub-resolv.conf",
+    "/run/systemd/resolve/resolv.conf",
+];
+
+/// Adds read rules for [`RESOLVER_FILES`] a policy does not cover yet.
+pub(crate) fn add_resolver_reads(fs: &mut ResolvedFs) {
+    for f in RESOLVER_FILES {
+        let p = Path::new(f);
+        let covered = fs.read_all
+            || fs
+                .read
+                .iter()
+                .chain(&fs.exec)
+                .chain(&fs.write)
+                .any(|r| p.starts_with(r));
+        if !covered {
+            fs.read.push(p.to_path_buf());
+        }
+    }
 }
 
 /// The seccomp profile.
@@ -408,7 +453,7 @@ fn positive(key: &str, v: Option<i64>, default: u64, max: u64) -> Result<u64, Po
     }
 }
 
-fn port(key: &str, v: i64) -> Result<u16, PolicyError> {
+pub(crate) fn port(key: &str, v: i64) -> Result<u16, PolicyError> {
     u16::try_from(v)
         .ok()
         .filter(|p| *p != 0)
@@ -488,7 +533,12 @@ fn fs_rules(raw: &RawFs) -> Result<FsRules, PolicyError> {
 
 /// `network`: the mode and, for `tcp`, its port lists.
 fn network(raw: &RawNetwork) -> Result<Network, PolicyError> {
+    let mode = raw.mode.as_deref().unwrap_or("off");
+    if mode != "proxy" {
+        crate::proxynet::refuse_proxy_keys(raw, mode)?;
+    }
     Ok(match raw.mode.as_deref() {
+        Some("proxy") => Network::Proxy(crate::proxynet::parse(raw)?),
         None | Some("off") => {
             if !raw.connect.is_empty() || !raw.bind.is_empty() {
                 return Err(invalid(
@@ -526,7 +576,7 @@ fn network(raw: &RawNetwork) -> Result<Network, PolicyError> {
         Some(m) => {
             return Err(invalid(
                 "network.mode",
-                format!("unknown mode {m:?} (valid: off, tcp, all)"),
+                format!("unknown mode {m:?} (valid: off, tcp, proxy, all)"),
             ));
         }
     })
@@ -797,6 +847,9 @@ impl Policy {
                 out.push(p);
             }
         }
+        if self.network.uses_host_resolver() {
+            add_resolver_reads(&mut fs);
+        }
         let subst = |v: &str| {
             v.replace("{workdir}", &ctx.workdir.to_string_lossy())
                 .replace("{home}", &ctx.home.to_string_lossy())
@@ -1033,7 +1086,7 @@ mod tests {
         assert!(err("[network]\nmode = \"all\"\nbind = [8080]").starts_with("network.bind:"));
         for bad in ["ALL", "any", "unsandboxed", "all "] {
             let e = err(&format!("[network]\nmode = {bad:?}"));
-            assert!(e.ends_with("(valid: off, tcp, all)"), "{e}");
+            assert!(e.ends_with("(valid: off, tcp, proxy, all)"), "{e}");
         }
         // There is no key that turns the sandbox off.
         for text in [

@@ -49,6 +49,17 @@ pub(crate) struct RawNetwork {
     pub connect: Vec<i64>,
     #[serde(default)]
     pub bind: Vec<i64>,
+    /// `mode = "proxy"` only: domain patterns requests may reach.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
+    /// `mode = "proxy"` only: domain patterns refused even when allowed.
+    #[serde(default)]
+    pub deny_domains: Vec<String>,
+    /// `mode = "proxy"` only: named lists of domains to allow.
+    #[serde(default)]
+    pub presets: Vec<String>,
+    /// `mode = "proxy"` only: the ports requests may reach (default 80 and 443).
+    pub ports: Option<Vec<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

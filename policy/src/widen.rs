@@ -10,7 +10,7 @@ use crate::model::{Access, Network, PathTemplate, Policy, ResolveContext, Resolv
 use std::collections::BTreeSet;
 
 /// `net:PORT` on a network: `Off` becomes TCP with just that connect port (and no bind
-/// ports), TCP gains the connect port, the proxy may connect to the port, `All` already
+/// ports), TCP gains the connect port, the proxy may reach that port too, `All` already
 /// allows it.
 fn add_connect_port(network: &mut Network, port: u16) {
     match network {
@@ -23,11 +23,41 @@ fn add_connect_port(network: &mut Network, port: u16) {
         Network::Tcp { connect, .. } => {
             connect.insert(port);
         }
-        Network::Proxy(proxy) => {
-            proxy.ports.insert(port);
+        // Through the proxy: requests may reach that port too.
+        Network::Proxy(p) => {
+            p.ports.insert(port);
         }
         Network::All => {}
     }
+}
+
+/// `net:DOMAIN` on a network: `Off` becomes the proxy mode reaching just that domain (on the
+/// default ports), the proxy mode allows it too, `All` already reaches it. Refused under
+/// `Tcp` (a proxied network would take its direct ports away) and for a domain the proxy
+/// mode denies (deny wins).
+fn add_domain(network: &mut Network, d: &str) -> Result<(), String> {
+    match network {
+        Network::Off => {
+            let mut p = crate::ProxyNetwork::closed();
+            p.allow.insert(d.to_owned());
+            *network = Network::Proxy(p);
+        }
+        Network::Proxy(p) => {
+            if let Some(deny) = crate::proxynet::denied_by(d, p) {
+                return Err(format!(
+                    "net:{d}: refused by the policy's deny_domains entry {deny}"
+                ));
+            }
+            p.allow.insert(d.to_owned());
+        }
+        Network::Tcp { .. } => {
+            return Err(format!(
+                "net:{d}: domains need network.mode = \"proxy\" (or \"off\"); this policy's mode is \"tcp\""
+            ));
+        }
+        Network::All => {}
+    }
+    Ok(())
 }
 
 impl ResolvedPolicy {
@@ -95,9 +125,13 @@ impl ResolvedPolicy {
                 }
                 Grant::NetPort(0) => return Err("net:0: port 0 is not a port".to_string()),
                 Grant::NetPort(port) => add_connect_port(&mut out.network, *port),
+                Grant::NetDomain(d) => add_domain(&mut out.network, d)?,
                 Grant::Net => out.network = Network::All,
                 Grant::Unsandboxed => out.set_unsandboxed(),
             }
+        }
+        if out.network.uses_host_resolver() {
+            crate::model::add_resolver_reads(&mut out.fs);
         }
         Ok(out)
     }
@@ -135,6 +169,7 @@ impl Policy {
                     }
                 }
                 Grant::NetPort(port) => add_connect_port(&mut out.network, *port),
+                Grant::NetDomain(d) => add_domain(&mut out.network, d)?,
                 Grant::Net => out.network = Network::All,
                 Grant::Unsandboxed => out.set_unsandboxed(),
             }
@@ -270,6 +305,7 @@ mod tests {
             connect: BTreeSet::from([22, 443]),
             bind: BTreeSet::from([8080]),
         };
+        crate::model::add_resolver_reads(&mut expected.fs);
         assert_eq!(after, expected);
 
         let off = pol("[fs]\nwrite=[\"{workdir}\"]");
@@ -280,16 +316,8 @@ mod tests {
             connect: BTreeSet::from([443]),
             bind: BTreeSet::new(),
         };
+        crate::model::add_resolver_reads(&mut expected.fs);
         assert_eq!(after, expected);
-
-        // Under the proxy the port is one more the proxy may connect to.
-        let mut proxy = off.clone();
-        proxy.network = Network::Proxy(crate::ProxyNetwork::closed());
-        let after = proxy.with_grants(&[g("net:22")]).unwrap();
-        let Network::Proxy(p) = &after.network else {
-            panic!("{:?}", after.network);
-        };
-        assert_eq!(p.ports, BTreeSet::from([22, 80, 443]));
     }
 
     #[test]
@@ -308,6 +336,7 @@ mod tests {
                 let after = before.with_grants(&grants).unwrap();
                 let mut expected = before.clone();
                 expected.network = Network::All;
+                crate::model::add_resolver_reads(&mut expected.fs);
                 assert_eq!(after, expected, "{text}: {grants:?}");
                 assert!(!after.unsandboxed());
             }
@@ -497,7 +526,7 @@ mod tests {
                     secrets::secret_containing(p, Path::new("/home/u")).is_some()
                         || (matches!(g, Grant::Write(_)) && p.starts_with("/w/.git"))
                 }
-                Grant::Net | Grant::NetPort(_) | Grant::Unsandboxed => false,
+                Grant::Net | Grant::NetPort(_) | Grant::NetDomain(_) | Grant::Unsandboxed => false,
             });
             prop_assert_eq!(result.is_err(), refusable, "{:?}", result);
             let Ok(after) = result else { return Ok(()) };
@@ -512,7 +541,11 @@ mod tests {
             prop_assert!(after.fs.write.starts_with(&before.fs.write));
             // Each added rule is one of the grants.
             for p in &after.fs.read[before.fs.read.len()..] {
-                prop_assert!(grants.contains(&Grant::Read(p.clone())));
+                prop_assert!(
+                    grants.contains(&Grant::Read(p.clone()))
+                        || crate::RESOLVER_FILES.iter().any(|f| p.as_path() == Path::new(f)),
+                    "{} was added", p.display()
+                );
             }
             for p in &after.fs.write[before.fs.write.len()..] {
                 prop_assert!(grants.contains(&Grant::Write(p.clone())));

@@ -11,6 +11,7 @@
 //!
 //! - [`auth`]: Tauth with per-identity secrets derived from the master key.
 //! - [`binding`]: what an approval is bound to (argv, cwd, environment, file hashes).
+//! - [`egress`]: the proxy of runs under `network.mode = "proxy"` (egress by domain).
 //! - [`fs`]: the tree (`ctl`, `tools`, `info`, `bypass/`, `proc/`).
 //! - [`session`]: policies, prepared sandboxes, agents' tool sets, starting processes.
 //! - [`procs`]: the bounded process table and the completion log.
@@ -20,6 +21,7 @@
 pub mod auth;
 pub mod binding;
 pub mod broker;
+pub mod egress;
 pub mod fs;
 pub mod payload;
 pub mod procs;

@@ -119,6 +119,8 @@ pub struct Session {
     /// This session's escalations waiting for olliesrv to say the other sessions are held
     /// (`ctl held ID` sends true, `ctl unheld ID` false), by hold id.
     peer_waits: Mutex<HashMap<String, tokio::sync::oneshot::Sender<bool>>>,
+    /// The operator's settings for the proxy of runs under `network.mode = "proxy"`.
+    egress: crate::egress::Egress,
 }
 
 /// A hold id: 32 lowercase hex digits.
@@ -332,7 +334,9 @@ impl Session {
                 policies.keys().cloned().collect::<Vec<_>>().join(", ")
             )));
         }
+        let egress = crate::egress::Egress::new(&boot.proxy).map_err(SetupError::Invalid)?;
         Ok(Session {
+            egress,
             id: boot.session,
             workdir,
             home: boot.home,
@@ -706,6 +710,7 @@ impl Session {
                     DenyReason::KindNotAllowed(k) => {
                         format!("this agent's policy does not let it ask for {k}")
                     }
+                    DenyReason::DomainRefused(why) => why,
                 };
                 return Err(format!(
                     "escalation refused without asking: {why}; nothing was run"
@@ -894,9 +899,24 @@ impl Session {
                     pinned_log = Some((pinned.exec_copied, pinned.scripts));
                     let pr = Arc::clone(&proc);
                     let policy = e.widened;
-                    tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
-                        .await
-                        .map_err(|e| format!("the runner thread failed: {e}"))
+                    // Proxied (the policy's own mode, or an approved net:DOMAIN on a closed
+                    // one): the run's listener is served for as long as it runs.
+                    let served = match &policy.network {
+                        Network::Proxy(_) => self.proxy_handoff(&proc, &policy).map(Some),
+                        _ => Ok(None),
+                    };
+                    match served {
+                        Err(why) => Err(why),
+                        Ok(served) => {
+                            req.proxy = served.as_ref().map(|s| s.handoff.clone());
+                            let r =
+                                tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
+                                    .await
+                                    .map_err(|e| format!("the runner thread failed: {e}"));
+                            drop(served);
+                            r
+                        }
+                    }
                 }
             },
         };
@@ -1235,6 +1255,30 @@ impl Session {
             );
             Some(one.lock_owned().await)
         };
+        // A proxied run has a listener of its own, so each request through it is known by
+        // its call: it runs one-shot (a prepared sandbox's calls would share one).
+        if let Some(p) = self.policies.get(&policy)
+            && matches!(p.network, Network::Proxy(_))
+        {
+            let p = p.clone();
+            let result = match self.proxy_handoff(&proc, &p) {
+                Err(why) => Err(SandboxError::InvalidRequest { reason: why }),
+                Ok(served) => {
+                    let mut req = self.request(&proc, inv, cwd);
+                    req.unions = unions;
+                    req.proxy = Some(served.handoff.clone());
+                    let r = on_runner(&proc, move |sink| {
+                        ollie_sandbox::run_streaming(&p, &req, sink)
+                    })
+                    .await;
+                    drop(served);
+                    r
+                }
+            };
+            let f = finish_of(&proc, &render, result);
+            self.procs.finish(&proc, f);
+            return;
+        }
         let result = match self.prepared(&policy, &points).await {
             Err(e) => Err(SandboxError::InvalidRequest {
                 reason: format!("the sandbox for policy {policy} could not be set up: {e}"),
@@ -1255,6 +1299,54 @@ impl Session {
         let f = finish_of(&proc, &render, result);
         tracing::debug!(pid = proc.id, owner = %proc.owner, tool = %proc.tool, state = f.state(), "process ended");
         self.procs.finish(&proc, f);
+    }
+}
+
+/// A proxied run's handoff ([`ollie_sandbox::ProxyHandoff`]): it starts serving the run's
+/// listener with the run's proxy; dropping this stops serving (the run is over).
+struct ProxyServed {
+    handoff: ollie_sandbox::ProxyHandoff,
+    served: Arc<Mutex<Option<crate::egress::Served>>>,
+}
+
+impl Drop for ProxyServed {
+    fn drop(&mut self) {
+        lock(&self.served).take();
+    }
+}
+
+impl Session {
+    /// The proxy of `proc`'s run under `policy` (a proxy mode one) and the handoff that
+    /// serves the run's listener with it. The broker is the proxy's asker when the agent may
+    /// ask for `net` (its policy, and its profile when it names kinds).
+    fn proxy_handoff(self: &Arc<Self>, proc: &Proc, policy: &Policy) -> Result<ProxyServed, String> {
+        let Network::Proxy(network) = &policy.network else {
+            return Err("the run's policy has no proxy".into());
+        };
+        let may_ask = policy
+            .escalations
+            .contains(&ollie_policy::EscalationKind::Net)
+            && self
+                .cfg(&proc.owner)
+                .escalations
+                .is_none_or(|kinds| kinds.contains("net"));
+        let proxy = self.egress.proxy_for(self, network, may_ask)?;
+        let caller = ollie_proxy::Caller {
+            agent: proc.owner.clone(),
+            call: proc.id.to_string(),
+            command: proc.summary.clone(),
+        };
+        let rt = tokio::runtime::Handle::current();
+        let served: Arc<Mutex<Option<crate::egress::Served>>> = Arc::new(Mutex::new(None));
+        let slot = Arc::clone(&served);
+        let handoff = ollie_sandbox::ProxyHandoff::new(move |listener| {
+            match crate::egress::serve(&rt, Arc::clone(&proxy), listener, caller.clone()) {
+                Ok(s) => *lock(&slot) = Some(s),
+                // The listener is dropped: the tool's connections are refused.
+                Err(e) => tracing::warn!(error = %e, "a run's proxy could not be served"),
+            }
+        });
+        Ok(ProxyServed { handoff, served })
     }
 }
 

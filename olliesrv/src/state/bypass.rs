@@ -468,6 +468,13 @@ impl Bypass {
                 let v = serde_json::from_str(&text).unwrap_or(v);
                 self.add(session, v, text);
             } else {
+                if v.get("event").and_then(Value::as_str) == Some("net")
+                    && let (Some(s), Value::Object(fields)) = (names.upgrade(), &v)
+                {
+                    let mut fields = fields.clone();
+                    fields.remove("event");
+                    s.net.emit("net", fields);
+                }
                 self.event(session, v);
             }
         })

@@ -140,6 +140,7 @@ impl Registry {
             cost_cap: Mutex::new(None),
             store: Arc::clone(&self.store),
             saving: Mutex::new(()),
+            net: crate::state::events::Events::new(),
         })
     }
 

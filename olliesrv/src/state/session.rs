@@ -836,6 +836,10 @@ pub struct Session {
     pub(crate) store: Arc<Store>,
     /// As [`Agent::saving`], for [`Session::save`].
     pub(crate) saving: Mutex<()>,
+    /// The egress proxy's decisions for this session's runs (`net` events of its toolsrv's
+    /// `bypass/log`), as `session/NAME/net` streams them: the last
+    /// [`crate::state::events::RING`] kept.
+    pub net: crate::state::events::Events,
 }
 
 impl Session {

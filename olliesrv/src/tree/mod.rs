@@ -458,6 +458,8 @@ impl Filesystem for OllieFs {
                 fid.content = Some(Bytes::from(self.shared.last_error(&fid.user)));
             }
             Node::R(RootFile::Eventwait) => fid.cursor = self.shared.events.cursor(),
+            // From the oldest decision kept.
+            Node::S(_, SFile::Net) => fid.cursor = 0,
             Node::R(RootFile::SessionIdx) => fid.content = Some(Bytes::from(self.sessions_idx())),
             Node::R(RootFile::BypassAudit) => fid.content = Some(self.reg().bypass.audit_text()),
             Node::R(RootFile::SkillsIdx) => {
@@ -553,6 +555,7 @@ impl Filesystem for OllieFs {
                 Ok(Bytes::new())
             }
             Node::R(RootFile::BypassPending | RootFile::Eventwait)
+            | Node::S(_, SFile::Net)
             | Node::A(_, AFile::Statewait | AFile::Feed) => {
                 if fid.pending.is_empty() && !self.next_value(fid, &node).await? {
                     return Ok(Bytes::new());

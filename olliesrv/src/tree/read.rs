@@ -8,7 +8,7 @@ use ollie_p9::util::{DirSnapshot, read_at};
 use ollie_p9::wire::{Qid, Stat, dm, qt};
 
 use super::node::{Node, OllieFid};
-use super::table::{AFile, RootFile};
+use super::table::{AFile, RootFile, SFile};
 use super::union;
 use super::{GROUP, OllieFs, err};
 
@@ -109,6 +109,13 @@ impl OllieFs {
                 fid.pending = Bytes::from(shown.as_bytes().to_vec());
             }
             Node::R(RootFile::Eventwait) => match self.shared.events.next_after(fid.cursor).await {
+                Some((seq, line)) => {
+                    fid.cursor = seq;
+                    fid.pending = Bytes::from(line);
+                }
+                None => return Ok(false),
+            },
+            Node::S(s, SFile::Net) => match s.net.next_after(fid.cursor).await {
                 Some((seq, line)) => {
                     fid.cursor = seq;
                     fid.pending = Bytes::from(line);

@@ -46,6 +46,7 @@ pub enum SFile {
     Ns,
     NsCtl,
     NsTable,
+    Net,
 }
 
 /// Files of an agent directory.
@@ -253,6 +254,12 @@ pub const SESSION_FILES: &[FileDef<SFile>] = &[
         SFile::Toolsrv,
         dm::DIR | 0o500,
         "the session's toolsrv tree (owner only): read-only views, and bypass/ for approvals",
+    ),
+    f(
+        "net",
+        SFile::Net,
+        0o400,
+        "the egress proxy's decisions for this session's runs (owner only), one JSON object per line: time, agent, call, command, method, domain, port, address, verdict, reason, bytes_up, bytes_down, duration_ms; the last 1024, then each as it happens (a read blocks until the next)",
     ),
     f(
         "ns",
