@@ -6,7 +6,7 @@ use crate::error::{SandboxError, cstr, io_err};
 use crate::landlock;
 use crate::mounts::MountPlan;
 use crate::placeholder::Protected;
-use crate::proxy::NetworkRecord;
+use crate::record::NetworkRecord;
 use crate::record::{Layers, LimitsRecord, MountRecord, RunOutput, RusageRecord};
 use crate::request::{
     CancelWatch, MAX_PASS_FDS, RunRequest, Stream, ToolEnv, canonical_workdir, child_fault,
@@ -155,7 +155,8 @@ pub fn run_streaming(
         && let Some(handoff) = &req.proxy
     {
         // Before the tool exists: the caller serves the listener from here on.
-        let listener = crate::proxy::receive_listener(&sync_w, &err_r, &shot.program, &shot.cwd)?;
+        let listener =
+            crate::supervise::take_proxy_listener(&sync_w, &err_r, &shot.program, &shot.cwd)?;
         handoff.hand(listener);
     }
     drop(sync_w);

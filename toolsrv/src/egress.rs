@@ -59,9 +59,10 @@ impl Egress {
         for (name, addrs) in &boot.resolve {
             let mut v = Vec::new();
             for a in addrs {
-                v.push(a.parse::<IpAddr>().map_err(|_| {
-                    format!("proxy.resolve.{name}: {a:?} is not an IP address")
-                })?);
+                v.push(
+                    a.parse::<IpAddr>()
+                        .map_err(|_| format!("proxy.resolve.{name}: {a:?} is not an IP address"))?,
+                );
             }
             if v.is_empty() {
                 return Err(format!("proxy.resolve.{name}: no address"));
@@ -173,9 +174,10 @@ struct Withdraw<'a> {
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            self.session
-                .broker
-                .withdraw(&id, "the run's connection ended before the operator answered");
+            self.session.broker.withdraw(
+                &id,
+                "the run's connection ended before the operator answered",
+            );
         }
     }
 }
@@ -207,7 +209,8 @@ impl Asker for BrokerAsker {
                 )
                 .into(),
             );
-            let digest = ollie_link::bypass::sha256_hex(format!("net-domain\0{}", r.domain).as_bytes());
+            let digest =
+                ollie_link::bypass::sha256_hex(format!("net-domain\0{}", r.domain).as_bytes());
             let asked = s.broker.ask(Ask {
                 agent: r.caller.agent.clone(),
                 digest,
@@ -253,18 +256,29 @@ mod tests {
     fn operator_settings_are_checked() {
         let mut b = ProxyBoot::default();
         b.allow_addresses = vec!["127.0.0.1/32".into(), "::1".into()];
-        b.resolve.insert("pypi.test".into(), vec!["127.0.0.1".into()]);
+        b.resolve
+            .insert("pypi.test".into(), vec!["127.0.0.1".into()]);
         let e = Egress::new(&b).unwrap();
         assert_eq!(e.allow.len(), 2);
         assert_eq!(e.pins.len(), 1);
         let mut bad = ProxyBoot::default();
         bad.allow_addresses = vec!["10.0.0.0/33".into()];
-        assert!(Egress::new(&bad).unwrap_err().starts_with("proxy.allow_addresses[0]:"));
+        assert!(
+            Egress::new(&bad)
+                .unwrap_err()
+                .starts_with("proxy.allow_addresses[0]:")
+        );
         let mut bad = ProxyBoot::default();
-        bad.resolve.insert("pypi.test".into(), vec!["localhost".into()]);
-        assert!(Egress::new(&bad).unwrap_err().starts_with("proxy.resolve.pypi.test:"));
+        bad.resolve
+            .insert("pypi.test".into(), vec!["localhost".into()]);
+        assert!(
+            Egress::new(&bad)
+                .unwrap_err()
+                .starts_with("proxy.resolve.pypi.test:")
+        );
         let mut bad = ProxyBoot::default();
-        bad.resolve.insert("a\u{0}.test".into(), vec!["127.0.0.1".into()]);
+        bad.resolve
+            .insert("a\u{0}.test".into(), vec!["127.0.0.1".into()]);
         assert!(Egress::new(&bad).is_err());
     }
 }

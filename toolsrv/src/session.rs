@@ -1319,7 +1319,11 @@ impl Session {
     /// The proxy of `proc`'s run under `policy` (a proxy mode one) and the handoff that
     /// serves the run's listener with it. The broker is the proxy's asker when the agent may
     /// ask for `net` (its policy, and its profile when it names kinds).
-    fn proxy_handoff(self: &Arc<Self>, proc: &Proc, policy: &Policy) -> Result<ProxyServed, String> {
+    fn proxy_handoff(
+        self: &Arc<Self>,
+        proc: &Proc,
+        policy: &Policy,
+    ) -> Result<ProxyServed, String> {
         let Network::Proxy(network) = &policy.network else {
             return Err("the run's policy has no proxy".into());
         };
