@@ -489,6 +489,7 @@ async fn a_port_not_listed_is_refused_without_asking() {
         assert!(response.contains("port not allowed"), "{response}");
     }
     assert_eq!(asker.asked.load(Ordering::SeqCst), 0);
+    assert_eq!(echo.connections.load(Ordering::SeqCst), 0);
     assert_eq!(p.events.wait(2).await[1].verdict, Verdict::Refused);
 }
 
