@@ -90,10 +90,10 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &r {
-            if let Some(data) = frame.data_ref() {
-                this.count.fetch_add(data.len() as u64, Ordering::Relaxed);
-            }
+        if let Poll::Ready(Some(Ok(frame))) = &r
+            && let Some(data) = frame.data_ref()
+        {
+            this.count.fetch_add(data.len() as u64, Ordering::Relaxed);
         }
         r
     }

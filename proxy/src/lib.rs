@@ -43,6 +43,7 @@ mod forward;
 mod resolve;
 mod server;
 pub mod sni;
+mod splice;
 mod tunnel;
 
 pub use address::{AddressPolicy, AddressRefusal, AddressVerdict, address_class};
