@@ -103,3 +103,11 @@ pub(crate) struct RawEscalations {
     #[serde(default)]
     pub allow: Vec<String>,
 }
+
+/// A port number from a policy file: `1..=65535`, or why not.
+pub(crate) fn port_value(v: i64) -> Result<u16, String> {
+    u16::try_from(v)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{v} is not a port (valid: 1..=65535)"))
+}

@@ -531,9 +531,18 @@ mod tests {
         }))
         .unwrap();
         let shown = render(&r, &Names::default());
-        assert!(shown.contains("connects   files.example.test:443\n"), "{shown}");
-        assert!(shown.contains("grant      net:files.example.test\n"), "{shown}");
-        assert!(shown.contains("held       no: only this connection waits"), "{shown}");
+        assert!(
+            shown.contains("connects   files.example.test:443\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("grant      net:files.example.test\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("held       no: only this connection waits"),
+            "{shown}"
+        );
         assert!(!shown.contains('\u{1b}'), "escaped: {shown}");
         assert!(!shown.contains("program"), "no run to show: {shown}");
     }

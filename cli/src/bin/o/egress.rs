@@ -32,11 +32,7 @@ impl ollie_proxy::EventSink for StderrSink {
             "o sandbox: net: {verdict} {} {}:{} ({why}; {} bytes up, {} down)",
             e.method, e.domain, e.port, e.bytes_up, e.bytes_down
         );
-        let _ = writeln!(
-            std::io::stderr(),
-            "{}",
-            crate::render::line_safe(&line)
-        );
+        let _ = writeln!(std::io::stderr(), "{}", crate::render::line_safe(&line));
     }
 }
 
