@@ -114,7 +114,7 @@ const SANDBOX_HELP: &str = "Runs the command as toolsrv runs a tool, without a s
     its output streams, standard input is forwarded when it is a pipe or a file (never a \
     terminal), and a warning line follows for each risky file the run left behind. Without \
     --profile or --policy the profile is workspace. A NAME other than the shipped \
-    profiles (readonly, workspace, network) is ~/.config/ollie/policy/NAME.toml, as for \
+    profiles (readonly, workspace, network, packages) is ~/.config/ollie/policy/NAME.toml, as for \
     olliesrv; a file there with a shipped name is refused, as olliesrv refuses it.\n\
     EXIT STATUS: the command's (128 + signal when it was killed); 125 the sandbox refused or \
     failed to start it, 126 it cannot be executed, 127 it was not found.\n\n\
@@ -165,7 +165,7 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
 
 #[derive(Debug, clap::Args)]
 struct SandboxArgs {
-    /// A shipped or configured profile (readonly, workspace, network).
+    /// A shipped or configured profile (readonly, workspace, network, packages).
     #[arg(long, conflicts_with = "policy")]
     profile: Option<String>,
     /// A policy TOML file.

@@ -28,6 +28,7 @@
 
 mod backend;
 mod profile;
+mod proxy;
 mod remote;
 
 use std::collections::BTreeMap;
@@ -138,6 +139,10 @@ pub struct Config {
     /// `[limits]`: the bounds of every listener on its clients; read at start (a reload
     /// keeps the running ones and says so).
     pub limits: ollie_p9::server::Limits,
+    /// `[proxy]`: the operator's settings for the egress proxy of runs under
+    /// `network.mode = "proxy"` (addresses it may reach although private, pinned names),
+    /// handed to each toolsrv as it starts.
+    pub proxy: ollie_link::boot::ProxyBoot,
 }
 
 /// An entry of `operators`: a user, or every member of a group.
@@ -200,6 +205,7 @@ struct RawConfig {
     operators: Vec<String>,
     skill_paths: Option<Vec<String>>,
     limits: Option<RawLimits>,
+    proxy: Option<proxy::RawProxy>,
 }
 
 /// `[limits]`: the 9P server's bounds on its clients ([`ollie_p9::server::Limits`]).
@@ -484,6 +490,7 @@ impl Config {
             operators: Vec::new(),
             skill_paths: None,
             limits: ollie_p9::server::Limits::default(),
+            proxy: ollie_link::boot::ProxyBoot::default(),
             profiles: BTreeMap::from([(DEFAULT_PROFILE.to_owned(), Profile::builtin_default())]),
             policies: ollie_policy::SHIPPED_PROFILES
                 .iter()
@@ -643,6 +650,10 @@ impl Config {
             None => ollie_p9::server::Limits::default(),
             Some(l) => l.resolve().map_err(|(k, m)| invalid(k, m))?,
         };
+        let proxy = match raw.proxy {
+            None => ollie_link::boot::ProxyBoot::default(),
+            Some(p) => proxy::proxy(p).map_err(|(k, m)| invalid(k, m))?,
+        };
         let mut operators = Vec::new();
         for (i, o) in raw.operators.iter().enumerate() {
             operators.push(Operator::parse(o).map_err(|m| invalid(format!("operators[{i}]"), m))?);
@@ -661,6 +672,7 @@ impl Config {
             operators,
             skill_paths,
             limits,
+            proxy,
             ..Config::builtin()
         })
     }

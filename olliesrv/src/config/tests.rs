@@ -494,7 +494,7 @@ fn profile_errors_name_the_file_and_key() {
         ),
         (
             "policy = \"lax\"",
-            "policy: unknown policy \"lax\" (valid: network, readonly, workspace)",
+            "policy: unknown policy \"lax\" (valid: network, packages, readonly, workspace)",
         ),
         (
             "max_steps = 0",
@@ -568,7 +568,7 @@ fn hooks_parse_and_errors_name_the_key() {
         (&long, "hooks.pre_turn[0]: the command is 16385 bytes"),
         (
             "hook_policy = \"lax\"",
-            "hook_policy: unknown policy \"lax\" (valid: network, readonly, workspace)",
+            "hook_policy: unknown policy \"lax\" (valid: network, packages, readonly, workspace)",
         ),
         (
             "hook_timeout_s = 0",
@@ -677,7 +677,7 @@ fn shipped_policies_are_present() {
         .collect();
     assert_eq!(
         want.keys().collect::<Vec<_>>(),
-        ["network", "readonly", "workspace"]
+        ["network", "packages", "readonly", "workspace"]
     );
     assert_eq!(Config::builtin().policies, want);
     assert_eq!(parse("").unwrap().policies, want);
@@ -807,7 +807,7 @@ fn user_policy_cannot_use_a_shipped_name() {
             )),
             "{e}"
         );
-        assert!(e.contains("shipped: readonly, workspace, network"), "{e}");
+        assert!(e.contains("shipped: readonly, workspace, network, packages"), "{e}");
     }
 }
 
