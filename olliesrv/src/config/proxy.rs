@@ -37,7 +37,9 @@ pub(super) fn proxy(raw: RawProxy) -> Result<ProxyBoot, (String, String)> {
         if a.parse::<ipnet::IpNet>().is_err() && a.parse::<IpAddr>().is_err() {
             return Err((
                 format!("proxy.allow_addresses[{i}]"),
-                format!("{a:?} is not an address or a CIDR range (e.g. \"127.0.0.1/32\", \"fd00::/8\")"),
+                format!(
+                    "{a:?} is not an address or a CIDR range (e.g. \"127.0.0.1/32\", \"fd00::/8\")"
+                ),
             ));
         }
     }
@@ -60,7 +62,10 @@ pub(super) fn proxy(raw: RawProxy) -> Result<ProxyBoot, (String, String)> {
             }
         }
         if resolve.insert(n.clone(), addrs).is_some() {
-            return Err((key, format!("{n} is pinned twice (names are compared normalised)")));
+            return Err((
+                key,
+                format!("{n} is pinned twice (names are compared normalised)"),
+            ));
         }
     }
     Ok(ProxyBoot {
@@ -86,11 +91,29 @@ mod tests {
         assert_eq!(ok.allow_addresses.len(), 2);
         assert_eq!(ok.resolve["pypi.test"], ["127.0.0.1"]);
         let e = |t: &str| proxy(raw(t)).unwrap_err();
-        assert_eq!(e("allow_addresses = [\"10.0.0.0/33\"]").0, "proxy.allow_addresses[0]");
-        assert!(e("resolve = { \"a.test\" = [\"localhost\"] }").1.contains("not an IP address"));
+        assert_eq!(
+            e("allow_addresses = [\"10.0.0.0/33\"]").0,
+            "proxy.allow_addresses[0]"
+        );
+        assert!(
+            e("resolve = { \"a.test\" = [\"localhost\"] }")
+                .1
+                .contains("not an IP address")
+        );
         assert!(e("resolve = { \"a.test\" = [] }").1.contains("1 to 16"));
-        assert!(e("resolve = { \"127.0.0.1\" = [\"127.0.0.1\"] }").1.contains("not a name"));
-        assert!(e("resolve = { \"a.test\" = [\"127.0.0.1\"], \"A.TEST\" = [\"127.0.0.2\"] }").1.contains("pinned twice"));
-        assert!(toml::from_str::<RawProxy>("allow = []").is_err(), "unknown keys are refused");
+        assert!(
+            e("resolve = { \"127.0.0.1\" = [\"127.0.0.1\"] }")
+                .1
+                .contains("not a name")
+        );
+        assert!(
+            e("resolve = { \"a.test\" = [\"127.0.0.1\"], \"A.TEST\" = [\"127.0.0.2\"] }")
+                .1
+                .contains("pinned twice")
+        );
+        assert!(
+            toml::from_str::<RawProxy>("allow = []").is_err(),
+            "unknown keys are refused"
+        );
     }
 }

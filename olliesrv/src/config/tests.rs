@@ -807,7 +807,10 @@ fn user_policy_cannot_use_a_shipped_name() {
             )),
             "{e}"
         );
-        assert!(e.contains("shipped: readonly, workspace, network, packages"), "{e}");
+        assert!(
+            e.contains("shipped: readonly, workspace, network, packages"),
+            "{e}"
+        );
     }
 }
 
