@@ -565,7 +565,10 @@ fn under_the_proxy_mode_the_run_reaches_only_its_proxy() {
     assert!(stdout.contains("proxy=http://127.0.0.1:3128"), "{stdout}");
     assert!(stdout.contains("code=403"), "{stdout}{stderr}");
     assert!(!stdout.contains("getent=0"), "{stdout}");
-    assert!(!stdout.contains("host=0"), "the run reached the host's loopback: {stdout}");
+    assert!(
+        !stdout.contains("host=0"),
+        "the run reached the host's loopback: {stdout}"
+    );
     assert!(
         host.accept().is_err(),
         "the host listener saw a connection from the run"

@@ -548,16 +548,11 @@ fn network(raw: &RawNetwork) -> Result<Network, PolicyError> {
             Network::Off
         }
         Some("all") => {
-            for (key, ports) in [
-                ("network.connect", &raw.connect),
-                ("network.bind", &raw.bind),
-            ] {
-                if !ports.is_empty() {
-                    return Err(invalid(
-                        key,
-                        "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
-                    ));
-                }
+            if let Some(key) = raw.port_list_set() {
+                return Err(invalid(
+                    key,
+                    "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
+                ));
             }
             Network::All
         }

@@ -139,16 +139,11 @@ fn domain_list(key: &str, raw: &[String]) -> Result<BTreeSet<String>, KeyError> 
 
 /// `network` with `mode = "proxy"`.
 pub(crate) fn parse(raw: &RawNetwork) -> Result<ProxyNetwork, KeyError> {
-    for (key, ports) in [
-        ("network.connect", &raw.connect),
-        ("network.bind", &raw.bind),
-    ] {
-        if !ports.is_empty() {
-            return Err(invalid(
-                key,
-                "mode \"proxy\" reaches the network only through the session's proxy; its ports are network.ports",
-            ));
-        }
+    if let Some(key) = raw.port_list_set() {
+        return Err(invalid(
+            key,
+            "mode \"proxy\" reaches the network only through the session's proxy; its ports are network.ports",
+        ));
     }
     let mut presets = BTreeSet::new();
     for (i, name) in raw.presets.iter().enumerate() {
