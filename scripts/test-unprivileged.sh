@@ -29,6 +29,7 @@ build() {
         | grep '"profile":{[^}]*"test":true' \
         | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' >>"$list"
 }
+# Every sandbox suite (proxy_netns: network namespaces made by an unprivileged user too).
 build -p ollie-policy -p ollie-sandbox
 build -p ollie-tests --test escapes --test toolsrv --test broker --test approval_hold
 # Egress by domain: proxied runs in network namespaces of their own, through toolsrv's proxy.

@@ -56,7 +56,7 @@ fn doctor(uid: Option<u32>, dir: &Path) -> (serde_json::Value, i32) {
     let items = v["items"].as_array().unwrap();
     let names: Vec<&str> = items.iter().map(|i| i["name"].as_str().unwrap()).collect();
     // The kernel's, then the system's (backends only when one is configured or found).
-    let (first, rest) = names.split_at(7);
+    let (first, rest) = names.split_at(8);
     assert_eq!(
         first,
         [
@@ -64,6 +64,7 @@ fn doctor(uid: Option<u32>, dir: &Path) -> (serde_json::Value, i32) {
             "seccomp",
             "user namespaces",
             "ipc namespaces",
+            "egress proxy",
             "pids cgroup",
             "memory cgroup",
             "fuse"
@@ -94,6 +95,14 @@ fn doctor(uid: Option<u32>, dir: &Path) -> (serde_json::Value, i32) {
         .any(|i| i["required"] == true && i["status"] == "missing");
     assert_eq!(code == 1, required_missing, "{v}");
     assert_eq!(v["ok"], !required_missing);
+    // The proxy mode's line follows the probe, and never fails the whole check.
+    let egress = items.iter().find(|i| i["name"] == "egress proxy").unwrap();
+    assert_eq!(
+        egress["status"] == "ok",
+        v["probe"]["network_namespaces"] == true,
+        "{egress}"
+    );
+    assert_eq!(egress["required"], false);
     (v, code)
 }
 

@@ -529,3 +529,53 @@ fn ollie_state_directories_are_secret_wherever_they_are() {
     }
     let _ = std::fs::remove_dir_all(&t);
 }
+
+#[test]
+fn under_the_proxy_mode_the_run_reaches_only_its_proxy() {
+    if !features_ok("under_the_proxy_mode_the_run_reaches_only_its_proxy") {
+        return;
+    }
+    if !ollie_sandbox::probe().network_namespaces {
+        ollie_testkit::skip(
+            "SKIP under_the_proxy_mode_the_run_reaches_only_its_proxy: network namespaces cannot be created here",
+        );
+        return;
+    }
+    let ws = workspace("proxy");
+    // A listener on the host's loopback: the run must not reach it.
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let port = host.local_addr().unwrap().port();
+    // `.invalid` names are never listed, so the proxy refuses them before any lookup.
+    let script = format!(
+        "echo \"proxy=$HTTPS_PROXY\"; \
+         curl -s -o /dev/null -w 'code=%{{http_code}}\\n' http://blocked.invalid/; \
+         getent hosts localhost.invalid >/dev/null; echo \"getent=$?\"; \
+         (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; echo \"host=$?\""
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_o"))
+        .args(["sandbox", "--profile", "packages", "--workdir"])
+        .arg(&ws)
+        .args(["--", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("proxy=http://127.0.0.1:3128"), "{stdout}");
+    assert!(stdout.contains("code=403"), "{stdout}{stderr}");
+    assert!(!stdout.contains("getent=0"), "{stdout}");
+    assert!(
+        !stdout.contains("host=0"),
+        "the run reached the host's loopback: {stdout}"
+    );
+    assert!(
+        host.accept().is_err(),
+        "the host listener saw a connection from the run"
+    );
+    assert!(
+        stderr.contains("o sandbox: net: refused GET blocked.invalid:80"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&ws);
+}

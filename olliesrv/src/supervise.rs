@@ -87,6 +87,8 @@ fn bootstrap(s: &Session, reg: &Registry) -> Bootstrap {
     b.env.push(("OLLIE_SESSION_ID".into(), s.id.clone()));
     // Every policy reads the skill paths: read grants toolsrv adds with `with_grants`.
     b.read_grants = crate::skills::grantable(&config, std::path::Path::new(&home));
+    // The egress proxy's operator settings, for local and remote sessions alike.
+    b.proxy = config.proxy.clone();
     // olliesrv's own secret locations (state directory, configuration files, sockets, key
     // files, other instances' state directories): hidden from every tool and secret in every
     // other way there too. They are on this host only, so a remote toolsrv gets none.

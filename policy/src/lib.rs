@@ -212,6 +212,6 @@ mod tests {
     #[test]
     fn unknown_profile_lists_valid_names() {
         let e = shipped_profile("nope").unwrap_err().to_string();
-        assert!(e.contains("readonly, workspace, network"), "{e}");
+        assert!(e.contains("readonly, workspace, network, packages"), "{e}");
     }
 }

@@ -453,11 +453,8 @@ fn positive(key: &str, v: Option<i64>, default: u64, max: u64) -> Result<u64, Po
     }
 }
 
-pub(crate) fn port(key: &str, v: i64) -> Result<u16, PolicyError> {
-    u16::try_from(v)
-        .ok()
-        .filter(|p| *p != 0)
-        .ok_or_else(|| invalid(key, format!("{v} is not a port (valid: 1..=65535)")))
+fn port(key: &str, v: i64) -> Result<u16, PolicyError> {
+    crate::raw::port_value(v).map_err(|why| invalid(key, why))
 }
 
 fn paths(section: &str, v: &[String]) -> Result<Vec<PathTemplate>, PolicyError> {
@@ -535,10 +532,12 @@ fn fs_rules(raw: &RawFs) -> Result<FsRules, PolicyError> {
 fn network(raw: &RawNetwork) -> Result<Network, PolicyError> {
     let mode = raw.mode.as_deref().unwrap_or("off");
     if mode != "proxy" {
-        crate::proxynet::refuse_proxy_keys(raw, mode)?;
+        crate::proxynet::refuse_proxy_keys(raw, mode).map_err(|(k, r)| invalid(k, r))?;
     }
     Ok(match raw.mode.as_deref() {
-        Some("proxy") => Network::Proxy(crate::proxynet::parse(raw)?),
+        Some("proxy") => {
+            Network::Proxy(crate::proxynet::parse(raw).map_err(|(k, r)| invalid(k, r))?)
+        }
         None | Some("off") => {
             if !raw.connect.is_empty() || !raw.bind.is_empty() {
                 return Err(invalid(
@@ -549,16 +548,11 @@ fn network(raw: &RawNetwork) -> Result<Network, PolicyError> {
             Network::Off
         }
         Some("all") => {
-            for (key, ports) in [
-                ("network.connect", &raw.connect),
-                ("network.bind", &raw.bind),
-            ] {
-                if !ports.is_empty() {
-                    return Err(invalid(
-                        key,
-                        "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
-                    ));
-                }
+            if let Some(key) = raw.port_list_set() {
+                return Err(invalid(
+                    key,
+                    "mode \"all\" allows every port; port lists need network.mode = \"tcp\"",
+                ));
             }
             Network::All
         }

@@ -16,7 +16,6 @@
 //! Domain spellings are validated and normalised here ([`crate::domains`]); the decision for
 //! one request is [`crate::domains::DomainRules::decide`], made by the proxy.
 
-use crate::model::PolicyError;
 use crate::raw::RawNetwork;
 use std::collections::BTreeSet;
 
@@ -114,15 +113,15 @@ fn covered_by(p: &str, base: &BTreeSet<String>) -> bool {
         })
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> PolicyError {
-    PolicyError::Invalid {
-        key: key.into(),
-        reason: reason.into(),
-    }
+/// A key path and what is wrong with it (the model makes it a `PolicyError::Invalid`).
+pub(crate) type KeyError = (String, String);
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> KeyError {
+    (key.into(), reason.into())
 }
 
 /// One domain list: each entry a valid pattern, normalised.
-fn domain_list(key: &str, raw: &[String]) -> Result<BTreeSet<String>, PolicyError> {
+fn domain_list(key: &str, raw: &[String]) -> Result<BTreeSet<String>, KeyError> {
     if raw.len() > MAX_DOMAINS {
         return Err(invalid(
             key,
@@ -139,17 +138,12 @@ fn domain_list(key: &str, raw: &[String]) -> Result<BTreeSet<String>, PolicyErro
 }
 
 /// `network` with `mode = "proxy"`.
-pub(crate) fn parse(raw: &RawNetwork) -> Result<ProxyNetwork, PolicyError> {
-    for (key, ports) in [
-        ("network.connect", &raw.connect),
-        ("network.bind", &raw.bind),
-    ] {
-        if !ports.is_empty() {
-            return Err(invalid(
-                key,
-                "mode \"proxy\" reaches the network only through the session's proxy; its ports are network.ports",
-            ));
-        }
+pub(crate) fn parse(raw: &RawNetwork) -> Result<ProxyNetwork, KeyError> {
+    if let Some(key) = raw.port_list_set() {
+        return Err(invalid(
+            key,
+            "mode \"proxy\" reaches the network only through the session's proxy; its ports are network.ports",
+        ));
     }
     let mut presets = BTreeSet::new();
     for (i, name) in raw.presets.iter().enumerate() {
@@ -169,7 +163,8 @@ pub(crate) fn parse(raw: &RawNetwork) -> Result<ProxyNetwork, PolicyError> {
         Some(list) => {
             let mut ports = BTreeSet::new();
             for (i, p) in list.iter().enumerate() {
-                ports.insert(crate::model::port(&format!("network.ports[{i}]"), *p)?);
+                let key = format!("network.ports[{i}]");
+                ports.insert(crate::raw::port_value(*p).map_err(|why| (key, why))?);
             }
             ports
         }
@@ -183,7 +178,7 @@ pub(crate) fn parse(raw: &RawNetwork) -> Result<ProxyNetwork, PolicyError> {
 }
 
 /// The proxy keys set outside `mode = "proxy"`, as an error.
-pub(crate) fn refuse_proxy_keys(raw: &RawNetwork, mode: &str) -> Result<(), PolicyError> {
+pub(crate) fn refuse_proxy_keys(raw: &RawNetwork, mode: &str) -> Result<(), KeyError> {
     for (key, set) in [
         ("network.allow_domains", !raw.allow_domains.is_empty()),
         ("network.deny_domains", !raw.deny_domains.is_empty()),

@@ -103,3 +103,24 @@ pub(crate) struct RawEscalations {
     #[serde(default)]
     pub allow: Vec<String>,
 }
+
+impl RawNetwork {
+    /// The first of `network.connect` and `network.bind` that lists ports, if one does.
+    pub(crate) fn port_list_set(&self) -> Option<&'static str> {
+        [
+            ("network.connect", &self.connect),
+            ("network.bind", &self.bind),
+        ]
+        .into_iter()
+        .find(|(_, ports)| !ports.is_empty())
+        .map(|(key, _)| key)
+    }
+}
+
+/// A port number from a policy file: `1..=65535`, or why not.
+pub(crate) fn port_value(v: i64) -> Result<u16, String> {
+    u16::try_from(v)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{v} is not a port (valid: 1..=65535)"))
+}

@@ -75,6 +75,12 @@ impl ResolvedPolicy {
     /// - `net` makes the network [`Network::All`]: the host network, TCP and UDP to any host
     ///   and port, bind and listen (raw, packet, netlink and AF_UNIX sockets stay denied).
     ///   Later `net:PORT` grants add nothing.
+    /// - `net:DOMAIN` lets the proxy reach that domain pattern: [`Network::Off`] becomes
+    ///   [`Network::Proxy`] with just it (default ports), a proxied network allows it too
+    ///   (refused when a deny pattern covers it), `All` already reaches it; refused under
+    ///   [`Network::Tcp`] (a proxied network would take its direct ports away).
+    /// - Where the result uses the host network (`Tcp`, `All`), the resolver's files
+    ///   ([`crate::RESOLVER_FILES`]) are added to the reads.
     /// - `unsandboxed` marks the copy [`unsandboxed`](ResolvedPolicy::unsandboxed) and makes
     ///   the network [`Network::All`]: the enforcer applies no filesystem rule (no Landlock,
     ///   so no secret-location carve-outs; no read-only mounts or protected islands) and keeps

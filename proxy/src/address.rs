@@ -204,6 +204,16 @@ mod tests {
         address_class(s.parse().unwrap())
     }
 
+    /// Each of `refused` has its class, and each of `public` none.
+    fn assert_classes(refused: &[(&str, &str)], public: &[&str]) {
+        for (a, want) in refused {
+            assert_eq!(class(a), Some(*want), "{a}");
+        }
+        for a in public {
+            assert_eq!(class(a), None, "{a}");
+        }
+    }
+
     #[test]
     fn every_ipv4_class_is_refused() {
         let cases = [
@@ -228,18 +238,14 @@ mod tests {
             ("255.255.255.255", "broadcast"),
             ("240.0.0.1", "reserved (240.0.0.0/4)"),
         ];
-        for (a, want) in cases {
-            assert_eq!(class(a), Some(want), "{a}");
-        }
-        for a in [
+        let public = [
             "1.1.1.1",
             "8.8.8.8",
             "172.32.0.1",
             "100.128.0.1",
             "192.169.0.1",
-        ] {
-            assert_eq!(class(a), None, "{a}");
-        }
+        ];
+        assert_classes(&cases, &public);
     }
 
     #[test]
@@ -262,16 +268,12 @@ mod tests {
             ("ff02::1", "multicast"),
             ("4000::1", "reserved (outside 2000::/3)"),
         ];
-        for (a, want) in cases {
-            assert_eq!(class(a), Some(want), "{a}");
-        }
-        for a in [
+        let public = [
             "2606:4700:4700::1111",
             "2a00:1450:4001::1",
             "2001:4860::8888",
-        ] {
-            assert_eq!(class(a), None, "{a}");
-        }
+        ];
+        assert_classes(&cases, &public);
     }
 
     #[test]

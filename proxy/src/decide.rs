@@ -183,10 +183,10 @@ impl Refusal {
         };
         let hint = match self {
             Refusal::NotListed => NOT_LISTED_HINT,
-            Refusal::Port { .. } => "the proxy forwards only to these ports",
+            Refusal::Port { .. } => "add it to [network] ports in the agent's policy",
             Refusal::Denied { .. } => "the pattern is in [network] deny_domains",
             Refusal::Address { .. } => {
-                "the proxy connects to such addresses only if the operator lists them in allow_addresses"
+                "the proxy connects to such addresses only if the operator lists them in [proxy] allow_addresses"
             }
             Refusal::Fronting { .. } => "send the Host header of the request's uri",
             _ => "",

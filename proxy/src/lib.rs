@@ -32,7 +32,8 @@
 //! Tested by unit tests of each pure piece (addresses, decisions, target parsing, the
 //! ClientHello parser with curl's real ClientHello and hand-built ones, header scrubbing),
 //! and by `tests/proxy.rs` against origins the test starts on loopback, with a raw client
-//! and curl. `cargo bench -p ollie-proxy` compares throughput and latency with direct
+//! and curl. The `egress` cargo-fuzz target (`fuzz/fuzz_targets/egress.rs`) drives the
+//! ClientHello parser and host normalisation. `cargo bench -p ollie-proxy` compares throughput and latency with direct
 //! connections.
 #![forbid(unsafe_code)]
 
@@ -43,6 +44,7 @@ mod forward;
 mod resolve;
 mod server;
 pub mod sni;
+mod splice;
 mod tunnel;
 
 pub use address::{AddressPolicy, AddressRefusal, AddressVerdict, address_class};

@@ -309,15 +309,11 @@ impl Proxy {
 }
 
 /// An error and its sources, `: `-separated, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let chain: Vec<String> = std::iter::successors(Some(e), |e| e.source())
+        .map(ToString::to_string)
+        .collect();
+    chain.join(": ")
 }
 
 /// What to do about a failed `accept`.

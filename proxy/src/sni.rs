@@ -151,52 +151,60 @@ fn hello_server_name(body: &[u8]) -> Option<Result<Option<String>, &'static str>
     if r.is_empty() {
         return Some(Ok(None));
     }
-    let mut exts = Reader { buf: r.vec16()? };
+    let exts = r.vec16()?;
     if !r.is_empty() {
         return Some(Err("the client hello has bytes after its extensions"));
     }
-    let mut name = None;
-    while !exts.is_empty() {
-        let kind = exts.u16()?;
-        let data = exts.vec16()?;
-        if kind != 0 {
+    let two = "the client hello has two server_name extensions";
+    match only_entry(exts, |r| r.u16(), 0, two)? {
+        Ok(Some(data)) => server_name_extension(data),
+        Ok(None) => Some(Ok(None)),
+        Err(why) => Some(Err(why)),
+    }
+}
+
+/// The data of the one entry of kind `want` in a list of (kind, two-byte-length data)
+/// entries, whose kind `kind` reads; `two` when there are several. `None` when a length runs
+/// past the end.
+fn only_entry<'a>(
+    list: &'a [u8],
+    kind: impl Fn(&mut Reader<'a>) -> Option<u16>,
+    want: u16,
+    two: &'static str,
+) -> Option<Result<Option<&'a [u8]>, &'static str>> {
+    let mut r = Reader { buf: list };
+    let mut found = None;
+    while !r.is_empty() {
+        let k = kind(&mut r)?;
+        let data = r.vec16()?;
+        if k != want {
             continue;
         }
-        if name.is_some() {
-            return Some(Err("the client hello has two server_name extensions"));
+        if found.is_some() {
+            return Some(Err(two));
         }
-        name = Some(server_name_extension(data)?);
+        found = Some(data);
     }
-    match name {
-        Some(Err(why)) => Some(Err(why)),
-        Some(Ok(n)) => Some(Ok(n)),
-        None => Some(Ok(None)),
-    }
+    Some(Ok(found))
 }
 
 /// The `host_name` of a `server_name` extension's data.
 fn server_name_extension(data: &[u8]) -> Option<Result<Option<String>, &'static str>> {
     let mut r = Reader { buf: data };
-    let mut list = Reader { buf: r.vec16()? };
+    let list = r.vec16()?;
     if !r.is_empty() {
         return Some(Err("the server_name extension has bytes after its list"));
     }
-    let mut host = None;
-    while !list.is_empty() {
-        let kind = list.u8()?;
-        let name = list.vec16()?;
-        if kind != 0 {
-            continue;
-        }
-        if host.is_some() {
-            return Some(Err("the server_name extension names two hosts"));
-        }
-        match std::str::from_utf8(name) {
-            Ok(s) if !s.is_empty() && s.is_ascii() => host = Some(s.to_string()),
-            _ => return Some(Err("the server name is empty or not ascii")),
-        }
+    let two = "the server_name extension names two hosts";
+    let name = match only_entry(list, |r| r.u8().map(u16::from), 0, two)? {
+        Ok(Some(name)) => name,
+        Ok(None) => return Some(Ok(None)),
+        Err(why) => return Some(Err(why)),
+    };
+    match std::str::from_utf8(name) {
+        Ok(s) if !s.is_empty() && s.is_ascii() => Some(Ok(Some(s.to_string()))),
+        _ => Some(Err("the server name is empty or not ascii")),
     }
-    Some(Ok(host))
 }
 
 /// Decides on a first flight (not [`FirstFlight::Incomplete`]) for a tunnel to `host`: other

@@ -340,7 +340,7 @@ fn pair_digest(fast: &[sock_filter], reference: &[Vec<sock_filter>]) -> String {
 /// [`crate::spawn::tool_deny`]). A listed pair skips the check at run time (about 60 ms,
 /// too much for a one-shot run); a change to either compiler changes the digests, so the pair
 /// is checked again (or the reference used) until the test proves it and the list is updated.
-const PROVEN: [&str; 8] = [
+const PROVEN: [&str; 10] = [
     // Network::Off
     "afc42201e67122220be64b9a6a28660437a703eacfd1aa9fde3bd1145ce23ede",
     // Network::Tcp, connect only
@@ -349,11 +349,16 @@ const PROVEN: [&str; 8] = [
     "66461cf299e1b0147b7ac5e6160837ba6bd5646c412c469b172996100f66368b",
     // Network::All
     "d816f41ecc089d0eceac08b91ac0d308610696221970825872b1c341ea294adb",
-    // The same four without memfd_create (no memory cgroup): Off, connect, connect and bind, All
+    // Network::Proxy: the connect-only filter (its network namespace and Landlock's one
+    // connect port do the rest)
+    "08907309d16c3ea872f63fb80a9ce6c3266ac7c1691c4649a66821f47c259adc",
+    // The same five without memfd_create (no memory cgroup): Off, connect, connect and bind,
+    // All, Proxy
     "f7858d34eb4a785dce4e4288976f5b22b13081ae9b3acbd20c3a1fd9f279cac2",
     "7a4111f97bafd4f666b30c4eba659dc90dbea7589fb59cec815a71c7c9c7c4ff",
     "3a6ba8a8f636f933a479893e8577da247583132a94e453e9fb8049c18972e350",
     "e4d11fb0efe292368b1dc12955d232be08c6d8e6883438e32061b903f11c176c",
+    "7a4111f97bafd4f666b30c4eba659dc90dbea7589fb59cec815a71c7c9c7c4ff",
 ];
 
 /// What to do with a pair neither proven nor checked before in this process.

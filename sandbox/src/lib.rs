@@ -141,12 +141,11 @@ pub use placeholder::{ProtectError, close_at_exit, close_in_a_child};
 pub use postrun::{FlagKind, PostRunFlag, PostRunRecord};
 // The bounds of the search for `.git` in writable trees.
 pub use prepared::{Prepared, SessionRecord, prepared_namespaces};
-pub use proxy::{
-    NO_PROXY, NetNamespace, NetworkRecord, PROXY_URL, ProxyHandoff, RESOLV_CONF, proxy_env,
-};
+pub use proxy::{NO_PROXY, PROXY_URL, ProxyHandoff, RESOLV_CONF, proxy_env};
 pub use record::{
     CapabilityRecord, DiskLimit, DiskLimitRecord, ExecFrom, ExitRecord, KilledBy, Layers,
-    LimitsRecord, MountRecord, OutputRecord, RunOutput, RunRecord, RusageRecord,
+    LimitsRecord, MountRecord, NetNamespace, NetworkRecord, OutputRecord, RunOutput, RunRecord,
+    RusageRecord,
 };
 pub use request::{
     Cancel, ExecFd, Fault, MAX_PASS_FDS, RunRequest, Stream, forwardable_stdin, pass_fd_path,

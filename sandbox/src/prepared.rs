@@ -274,8 +274,12 @@ impl Prepared {
             sys::send_byte(&control).map_err(io_err("start the sandbox"))?;
             // A proxied session's listener, handed over before the zygote is ready.
             if proxied {
-                let l =
-                    crate::proxy::receive_listener(&control, &err_r, Path::new(""), Path::new(""))?;
+                let l = crate::supervise::take_proxy_listener(
+                    &control,
+                    &err_r,
+                    Path::new(""),
+                    Path::new(""),
+                )?;
                 *prepared
                     .proxy_listener
                     .lock()
@@ -653,7 +657,7 @@ impl Prepared {
                         !mount_record.protected.is_empty() || !mount_record.unions.is_empty(),
                         crate::proxy::own_namespace(&self.resolved.network),
                     ),
-                    crate::proxy::NetworkRecord::of(&self.resolved.network, true),
+                    crate::record::NetworkRecord::of(&self.resolved.network, true),
                     mount_record,
                     self.pids_cgroup(),
                     self.cgroup_degraded,

@@ -9,7 +9,7 @@
 //!   holds it. There is no other interface and no route, so nothing in the namespace reaches
 //!   the host's network, its loopback included (a connect elsewhere fails at once with
 //!   `ENETUNREACH` or `ECONNREFUSED`: no packet leaves).
-//! - **The listener.** A one-shot run hands it to [`RunRequest::proxy`] (a [`ProxyHandoff`],
+//! - **The listener.** A one-shot run hands it to [`crate::RunRequest::proxy`] (a [`ProxyHandoff`],
 //!   required under this mode) as soon as the namespaces exist, before the tool starts; the
 //!   caller serves it (accepts, speaks the proxy protocol) and may drop it once the run has
 //!   returned. Connections the tool makes before the caller accepts wait in the backlog.
@@ -31,17 +31,12 @@
 //!   read-only, by [`RESOLV_CONF`]: a comment saying why and no `nameserver` line, so
 //!   resolvers fail at once (UDP sockets are refused, nothing listens on port 53) and names
 //!   are left to the proxy.
-//! - **The record** says so ([`NetworkRecord`]: the mode, the namespace, the proxy's
-//!   address), and the run's namespaces list `net`.
+//! - **The record** says so ([`crate::NetworkRecord`]: the mode, the namespace, the
+//!   proxy's address), and the run's namespaces list `net`.
 
-use crate::error::{SandboxError, io_err};
-use crate::supervise::{read_report, stage_error};
-use crate::sys;
+use crate::error::SandboxError;
 use ollie_policy::{Network, PROXY_PORT};
-use serde::Serialize;
 use std::net::TcpListener;
-use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::sync::Arc;
 
 /// Receives the proxy's listener of a one-shot run under `network.mode = "proxy"`
@@ -132,84 +127,11 @@ pub(crate) fn listen_port(network: &Network) -> u16 {
     }
 }
 
-/// Takes the listener pid 1 hands over on `sock` (one byte and the descriptor). If pid 1
-/// failed first, the error is the stage it reported on `err_r` (`program` and `cwd` name
-/// the run in it).
-pub(crate) fn receive_listener(
-    sock: &OwnedFd,
-    err_r: &OwnedFd,
-    program: &Path,
-    cwd: &Path,
-) -> Result<TcpListener, SandboxError> {
-    let mut byte = [0u8; 1];
-    match sys::recv_with_fd(sock, &mut byte) {
-        Ok((1, Some(fd))) => Ok(TcpListener::from(fd)),
-        received => {
-            if let Some(msg) = read_report(err_r)? {
-                return Err(stage_error(msg, program, cwd));
-            }
-            let source = match received {
-                Err(e) => e,
-                Ok(_) => std::io::Error::from_raw_os_error(libc::EPROTO),
-            };
-            Err(io_err("take the proxy's listener from the sandbox")(source))
-        }
-    }
-}
-
 /// The refusal of a proxied one-shot run that has nowhere to hand its listener.
 pub(crate) fn no_handoff() -> SandboxError {
     SandboxError::InvalidRequest {
         reason: "network mode proxy needs a receiver for the proxy's listener (RunRequest::proxy)"
             .into(),
-    }
-}
-
-/// Whose network namespace a run's tool is in ([`NetworkRecord::namespace`]).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum NetNamespace {
-    /// The runner's (the host's network, loopback included, as far as the filters allow).
-    Host,
-    /// Its own, made for this run and gone with it.
-    Run,
-    /// A prepared session's own, shared by the session's calls.
-    Session,
-}
-
-/// The network of a run, as enforced.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct NetworkRecord {
-    /// The policy's `network.mode`: `off`, `tcp`, `all` or `proxy`.
-    pub mode: &'static str,
-    /// Whose network namespace the tool ran in.
-    pub namespace: NetNamespace,
-    /// Where the tool reached the proxy (`127.0.0.1:3128`), under `proxy`.
-    pub proxy: Option<String>,
-}
-
-impl NetworkRecord {
-    /// The record of `network`, for a prepared call (`session`) or a one-shot run.
-    pub(crate) fn of(network: &Network, session: bool) -> NetworkRecord {
-        let mode = match network {
-            Network::Off => "off",
-            Network::Tcp { .. } => "tcp",
-            Network::All => "all",
-            Network::Proxy(_) => "proxy",
-        };
-        let (namespace, proxy) = match (own_namespace(network), session) {
-            (false, _) => (NetNamespace::Host, None),
-            (true, false) => (NetNamespace::Run, Some(format!("127.0.0.1:{PROXY_PORT}"))),
-            (true, true) => (
-                NetNamespace::Session,
-                Some(format!("127.0.0.1:{PROXY_PORT}")),
-            ),
-        };
-        NetworkRecord {
-            mode,
-            namespace,
-            proxy,
-        }
     }
 }
 
@@ -231,24 +153,7 @@ mod tests {
         assert_eq!(PROXY_URL, format!("http://127.0.0.1:{PROXY_PORT}"));
         assert!(!RESOLV_CONF.lines().any(|l| !l.starts_with('#')));
         assert!(RESOLV_CONF.contains("HTTPS_PROXY"));
-    }
-
-    #[test]
-    fn the_record_says_whose_namespace() {
         let proxy = Network::Proxy(ollie_policy::ProxyNetwork::closed());
-        let r = NetworkRecord::of(&proxy, false);
-        assert_eq!(
-            (r.mode, r.namespace, r.proxy.as_deref()),
-            ("proxy", NetNamespace::Run, Some("127.0.0.1:3128"))
-        );
-        assert_eq!(
-            NetworkRecord::of(&proxy, true).namespace,
-            NetNamespace::Session
-        );
-        for n in [Network::Off, Network::All] {
-            let r = NetworkRecord::of(&n, false);
-            assert_eq!((r.namespace, r.proxy), (NetNamespace::Host, None));
-        }
         assert_eq!(listen_port(&proxy), PROXY_PORT);
         assert_eq!(listen_port(&Network::All), 0);
     }

@@ -3,10 +3,10 @@
 
 use crate::cgroup::MemoryRecord;
 use crate::landlock::{self, LandlockRecord};
-use crate::proxy::NetworkRecord;
 use crate::request::file_size_limit;
 use crate::seccomp::SeccompRecord;
 use crate::unions::UnionMount;
+use ollie_policy::{Network, PROXY_PORT};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -90,6 +90,55 @@ pub struct Layers {
     /// Whether the run had to degrade (only possible with `best_effort`; an approved
     /// unsandboxed run is not a degradation).
     pub best_effort_degraded: bool,
+}
+
+/// Whose network namespace a run's tool is in ([`NetworkRecord::namespace`]).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NetNamespace {
+    /// The runner's (the host's network, loopback included, as far as the filters allow).
+    Host,
+    /// Its own, made for this run and gone with it.
+    Run,
+    /// A prepared session's own, shared by the session's calls.
+    Session,
+}
+
+/// The network of a run, as enforced.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct NetworkRecord {
+    /// The policy's `network.mode`: `off`, `tcp`, `all` or `proxy`.
+    pub mode: &'static str,
+    /// Whose network namespace the tool ran in.
+    pub namespace: NetNamespace,
+    /// Where the tool reached the proxy (`127.0.0.1:3128`), under `proxy`.
+    pub proxy: Option<String>,
+}
+
+impl NetworkRecord {
+    /// The record of `network`, for a prepared call (`session`) or a one-shot run.
+    pub(crate) fn of(network: &Network, session: bool) -> NetworkRecord {
+        let mode = match network {
+            Network::Off => "off",
+            Network::Tcp { .. } => "tcp",
+            Network::All => "all",
+            Network::Proxy(_) => "proxy",
+        };
+        let own = matches!(network, Network::Proxy(_));
+        let (namespace, proxy) = match (own, session) {
+            (false, _) => (NetNamespace::Host, None),
+            (true, false) => (NetNamespace::Run, Some(format!("127.0.0.1:{PROXY_PORT}"))),
+            (true, true) => (
+                NetNamespace::Session,
+                Some(format!("127.0.0.1:{PROXY_PORT}")),
+            ),
+        };
+        NetworkRecord {
+            mode,
+            namespace,
+            proxy,
+        }
+    }
 }
 
 /// How the run ended.
@@ -359,5 +408,28 @@ impl RunRecord {
     /// The record as one JSON object.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_network_record_says_whose_namespace() {
+        let proxy = Network::Proxy(ollie_policy::ProxyNetwork::closed());
+        let r = NetworkRecord::of(&proxy, false);
+        assert_eq!(
+            (r.mode, r.namespace, r.proxy.as_deref()),
+            ("proxy", NetNamespace::Run, Some("127.0.0.1:3128"))
+        );
+        assert_eq!(
+            NetworkRecord::of(&proxy, true).namespace,
+            NetNamespace::Session
+        );
+        for n in [Network::Off, Network::All] {
+            let r = NetworkRecord::of(&n, false);
+            assert_eq!((r.namespace, r.proxy), (NetNamespace::Host, None));
+        }
     }
 }

@@ -6,7 +6,7 @@ use crate::error::{SandboxError, cstr, io_err};
 use crate::landlock;
 use crate::mounts::MountPlan;
 use crate::placeholder::Protected;
-use crate::proxy::NetworkRecord;
+use crate::record::NetworkRecord;
 use crate::record::{Layers, LimitsRecord, MountRecord, RunOutput, RusageRecord};
 use crate::request::{
     CancelWatch, MAX_PASS_FDS, RunRequest, Stream, ToolEnv, canonical_workdir, child_fault,
@@ -155,7 +155,8 @@ pub fn run_streaming(
         && let Some(handoff) = &req.proxy
     {
         // Before the tool exists: the caller serves the listener from here on.
-        let listener = crate::proxy::receive_listener(&sync_w, &err_r, &shot.program, &shot.cwd)?;
+        let listener =
+            crate::supervise::take_proxy_listener(&sync_w, &err_r, &shot.program, &shot.cwd)?;
         handoff.hand(listener);
     }
     drop(sync_w);
@@ -616,6 +617,7 @@ pub fn probe() -> Probe {
         user_namespaces: sys::user_namespaces(),
         seccomp: sys::seccomp_available(),
         ipc_namespaces: sys::ipc_namespaces(),
+        network_namespaces: sys::network_namespaces(),
         cgroups: crate::cgroup::probe(),
         fuse: std::fs::OpenOptions::new()
             .read(true)
@@ -636,6 +638,9 @@ pub struct Probe {
     pub seccomp: bool,
     /// IPC namespaces may be created (optional: runs share the runner's otherwise).
     pub ipc_namespaces: bool,
+    /// Network namespaces may be created (runs under `network.mode = "proxy"` need one each;
+    /// without, they fail with the reason).
+    pub network_namespaces: bool,
     /// Whether runs get pids and memory cgroups here, and why not.
     pub cgroups: crate::cgroup::CgroupProbe,
     /// `/dev/fuse` can be opened (`o mount`; not the sandbox).

@@ -308,6 +308,31 @@ pub(crate) fn stage_error(msg: [u8; 8], program: &Path, cwd: &Path) -> SandboxEr
     }
 }
 
+/// Takes the proxy's listener pid 1 hands over on `sock` (one byte and the descriptor:
+/// `network.mode = "proxy"`, see `crate::proxy`). If pid 1 failed first, the error is the
+/// stage it reported on `err_r` (`program` and `cwd` name the run in it).
+pub(crate) fn take_proxy_listener(
+    sock: &OwnedFd,
+    err_r: &OwnedFd,
+    program: &Path,
+    cwd: &Path,
+) -> Result<std::net::TcpListener, SandboxError> {
+    let mut byte = [0u8; 1];
+    match sys::recv_with_fd(sock, &mut byte) {
+        Ok((1, Some(fd))) => Ok(std::net::TcpListener::from(fd)),
+        received => {
+            if let Some(msg) = read_report(err_r)? {
+                return Err(stage_error(msg, program, cwd));
+            }
+            let source = match received {
+                Err(e) => e,
+                Ok(_) => io::Error::from_raw_os_error(libc::EPROTO),
+            };
+            Err(io_err("take the proxy's listener from the sandbox")(source))
+        }
+    }
+}
+
 /// What the runner watches while a tool runs (one-shot or prepared).
 pub(crate) struct Watch<'a> {
     /// Readable when pid 1 of the run (or call) has exited.

@@ -130,15 +130,7 @@ fn base() -> Policy {
 fn run(p: &Policy, req: &RunRequest) -> RunOutput {
     match ollie_sandbox::run(p, req) {
         Ok(o) => o,
-        Err(e) => {
-            let mut chain = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                chain.push_str(&format!(": {s}"));
-                src = s.source();
-            }
-            panic!("run failed: {chain}")
-        }
+        Err(e) => panic!("run failed: {}", common::error_chain(&e)),
     }
 }
 

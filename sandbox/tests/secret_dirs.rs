@@ -91,12 +91,7 @@ fn a_workspace_in_a_hidden_state_directory_is_refused() {
             );
             match exec(prepared, &policy(), &r) {
                 Err(e) => {
-                    let mut text = e.to_string();
-                    let mut src = std::error::Error::source(&e);
-                    while let Some(s) = src {
-                        text.push_str(&format!(": {s}"));
-                        src = s.source();
-                    }
+                    let text = common::error_chain(&e);
                     assert!(text.contains("secret location"), "{}: {text}", wd.display());
                 }
                 Ok(o) => panic!(

@@ -17,6 +17,7 @@ const CRATES: &[&str] = &[
     "policy",
     "sandbox",
     "beads",
+    "proxy",
     "link",
     "toolsrv",
     "olliesrv",

@@ -32,8 +32,7 @@ use ollie_proxy::{
 };
 use serde_json::Value;
 
-use crate::broker::{Ask, Asked, Outcome};
-use crate::session::Session;
+use crate::broker::{Ask, Asked, Broker, Outcome};
 
 /// The operator's proxy settings, validated.
 #[derive(Debug, Clone, Default)]
@@ -80,7 +79,8 @@ impl Egress {
     /// session's broker as asker when `may_ask`, and `bypass/log` as sink.
     pub fn proxy_for(
         &self,
-        session: &Arc<Session>,
+        session: &str,
+        broker: &Arc<Broker>,
         network: &ProxyNetwork,
         may_ask: bool,
     ) -> Result<Arc<Proxy>, String> {
@@ -100,7 +100,7 @@ impl Egress {
                 .map_err(|e| format!("proxy.resolve.{name}: {e}"))?;
         }
         let sink: Arc<dyn EventSink> = Arc::new(LogSink {
-            session: Arc::downgrade(session),
+            broker: Arc::downgrade(broker),
         });
         let mut config = ProxyConfig::new(rules, sink);
         config.ports = network.ports.clone();
@@ -108,7 +108,8 @@ impl Egress {
         config.resolver = resolver;
         if may_ask {
             config.asker = Some(Arc::new(BrokerAsker {
-                session: Arc::downgrade(session),
+                session: session.to_owned(),
+                broker: Arc::downgrade(broker),
             }));
         }
         Ok(Arc::new(Proxy::new(config)))
@@ -139,7 +140,6 @@ pub fn serve(
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| format!("the proxy listener: {e}"))?;
     let task = rt.spawn(async move {
-        // Serving ends only with an error (`Ok` is `Infallible`).
         let Err(e) = proxy.serve(listener, caller).await;
         tracing::warn!(error = %e, "a run's proxy listener failed");
     });
@@ -148,35 +148,37 @@ pub fn serve(
 
 /// `net` events on the session's `bypass/log`.
 struct LogSink {
-    session: Weak<Session>,
+    broker: Weak<Broker>,
 }
 
 impl EventSink for LogSink {
     fn event(&self, e: &Event) {
-        let Some(s) = self.session.upgrade() else {
+        let Some(broker) = self.broker.upgrade() else {
             return;
         };
         if let Ok(Value::Object(fields)) = serde_json::to_value(e) {
-            s.broker.log("net", fields);
+            broker.log("net", fields);
         }
     }
 }
 
 /// The session's broker, asked about domains no pattern lists.
 struct BrokerAsker {
-    session: Weak<Session>,
+    /// The session's id, for the request.
+    session: String,
+    broker: Weak<Broker>,
 }
 
 /// Withdraws a request whose asker went away (the client closed, the run ended).
 struct Withdraw<'a> {
-    session: &'a Session,
+    broker: &'a Broker,
     id: Option<String>,
 }
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            self.session.broker.withdraw(
+            self.broker.withdraw(
                 &id,
                 "the run's connection ended before the operator answered",
             );
@@ -186,16 +188,16 @@ impl Drop for Withdraw<'_> {
 
 impl Asker for BrokerAsker {
     fn ask(&self, r: AskRequest) -> AskFuture {
-        let session = self.session.clone();
+        let (session, broker) = (self.session.clone(), self.broker.clone());
         Box::pin(async move {
-            let Some(s) = session.upgrade() else {
+            let Some(b) = broker.upgrade() else {
                 return AskVerdict::Deny {
                     reason: "the session ended".into(),
                 };
             };
             let grant = format!("net:{}", r.domain);
             let mut fields = serde_json::Map::new();
-            fields.insert("session".into(), s.id.clone().into());
+            fields.insert("session".into(), session.into());
             fields.insert("agent".into(), r.caller.agent.clone().into());
             fields.insert("tool".into(), "net".into());
             fields.insert("call".into(), r.caller.call.clone().into());
@@ -216,7 +218,7 @@ impl Asker for BrokerAsker {
             let digest = ollie_link::bypass::sha256_hex(
                 format!("net-domain\0{}\0{}", r.caller.agent, r.domain).as_bytes(),
             );
-            let asked = s.broker.ask(Ask {
+            let asked = b.ask(Ask {
                 agent: r.caller.agent.clone(),
                 digest,
                 fields,
@@ -226,10 +228,10 @@ impl Asker for BrokerAsker {
                 Ok(Asked::PreApproved) => AskVerdict::Allow { for_session: true },
                 Ok(Asked::Waiting(id, rx)) => {
                     let mut guard = Withdraw {
-                        session: &s,
+                        broker: &b,
                         id: Some(id.clone()),
                     };
-                    let outcome = s.broker.wait(&id, rx).await;
+                    let outcome = b.wait(&id, rx).await;
                     guard.id = None;
                     match outcome {
                         // For the rest of this run: its proxy is its own.
@@ -243,7 +245,7 @@ impl Asker for BrokerAsker {
                         Outcome::Expired => AskVerdict::Deny {
                             reason: format!(
                                 "no answer from the operator about {grant} within {} s",
-                                s.broker.deadline().as_secs()
+                                b.deadline().as_secs()
                             ),
                         },
                     }
@@ -259,13 +261,12 @@ mod tests {
 
     #[test]
     fn operator_settings_are_checked() {
-        let pin = |name: &str, addr: &str| {
-            std::collections::BTreeMap::from([(name.to_owned(), vec![addr.to_owned()])])
-        };
-        let b = ProxyBoot {
+        let mut b = ProxyBoot {
             allow_addresses: vec!["127.0.0.1/32".into(), "::1".into()],
-            resolve: pin("pypi.test", "127.0.0.1"),
+            ..ProxyBoot::default()
         };
+        b.resolve
+            .insert("pypi.test".into(), vec!["127.0.0.1".into()]);
         let e = Egress::new(&b).unwrap();
         assert_eq!(e.allow.len(), 2);
         assert_eq!(e.pins.len(), 1);
@@ -278,19 +279,17 @@ mod tests {
                 .unwrap_err()
                 .starts_with("proxy.allow_addresses[0]:")
         );
-        let bad = ProxyBoot {
-            resolve: pin("pypi.test", "localhost"),
-            ..ProxyBoot::default()
-        };
+        let mut bad = ProxyBoot::default();
+        bad.resolve
+            .insert("pypi.test".into(), vec!["localhost".into()]);
         assert!(
             Egress::new(&bad)
                 .unwrap_err()
                 .starts_with("proxy.resolve.pypi.test:")
         );
-        let bad = ProxyBoot {
-            resolve: pin("a\u{0}.test", "127.0.0.1"),
-            ..ProxyBoot::default()
-        };
+        let mut bad = ProxyBoot::default();
+        bad.resolve
+            .insert("a\u{0}.test".into(), vec!["127.0.0.1".into()]);
         assert!(Egress::new(&bad).is_err());
     }
 }

@@ -103,7 +103,7 @@ pub struct Session {
     /// tool and secret in every other way (`ResolveContext::extra_secrets`).
     pub hidden: Vec<PathBuf>,
     /// Escalation requests waiting for the operator.
-    pub broker: crate::broker::Broker,
+    pub broker: Arc<crate::broker::Broker>,
     agents: Mutex<HashMap<String, AgentCfg>>,
     /// Prepared sandboxes by policy name and union points (sorted; none for most).
     prepared: tokio::sync::Mutex<HashMap<PreparedKey, Arc<Prepared>>>,
@@ -219,7 +219,7 @@ fn lossy(argv: &[OsString]) -> Vec<String> {
 
 /// The `escalate` argument: exactly `{"grants": [..], "reason": ".."}`.
 fn parse_escalate(v: &serde_json::Value) -> Result<ollie_policy::EscalationRequest, String> {
-    const USAGE: &str = "escalate must be {\"grants\": [\"net:PORT\" | \"read:PATH\" | \"write:PATH\" | \"unsandboxed\", …], \"reason\": \"why\"}";
+    const USAGE: &str = "escalate must be {\"grants\": [\"net:PORT\" | \"net:DOMAIN\" | \"read:PATH\" | \"write:PATH\" | \"unsandboxed\", …], \"reason\": \"why\"}";
     let o = v.as_object().ok_or_else(|| USAGE.to_owned())?;
     if let Some(k) = o.keys().find(|k| *k != "grants" && *k != "reason") {
         return Err(format!(
@@ -347,7 +347,7 @@ impl Session {
                 .into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
-            broker: crate::broker::Broker::default(),
+            broker: Arc::new(crate::broker::Broker::default()),
             tools: ToolEnv {
                 languages: tools::installed_languages(),
                 tools_dir: boot.tools_dir,
@@ -939,28 +939,6 @@ impl Session {
         self.procs.finish(&proc, f);
     }
 
-    /// Runs an approved escalation's pinned `req` under `policy` (the widened one) on a
-    /// blocking thread. Proxied (the policy's own mode, or an approved `net:DOMAIN` on a
-    /// closed one): the run's listener is served for as long as it runs.
-    async fn run_approved(
-        self: &Arc<Self>,
-        proc: &Arc<Proc>,
-        policy: Policy,
-        mut req: RunRequest,
-    ) -> Result<Result<ollie_sandbox::RunOutput, SandboxError>, String> {
-        let served = match &policy.network {
-            Network::Proxy(_) => Some(self.proxy_handoff(proc, &policy)?),
-            _ => None,
-        };
-        req.proxy = served.as_ref().map(|s| s.handoff.clone());
-        let pr = Arc::clone(proc);
-        let r = tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
-            .await
-            .map_err(|e| format!("the runner thread failed: {e}"));
-        drop(served);
-        r
-    }
-
     /// Waits until this session's running calls are seen stopped, then (when olliesrv holds
     /// peers) until olliesrv says the other sessions working in the request's trees are held.
     async fn hold_still(
@@ -1319,6 +1297,28 @@ impl Drop for ProxyServed {
 }
 
 impl Session {
+    /// Runs an approved escalation's pinned request under its widened `policy` on a
+    /// blocking thread; a proxied one (the policy's own mode, or an approved `net:DOMAIN` on
+    /// a closed one) has its listener served for as long as it runs.
+    async fn run_approved(
+        self: &Arc<Self>,
+        proc: &Arc<Proc>,
+        policy: Policy,
+        mut req: RunRequest,
+    ) -> Result<Result<ollie_sandbox::RunOutput, SandboxError>, String> {
+        let served = match &policy.network {
+            Network::Proxy(_) => Some(self.proxy_handoff(proc, &policy)?),
+            _ => None,
+        };
+        req.proxy = served.as_ref().map(|s| s.handoff.clone());
+        let pr = Arc::clone(proc);
+        let r = tokio::task::spawn_blocking(move || run_pinned(&policy, &req, &pr))
+            .await
+            .map_err(|e| format!("the runner thread failed: {e}"));
+        drop(served);
+        r
+    }
+
     /// The proxy of `proc`'s run under `policy` (a proxy mode one) and the handoff that
     /// serves the run's listener with it. The broker is the proxy's asker when the agent may
     /// ask for `net` (its policy, and its profile when it names kinds).
@@ -1337,7 +1337,9 @@ impl Session {
                 .cfg(&proc.owner)
                 .escalations
                 .is_none_or(|kinds| kinds.contains("net"));
-        let proxy = self.egress.proxy_for(self, network, may_ask)?;
+        let proxy = self
+            .egress
+            .proxy_for(&self.id, &self.broker, network, may_ask)?;
         let caller = ollie_proxy::Caller {
             agent: proc.owner.clone(),
             call: proc.id.to_string(),

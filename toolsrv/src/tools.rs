@@ -163,7 +163,7 @@ impl ToolEnv {
             "description": "ask a human for more than the sandbox allows, for this call only",
             "properties": {
                 "grants": {"type": "array", "items": {"type": "string"},
-                    "description": "net, net:PORT, read:PATH, write:PATH or unsandboxed"},
+                    "description": "net, net:PORT, net:DOMAIN (through the session's proxy), read:PATH, write:PATH or unsandboxed"},
                 "reason": {"type": "string"}
             },
             "required": ["grants", "reason"],

@@ -36,6 +36,8 @@ mod conn;
 mod doctor;
 #[path = "o/doctor_system.rs"]
 mod doctor_system;
+#[path = "o/egress.rs"]
+mod egress;
 #[path = "o/fuse.rs"]
 mod fuse;
 #[path = "o/mount.rs"]
@@ -112,7 +114,7 @@ const SANDBOX_HELP: &str = "Runs the command as toolsrv runs a tool, without a s
     its output streams, standard input is forwarded when it is a pipe or a file (never a \
     terminal), and a warning line follows for each risky file the run left behind. Without \
     --profile or --policy the profile is workspace. A NAME other than the shipped \
-    profiles (readonly, workspace, network) is ~/.config/ollie/policy/NAME.toml, as for \
+    profiles (readonly, workspace, network, packages) is ~/.config/ollie/policy/NAME.toml, as for \
     olliesrv; a file there with a shipped name is refused, as olliesrv refuses it.\n\
     EXIT STATUS: the command's (128 + signal when it was killed); 125 the sandbox refused or \
     failed to start it, 126 it cannot be executed, 127 it was not found.\n\n\
@@ -163,7 +165,7 @@ fn completions(shell: clap_complete::Shell) -> ExitCode {
 
 #[derive(Debug, clap::Args)]
 struct SandboxArgs {
-    /// A shipped or configured profile (readonly, workspace, network).
+    /// A shipped or configured profile (readonly, workspace, network, packages).
     #[arg(long, conflicts_with = "policy")]
     profile: Option<String>,
     /// A policy TOML file.
@@ -241,6 +243,18 @@ fn sandbox(args: SandboxArgs) -> ExitCode {
     // stdin: forwarded (through the runner, never as the fd itself) when it is a pipe or a
     // file; a terminal is never handed to a tool, which then reads /dev/null.
     req.stdin_fd = ollie_sandbox::forwardable_stdin().map(std::sync::Arc::new);
+    // Proxied: the proxy a server would run, here, for as long as the run runs.
+    let _served = match egress::for_run(&policy) {
+        Ok(Some((handoff, served))) => {
+            req.proxy = Some(handoff);
+            Some(served)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("o sandbox: {}", one_line(&e));
+            return ExitCode::from(EXIT_REFUSED);
+        }
+    };
     // Output is streamed live; the run's own capture (capped) only feeds the record.
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();

@@ -468,10 +468,13 @@ impl Bypass {
                 let v = serde_json::from_str(&text).unwrap_or(v);
                 self.add(session, v, text);
             } else {
+                // The egress proxy's decisions also go to `session/NAME/net`, with the
+                // session's and the agent's names.
                 if v.get("event").and_then(Value::as_str) == Some("net")
-                    && let (Some(s), Value::Object(fields)) = (names.upgrade(), &v)
+                    && let Some(s) = names.upgrade()
+                    && let Ok(Value::Object(mut fields)) =
+                        serde_json::from_str::<Value>(&with_names(&text, &v, names))
                 {
-                    let mut fields = fields.clone();
                     fields.remove("event");
                     s.net.emit("net", fields);
                 }

@@ -23,7 +23,7 @@ mod zygote;
 pub(crate) use child::*;
 pub(crate) use mount::*;
 pub(crate) use probe::*;
-pub use probe::{ipc_namespaces, seccomp_available, user_namespaces};
+pub use probe::{ipc_namespaces, network_namespaces, seccomp_available, user_namespaces};
 pub(crate) use raw::*;
 pub(crate) use stage::*;
 pub(crate) use zygote::*;

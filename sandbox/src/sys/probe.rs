@@ -34,6 +34,15 @@ pub fn user_namespaces() -> bool {
     *PROBED.get_or_init(|| can_unshare(libc::CLONE_NEWUSER))
 }
 
+/// Whether network namespaces can be created in a new user namespace (probed once: a
+/// forked child tries `unshare(CLONE_NEWUSER | CLONE_NEWNET)`), as every run under
+/// `network.mode = "proxy"` needs. A service manager may forbid them (systemd's
+/// `RestrictNamespaces=` without `net`).
+pub fn network_namespaces() -> bool {
+    static PROBED: OnceLock<bool> = OnceLock::new();
+    *PROBED.get_or_init(|| can_unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET))
+}
+
 /// Whether the kernel has seccomp filtering (`PR_GET_SECCOMP` answers instead of EINVAL).
 pub fn seccomp_available() -> bool {
     // SAFETY: raw prctl without pointers.

@@ -5,6 +5,17 @@
 #[allow(unused_imports)] // each suite uses some of these
 pub use ollie_testkit::{features_ok, skip};
 
+/// `e` and its sources, joined with `: `.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut chain = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        chain.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    chain
+}
+
 /// The shipped profile `profile` with its `[limits]` table replaced by `limits` (TOML lines).
 #[allow(clippy::unwrap_used)]
 pub fn profile_with_limits(profile: &str, limits: &str) -> ollie_policy::Policy {

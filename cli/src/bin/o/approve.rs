@@ -76,6 +76,11 @@ pub struct Request {
     pub held: Option<u64>,
     /// What the run would get beyond its policy (`net:8080`, `write:/path`).
     pub grants: Vec<String>,
+    /// A request of the session's egress proxy (`tool` = `net`): the domain and port a
+    /// running call connects to, and that call's command line.
+    pub domain: Option<String>,
+    pub port: Option<u16>,
+    pub command: Option<String>,
     pub reason: String,
     pub created: String,
     pub expires: String,
@@ -181,13 +186,8 @@ async fn names(conn: &Conn, session_id: &str, agent_id: &str) -> Names {
     n
 }
 
-/// The request as shown to the operator, every line escaped.
-pub fn render(r: &Request, names: &Names) -> String {
-    let mut out = format!("\nescalation request {}\n", escape(&r.id));
-    let mut line = |k: &str, v: &str| out.push_str(&format!("  {k:<10} {v}\n"));
-    line("session", &labelled(names.session.as_deref(), &r.session));
-    line("agent", &labelled(names.agent.as_deref(), &r.agent));
-    line("tool", &escape(&r.tool));
+/// The run a request would start, as [`render`] shows it.
+fn render_run(r: &Request, line: &mut impl FnMut(&str, &str)) {
     line("command", &command_line(&r.argv));
     line("cwd", &escape(&r.cwd));
     match &r.executable {
@@ -225,6 +225,26 @@ pub fn render(r: &Request, names: &Names) -> String {
             other => other.to_string(),
         };
         line("env", &format!("{}={}", escape(k), word(&v)));
+    }
+}
+
+/// The request as shown to the operator, every line escaped.
+pub fn render(r: &Request, names: &Names) -> String {
+    let mut out = format!("\nescalation request {}\n", escape(&r.id));
+    let mut line = |k: &str, v: &str| out.push_str(&format!("  {k:<10} {v}\n"));
+    line("session", &labelled(names.session.as_deref(), &r.session));
+    line("agent", &labelled(names.agent.as_deref(), &r.agent));
+    line("tool", &escape(&r.tool));
+    if let Some(d) = &r.domain {
+        // The proxy's question: a running call waits on its connection.
+        line(
+            "connects",
+            &format!("{}:{}", escape(d), r.port.unwrap_or_default()),
+        );
+        line("command", &escape(r.command.as_deref().unwrap_or("-")));
+        line("held", "no: only this connection waits for the answer");
+    } else {
+        render_run(r, &mut line);
     }
     if r.grants.is_empty() {
         line("grants", "-");
@@ -499,6 +519,32 @@ mod tests {
         assert!(is_request_id(id));
         assert!(!is_request_id("0123"));
         assert!(!is_request_id(&"g".repeat(32)));
+    }
+
+    #[test]
+    fn a_proxy_request_shows_the_domain_port_and_command() {
+        let r: Request = serde_json::from_value(serde_json::json!({
+            "id": "0123456789abcdef0123456789abcdef",
+            "tool": "net", "domain": "files.example.test", "port": 443,
+            "command": "pip install \u{1b}[31mx", "grants": ["net:files.example.test"],
+            "reason": "the run connects to files.example.test:443",
+        }))
+        .unwrap();
+        let shown = render(&r, &Names::default());
+        assert!(
+            shown.contains("connects   files.example.test:443\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("grant      net:files.example.test\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("held       no: only this connection waits"),
+            "{shown}"
+        );
+        assert!(!shown.contains('\u{1b}'), "escaped: {shown}");
+        assert!(!shown.contains("program"), "no run to show: {shown}");
     }
 
     #[test]

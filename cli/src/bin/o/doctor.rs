@@ -71,6 +71,21 @@ fn in_path(name: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
 }
 
+/// The proxy mode's requirement: network namespaces.
+fn egress_item(p: &Probe) -> Item {
+    Item::new(
+        "egress proxy",
+        false,
+        p.network_namespaces,
+        if p.network_namespaces {
+            "network namespaces can be created: runs under network.mode = \"proxy\" reach only their session's proxy (127.0.0.1:3128 in a namespace of their own), which allows requests by domain".to_owned()
+        } else {
+            "network namespaces cannot be created: runs under network.mode = \"proxy\" (the packages profile) fail; other modes are unaffected".to_owned()
+        },
+        "optional, for the proxy mode: allow net in the service manager's RestrictNamespaces= (the unit's network.conf drop-in does), or unprivileged user namespaces with network namespaces",
+    )
+}
+
 fn items(p: &Probe, uid: u32) -> Vec<Item> {
     let floor = ollie_policy::DEFAULT_LANDLOCK_MIN_ABI;
     let mut v = vec![
@@ -119,6 +134,7 @@ fn items(p: &Probe, uid: u32) -> Vec<Item> {
             },
             "optional; allow ipc in the service manager's RestrictNamespaces=",
         ),
+        egress_item(p),
     ];
     let pids = &p.cgroups.pids;
     v.push(if uid != 0 && !pids.available() {
