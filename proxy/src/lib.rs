@@ -4,10 +4,10 @@
 //! request through by domain.
 //!
 //! Guarantees:
-//! - Every request is decided in this order, and the first refusal ends it: the target port
-//!   must be listed ([`ProxyConfig::ports`]); the host must normalise
-//!   ([`ollie_policy::domains::normalize_host`]: NUL bytes, `%`, user info, non-canonical IP
-//!   forms, look-alike scripts refused); a deny pattern refuses at once; an allow pattern, or
+//! - Every request is decided in this order, and the first refusal ends it: the host must
+//!   normalise ([`ollie_policy::domains::normalize_host`]: NUL bytes, `%`, user info,
+//!   non-canonical IP forms, look-alike scripts refused); the target port must be listed
+//!   ([`ProxyConfig::ports`]); a deny pattern refuses at once; an allow pattern, or
 //!   an earlier approval for the session, lets it go on; anything else is a question for the
 //!   [`Asker`] (the broker), or refused when there is none.
 //! - A name is resolved only after it was allowed (a refused name is never looked up), every

@@ -1081,7 +1081,7 @@ fn address_refusals(tp: u16, pp: u16, dp: u16, up: u16) -> Vec<Refused> {
             curl(&format!("http://rebind.test:{pp}/hello.txt")),
             vec![
                 format!(
-                    "ollie proxy: refused rebind.test:{pp}: it resolves only to refused addresses (127.0.0.2: loopback); the proxy connects to such addresses only if the operator lists them in allow_addresses"
+                    "ollie proxy: refused rebind.test:{pp}: it resolves only to refused addresses (127.0.0.2: loopback); the proxy connects to such addresses only if the operator lists them in [proxy] allow_addresses"
                 ),
                 "http_code=403".into(),
             ],
@@ -1121,6 +1121,15 @@ fn address_refusals(tp: u16, pp: u16, dp: u16, up: u16) -> Vec<Refused> {
             curl(&format!("https://pypi.test:{up}/hello.txt")),
             vec!["connect=403".into()],
             expect("pypi.test", up, "refused", "port not allowed"),
+        ),
+        Refused::new(
+            "a bad host on a port not listed: the host is judged first",
+            raw_request(
+                format!("GET http://127.1:{up}/hello.txt HTTP/1.1\r\nHost: 127.1:{up}\r\n\r\n")
+                    .as_bytes(),
+            ),
+            vec!["HTTP/1.1 400 Bad Request".into()],
+            expect("127.1", up, "refused", "non-canonical form"),
         ),
         Refused::new(
             "a port not listed, plain",
@@ -1185,7 +1194,7 @@ async fn loopback_is_refused_unless_the_operator_allows_it() {
             curl(&w.http("plain.test", "hello.txt")),
             vec![
                 format!(
-                    "ollie proxy: refused plain.test:{pp}: {why}; the proxy connects to such addresses only if the operator lists them in allow_addresses"
+                    "ollie proxy: refused plain.test:{pp}: {why}; the proxy connects to such addresses only if the operator lists them in [proxy] allow_addresses"
                 ),
                 "http_code=403".into(),
             ],
