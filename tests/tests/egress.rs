@@ -248,6 +248,15 @@ impl World {
         w.netns_ok(case).await.then_some(w)
     }
 
+    /// [`World::start`] for `case` under `default` with nothing changed, once [`clients`]
+    /// found every client in `needs`.
+    async fn for_case(case: &str, needs: &[&str], default: &str) -> Option<World> {
+        if !clients(case, needs) {
+            return None;
+        }
+        World::start(case, default, |_| {}).await
+    }
+
     /// Whether a proxied run can be made here (network namespaces); prints the SKIP line,
     /// or fails under the rule, when it cannot.
     async fn netns_ok(&self, case: &str) -> bool {
@@ -481,10 +490,7 @@ fn check_event_shape(e: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_reaches_allowed_names_over_https_and_plain_http() {
     let case = "curl_reaches_allowed_names_over_https_and_plain_http";
-    if !clients(case, &["curl"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "proxied", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["curl"], "proxied").await else {
         return;
     };
     let r = w
@@ -616,10 +622,7 @@ async fn curl_reaches_allowed_names_over_https_and_plain_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pip_installs_a_wheel_from_a_local_index() {
     let case = "pip_installs_a_wheel_from_a_local_index";
-    if !clients(case, &["pip"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "proxied", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["pip"], "proxied").await else {
         return;
     };
     fixture(&w.srv, w.tls.port, "pip");
@@ -675,10 +678,7 @@ async fn pip_installs_a_wheel_from_a_local_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn npm_installs_from_a_local_registry() {
     let case = "npm_installs_from_a_local_registry";
-    if !clients(case, &["npm", "node"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "proxied", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["npm", "node"], "proxied").await else {
         return;
     };
     fixture(&w.srv, w.tls.port, "npm");
@@ -714,10 +714,7 @@ async fn npm_installs_from_a_local_registry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_clones_over_dumb_http() {
     let case = "git_clones_over_dumb_http";
-    if !clients(case, &["git", "git-https"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "proxied", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["git", "git-https"], "proxied").await else {
         return;
     };
     // A bare repository with one commit, served as static files.
@@ -898,6 +895,42 @@ fn http(port: u16, name: &str, path: &str) -> String {
     format!("http://{name}:{port}/{path}")
 }
 
+/// A fetch of `https://HOST:PORT/hello.txt` the proxy answers with `status` to CONNECT.
+fn via_connect(
+    name: &'static str,
+    host: &str,
+    port: u16,
+    status: u16,
+    verdict: &'static str,
+    reason: &str,
+) -> Refused {
+    Refused::new(
+        name,
+        curl(&format!("https://{host}:{port}/hello.txt")),
+        vec![format!("connect={status}")],
+        expect(host, port, verdict, reason),
+    )
+}
+
+/// A plain fetch of `http://HOST:PORT/hello.txt` the proxy answers with `status` and a body
+/// holding `body`.
+fn plain(
+    name: &'static str,
+    host: &str,
+    port: u16,
+    status: u16,
+    body: String,
+    verdict: &'static str,
+    reason: &str,
+) -> Refused {
+    Refused::new(
+        name,
+        curl(&format!("http://{host}:{port}/hello.txt")),
+        vec![body, format!("http_code={status}")],
+        expect(host, port, verdict, reason),
+    )
+}
+
 /// (5) a name no pattern lists (and no escalations), (6) a denied wildcard inside an
 /// allowed one; `tp` and `pp` are the HTTPS and plain origins' ports.
 fn listing_refusals(tp: u16, pp: u16) -> Vec<Refused> {
@@ -1076,51 +1109,59 @@ fn address_refusals(tp: u16, pp: u16, dp: u16, up: u16) -> Vec<Refused> {
                 "it resolves only to refused addresses (127.0.0.2: loopback)",
             ),
         ),
-        Refused::new(
+        plain(
             "an allowed name rebinding to 127.0.0.2, plain: the body says why",
-            curl(&format!("http://rebind.test:{pp}/hello.txt")),
-            vec![
-                format!(
-                    "ollie proxy: refused rebind.test:{pp}: it resolves only to refused addresses (127.0.0.2: loopback); the proxy connects to such addresses only if the operator lists them in [proxy] allow_addresses"
-                ),
-                "http_code=403".into(),
-            ],
-            expect("rebind.test", pp, "refused", "127.0.0.2: loopback"),
+            "rebind.test",
+            pp,
+            403,
+            format!(
+                "ollie proxy: refused rebind.test:{pp}: it resolves only to refused addresses (127.0.0.2: loopback); the proxy connects to such addresses only if the operator lists them in [proxy] allow_addresses"
+            ),
+            "refused",
+            "127.0.0.2: loopback",
         ),
-        Refused::new(
+        via_connect(
             "an allowed name rebinding to ::ffff:127.0.0.2",
-            curl(&format!("https://mapped.test:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            expect("mapped.test", tp, "refused", "(::ffff:127.0.0.2: loopback)"),
+            "mapped.test",
+            tp,
+            403,
+            "refused",
+            "(::ffff:127.0.0.2: loopback)",
         ),
-        Refused::new(
+        via_connect(
             "an allowed name rebinding to 0.0.0.0",
-            curl(&format!("https://zero.test:{tp}/hello.txt")),
-            vec!["connect=403".into()],
-            expect("zero.test", tp, "refused", "(0.0.0.0: unspecified)"),
+            "zero.test",
+            tp,
+            403,
+            "refused",
+            "(0.0.0.0: unspecified)",
         ),
         // Allowed, but nothing listens there: a 502, and the verdict stays "allowed".
-        Refused::new(
+        via_connect(
             "an allowed name whose origin is down",
-            curl(&format!("https://pypi.test:{dp}/hello.txt")),
-            vec!["connect=502".into()],
-            expect("pypi.test", dp, "allowed", "cannot reach the origin"),
+            "pypi.test",
+            dp,
+            502,
+            "allowed",
+            "cannot reach the origin",
         ),
-        Refused::new(
+        plain(
             "an allowed name whose origin is down, plain",
-            curl(&format!("http://plain.test:{dp}/hello.txt")),
-            vec![
-                format!("ollie proxy: plain.test:{dp}: cannot reach the origin: "),
-                "http_code=502".into(),
-            ],
-            expect("plain.test", dp, "allowed", "cannot reach the origin"),
+            "plain.test",
+            dp,
+            502,
+            format!("ollie proxy: plain.test:{dp}: cannot reach the origin: "),
+            "allowed",
+            "cannot reach the origin",
         ),
         // (10) A port the policy does not list.
-        Refused::new(
+        via_connect(
             "a port not listed",
-            curl(&format!("https://pypi.test:{up}/hello.txt")),
-            vec!["connect=403".into()],
-            expect("pypi.test", up, "refused", "port not allowed"),
+            "pypi.test",
+            up,
+            403,
+            "refused",
+            "port not allowed",
         ),
         Refused::new(
             "a bad host on a port not listed: the host is judged first",
@@ -1131,14 +1172,14 @@ fn address_refusals(tp: u16, pp: u16, dp: u16, up: u16) -> Vec<Refused> {
             vec!["HTTP/1.1 400 Bad Request".into()],
             expect("127.1", up, "refused", "non-canonical form"),
         ),
-        Refused::new(
+        plain(
             "a port not listed, plain",
-            curl(&format!("http://pypi.test:{up}/hello.txt")),
-            vec![
-                format!("ollie proxy: refused pypi.test:{up}: port not allowed (allowed: "),
-                "http_code=403".into(),
-            ],
-            expect("pypi.test", up, "refused", "port not allowed"),
+            "pypi.test",
+            up,
+            403,
+            format!("ollie proxy: refused pypi.test:{up}: port not allowed (allowed: "),
+            "refused",
+            "port not allowed",
         ),
     ]
 }
@@ -1146,10 +1187,7 @@ fn address_refusals(tp: u16, pp: u16, dp: u16, up: u16) -> Vec<Refused> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_requests_name_the_host_and_reach_nothing() {
     let case = "refused_requests_name_the_host_and_reach_nothing";
-    if !clients(case, &["curl", "python3"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "proxied", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["curl", "python3"], "proxied").await else {
         return;
     };
     let (tp, pp, dp) = (w.tls.port, w.plain.port, w.dead);
@@ -1364,10 +1402,7 @@ fn check_question_events(ev: &[Value], tp: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
     let case = "unlisted_names_are_asked_about_and_wait_for_the_operator";
-    if !clients(case, &["curl"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "asking", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["curl"], "asking").await else {
         return;
     };
     let url = w.https("asked.test", "hello.txt");
@@ -1396,10 +1431,7 @@ async fn unlisted_names_are_asked_about_and_wait_for_the_operator() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn net_questions_are_joined_withdrawn_and_expire() {
     let case = "net_questions_are_joined_withdrawn_and_expire";
-    if !clients(case, &["curl"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "asking", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["curl"], "asking").await else {
         return;
     };
     // Two fetches of one name at once: one question, both wait for it, one answer lets
@@ -1472,10 +1504,7 @@ async fn net_questions_are_joined_withdrawn_and_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_approval_is_the_asking_agents_only() {
     let case = "a_session_approval_is_the_asking_agents_only";
-    if !clients(case, &["curl"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "asking", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["curl"], "asking").await else {
         return;
     };
     let b = w.t.attach("b").await;
@@ -1568,10 +1597,7 @@ fn fifo(w: &World, name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_is_withdrawn_when_its_client_leaves() {
     let case = "a_question_is_withdrawn_when_its_client_leaves";
-    if !clients(case, &["python3"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "asking", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["python3"], "asking").await else {
         return;
     };
     let (go, end) = (fifo(&w, "go"), fifo(&w, "end"));
@@ -1614,10 +1640,7 @@ async fn poll_joined(op: &Fid) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_net_domain_grant_widens_only_that_runs_proxy() {
     let case = "an_approved_net_domain_grant_widens_only_that_runs_proxy";
-    if !clients(case, &["curl"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "asking", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["curl"], "asking").await else {
         return;
     };
     let url = w.https("registry.test", "hello.txt");
@@ -1844,10 +1867,7 @@ for family in (socket.AF_INET, socket.AF_INET6):
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxied_run_has_no_resolver_and_no_udp() {
     let case = "a_proxied_run_has_no_resolver_and_no_udp";
-    if !clients(case, &["getent", "python3"]) {
-        return;
-    }
-    let Some(w) = World::start(case, "proxied", |_| {}).await else {
+    let Some(w) = World::for_case(case, &["getent", "python3"], "proxied").await else {
         return;
     };
     let r = w
