@@ -310,9 +310,10 @@ pub(crate) fn decide(
         DomainVerdict::Allowed(pattern) => {
             Step::Go(Verdict::Allowed, format!("allowed by {pattern}"))
         }
-        DomainVerdict::NotListed if approved.contains(&host.to_string()) => {
-            Step::Go(Verdict::Approved, "approved for the session".into())
-        }
+        DomainVerdict::NotListed if approved.contains(&host.to_string()) => Step::Go(
+            Verdict::Approved,
+            "approved earlier, remembered by this proxy".into(),
+        ),
         DomainVerdict::NotListed => Step::Ask,
     }
 }
@@ -370,7 +371,10 @@ mod tests {
         approved.insert("x.bad.ok.test".into());
         assert_eq!(
             d("other.test", 80, &approved),
-            Step::Go(Verdict::Approved, "approved for the session".into())
+            Step::Go(
+                Verdict::Approved,
+                "approved earlier, remembered by this proxy".into()
+            )
         );
         // A deny pattern wins over an approval, and the port check over both.
         assert!(matches!(

@@ -154,7 +154,7 @@ impl Proxy {
             .clone()
     }
 
-    /// The domains the asker approved for the session, sorted.
+    /// The domains the asker approved for the rest of this proxy's life, sorted.
     pub fn approved_for_session(&self) -> Vec<String> {
         let set = self.approved.lock().unwrap_or_else(PoisonError::into_inner);
         let mut v: Vec<String> = set.iter().cloned().collect();
@@ -279,7 +279,7 @@ impl Proxy {
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .insert(domain);
-                    "approved for the session"
+                    "approved, and remembered by this proxy"
                 } else {
                     "approved once"
                 };

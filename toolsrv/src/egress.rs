@@ -224,7 +224,13 @@ impl Asker for BrokerAsker {
                 fields,
             });
             match asked {
-                Err(why) => AskVerdict::Deny { reason: why },
+                // The broker's words are for a call that has not run; this one is running.
+                Err(why) => AskVerdict::Deny {
+                    reason: why
+                        .strip_suffix("; nothing was run")
+                        .unwrap_or(&why)
+                        .to_owned(),
+                },
                 Ok(Asked::PreApproved) => AskVerdict::Allow { for_session: true },
                 Ok(Asked::Waiting(id, rx)) => {
                     let mut guard = Withdraw {

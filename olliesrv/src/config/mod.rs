@@ -642,18 +642,14 @@ impl Config {
                 format!("{:?} must be an absolute path", d.display().to_string()),
             ));
         }
-        let skill_paths = match &raw.skill_paths {
-            None => None,
-            Some(list) => Some(skill_paths(list).map_err(|(k, m)| invalid(k, m))?),
-        };
-        let limits = match &raw.limits {
-            None => ollie_p9::server::Limits::default(),
-            Some(l) => l.resolve().map_err(|(k, m)| invalid(k, m))?,
-        };
-        let proxy = match raw.proxy {
-            None => ollie_link::boot::ProxyBoot::default(),
-            Some(p) => proxy::proxy(p).map_err(|(k, m)| invalid(k, m))?,
-        };
+        let skill_paths = (raw.skill_paths.as_deref().map(skill_paths).transpose())
+            .map_err(|(k, m)| invalid(k, m))?;
+        let limits = (raw.limits.as_ref().map(RawLimits::resolve).transpose())
+            .map_err(|(k, m)| invalid(k, m))?
+            .unwrap_or_default();
+        let proxy = (raw.proxy.map(proxy::proxy).transpose())
+            .map_err(|(k, m)| invalid(k, m))?
+            .unwrap_or_default();
         let mut operators = Vec::new();
         for (i, o) in raw.operators.iter().enumerate() {
             operators.push(Operator::parse(o).map_err(|m| invalid(format!("operators[{i}]"), m))?);

@@ -186,7 +186,7 @@ async fn names(conn: &Conn, session_id: &str, agent_id: &str) -> Names {
     n
 }
 
-/// The run a request would start, as [`render`] shows it.
+/// The run a request would start, as [`render()`] shows it.
 fn render_run(r: &Request, line: &mut impl FnMut(&str, &str)) {
     line("command", &command_line(&r.argv));
     line("cwd", &escape(&r.cwd));
