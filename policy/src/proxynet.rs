@@ -67,6 +67,24 @@ impl ProxyNetwork {
         out
     }
 
+    /// The proxy's rules: [`ProxyNetwork::allowed_patterns`] and `deny` as patterns. Every
+    /// entry parses when the network came from a policy file or a grant; an error names the
+    /// one that does not.
+    pub fn domain_rules(&self) -> Result<crate::domains::DomainRules, String> {
+        let patterns = |set: &BTreeSet<String>| -> Result<Vec<_>, String> {
+            set.iter()
+                .map(|p| {
+                    crate::domains::DomainPattern::parse(p)
+                        .map_err(|e| format!("domain {p:?}: {e}"))
+                })
+                .collect()
+        };
+        Ok(crate::domains::DomainRules::new(
+            patterns(&self.allowed_patterns())?,
+            patterns(&self.deny)?,
+        ))
+    }
+
     /// Whether `self` (a narrowing layer) allows nothing `base` does not: its ports are a
     /// subset, it denies at least what the base denies, and each pattern it allows is allowed
     /// by the base (the same pattern, or a name under one of the base's wildcards).

@@ -25,7 +25,6 @@ use std::sync::{Arc, Weak};
 
 use ollie_link::boot::ProxyBoot;
 use ollie_policy::ProxyNetwork;
-use ollie_policy::domains::{DomainPattern, DomainRules};
 use ollie_proxy::{
     AddressPolicy, AskFuture, AskRequest, AskVerdict, Asker, Caller, Event, EventSink, Proxy,
     ProxyConfig, Resolver,
@@ -84,15 +83,7 @@ impl Egress {
         network: &ProxyNetwork,
         may_ask: bool,
     ) -> Result<Arc<Proxy>, String> {
-        let patterns = |set: &std::collections::BTreeSet<String>| -> Result<Vec<_>, String> {
-            set.iter()
-                .map(|p| DomainPattern::parse(p).map_err(|e| format!("domain {p:?}: {e}")))
-                .collect()
-        };
-        let rules = DomainRules::new(
-            patterns(&network.allowed_patterns())?,
-            patterns(&network.deny)?,
-        );
+        let rules = network.domain_rules()?;
         let mut resolver = Resolver::system();
         for (name, addrs) in &self.pins {
             resolver = resolver

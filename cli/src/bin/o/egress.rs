@@ -8,7 +8,6 @@
 use std::io::Write as _;
 use std::sync::Arc;
 
-use ollie_policy::domains::{DomainPattern, DomainRules};
 use ollie_policy::{Network, Policy};
 
 /// Serves the run's listener until dropped (every connection closes with the runtime).
@@ -41,15 +40,7 @@ pub fn for_run(policy: &Policy) -> anyhow::Result<Option<(ollie_sandbox::ProxyHa
     let Network::Proxy(network) = &policy.network else {
         return Ok(None);
     };
-    let patterns = |set: &std::collections::BTreeSet<String>| -> anyhow::Result<Vec<_>> {
-        set.iter()
-            .map(|p| DomainPattern::parse(p).map_err(|e| anyhow::anyhow!("domain {p:?}: {e}")))
-            .collect()
-    };
-    let rules = DomainRules::new(
-        patterns(&network.allowed_patterns())?,
-        patterns(&network.deny)?,
-    );
+    let rules = network.domain_rules().map_err(anyhow::Error::msg)?;
     let mut config = ollie_proxy::ProxyConfig::new(rules, Arc::new(StderrSink));
     config.ports = network.ports.clone();
     let proxy = Arc::new(ollie_proxy::Proxy::new(config));
