@@ -11,8 +11,12 @@ use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-/// The most bytes one `splice` moves (the default pipe capacity).
-const CHUNK: usize = 64 * 1024;
+/// The pipe capacity asked for (the default `fs.pipe-max-size`), and so the most bytes one
+/// `splice` moves; fewer, larger moves are what brings the tunnel near a direct transfer.
+const PIPE: usize = 1024 * 1024;
+
+/// The capacity every pipe has (when the larger one is refused).
+const DEFAULT_PIPE: usize = 64 * 1024;
 
 /// Copies both ways until both sides have closed (each end of stream passed on as a
 /// shutdown), or either fails; `up` counts client → upstream bytes, `down` the others.
@@ -34,6 +38,13 @@ pub(crate) async fn both_ways(
 /// Moves what `from` receives to `to` until `from` ends, then shuts `to` down for writing.
 async fn one_way(from: OwnedReadHalf, mut to: OwnedWriteHalf, count: &AtomicU64) -> io::Result<()> {
     let (pipe_r, pipe_w) = pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)?;
+    let chunk = nix::fcntl::fcntl(
+        std::os::fd::AsRawFd::as_raw_fd(&pipe_w),
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE as i32),
+    )
+    .ok()
+    .and_then(|n| usize::try_from(n).ok())
+    .unwrap_or(DEFAULT_PIPE);
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     let from: &TcpStream = from.as_ref();
     loop {
@@ -41,7 +52,7 @@ async fn one_way(from: OwnedReadHalf, mut to: OwnedWriteHalf, count: &AtomicU64)
         let n = loop {
             from.readable().await?;
             let moved = from.try_io(Interest::READABLE, || {
-                splice(from, None, &pipe_w, None, CHUNK, flags).map_err(io::Error::from)
+                splice(from, None, &pipe_w, None, chunk, flags).map_err(io::Error::from)
             });
             match moved {
                 Ok(n) => break n,
