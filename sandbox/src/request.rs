@@ -235,16 +235,14 @@ impl Cancel {
     /// (true), or `done()` says the caller's run is over, or no run of it can run any more
     /// (true: nothing of it runs); false when `limit` passes first or no freeze is asked any
     /// more. A handle no run watches yet is waited for: its run freezes as soon as it starts.
-    /// `done` is checked at least every 20 ms.
+    /// `done` is checked at least every 20 ms, never while the handle's lock is held: it may
+    /// take the caller's own locks, and the caller may hold those while it freezes or thaws
+    /// this handle (toolsrv's quiesce registry does both).
     pub fn wait_frozen(&self, limit: std::time::Duration, done: &dyn Fn() -> bool) -> bool {
         let end = std::time::Instant::now() + limit;
-        let mut st = lock_state(&self.state);
         loop {
-            if st.freezes == 0 {
-                return false;
-            }
-            if !st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen) {
-                return true;
+            if let Some(settled) = self.frozen_state() {
+                return settled;
             }
             if done() {
                 return true;
@@ -254,11 +252,27 @@ impl Cancel {
                 return false;
             }
             let wait = (end - now).min(std::time::Duration::from_millis(20));
-            st = FROZEN
-                .wait_timeout(st, wait)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+            let st = lock_state(&self.state);
+            // Checked again under the lock the wait releases, so no report is missed.
+            if st.freezes == 0 || (!st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen))
+            {
+                continue;
+            }
+            drop(FROZEN.wait_timeout(st, wait));
         }
+    }
+
+    /// `Some(false)`: no freeze is asked any more; `Some(true)`: every watching run reported
+    /// itself stopped; `None`: still waiting.
+    fn frozen_state(&self) -> Option<bool> {
+        let st = lock_state(&self.state);
+        if st.freezes == 0 {
+            return Some(false);
+        }
+        if !st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen) {
+            return Some(true);
+        }
+        None
     }
 
     /// The signals [`Cancel::signal`] accepts: SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGUSR1,
@@ -729,6 +743,49 @@ mod tests {
             effective_limits(&l, &req),
             Err(SandboxError::InvalidRequest { .. })
         ));
+    }
+
+    /// A waiter's `done` takes a lock of the caller's that the caller holds while it freezes
+    /// and thaws the handle (toolsrv's quiesce registry does): neither may wait for the other.
+    /// Before `done` ran outside the handle's lock this hung toolsrv for good (the crash
+    /// suite's "toolsrv still running 10s after the kill").
+    #[test]
+    fn wait_frozen_calls_done_outside_the_handle_lock() {
+        let c = Cancel::new().unwrap();
+        c.freeze();
+        let registry = Arc::new(Mutex::new(()));
+        let waiter = {
+            let (c, registry) = (c.clone(), Arc::clone(&registry));
+            std::thread::spawn(move || {
+                let done = || {
+                    let _g = registry.lock().unwrap();
+                    false
+                };
+                c.wait_frozen(std::time::Duration::from_secs(2), &done)
+            })
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let (c, registry) = (c.clone(), Arc::clone(&registry));
+            std::thread::spawn(move || {
+                // For the waiter's whole wait (about a hundred calls of `done`).
+                let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while std::time::Instant::now() < end {
+                    let _g = registry.lock().unwrap();
+                    c.freeze();
+                    c.thaw();
+                    drop(_g);
+                    std::thread::yield_now();
+                }
+                let _ = tx.send(());
+            });
+        }
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok(),
+            "freezing under the caller's lock waited for the waiter's done: deadlock"
+        );
+        // Nothing watches the handle, so the waiter gives up at its limit.
+        assert!(!waiter.join().unwrap());
     }
 
     #[test]
