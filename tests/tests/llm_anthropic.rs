@@ -284,6 +284,15 @@ fn check_agent_request(g: &Got, work: &Path) -> Value {
         system.ends_with(&format!("Working directory: {}", work.display())),
         "{system}"
     );
+    // The sandbox as the agent's policy has it, generated (agent/sandbox.rs).
+    for want in [
+        "Sandbox: every command you run is confined by the \"workspace\" policy".to_owned(),
+        format!("- Writable: {}.\n", work.display()),
+        format!("{}/.git", work.display()),
+        "- Network: none".to_owned(),
+    ] {
+        assert!(system.contains(&want), "{want:?} in {system}");
+    }
     let tools = b["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     for t in ["execute_code", "file_read", "file_write"] {

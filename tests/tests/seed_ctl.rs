@@ -409,6 +409,10 @@ async fn agent_ctl_answers_each_seed_command_on_the_same_fid() {
         sp.ends_with(&format!("Working directory: {}\n", work.display())),
         "{sp}"
     );
+    assert!(
+        sp.contains(&format!("\n- Writable: {}.\n", work.display())),
+        "the sandbox section: {sp}"
+    );
 
     // inject and its alias add to the context without a turn; inject's text may have lines.
     assert_eq!(ok(&f, "inject remember the fixtures").await, "injected\n");

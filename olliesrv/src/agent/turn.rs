@@ -226,12 +226,14 @@ pub fn model_name(a: &Agent, config: &Config, backend: &crate::config::Backend) 
 
 /// The system prompt as the model sees it (`ctl systemprompt`).
 pub fn system_prompt(a: &Agent, config: &Config) -> String {
+    let (profile, cwd) = (a.profile(config), a.settings().cwd);
     format!(
-        "{}\n\nWorking directory: {}{}",
-        a.profile(config)
+        "{}{}\n\nWorking directory: {}{}",
+        profile
             .and_then(|p| p.system_prompt.clone())
             .unwrap_or_else(|| DEFAULT_SYSTEM.to_owned()),
-        a.settings().cwd.display(),
+        super::sandbox::section(profile, &config.policies, &cwd).unwrap_or_default(),
+        cwd.display(),
         crate::skills::prompt_section(&crate::skills::scan(config))
     )
 }
