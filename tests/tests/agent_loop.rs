@@ -131,6 +131,54 @@ async fn a_tool_round_trip_runs_sandboxed_and_ends_with_the_answer() {
     );
 }
 
+/// A refused write and a missing program: the result the model gets carries one line each
+/// saying what the sandbox did, from the run record and the agent's policy
+/// (olliesrv/src/agent/sandbox.rs), and the refused file was not made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_tells_the_model_what_the_sandbox_did() {
+    let turns = concat!(
+        r#"{"tool_calls": [{"name": "execute_code", "arguments": {"language": "bash", "code": "touch .git/planted; echo 'eval x' > .envrc; nosuchprogram_ollie"}}]}"#,
+        "\n",
+        r#"{"text": "Both refused."}"#,
+        "\n"
+    );
+    let (srv, work) = server(turns, "");
+    std::fs::create_dir(work.join(".git")).unwrap();
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    write(&root, "session/s/agent/a/prompt", "try").await;
+    let raw = wait_for(&root, "session/s/agent/a/log", "Both refused.").await;
+    let result = raw
+        .split("[[[tool_result")
+        .nth(1)
+        .and_then(|r| r.split("]]]").next())
+        .unwrap_or_else(|| panic!("no tool result: {raw}"));
+    assert!(result.contains("exit=127"), "{result}");
+    assert!(result.contains("Read-only file system"), "{result}");
+    for want in [
+        format!(
+            "ollie: \"Read-only file system\" is the sandbox: only {} can be written",
+            work.display()
+        ),
+        format!(
+            "read-only even so: {}/.git, {}/.envrc",
+            work.display(),
+            work.display()
+        ),
+        "git cannot change .git here: leave commits to the user.".to_owned(),
+        // The default profile asks for no escalations.
+        "This agent cannot ask for more writes.".to_owned(),
+        // .envrc did not exist: a placeholder stood there.
+        format!("ollie: {}/.envrc is protected", work.display()),
+        "ollie: a program was not found: PATH in the sandbox is /usr/local/bin:/usr/bin:/bin"
+            .to_owned(),
+    ] {
+        assert!(result.contains(&want), "{want:?} in {result}");
+    }
+    assert!(!work.join(".envrc").exists(), ".envrc was left behind");
+    assert!(!work.join(".git/planted").exists(), ".git/planted was made");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_agent_returns_its_final_reply_on_the_same_fid() {
     let turns = concat!(r#"{"text": "the tests pass"}"#, "\n");

@@ -15,6 +15,7 @@ pub(crate) mod feed;
 pub(crate) mod history;
 pub(crate) mod hooks;
 pub(crate) mod nstools;
+pub(crate) mod outcome;
 pub(crate) mod sandbox;
 pub(crate) mod turn;
 

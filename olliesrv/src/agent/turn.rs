@@ -45,6 +45,7 @@ use serde_json::Value;
 
 use crate::agent::RETRIES;
 use crate::agent::history::{message_of, remember, remember_sync, sync_chat_and_history};
+use crate::agent::outcome::Outcome;
 use crate::backend::{
     Backend, BackendError, Event, Message, ModelReply, ModelRequest, Role, ToolCall, ToolChoice,
     ToolSpec, select,
@@ -341,27 +342,6 @@ impl Drop for Prefetch {
     }
 }
 
-/// What one tool call came to.
-#[derive(Debug, Clone)]
-struct Outcome {
-    /// The result text for the model.
-    text: String,
-    /// Whether it succeeded (ran and exited 0, or started in the background).
-    ok: bool,
-    /// Attributes for the chat's `tool_result` marker (pid, exit, record).
-    attrs: String,
-}
-
-impl Outcome {
-    fn error(e: impl std::fmt::Display) -> Outcome {
-        Outcome {
-            text: format!("error: {e}"),
-            ok: false,
-            attrs: String::new(),
-        }
-    }
-}
-
 /// Whether a call asks to run in the background.
 fn background(call: &ToolCall) -> bool {
     call.arguments.get("background").and_then(Value::as_bool) == Some(true)
@@ -523,7 +503,11 @@ async fn run_tool_inner(
             attrs: format!("pid={pid} background=true"),
         });
     }
-    Ok(outcome_of_reply(&reply))
+    Ok(super::outcome::of_reply(
+        &reply,
+        a.profile(config),
+        &config.policies,
+    ))
 }
 
 /// Tells toolsrv the agent's bead namespace as overlay mounts before one of its runs (its
@@ -553,48 +537,6 @@ async fn send_unions(a: &Arc<Agent>, c: &crate::link::Conn) -> Result<(), String
     c.ctl(&format!("unions {} {json}", a.id)).await?;
     a.ns.unions_sent.store(true, Ordering::SeqCst);
     Ok(())
-}
-
-/// Splits a `record=1` reply: the first line is `{"pid","record"|"error"}`, the rest the
-/// result text.
-fn outcome_of_reply(reply: &str) -> Outcome {
-    let (head, text) = reply.split_once('\n').unwrap_or((reply, ""));
-    let Ok(meta) = serde_json::from_str::<Value>(head) else {
-        // Not the framed form: the whole reply is the result.
-        return Outcome {
-            text: reply.to_owned(),
-            ok: true,
-            attrs: String::new(),
-        };
-    };
-    let pid = meta.get("pid").and_then(Value::as_u64);
-    let record = meta.get("record").filter(|r| !r.is_null());
-    let exit = record.and_then(|r| r.get("exit"));
-    let code = exit.and_then(|e| e.get("code")).and_then(Value::as_i64);
-    let signal = exit.and_then(|e| e.get("signal")).and_then(Value::as_i64);
-    let mut attrs = Vec::new();
-    if let Some(p) = pid {
-        attrs.push(format!("pid={p}"));
-    }
-    match (code, signal) {
-        (Some(c), _) => attrs.push(format!("exit={c}")),
-        (None, Some(s)) => attrs.push(format!("signal={s}")),
-        _ => attrs.push("exit=none".to_owned()),
-    }
-    if let Some(r) = record {
-        attrs.push(format!("record={r}"));
-    } else if let Some(e) = meta.get("error").and_then(Value::as_str) {
-        attrs.push(format!("error={}", ollie_link::escape_value(e)));
-    }
-    let text = match meta.get("error").and_then(Value::as_str) {
-        Some(e) if text.is_empty() => format!("error: the tool did not run: {e}"),
-        _ => text.to_owned(),
-    };
-    Outcome {
-        text,
-        ok: code == Some(0),
-        attrs: attrs.join(" "),
-    }
 }
 
 /// Why a model call failed.
@@ -1472,142 +1414,5 @@ pub async fn generate(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn spec(n: &str) -> ToolSpec {
-        ToolSpec {
-            name: n.into(),
-            description: String::new(),
-            parameters: Value::Null,
-        }
-    }
-
-    fn call(n: &str, args: Value) -> ToolCall {
-        ToolCall {
-            id: n.into(),
-            name: n.into(),
-            arguments: args,
-        }
-    }
-
-    /// The prefetch's retry: `ask_again` with an answer that fails `fails` times, on paused
-    /// time; what it returned, how often it asked, and how long it paused in all.
-    async fn asked(fails: u32, stop: bool) -> (Result<u32, String>, u32, Duration) {
-        let n = std::cell::Cell::new(0u32);
-        let t0 = tokio::time::Instant::now();
-        let r = ask_again(
-            PREFETCH_TRIES,
-            PREFETCH_PAUSE,
-            || stop,
-            || {
-                n.set(n.get() + 1);
-                let k = n.get();
-                async move {
-                    if k <= fails {
-                        Err(format!("failure {k}"))
-                    } else {
-                        Ok(k)
-                    }
-                }
-            },
-        )
-        .await;
-        (r, n.get(), t0.elapsed())
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_tool_list_is_asked_again_after_a_failure() {
-        assert_eq!(asked(0, false).await, (Ok(1), 1, Duration::ZERO));
-        // A toolsrv that died while asked: the second question has the list.
-        assert_eq!(asked(1, false).await, (Ok(2), 2, PREFETCH_PAUSE));
-        assert_eq!(
-            asked(PREFETCH_TRIES - 1, false).await,
-            (Ok(PREFETCH_TRIES), PREFETCH_TRIES, PREFETCH_PAUSE * 6)
-        );
-        // One that stays down fails the turn after the last question, with its failure.
-        assert_eq!(
-            asked(u32::MAX, false).await,
-            (
-                Err(format!("failure {PREFETCH_TRIES}")),
-                PREFETCH_TRIES,
-                PREFETCH_PAUSE * 6
-            )
-        );
-        // A killed agent is not asked for again.
-        assert_eq!(
-            asked(u32::MAX, true).await,
-            (Err("failure 1".into()), 1, Duration::ZERO)
-        );
-    }
-
-    #[test]
-    fn tool_calls_written_as_text_are_recognised() {
-        let tools = [spec("execute_code"), spec("file_read")];
-        let yes = [
-            "```json\n{\"name\": \"execute_code\", \"arguments\": {\"code\": \"ls\"}}\n```",
-            "<tool_call>\n{\"name\":\"file_read\",\"arguments\":{\"path\":\"a\"}}\n</tool_call>",
-            "I'll run execute_code({\"language\": \"sh\", \"code\": \"ls\"})",
-            "[TOOL_CALLS] something",
-            "<function=file_read>{\"path\":\"x\"}</function>",
-        ];
-        for t in yes {
-            assert!(text_tool_call(t, &tools).is_some(), "{t}");
-        }
-        assert_eq!(
-            text_tool_call("{\"name\": \"file_read\", \"input\": {}}", &tools).as_deref(),
-            Some("file_read")
-        );
-        let no = [
-            "I ran execute_code and the tests pass.",
-            "The file_read tool showed the config; done.",
-            "{\"name\": \"alice\", \"arguments\": 3}",
-            "",
-        ];
-        for t in no {
-            assert_eq!(text_tool_call(t, &tools), None, "{t}");
-        }
-    }
-
-    #[test]
-    fn only_consecutive_read_only_calls_share_a_run() {
-        let r = call("file_read", json!({}));
-        let w = call("file_write", json!({}));
-        let bg = call("file_read", json!({"background": true}));
-        let calls = [r.clone(), r.clone(), w.clone(), r.clone(), bg, r.clone()];
-        let sizes: Vec<usize> = runs(&calls).iter().map(|r| r.len()).collect();
-        assert_eq!(sizes, [2, 1, 1, 1, 1]);
-        assert!(runs(&[]).is_empty());
-    }
-
-    #[test]
-    fn framed_replies_give_exit_and_record() {
-        let o = outcome_of_reply(
-            "{\"pid\":3,\"record\":{\"exit\":{\"code\":0},\"argv\":[\"sh\"]}}\nhello\n",
-        );
-        assert!(o.ok);
-        assert_eq!(o.text, "hello\n");
-        assert!(o.attrs.starts_with("pid=3 exit=0 record={"), "{}", o.attrs);
-        let o = outcome_of_reply("{\"pid\":4,\"record\":{\"exit\":{\"code\":2}}}\nno\n");
-        assert!(!o.ok);
-        let o =
-            outcome_of_reply("{\"pid\":5,\"record\":null,\"error\":\"landlock: not supported\"}\n");
-        assert!(!o.ok);
-        assert_eq!(
-            o.text,
-            "error: the tool did not run: landlock: not supported"
-        );
-        assert!(o.attrs.contains("exit=none"), "{}", o.attrs);
-        assert!(
-            o.attrs.contains("error=landlock: not supported"),
-            "{}",
-            o.attrs
-        );
-        let o = outcome_of_reply("plain text\nmore\n");
-        assert_eq!(o.text, "plain text\nmore\n");
-        let o = outcome_of_reply("{\"pid\":6,\"record\":{\"exit\":{\"signal\":9}}}\n");
-        assert!(!o.ok);
-        assert!(o.attrs.contains("signal=9"), "{}", o.attrs);
-    }
-}
+#[path = "turn_tests.rs"]
+mod tests;
