@@ -179,6 +179,36 @@ async fn a_refused_call_tells_the_model_what_the_sandbox_did() {
     assert!(!work.join(".git/planted").exists(), ".git/planted was made");
 }
 
+/// The repository's AGENTS.md reaches the system prompt (`ctl systemprompt`, what the model
+/// is sent), and a symlinked AGENTS.override.md pointing at a file outside does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn project_instructions_reach_the_system_prompt_and_links_do_not() {
+    let (srv, work) = server(r#"{"text": "ok"}"#, "");
+    std::fs::create_dir(work.join(".git")).unwrap();
+    std::fs::write(
+        work.join("AGENTS.md"),
+        "Run make check before you answer.\n",
+    )
+    .unwrap();
+    let secret = work.parent().unwrap().join("id_ed25519");
+    std::fs::write(&secret, "CANARY-PRIVATE-KEY").unwrap();
+    std::os::unix::fs::symlink(&secret, work.join("AGENTS.override.md")).unwrap();
+    let (_c, root) = attach(&srv, &me()).await;
+    session_with_agent(&root, &work).await;
+    let sp = rdwr(&root, "session/s/agent/a/ctl", "systemprompt")
+        .await
+        .unwrap();
+    assert!(sp.contains("Project instructions"), "{sp}");
+    assert!(
+        sp.contains(&format!(
+            "--- {}/AGENTS.md ---\nRun make check before you answer.",
+            work.display()
+        )),
+        "{sp}"
+    );
+    assert!(!sp.contains("CANARY"), "{sp}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_agent_returns_its_final_reply_on_the_same_fid() {
     let turns = concat!(r#"{"text": "the tests pass"}"#, "\n");

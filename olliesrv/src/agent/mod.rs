@@ -14,6 +14,7 @@ pub(crate) mod compact;
 pub(crate) mod feed;
 pub(crate) mod history;
 pub(crate) mod hooks;
+pub(crate) mod instructions;
 pub(crate) mod nstools;
 pub(crate) mod outcome;
 pub(crate) mod sandbox;

@@ -228,14 +228,21 @@ pub fn model_name(a: &Agent, config: &Config, backend: &crate::config::Backend) 
 /// The system prompt as the model sees it (`ctl systemprompt`).
 pub fn system_prompt(a: &Agent, config: &Config) -> String {
     let (profile, cwd) = (a.profile(config), a.settings().cwd);
+    // A remote session's workspace is on its toolsrv's host: not read from here.
+    let local = a.session.upgrade().is_some_and(|s| s.remote.is_none());
     format!(
-        "{}{}\n\nWorking directory: {}{}",
+        "{}{}\n\nWorking directory: {}{}{}",
         profile
             .and_then(|p| p.system_prompt.clone())
             .unwrap_or_else(|| DEFAULT_SYSTEM.to_owned()),
         super::sandbox::section(profile, &config.policies, &cwd).unwrap_or_default(),
         cwd.display(),
-        crate::skills::prompt_section(&crate::skills::scan(config))
+        crate::skills::prompt_section(&crate::skills::scan(config)),
+        if local {
+            super::instructions::section(&cwd)
+        } else {
+            String::new()
+        }
     )
 }
 
