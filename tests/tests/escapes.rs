@@ -375,7 +375,24 @@ fn py(code: &str) -> String {
 /// a 10,000-inode budget).
 static DISK_QUIET: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Held by the cases that measure the host's shared memory (`Shmem` in /proc/meminfo): it
+/// is one figure for the whole machine, so two of them filling at once would each see the
+/// other's fill as its own.
+static MEMORY_QUIET: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 macro_rules! case {
+    (memory $name:ident, $body:expr) => {
+        #[test]
+        fn $name() {
+            if !features_ok(stringify!($name)) {
+                return;
+            }
+            let _quiet = MEMORY_QUIET.lock().unwrap_or_else(|p| p.into_inner());
+            let ctx = Ctx::new(stringify!($name));
+            let f: fn(&Ctx) = $body;
+            f(&ctx);
+        }
+    };
     (disk $name:ident, $body:expr) => {
         #[test]
         fn $name() {
@@ -1957,7 +1974,7 @@ case!(f41_fork_bomb, |c| {
     // The runner still answers right away (check_healthy ran inside `run`).
 });
 
-case!(f42_memory_exhaustion, |c| {
+case!(memory f42_memory_exhaustion, |c| {
     let pol = p_std_with(|t| with_limits(t, "address_space_bytes = 1073741824"));
     let out = c.run(
         &pol,
@@ -2031,7 +2048,7 @@ fn stopped_by_the_memory_cgroup(out: &RunOutput, fill: &memory::Fill) {
     }
 }
 
-case!(f42b_memory_held_by_fds_stops_at_the_memory_cgroup, |c| {
+case!(memory f42b_memory_held_by_fds_stops_at_the_memory_cgroup, |c| {
     // memfd_create + posix_fallocate (and tmpfs files) hold shared memory that RLIMIT_AS does
     // not count: only the run's memory cgroup (`limits.memory_bytes`) bounds it.
     use memory::{MIB, SLACK};
@@ -2110,7 +2127,7 @@ case!(f42b_memory_held_by_fds_stops_at_the_memory_cgroup, |c| {
     );
 });
 
-case!(f42c_memory_held_by_fds_is_bounded_in_every_mode, |c| {
+case!(memory f42c_memory_held_by_fds_is_bounded_in_every_mode, |c| {
     // The attack of f42b in every mode, with or without a memory cgroup: hold 2 GiB in memfds,
     // then in /dev/shm files, under a 256 MiB budget. With a cgroup it stops there; without
     // one (an unprivileged user without delegation) `memfd_create` is denied and the private

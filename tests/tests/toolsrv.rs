@@ -1021,6 +1021,10 @@ async fn small_memory_toolsrv(bound: u64) -> Ts {
     Ts::start_with(dirs, &boot).await
 }
 
+/// Held by the tests that measure the host's shared memory (one figure for the machine: two
+/// filling at once would each count the other's fill).
+static SHMEM_QUIET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_held_by_fds_stops_at_the_sessions_memory_cgroup() {
     // ESCAPES case 42 through toolsrv (a prepared sandbox): memfd_create + posix_fallocate
@@ -1030,6 +1034,7 @@ async fn memory_held_by_fds_stops_at_the_sessions_memory_cgroup() {
     if !features_ok(case) {
         return;
     }
+    let _quiet = SHMEM_QUIET.lock().await;
     let m = ollie_sandbox::probe().cgroups.memory;
     if !m.available() {
         let line = format!(
@@ -1106,6 +1111,7 @@ async fn without_a_memory_cgroup_toolsrv_calls_cannot_hold_memory_in_fds() {
     if !features_ok(case) {
         return;
     }
+    let _quiet = SHMEM_QUIET.lock().await;
     if ollie_sandbox::probe().cgroups.memory.available() {
         // memory_held_by_fds_stops_at_the_sessions_memory_cgroup covers this user.
         skip(&format!("SKIP {case}: a memory cgroup is available here"));
