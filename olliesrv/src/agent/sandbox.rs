@@ -96,7 +96,7 @@ pub fn hint(
             or_nothing(&list(&mounts["writable"]))
         );
         if let Some(t) = mounts["private_tmp"].as_str() {
-            let _ = write!(l, " (and {t}, private to the run)");
+            let _ = write!(l, " (and {t}, private to the sandbox)");
         }
         let protected = list(&mounts["protected"]);
         if !protected.is_empty() {
@@ -112,7 +112,7 @@ pub fn hint(
             " This agent cannot ask for more writes."
         });
         lines.push(l);
-    } else if has(DENIED) && record["layers"]["landlock"]["status"].as_str() != Some("not_enforced")
+    } else if has(DENIED) && record["layers"]["landlock"]["status"].as_str() != Some("not_applied")
     {
         let mut l = "ollie: \"Permission denied\" may be the sandbox: a path outside the policy's rules cannot be read or written, and secrets never.".to_owned();
         if may("read") {
@@ -429,7 +429,7 @@ mod tests {
         let text = "fatal: Unable to create '/w/.git/index.lock': Read-only file system\n";
         let with = profile("workspace", &["write"]);
         let h = hint(&reply("off", 128, text), Some(&with), &pol).unwrap();
-        assert!(h.starts_with("ollie: \"Read-only file system\" is the sandbox: only /w can be written (and /tmp, private to the run); read-only even so: /w/.git, /w/.envrc."), "{h}");
+        assert!(h.starts_with("ollie: \"Read-only file system\" is the sandbox: only /w can be written (and /tmp, private to the sandbox); read-only even so: /w/.git, /w/.envrc."), "{h}");
         assert!(h.contains("leave commits to the user"), "{h}");
         assert!(h.contains("write:PATH"), "{h}");
         let without = profile("workspace", &[]);
