@@ -286,10 +286,12 @@ fn check_agent_request(g: &Got, work: &Path) -> Value {
     );
     // The sandbox as the agent's policy has it, generated (agent/sandbox.rs).
     for want in [
-        "Sandbox: every command you run is confined by the \"workspace\" policy".to_owned(),
-        format!("- Writable: {}.\n", work.display()),
-        format!("{}/.git", work.display()),
-        "- Network: none".to_owned(),
+        format!(
+            "Sandbox (policy \"workspace\"): you can write only in {} and $TMPDIR (private); .git, .envrc",
+            work.display()
+        ),
+        "so git cannot commit".to_owned(),
+        "Network: none.".to_owned(),
     ] {
         assert!(system.contains(&want), "{want:?} in {system}");
     }

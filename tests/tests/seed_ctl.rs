@@ -410,7 +410,10 @@ async fn agent_ctl_answers_each_seed_command_on_the_same_fid() {
         "{sp}"
     );
     assert!(
-        sp.contains(&format!("\n- Writable: {}.\n", work.display())),
+        sp.contains(&format!(
+            "you can write only in {} and $TMPDIR",
+            work.display()
+        )),
         "the sandbox section: {sp}"
     );
 

@@ -204,58 +204,54 @@ fn or_nothing(s: &str) -> &str {
 }
 
 /// The text of [`section`] for `policy` (named `name`) and the escalation kinds the profile
-/// lets the agent ask for (`asked`; those the policy refuses are left out).
+/// lets the agent ask for (`asked`; those the policy refuses are left out). Kept to a few
+/// lines: it goes with every model call, and small local models have small windows.
 fn describe(name: &str, policy: &Policy, asked: &[&str], cwd: &Path) -> String {
-    let mut s = format!(
-        "\n\nSandbox: every command you run is confined by the {name:?} policy of ollie.\n"
-    );
     if policy.unsandboxed() {
-        s.push_str("- Commands run without the sandbox.\n");
-        return s;
+        return format!("\n\nSandbox (policy {name:?}): none, commands run unconfined.");
     }
-    let show = |t: &PathTemplate| shown(t, cwd);
     let writable: Vec<String> = policy
         .fs
         .write
         .iter()
-        .map(show)
+        .map(|t| shown(t, cwd))
         .filter(|p| !QUIET_DEVICES.contains(&p.as_str()))
         .collect();
+    let mut s = format!("\n\nSandbox (policy {name:?}): ");
     if writable.is_empty() {
-        s.push_str("- Nothing is writable: every file is read-only.\n");
+        s.push_str("nothing is writable but $TMPDIR (private)");
     } else {
-        let _ = writeln!(s, "- Writable: {}.", writable.join(", "));
-    }
-    let protected: Vec<String> = policy.fs.protected.iter().map(show).collect();
-    if !protected.is_empty() {
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "- Read-only even so: {} (they steer programs that run outside the sandbox later).",
-            protected.join(", ")
+            "you can write only in {} and $TMPDIR (private)",
+            writable.join(", ")
         );
+    }
+    let protected: Vec<String> = policy
+        .fs
+        .protected
+        .iter()
+        .map(|t| match t.anchor {
+            PathAnchor::Workdir => t.rest.display().to_string(),
+            _ => shown(t, cwd),
+        })
+        .collect();
+    if !protected.is_empty() {
+        let _ = write!(s, "; {} stay read-only", protected.join(", "));
     }
     let git = PathTemplate {
         anchor: PathAnchor::Workdir,
         rest: ".git".into(),
     };
     if policy.fs.protected.contains(&git) {
-        s.push_str(
-            "- git can read the repository (status, diff, log, show) but not change .git: no \
-             add, commit, checkout of branches or stash. Leave commits to the user.\n",
-        );
+        s.push_str(", so git cannot commit (leave that to the user)");
     }
-    if policy.fs.read_all {
-        s.push_str("- Everything else can be read, except secrets (keys, tokens, credentials).\n");
+    s.push_str(if policy.fs.read_all {
+        ". Everything else is readable except secrets."
     } else {
-        s.push_str(
-            "- Outside the policy's paths nothing can be read (permission denied); secrets \
-             (keys, tokens, credentials) never.\n",
-        );
-    }
-    s.push_str(
-        "- For temporary files use $TMPDIR: private to the sandbox and discarded with it.\n",
-    );
-    let _ = writeln!(s, "- Network: {}", network(&policy.network));
+        ". Other paths outside the policy cannot be read."
+    });
+    let _ = write!(s, " Network: {}.", network(&policy.network));
     s.push_str(&escalations(policy, asked));
     s
 }
@@ -271,44 +267,37 @@ fn shown(t: &PathTemplate, cwd: &Path) -> String {
     }
 }
 
-/// One sentence on what the network mode lets through.
+/// What the network mode lets through, in a few words.
 fn network(n: &Network) -> String {
     match n {
-        Network::Off => "none (connections are refused and names do not resolve).".to_owned(),
-        Network::Tcp { connect, .. } if connect.is_empty() => {
-            "TCP only, to no port (connections are refused).".to_owned()
+        Network::Off => "none".to_owned(),
+        Network::Tcp { connect, .. } if connect.is_empty() => "none".to_owned(),
+        Network::Tcp { connect, .. } => {
+            format!("TCP to port {} only, no UDP", join(connect.iter()))
         }
-        Network::Tcp { connect, .. } => format!(
-            "TCP connections to port {} only; no UDP.",
-            join(connect.iter())
-        ),
         Network::Proxy(p) => {
-            let mut allowed: Vec<String> = p.allow.iter().cloned().collect();
-            allowed.extend(p.presets.iter().map(|n| format!("the {n} registries")));
-            let reach = if allowed.is_empty() {
-                "no domain yet".to_owned()
-            } else {
-                allowed.join(", ")
-            };
+            let mut reach: Vec<String> = p
+                .presets
+                .iter()
+                .map(|n| format!("{n} registries"))
+                .collect();
+            reach.extend(p.allow.iter().cloned());
             let mut t = format!(
-                "only through the session's proxy (HTTPS_PROXY and HTTP_PROXY are set): {reach}, \
-                 on port {}",
+                "only through the proxy in HTTPS_PROXY/HTTP_PROXY, to {} on port {}",
+                if reach.is_empty() {
+                    "no domain yet".to_owned()
+                } else {
+                    reach.join(", ")
+                },
                 join(p.ports.iter())
             );
             if !p.deny.is_empty() {
-                let _ = write!(
-                    t,
-                    ", never {}",
-                    p.deny.iter().cloned().collect::<Vec<_>>().join(", ")
-                );
+                let _ = write!(t, ", never {}", join(p.deny.iter()));
             }
-            t.push_str(
-                ". Other hosts get 403 from the proxy. There is no DNS: a tool that ignores the \
-                 proxy variables cannot connect.",
-            );
+            t.push_str("; no DNS");
             t
         }
-        Network::All => "the host's network (TCP and UDP, any host).".to_owned(),
+        Network::All => "the host's".to_owned(),
     }
 }
 
@@ -316,7 +305,7 @@ fn network(n: &Network) -> String {
 /// and the policy allow, each with the grants it may ask for.
 fn askable<'a>(policy: &Policy, asked: &[&str]) -> Vec<(&'a str, &'a str)> {
     [
-        (EscalationKind::Net, "net", "net, net:PORT or net:DOMAIN"),
+        (EscalationKind::Net, "net", "net, net:PORT, net:DOMAIN"),
         (EscalationKind::Read, "read", "read:PATH"),
         (EscalationKind::Write, "write", "write:PATH"),
         (EscalationKind::Unsandboxed, "unsandboxed", "unsandboxed"),
@@ -327,19 +316,15 @@ fn askable<'a>(policy: &Policy, asked: &[&str]) -> Vec<(&'a str, &'a str)> {
     .collect()
 }
 
-/// The line on asking for more, for the kinds both the profile and the policy allow.
+/// The sentence on asking for more, for the kinds both the profile and the policy allow.
 fn escalations(policy: &Policy, asked: &[&str]) -> String {
     let kinds: Vec<&str> = askable(policy, asked).into_iter().map(|(_, g)| g).collect();
     if kinds.is_empty() {
-        return "- You cannot ask for more than this: a refused operation stays refused, so say \
-                what you would need instead of retrying.\n"
-            .to_owned();
+        return " You cannot ask for more: do not retry what was refused.".to_owned();
     }
     format!(
-        "- When a command needs more, run it again with the escalate argument, e.g. \
-         {{\"grants\": [\"write:PATH\"], \"reason\": \"why\"}}; a person approves or refuses, \
-         for that call only. You may ask for: {}.\n",
-        kinds.join("; ")
+        " To ask a person for more, add \"escalate\": {{\"grants\": [...], \"reason\": \"...\"}} to the call (grants: {}).",
+        kinds.join(", ")
     )
 }
 
@@ -370,35 +355,31 @@ mod tests {
     fn the_workspace_profile_says_what_is_writable_and_that_git_is_read_only() {
         let p = profile("workspace", &["net", "write"]);
         let s = section(Some(&p), &shipped("workspace"), Path::new("/src/app")).unwrap();
-        assert!(s.contains("\"workspace\" policy"), "{s}");
-        assert!(s.contains("- Writable: /src/app.\n"), "{s}");
-        assert!(s.contains("/src/app/.git, /src/app/.envrc"), "{s}");
-        assert!(s.contains("not change .git"), "{s}");
-        assert!(s.contains("- Network: none"), "{s}");
-        // The profile asks for net and write, the policy allows net, read and write.
-        assert!(
-            s.contains("You may ask for: net, net:PORT or net:DOMAIN; write:PATH.\n"),
-            "{s}"
+        assert_eq!(
+            s,
+            "\n\nSandbox (policy \"workspace\"): you can write only in /src/app and $TMPDIR \
+             (private); .git, .envrc, .claude, .vscode, .idea stay read-only, so git cannot \
+             commit (leave that to the user). Other paths outside the policy cannot be read. \
+             Network: none. To ask a person for more, add \"escalate\": {\"grants\": [...], \
+             \"reason\": \"...\"} to the call (grants: net, net:PORT, net:DOMAIN, write:PATH)."
         );
-        assert!(!s.contains("/dev/null"), "{s}");
     }
 
     #[test]
     fn without_escalations_the_model_is_told_not_to_retry() {
         let p = profile("readonly", &[]);
         let s = section(Some(&p), &shipped("readonly"), Path::new("/w")).unwrap();
-        assert!(s.contains("cannot ask for more"), "{s}");
-        assert!(!s.contains("escalate argument"), "{s}");
+        assert!(s.contains("You cannot ask for more"), "{s}");
+        assert!(!s.contains("escalate"), "{s}");
     }
 
     #[test]
     fn the_proxy_mode_names_its_domains_and_ports() {
         let p = profile("packages", &["net"]);
         let s = section(Some(&p), &shipped("packages"), Path::new("/w")).unwrap();
-        assert!(s.contains("only through the session's proxy"), "{s}");
-        assert!(s.contains("the pypi registries"), "{s}");
-        assert!(s.contains("on port 80, 443"), "{s}");
-        assert!(s.contains("There is no DNS"), "{s}");
+        assert!(s.contains("only through the proxy"), "{s}");
+        assert!(s.contains("pypi registries"), "{s}");
+        assert!(s.contains("on port 80, 443; no DNS"), "{s}");
     }
 
     /// A framed reply as toolsrv sends it for a failed run of `cwd` under the workspace
