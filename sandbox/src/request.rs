@@ -155,6 +155,18 @@ impl Drop for CancelWatch {
     }
 }
 
+/// For [`Cancel::wait_frozen`]: `Some(false)` when no freeze is asked any more, `Some(true)`
+/// when every watching run reported itself stopped, `None` while still waiting.
+fn settled(st: &CancelState) -> Option<bool> {
+    if st.freezes == 0 {
+        return Some(false);
+    }
+    if !st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen) {
+        return Some(true);
+    }
+    None
+}
+
 fn lock_state(m: &Mutex<CancelState>) -> std::sync::MutexGuard<'_, CancelState> {
     // Every update is a single field or vector operation: a poisoned lock is still consistent.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -254,25 +266,16 @@ impl Cancel {
             let wait = (end - now).min(std::time::Duration::from_millis(20));
             let st = lock_state(&self.state);
             // Checked again under the lock the wait releases, so no report is missed.
-            if st.freezes == 0 || (!st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen))
-            {
+            if settled(&st).is_some() {
                 continue;
             }
             drop(FROZEN.wait_timeout(st, wait));
         }
     }
 
-    /// `Some(false)`: no freeze is asked any more; `Some(true)`: every watching run reported
-    /// itself stopped; `None`: still waiting.
+    /// [`settled`] for this handle, under its lock.
     fn frozen_state(&self) -> Option<bool> {
-        let st = lock_state(&self.state);
-        if st.freezes == 0 {
-            return Some(false);
-        }
-        if !st.watchers.is_empty() && st.watchers.iter().all(|w| w.frozen) {
-            return Some(true);
-        }
-        None
+        settled(&lock_state(&self.state))
     }
 
     /// The signals [`Cancel::signal`] accepts: SIGHUP, SIGINT, SIGQUIT, SIGKILL, SIGUSR1,
@@ -754,14 +757,17 @@ mod tests {
         let c = Cancel::new().unwrap();
         c.freeze();
         let registry = Arc::new(Mutex::new(()));
+        let over = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let waiter = {
-            let (c, registry) = (c.clone(), Arc::clone(&registry));
+            let (c, registry, over) = (c.clone(), Arc::clone(&registry), Arc::clone(&over));
             std::thread::spawn(move || {
                 let done = || {
                     let _g = registry.lock().unwrap();
                     false
                 };
-                c.wait_frozen(std::time::Duration::from_secs(2), &done)
+                let r = c.wait_frozen(std::time::Duration::from_secs(2), &done);
+                over.store(true, std::sync::atomic::Ordering::SeqCst);
+                r
             })
         };
         let (tx, rx) = std::sync::mpsc::channel();
@@ -769,8 +775,7 @@ mod tests {
             let (c, registry) = (c.clone(), Arc::clone(&registry));
             std::thread::spawn(move || {
                 // For the waiter's whole wait (about a hundred calls of `done`).
-                let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
-                while std::time::Instant::now() < end {
+                while !over.load(std::sync::atomic::Ordering::SeqCst) {
                     let _g = registry.lock().unwrap();
                     c.freeze();
                     c.thaw();

@@ -382,25 +382,19 @@ static MEMORY_QUIET: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 macro_rules! case {
     (memory $name:ident, $body:expr) => {
-        #[test]
-        fn $name() {
-            if !features_ok(stringify!($name)) {
-                return;
-            }
-            let _quiet = MEMORY_QUIET.lock().unwrap_or_else(|p| p.into_inner());
-            let ctx = Ctx::new(stringify!($name));
-            let f: fn(&Ctx) = $body;
-            f(&ctx);
-        }
+        case!(@held MEMORY_QUIET, $name, $body);
     };
     (disk $name:ident, $body:expr) => {
+        case!(@held DISK_QUIET, $name, $body);
+    };
+    (@held $quiet:ident, $name:ident, $body:expr) => {
         #[test]
         fn $name() {
             if !features_ok(stringify!($name)) {
                 return;
             }
             // Taken before the workspace is made, released after it is removed.
-            let _quiet = DISK_QUIET.lock().unwrap_or_else(|p| p.into_inner());
+            let _quiet = $quiet.lock().unwrap_or_else(|p| p.into_inner());
             let ctx = Ctx::new(stringify!($name));
             let f: fn(&Ctx) = $body;
             f(&ctx);
